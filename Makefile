@@ -1,0 +1,40 @@
+# The two entry points of the README: `make demo` (a real test run of an
+# example step) and `make test`. Both install what they need themselves.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+BASE_IMAGE ?=
+
+.PHONY: demo test venv engine images lint typecheck bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+engine:
+	bash scripts/ensure-engine.sh
+
+images: venv engine
+	$(BIN)/sandbox images build $(if $(BASE_IMAGE),--base-image $(BASE_IMAGE))
+
+demo: images
+	$(BIN)/python examples/setup.py
+	$(BIN)/sandbox run examples/hello-report summarize
+
+test: images
+	$(BIN)/python examples/setup.py
+	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+lint: venv
+	$(BIN)/ruff check sandbox tests examples seccomp
+	$(BIN)/ruff format --check sandbox tests examples seccomp
+	$(BIN)/mypy
+
+bench: images
+	$(BIN)/sandbox bench
+
+clean:
+	rm -rf build .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""Test-mode sandbox runner for AI-agent workflow steps."""

@@ -1,0 +1,175 @@
+"""`sandbox`: the command line, a thin layer over the Python API.
+
+Exit codes: 0 the step passed, 1 it failed or timed out (or was killed),
+2 usage, configuration or environment error, 3 refused. Errors are one line
+on stderr; no traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+from types import FrameType
+
+from sandbox.errors import SandboxError
+from sandbox.record import RunStatus, TestRunRecord, read_record
+
+EXIT_BY_STATUS = {
+    RunStatus.PASSED: 0,
+    RunStatus.FAILED: 1,
+    RunStatus.TIMEOUT: 1,
+    RunStatus.KILLED: 1,
+    RunStatus.ERROR: 2,
+    RunStatus.REFUSED: 3,
+    RunStatus.RUNNING: 1,
+}
+
+
+def _print_record(record: TestRunRecord, as_json: bool) -> None:
+    if as_json:
+        print(record.model_dump_json(indent=2))
+        return
+    for line in record.summary_lines():
+        print(line)
+    run_root = Path(record.workflow_dir) / "runs" / record.id
+    print(f"record: {run_root / 'test_mode.json'}")
+    if record.stdout.text:
+        print("--- stdout (tail) ---")
+        print(record.stdout.text.rstrip())
+    if record.stderr.text:
+        print("--- stderr (tail) ---")
+        print(record.stderr.text.rstrip())
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    from sandbox.run import RunInterrupted
+
+    raise RunInterrupted()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from sandbox.run import RunOptions, TestRun
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    options = RunOptions(timeout_s=args.timeout)
+    record = TestRun(Path(args.workflow_dir), args.step_id, options).execute()
+    _print_record(record, args.json)
+    return EXIT_BY_STATUS[record.status]
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from sandbox.errors import ConfigError
+
+    run_dir = Path(args.run_dir)
+    try:
+        record = read_record(run_dir)
+    except FileNotFoundError:
+        raise ConfigError(f"no test_mode.json in {run_dir}") from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{run_dir}/test_mode.json unreadable: {str(exc).splitlines()[0]}"
+        ) from None
+    _print_record(record, args.json)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from sandbox.errors import ConfigError
+
+    runs = Path(args.workflow_dir) / "runs"
+    if not runs.is_dir():
+        raise ConfigError(f"no runs folder in {args.workflow_dir}")
+    for path in sorted(p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()):
+        if path.name.startswith("test-"):
+            try:
+                record = read_record(path)
+                print(f"{path.name}  [test run]  {record.step_id}  {record.status.value}")
+            except (OSError, ValueError):
+                print(f"{path.name}  [test run]  (no readable record)")
+        else:
+            print(f"{path.name}  [real run]")
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    from sandbox.engine import gc
+    from sandbox.engine.client import connect
+
+    report = gc.collect(connect(), [Path(p) for p in args.workflow_dir])
+    print(report.model_dump_json(indent=2))
+    return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from sandbox.doctor import run_checks
+
+    checks = run_checks()
+    for check in checks:
+        mark = "ok  " if check.ok else "FAIL"
+        print(f"[{mark}] {check.name}: {check.detail}")
+        if not check.ok and check.fix:
+            print(f"       fix: {check.fix}")
+    return 0 if all(c.ok for c in checks) else 2
+
+
+def cmd_images(args: argparse.Namespace) -> int:
+    from sandbox.engine.client import connect
+    from sandbox.engine.images import build_all
+
+    built = build_all(connect(), base_image=args.base_image or None)
+    print(built.model_dump_json(indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sandbox", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run one step once in test mode")
+    run.add_argument("workflow_dir")
+    run.add_argument("step_id")
+    run.add_argument("--json", action="store_true", help="print the record as JSON")
+    run.add_argument("--timeout", type=float, default=None, help="override the step timeout (s)")
+    run.set_defaults(func=cmd_run)
+
+    show = sub.add_parser("show", help="show a test run's record")
+    show.add_argument("run_dir")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=cmd_show)
+
+    lst = sub.add_parser("list", help="list a workflow's runs, test runs marked")
+    lst.add_argument("workflow_dir")
+    lst.set_defaults(func=cmd_list)
+
+    gcp = sub.add_parser("gc", help="remove what crashed runs left behind")
+    gcp.add_argument("workflow_dir", nargs="*", help="also mark orphaned records here killed")
+    gcp.set_defaults(func=cmd_gc)
+
+    doctor = sub.add_parser("doctor", help="check this host's isolation posture")
+    doctor.set_defaults(func=cmd_doctor)
+
+    img = sub.add_parser("images", help="build the images (skips what is unchanged)")
+    img.add_argument("action", choices=["build"])
+    img.add_argument("--base-image", default="", help="a registry base instead of mmdebstrap")
+    img.set_defaults(func=cmd_images)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except SandboxError as exc:
+        print(f"sandbox: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("sandbox: interrupted", file=sys.stderr)
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

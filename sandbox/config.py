@@ -1,0 +1,225 @@
+"""The workflow folder's configuration, parsed once from `workflow.toml`.
+
+One pydantic model (`Workflow`) is the whole configuration; every other module
+receives the parts it needs from it and reads no options on its own. A bad file
+yields one `ConfigError` naming the file, the field and the problem. Fields
+that later parts of the product use (MCP servers, egress, the bridge upstream)
+are parsed and validated here already, so a typo fails at load, not mid-run.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from sandbox.errors import ConfigError
+
+WORKFLOW_FILE = "workflow.toml"
+
+_IDENT = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+Ident = Annotated[str, Field(pattern=_IDENT)]
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors: a misspelt option must not be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Step(_Strict):
+    """One workflow step: what runs, in which group folder, for how long."""
+
+    id: Ident
+    group: Ident
+    command: str | list[str]
+    prompt_file: str | None = None
+    timeout_s: float = Field(default=600.0, gt=0, le=24 * 3600)
+
+    @field_validator("command")
+    @classmethod
+    def _command_not_empty(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("command is empty")
+        if isinstance(value, list) and (not value or not all(value)):
+            raise ValueError("command list is empty or has an empty element")
+        return value
+
+    @field_validator("prompt_file")
+    @classmethod
+    def _relative_prompt(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("/") or ".." in Path(value).parts):
+            raise ValueError("prompt_file must be a path inside the workflow folder")
+        return value
+
+    def argv(self) -> list[str]:
+        """The command as an argv list; a string runs through `/bin/sh -c`."""
+        if isinstance(self.command, list):
+            return list(self.command)
+        return ["/bin/sh", "-c", self.command]
+
+    def display_command(self) -> str:
+        return self.command if isinstance(self.command, str) else shlex.join(self.command)
+
+
+class CrewFolder(_Strict):
+    """A Crew project's folder: mounted read-only; Crew calls themselves are refused."""
+
+    name: Ident
+    path: str
+
+
+class McpServer(_Strict):
+    """An MCP server the step may reach through the guard (stdio command or HTTP URL)."""
+
+    name: Ident
+    command: list[str] | None = None
+    url: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    # Per-connection owner overrides: tool name -> read-only (true) or not (false).
+    read_only_overrides: dict[str, bool] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServer:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of command (stdio) or url (streamable HTTP)")
+        if self.command is not None and not self.command:
+            raise ValueError("command is empty")
+        return self
+
+
+_HOST_RE = re.compile(r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$|^\[[0-9A-Fa-f:.]+\]$")
+
+
+class EgressEntry(_Strict):
+    """One allow-listed destination. Read-only (GET/HEAD) unless marked a model endpoint."""
+
+    host: str
+    port: int | None = Field(default=None, ge=1, le=65535)
+    model: bool = False
+
+    @field_validator("host")
+    @classmethod
+    def _valid_host(cls, value: str) -> str:
+        if not _HOST_RE.match(value):
+            raise ValueError(f"not a host name or wildcard like *.example.org: {value!r}")
+        return value.lower()
+
+
+class Egress(_Strict):
+    """Allow list for the egress proxy; empty means no egress at all."""
+
+    allow: list[EgressEntry] = Field(default_factory=list)
+    inspect_tls: bool = False
+
+    @field_validator("allow", mode="before")
+    @classmethod
+    def _entries_from_strings(cls, value: Any) -> Any:
+        """Accept `"host"` and `"host:port"` shorthands beside full tables."""
+        if not isinstance(value, list):
+            return value
+        out: list[Any] = []
+        for item in value:
+            if isinstance(item, str):
+                host, _, port = item.rpartition(":") if ":" in item else (item, "", "")
+                out.append({"host": host, "port": int(port)} if port.isdigit() else {"host": item})
+            else:
+                out.append(item)
+        return out
+
+
+class Bridge(_Strict):
+    """The real bridge that allowed calls are forwarded to, with per-tool time budgets."""
+
+    upstream: str | None = None
+    default_budget_s: float = Field(default=30.0, gt=0, le=3600)
+    grace_s: float = Field(default=10.0, ge=0, le=600)
+    budgets: dict[str, float] = Field(default_factory=dict)
+
+
+class Limits(_Strict):
+    """Resource fences for one test run's containers."""
+
+    memory_mb: int = Field(default=1024, ge=32, le=64 * 1024)
+    pids: int = Field(default=256, ge=16, le=32768)
+    cpus: float = Field(default=1.0, gt=0, le=64)
+    tmpfs_mb: int = Field(default=64, ge=1, le=4096)
+    copy_cap_mb: int = Field(default=512, ge=0, le=512)
+
+
+class Workflow(_Strict):
+    """The whole `workflow.toml`."""
+
+    name: Ident = "workflow"
+    steps: list[Step]
+    crew_folders: list[CrewFolder] = Field(default_factory=list)
+    mcp_servers: list[McpServer] = Field(default_factory=list)
+    egress: Egress = Field(default_factory=Egress)
+    bridge: Bridge = Field(default_factory=Bridge)
+    limits: Limits = Field(default_factory=Limits)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Workflow:
+        for label, names in (
+            ("steps", [s.id for s in self.steps]),
+            ("crew_folders", [c.name for c in self.crew_folders]),
+            ("mcp_servers", [m.name for m in self.mcp_servers]),
+        ):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"{label}: duplicate name(s) {', '.join(dupes)}")
+        return self
+
+    def step(self, step_id: str) -> Step:
+        for step in self.steps:
+            if step.id == step_id:
+                return step
+        known = ", ".join(s.id for s in self.steps) or "none"
+        raise ConfigError(f"unknown step {step_id!r} (this workflow has: {known})")
+
+
+def _format_validation_error(path: Path, err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{path}: {loc or 'top level'}: {first['msg']}{more}"
+
+
+def load_workflow(workflow_dir: Path) -> Workflow:
+    """Parse `<workflow_dir>/workflow.toml`, or raise one readable ConfigError."""
+    if not workflow_dir.is_dir():
+        raise ConfigError(f"workflow folder not found: {workflow_dir}")
+    path = workflow_dir / WORKFLOW_FILE
+    if path.is_symlink() or not path.is_file():
+        raise ConfigError(f"{path}: missing (every workflow folder has a {WORKFLOW_FILE})")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return Workflow.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(path, exc)) from None
+
+
+def resolve_crew_folder(workflow_dir: Path, crew: CrewFolder) -> Path:
+    """Crew paths may be relative to the workflow folder; they must exist as folders."""
+    path = Path(crew.path)
+    path = path if path.is_absolute() else (workflow_dir / path)
+    path = path.resolve()
+    if not path.is_dir():
+        raise ConfigError(f"crew folder {crew.name!r} not found: {path}")
+    return path

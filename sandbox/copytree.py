@@ -1,0 +1,373 @@
+"""Copy a real run's ``execution/`` tree into a test run's group folder, capped and link-safe.
+
+Guarantees: no symlink is ever followed (links are re-created from their text), special files
+are skipped, setuid/setgid/sticky bits are stripped, copied bytes never exceed the cap, and every
+left-out file or unreadable entry is listed in the report instead of raised. Not guaranteed:
+ownership, hard links, xattrs/ACLs, an atomic snapshot of a tree that changes while copied, and
+the path components above ``src`` (only ``src`` itself is opened without following).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections import deque
+from pathlib import Path
+from typing import Final
+
+from pydantic import BaseModel, Field
+
+from sandbox.errors import PrepareError
+
+__all__ = [
+    "DEFAULT_CAP_BYTES",
+    "CopyReport",
+    "CopyTreeError",
+    "LeftOut",
+    "SymlinkEntry",
+    "copy_execution_tree",
+    "copy_fd",
+    "newest_real_run",
+]
+
+DEFAULT_CAP_BYTES: Final = 512 * 1024**2
+TEST_RUN_PREFIX: Final = "test-"
+
+_DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CREATE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_CHUNK: Final = 64 * 1024**2
+
+# errnos that mean "this fast path does not work here, use the next one".
+_FALLBACK_ERRNOS: Final = frozenset(
+    {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ETXTBSY, errno.EBADF}
+)
+
+
+class CopyTreeError(PrepareError):
+    """The destination of a tree copy is unusable (the source's problems are only reported)."""
+
+
+class SymlinkEntry(BaseModel):
+    """A symlink copied as a link; ``target`` is its text, never resolved."""
+
+    path: str
+    target: str
+
+
+class LeftOut(BaseModel):
+    """A regular file not copied, and why (``cap``: it would have exceeded the byte cap)."""
+
+    path: str
+    size: int
+    reason: str
+
+
+class CopyReport(BaseModel):
+    """What :func:`copy_execution_tree` did. Paths are relative to ``source``, posix style."""
+
+    source: str
+    dest: str
+    source_missing: bool = False
+    cap_bytes: int
+    files_copied: int = 0
+    dirs_created: int = 0
+    bytes_copied: int = 0
+    symlinks: list[SymlinkEntry] = Field(default_factory=list)
+    left_out: list[LeftOut] = Field(default_factory=list)
+    skipped_special: list[str] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)
+
+
+def copy_fd(src_fd: int, dst_fd: int, limit: int | None = None) -> int:
+    """Copy ``src_fd`` from offset 0 to ``dst_fd`` (at offset 0), at most ``limit`` bytes.
+
+    Tries ``os.copy_file_range`` (may reflink), then ``os.sendfile``, then pread/write. Stops at
+    end of file or at ``limit``; returns the bytes copied. Neither fd's file position is used
+    for reading, so the source fd may be shared with other users (e.g. lock holders).
+    """
+    copied = 0
+
+    def remaining() -> int:
+        return _CHUNK if limit is None else min(_CHUNK, limit - copied)
+
+    if hasattr(os, "copy_file_range"):
+        try:
+            while (want := remaining()) > 0:
+                n = os.copy_file_range(src_fd, dst_fd, want, copied, copied)
+                if n == 0:
+                    return copied
+                copied += n
+            return copied
+        except OSError as exc:
+            if exc.errno not in _FALLBACK_ERRNOS:
+                raise
+    try:
+        while (want := remaining()) > 0:
+            os.lseek(dst_fd, copied, os.SEEK_SET)
+            n = os.sendfile(dst_fd, src_fd, copied, want)
+            if n == 0:
+                return copied
+            copied += n
+        return copied
+    except OSError as exc:
+        if exc.errno not in _FALLBACK_ERRNOS:
+            raise
+    while (want := remaining()) > 0:
+        data = os.pread(src_fd, min(want, 1024**2), copied)
+        if not data:
+            break
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(dst_fd, view, copied)
+            view = view[written:]
+            copied += written
+    return copied
+
+
+def _display(parts: tuple[str, ...]) -> str:
+    """A JSON-safe posix path for the report (undecodable bytes become backslash escapes)."""
+    rel = "/".join(parts) if parts else "."
+    return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+def _open_dir(root_fd: int, parts: tuple[str, ...]) -> int:
+    """Open the directory ``parts`` under ``root_fd`` one component at a time, never following."""
+    fd = os.dup(root_fd)
+    try:
+        for name in parts:
+            nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "fifo"
+    if stat.S_ISSOCK(mode):
+        return "socket"
+    if stat.S_ISCHR(mode):
+        return "char device"
+    if stat.S_ISBLK(mode):
+        return "block device"
+    return "unknown type"
+
+
+def _why(exc: OSError) -> str:
+    if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+        return "replaced by a symlink or not a directory while copying (not followed)"
+    return exc.strerror or str(exc)
+
+
+class _Walker:
+    """One copy: state shared by the per-directory steps."""
+
+    def __init__(self, src_root: int, dst_root: int, report: CopyReport) -> None:
+        self.src_root = src_root
+        self.dst_root = dst_root
+        self.r = report
+        # (relative parts, mode, atime_ns, mtime_ns) of created dirs, applied after the walk.
+        self.dir_meta: list[tuple[tuple[str, ...], int, int, int]] = []
+
+    def run(self) -> None:
+        queue: deque[tuple[str, ...]] = deque([()])
+        while queue:
+            rel = queue.popleft()
+            try:
+                sfd = _open_dir(self.src_root, rel)
+            except OSError as exc:
+                self.r.errors.append(f"{_display(rel)}: cannot open directory: {_why(exc)}")
+                continue
+            try:
+                dfd = _open_dir(self.dst_root, rel)
+            except OSError as exc:
+                os.close(sfd)
+                raise CopyTreeError(f"cannot open destination {_display(rel)}: {exc}") from exc
+            try:
+                queue.extend(self._copy_dir(sfd, dfd, rel))
+            finally:
+                os.close(sfd)
+                os.close(dfd)
+        self._apply_dir_meta()
+
+    def _copy_dir(self, sfd: int, dfd: int, rel: tuple[str, ...]) -> list[tuple[str, ...]]:
+        try:
+            with os.scandir(sfd) as it:
+                names = sorted((e.name for e in it), key=os.fsencode)
+        except OSError as exc:
+            self.r.errors.append(f"{_display(rel)}: cannot list directory: {_why(exc)}")
+            return []
+        subdirs: list[tuple[str, ...]] = []
+        for name in names:
+            parts = (*rel, name)
+            try:
+                st = os.stat(name, dir_fd=sfd, follow_symlinks=False)
+            except OSError as exc:
+                self.r.errors.append(f"{_display(parts)}: {_why(exc)}")
+                continue
+            mode = st.st_mode
+            try:
+                if stat.S_ISDIR(mode):
+                    os.mkdir(name, 0o700, dir_fd=dfd)
+                    self.r.dirs_created += 1
+                    self.dir_meta.append((parts, mode, st.st_atime_ns, st.st_mtime_ns))
+                    subdirs.append(parts)
+                elif stat.S_ISLNK(mode):
+                    self._copy_link(sfd, dfd, name, parts, st)
+                elif stat.S_ISREG(mode):
+                    self._copy_file(sfd, dfd, name, parts, st.st_size)
+                else:
+                    self.r.skipped_special.append(f"{_display(parts)} ({_kind(mode)})")
+            except OSError as exc:
+                self.r.errors.append(f"{_display(parts)}: {_why(exc)}")
+        return subdirs
+
+    def _copy_link(
+        self, sfd: int, dfd: int, name: str, parts: tuple[str, ...], st: os.stat_result
+    ) -> None:
+        target = os.readlink(name, dir_fd=sfd)
+        os.symlink(target, name, dir_fd=dfd)
+        with contextlib.suppress(OSError):  # link times are cosmetic; some file systems refuse
+            os.utime(name, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=dfd, follow_symlinks=False)
+        shown = target.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        self.r.symlinks.append(SymlinkEntry(path=_display(parts), target=shown))
+
+    def _leave_out(self, parts: tuple[str, ...], size: int) -> bool:
+        if self.r.bytes_copied + size <= self.r.cap_bytes:
+            return False
+        self.r.left_out.append(LeftOut(path=_display(parts), size=size, reason="cap"))
+        return True
+
+    def _copy_file(self, sfd: int, dfd: int, name: str, parts: tuple[str, ...], size: int) -> None:
+        if self._leave_out(parts, size):
+            return
+        src = os.open(name, _READ_FLAGS, dir_fd=sfd)
+        try:
+            st = os.fstat(src)
+            if not stat.S_ISREG(st.st_mode):
+                self.r.errors.append(f"{_display(parts)}: changed type while copying; skipped")
+                return
+            if self._leave_out(parts, st.st_size):  # grew since it was listed
+                return
+            dst = os.open(name, _CREATE_FLAGS, 0o600, dir_fd=dfd)
+            try:
+                n = copy_fd(src, dst, limit=st.st_size)
+                os.fchmod(dst, stat.S_IMODE(st.st_mode) & 0o777)
+                os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+            except OSError:
+                os.close(dst)
+                os.unlink(name, dir_fd=dfd)
+                raise
+            os.close(dst)
+        finally:
+            os.close(src)
+        self.r.files_copied += 1
+        self.r.bytes_copied += n
+
+    def _apply_dir_meta(self) -> None:
+        # Deepest first: a parent's restrictive mode must not block reaching its children, and
+        # setting a child's times must not disturb the parent's mtime afterwards.
+        for parts, mode, atime, mtime in reversed(self.dir_meta):
+            try:
+                fd = _open_dir(self.dst_root, parts)
+            except OSError as exc:
+                self.r.errors.append(f"{_display(parts)}: cannot set mode/mtime: {exc.strerror}")
+                continue
+            try:
+                os.fchmod(fd, stat.S_IMODE(mode) & 0o777)
+                os.utime(fd, ns=(atime, mtime))
+            except OSError as exc:
+                self.r.errors.append(f"{_display(parts)}: cannot set mode/mtime: {exc.strerror}")
+            finally:
+                os.close(fd)
+
+
+# Order (deterministic; it decides what the cap leaves out): breadth-first by depth, so every
+# file of depth N is considered before any file of depth N+1; within one directory, by name in
+# byte order. A file that would push the total over the cap is left out and the walk goes on,
+# so smaller files after it still fill the cap.
+
+
+def copy_execution_tree(src: Path, dst: Path, *, cap_bytes: int = DEFAULT_CAP_BYTES) -> CopyReport:
+    """Copy the tree at ``src`` into the existing empty directory ``dst`` (see module doc).
+
+    A missing ``src`` gives ``source_missing=True`` and copies nothing; a ``src`` that is a
+    symlink or not a directory is reported as an error, not followed. Raises
+    :class:`CopyTreeError` only when ``dst`` itself cannot be used.
+    """
+    if cap_bytes < 0:
+        raise ValueError("cap_bytes must be >= 0")
+    report = CopyReport(source=str(src), dest=str(dst), cap_bytes=cap_bytes)
+    try:
+        src_root = os.open(src, _DIR_FLAGS)
+    except FileNotFoundError:
+        report.source_missing = True
+        return report
+    except OSError as exc:
+        report.errors.append(f".: cannot open source directory: {_why(exc)}")
+        return report
+    try:
+        try:
+            dst_root = os.open(dst, _DIR_FLAGS)
+        except OSError as exc:
+            raise CopyTreeError(f"cannot open copy destination {dst}: {exc.strerror}") from exc
+        try:
+            _Walker(src_root, dst_root, report).run()
+        finally:
+            os.close(dst_root)
+    finally:
+        os.close(src_root)
+    return report
+
+
+def newest_real_run(workflow_dir: Path, group: str) -> Path | None:
+    """The newest ``runs/<run-id>/<group>/execution`` directory of a real (non ``test-``) run.
+
+    Newest by the run directory's mtime, ties broken by run-id (larger name wins). Run
+    directories, group folders and ``execution`` entries that are symlinks are ignored, never
+    followed. Returns None when there is no such run.
+    """
+    if not group or group in (".", "..") or "/" in group or "\x00" in group:
+        raise ValueError(f"invalid group name: {group!r}")
+    try:
+        runs_fd = os.open(workflow_dir / "runs", _DIR_FLAGS)
+    except OSError:
+        return None
+    best: tuple[int, bytes, str] | None = None
+    try:
+        with os.scandir(runs_fd) as it:
+            names = [e.name for e in it]
+        for name in names:
+            if name.startswith(TEST_RUN_PREFIX):
+                continue
+            try:
+                run_fd = os.open(name, _DIR_FLAGS, dir_fd=runs_fd)
+            except OSError:
+                continue  # not a directory, or a symlink: ignored
+            try:
+                run_mtime = os.fstat(run_fd).st_mtime_ns
+                group_fd = os.open(group, _DIR_FLAGS, dir_fd=run_fd)
+                try:
+                    ex = os.stat("execution", dir_fd=group_fd, follow_symlinks=False)
+                finally:
+                    os.close(group_fd)
+            except OSError:
+                continue
+            finally:
+                os.close(run_fd)
+            if not stat.S_ISDIR(ex.st_mode):
+                continue
+            key = (run_mtime, os.fsencode(name), name)
+            if best is None or key[:2] > best[:2]:
+                best = key
+    finally:
+        os.close(runs_fd)
+    if best is None:
+        return None
+    return workflow_dir / "runs" / best[2] / group / "execution"

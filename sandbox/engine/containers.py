@@ -1,0 +1,166 @@
+"""Creating, watching and removing the run's containers through the Engine API.
+
+Every container is labelled with its run, so `sandbox gc` can find what a
+crashed runner left. The hardening that never varies (no capabilities,
+no-new-privileges, read-only root, private cgroup namespace, capped logs) is
+applied here; what varies per run comes in a `ContainerSpec`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import docker.errors
+import requests
+from docker import DockerClient
+from docker.models.containers import Container
+from docker.types import LogConfig
+from docker.types import Mount as DockerMount
+
+from sandbox.errors import EngineError
+from sandbox.record import OutputTail
+from sandbox.spec import ContainerSpec
+
+LABEL_MANAGED = "sandbox.managed"
+LABEL_RUN_ID = "sandbox.run-id"
+LABEL_RUN_ROOT = "sandbox.run-root"
+LABEL_ROLE = "sandbox.role"
+LABEL_RUNNER_PID = "sandbox.runner-pid"
+LABEL_RUNNER_START = "sandbox.runner-start"
+
+TAIL_CHARS = 8000
+
+
+def create(client: DockerClient, spec: ContainerSpec) -> Container:
+    """Create (not start) a hardened container from `spec`."""
+    security_opt = ["no-new-privileges:true"]
+    if spec.seccomp_profile is not None:
+        security_opt.append("seccomp=" + spec.seccomp_profile)
+    kwargs: dict[str, Any] = {
+        "image": spec.image,
+        "command": spec.command,
+        "name": spec.name,
+        "user": spec.user,
+        "working_dir": spec.workdir,
+        "environment": spec.env,
+        "labels": {LABEL_MANAGED: "1", **spec.labels},
+        "mounts": [
+            DockerMount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
+            for m in spec.mounts
+        ],
+        "tmpfs": spec.tmpfs,
+        "read_only": spec.read_only_rootfs,
+        "cap_drop": ["ALL"],
+        "cap_add": spec.cap_add or None,
+        "security_opt": security_opt,
+        "mem_limit": spec.memory_bytes,
+        "memswap_limit": spec.memory_bytes,
+        "pids_limit": spec.pids,
+        "nano_cpus": int(spec.cpus * 1e9),
+        "network_mode": spec.network_mode,
+        "init": True,
+        "ipc_mode": "private",
+        "cgroupns": "private",
+        "log_config": LogConfig(
+            type="json-file", config={"max-size": str(spec.log_max_bytes), "max-file": "1"}
+        ),
+        "detach": True,
+        "stdin_open": False,
+        "tty": False,
+    }
+    if spec.sysctls:
+        kwargs["sysctls"] = spec.sysctls
+    try:
+        container: Container = client.containers.create(**kwargs)
+    except docker.errors.ImageNotFound:
+        raise EngineError(f"image {spec.image} not found; run `make images`") from None
+    except docker.errors.APIError as exc:
+        raise EngineError(f"creating container {spec.name} failed: {exc.explanation}") from None
+    return container
+
+
+def remove(container: Container) -> None:
+    """Force-remove; a container already gone is fine."""
+    with contextlib.suppress(docker.errors.NotFound):
+        container.remove(force=True, v=True)
+
+
+@dataclass
+class Usage:
+    """Peak memory and CPU seen by the stats stream while the container ran."""
+
+    peak_memory_bytes: int | None = None
+    cpu_seconds: float | None = None
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+
+def watch_usage(container: Container) -> Usage:
+    """Follow the engine's stats stream in a thread until the container stops."""
+    usage = Usage()
+
+    def follow() -> None:
+        with contextlib.suppress(Exception):
+            for sample in container.stats(stream=True, decode=True):
+                if not isinstance(sample, dict):
+                    continue
+                memory = sample.get("memory_stats") or {}
+                peak = memory.get("max_usage") or memory.get("usage")
+                if peak:
+                    usage.peak_memory_bytes = max(usage.peak_memory_bytes or 0, int(peak))
+                cpu = ((sample.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
+                if cpu:
+                    usage.cpu_seconds = max(usage.cpu_seconds or 0.0, cpu / 1e9)
+
+    usage._thread = threading.Thread(target=follow, name="stats", daemon=True)
+    usage._thread.start()
+    return usage
+
+
+def finish_usage(usage: Usage, timeout_s: float = 5.0) -> None:
+    if usage._thread is not None:
+        usage._thread.join(timeout=timeout_s)
+
+
+def wait(container: Container, timeout_s: float) -> int | None:
+    """The exit code, or None when the timeout passed first (container still running)."""
+    try:
+        result = container.wait(timeout=timeout_s)
+    except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+        return None
+    except docker.errors.NotFound:
+        return None
+    return int(result.get("StatusCode", -1))
+
+
+def kill(container: Container) -> None:
+    """SIGKILL every process of the container (its pid namespace dies with it)."""
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        container.kill()
+    wait(container, timeout_s=30)
+
+
+def _stream_tail(chunks: Iterator[bytes]) -> OutputTail:
+    keep = bytearray()
+    total = 0
+    for chunk in chunks:
+        total += len(chunk)
+        keep += chunk
+        if len(keep) > TAIL_CHARS * 4:
+            del keep[: len(keep) - TAIL_CHARS * 4]
+    text = keep.decode("utf-8", errors="replace")
+    truncated = total > len(keep) or len(text) > TAIL_CHARS
+    return OutputTail(text=text[-TAIL_CHARS:], total_bytes=total, truncated=truncated)
+
+
+def output_tails(container: Container) -> tuple[OutputTail, OutputTail]:
+    """The last TAIL_CHARS of stdout and of stderr (logs are capped on disk too)."""
+    try:
+        out = _stream_tail(container.logs(stdout=True, stderr=False, stream=True))
+        err = _stream_tail(container.logs(stdout=False, stderr=True, stream=True))
+    except docker.errors.APIError:
+        return OutputTail(), OutputTail()
+    return out, err

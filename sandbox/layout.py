@@ -1,0 +1,98 @@
+"""Where a test run's files live, on the host and inside the containers.
+
+One place names every path so no module builds one by hand. The run root
+(`runs/test-<id>/`) holds the record and the action log and is never mounted
+writable into the step; only the group folder and the DB folder are.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sandbox.record import ACTIONS_FILE, RECORD_FILE
+
+TEST_RUN_PREFIX = "test-"
+
+# Inside the step container.
+C_WORKFLOW = "/workflow"
+C_TEST = "/test"
+C_DB_DIR = "/test/db"
+C_DB_PATH = "/test/db/db.sqlite"
+C_PROMPT = "/test/prompt.md"
+C_CREW = "/crew"
+
+# Fixed, distinct ids (created in the step image): the firewall tells the
+# guard's traffic from the step's by uid.
+STEP_UID = 10001
+GUARD_UID = 10002
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    """Sortable by time, unique without coordination."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%S")
+    return f"{TEST_RUN_PREFIX}{stamp}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    workflow_dir: Path
+    run_id: str
+    group: str
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.workflow_dir / "runs"
+
+    @property
+    def root(self) -> Path:
+        return self.runs_dir / self.run_id
+
+    @property
+    def group_dir(self) -> Path:
+        return self.root / self.group
+
+    @property
+    def db_dir(self) -> Path:
+        return self.root / "db"
+
+    @property
+    def db_path(self) -> Path:
+        return self.db_dir / "db.sqlite"
+
+    @property
+    def baseline_db(self) -> Path:
+        """A pristine second copy for the end-of-run diff; never mounted."""
+        return self.root / ".baseline" / "db.sqlite"
+
+    @property
+    def record(self) -> Path:
+        return self.root / RECORD_FILE
+
+    @property
+    def actions(self) -> Path:
+        return self.root / ACTIONS_FILE
+
+    @property
+    def prompt(self) -> Path:
+        return self.root / "prompt.md"
+
+    @property
+    def guard_dir(self) -> Path:
+        """The guard's own writable folder (logs, MCP servers' stderr)."""
+        return self.root / "guard"
+
+    @property
+    def container_workdir(self) -> str:
+        return f"{C_TEST}/{self.group}"
+
+
+def make_private_dir(path: Path, mode: int = 0o755) -> None:
+    """mkdir that refuses to work through a symlink planted at the path."""
+    os.mkdir(path, mode)
+    st = os.lstat(path)
+    if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid():
+        raise OSError(f"{path} is not a directory we created")

@@ -1,0 +1,714 @@
+"""The test-mode effects table: the one place that decides what a guarded call may do.
+
+Every tool call a step makes in test mode (agent loop, bridge API, MCP proxy) is
+put to :func:`decide` (platform and local tools) or :func:`decide_mcp` (tools of
+connected MCP servers). The answer is a :class:`Verdict`: allow it, stub it (it
+does not run; the caller returns :func:`stub_reply`), redirect it into the test
+run's own copy, or refuse it.
+
+What this module guarantees:
+
+* Fail closed. A tool name that is not in :data:`EFFECTS_TABLE` is stubbed, as is
+  an empty or non-string name, an unknown browser command, and an MCP tool without
+  a trustworthy ``readOnlyHint: true``. Nothing runs unless a row says it may.
+* SQL for the workflow DB is classified conservatively (:func:`classify_sql`):
+  comments and literals are removed before keywords are read, and SQL that cannot
+  be classified is never treated as a read.
+* Crew calls are refused and fail the step; calls that would start another test
+  run (or a real run) from inside a test run are refused.
+* Pure: no Docker, no I/O, no network, no clock. The same inputs give the same
+  verdict, so the table can be tested exhaustively.
+
+What it does not guarantee:
+
+* MCP annotations are the server's own claim. A server that marks a write tool
+  ``readOnlyHint: true`` defeats test mode for that tool; :func:`decide_mcp`
+  trusts the annotation (or the owner's explicit override) and nothing else.
+* Reads stay real: an allowed browser navigation is a real GET and can have side
+  effects (an unsubscribe or magic-login link), and an allowed ``reload`` reloads
+  whatever the page is.
+* Local tools are allowed here; which paths they may touch is decided by
+  :mod:`sandbox.pathsafety` and by the container's mounts, not by this module.
+* Shell commands run in the step container; their network is contained by the
+  egress proxy and firewall, not by this table.
+
+Adding a tool to the allow list is one line in ``_EFFECTS_ROWS``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from types import MappingProxyType
+from typing import Any, Final
+
+from pydantic import BaseModel
+
+__all__ = [
+    "BROWSER_ALLOWED_COMMANDS",
+    "EFFECTS_TABLE",
+    "STUB_TEMPLATE",
+    "Decision",
+    "Handling",
+    "Route",
+    "Row",
+    "SqlKind",
+    "Verdict",
+    "classify_sql",
+    "decide",
+    "decide_mcp",
+    "stub_reply",
+]
+
+
+class Decision(StrEnum):
+    """What happens to a guarded call (also the ``decision`` field of the action log)."""
+
+    ALLOW = "allow"
+    STUB = "stub"
+    REDIRECT = "redirect"
+    REFUSE = "refuse"
+
+
+class Route(StrEnum):
+    """Where an allowed or redirected call is executed."""
+
+    UPSTREAM = "upstream"  # forward to the real bridge upstream (model, allowed browser, reads)
+    LOCAL = "local"  # local agent tool executed inside the step container
+    DB = "db"  # run against the test run's DB copy
+    SESSION = "session"  # create a child test session (sub-agents) inside the same test run
+    NONE = "none"  # nothing runs (stub / refuse)
+
+
+class Verdict(BaseModel, frozen=True):
+    """The answer for one guarded call."""
+
+    decision: Decision
+    route: Route
+    category: str  # the effects-table row, e.g. "model", "messaging", "crew", "unknown"
+    reason: str  # short human reason, used inside the stub reply and the action log
+    fails_step: bool = False  # True for Crew calls: the step must fail
+
+
+class SqlKind(StrEnum):
+    """What a piece of SQL does, ordered from harmless to escape attempt."""
+
+    READ = "read"
+    WRITE = "write"
+    MIGRATION = "migration"
+    FORBIDDEN = "forbidden"
+
+
+STUB_TEMPLATE: Final = (
+    "TEST MODE: {tool} was NOT run ({reason}). "
+    "Continue as if it succeeded; do not look for another way to perform it."
+)
+
+
+def stub_reply(tool: str, reason: str) -> str:
+    """The reply a stubbed call returns to the agent, word for word."""
+    return STUB_TEMPLATE.format(tool=tool, reason=reason)
+
+
+# --------------------------------------------------------------------------- the table
+
+
+class Handling(StrEnum):
+    """How a row turns a call into a verdict."""
+
+    FIXED = "fixed"  # the row's decision, route and reason, whatever the arguments
+    DB_QUERY = "db_query"  # read-only SQL against the copy (``sql`` argument)
+    DB_MUTATE = "db_mutate"  # read or write SQL against the copy (``sql`` argument)
+    DB_ADMIN = "db_admin"  # migrations and backup snapshots: stubbed
+    BROWSER = "browser"  # depends on the first word of the ``command`` argument
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One row of the effects table.
+
+    For ``FIXED`` rows ``decision``/``route``/``reason`` are the verdict. For the
+    other handlings they describe the permitted outcome (e.g. a DB read redirected
+    to the copy, an allowed browser command); the arguments can only make it
+    stricter (stub or refuse), never looser.
+    """
+
+    category: str
+    decision: Decision
+    route: Route
+    reason: str
+    handling: Handling = Handling.FIXED
+    fails_step: bool = False
+
+
+MODEL: Final = Row(
+    "model", Decision.ALLOW, Route.UPSTREAM, "model calls are allowed (cost only, no effect)"
+)
+READ: Final = Row("reads", Decision.ALLOW, Route.UPSTREAM, "reads stay real in test mode")
+DB_QUERY: Final = Row(
+    "workflow_db",
+    Decision.REDIRECT,
+    Route.DB,
+    "read-only query runs against the test run's DB copy",
+    Handling.DB_QUERY,
+)
+DB_MUTATE: Final = Row(
+    "workflow_db",
+    Decision.REDIRECT,
+    Route.DB,
+    "runs against the test run's DB copy",
+    Handling.DB_MUTATE,
+)
+DB_ADMIN: Final = Row(
+    "workflow_db",
+    Decision.STUB,
+    Route.NONE,
+    "migrations and backup snapshots are stubbed",
+    Handling.DB_ADMIN,
+)
+LOCAL: Final = Row(
+    "local", Decision.ALLOW, Route.LOCAL, "local tool runs inside the step container"
+)
+SUB_AGENT: Final = Row(
+    "sub_agent",
+    Decision.ALLOW,
+    Route.SESSION,
+    "runs inside the test run as a child test session",
+)
+BROWSER: Final = Row(
+    "browser",
+    Decision.ALLOW,
+    Route.UPSTREAM,
+    "read-only browser command",
+    Handling.BROWSER,
+)
+MESSAGING: Final = Row("messaging", Decision.STUB, Route.NONE, "messages are not sent in test mode")
+DELEGATION: Final = Row(
+    "delegation",
+    Decision.STUB,
+    Route.NONE,
+    "workflow functions, triggers, delegation and webhooks are stubbed in test mode",
+)
+SCHEDULES: Final = Row(
+    "schedules", Decision.STUB, Route.NONE, "schedule changes are stubbed in test mode"
+)
+KNOWLEDGE: Final = Row(
+    "knowledge",
+    Decision.STUB,
+    Route.NONE,
+    "knowledge and learnings writes are stubbed in test mode",
+)
+GOAL_METRICS: Final = Row(
+    "goal_metrics", Decision.STUB, Route.NONE, "goal metrics are not recorded in test mode"
+)
+CREW: Final = Row(
+    "crew",
+    Decision.REFUSE,
+    Route.NONE,
+    "a Crew call acts in another project; Crew calls are refused in test mode",
+    fails_step=True,
+)
+RECURSION: Final = Row(
+    "recursion",
+    Decision.REFUSE,
+    Route.NONE,
+    "recursive test runs are not allowed: this call came from inside a test run",
+)
+
+# One line per tool, top to bottom. A tool that is not here is stubbed (fail closed).
+# Adding a tool to the allow list is one line: ("tool_name", READ),
+_EFFECTS_ROWS: Final[tuple[tuple[str, Row], ...]] = (
+    # model calls
+    ("generate_text_llm", MODEL),
+    # reads (forwarded upstream, real)
+    ("get_run_status", READ),
+    ("list_steps", READ),
+    ("read_learnings", READ),
+    ("read_knowledgebase", READ),
+    ("web_search", READ),
+    ("web_fetch", READ),
+    # workflow DB (redirected to the test run's copy)
+    ("query_workflow_db", DB_QUERY),
+    ("mutate_workflow_db", DB_MUTATE),
+    ("agentworks_db", DB_MUTATE),
+    ("migrate_workflow_db", DB_ADMIN),
+    ("backup_workflow_db", DB_ADMIN),
+    ("snapshot_workflow_db", DB_ADMIN),
+    # local tools (paths checked by sandbox.pathsafety)
+    ("read_file", LOCAL),
+    ("write_file", LOCAL),
+    ("edit_file", LOCAL),
+    ("list_dir", LOCAL),
+    ("search_files", LOCAL),
+    ("execute_shell_command", LOCAL),
+    # sub-agents (child test sessions)
+    ("call_sub_agent", SUB_AGENT),
+    ("call_scripted_sub_agent", SUB_AGENT),
+    # browser (decided per command)
+    ("agent_browser", BROWSER),
+    # messaging
+    ("notify_user", MESSAGING),
+    ("send_slack_message", MESSAGING),
+    ("human_feedback", MESSAGING),
+    ("create_human_input_request", MESSAGING),
+    ("google_workspace_cli", MESSAGING),
+    ("send_email", MESSAGING),
+    ("send_whatsapp_message", MESSAGING),
+    # workflow functions, triggers, delegation, webhooks
+    ("call_generic_agent", DELEGATION),
+    ("delegate_to_chat", DELEGATION),
+    ("chat_delegate", DELEGATION),
+    ("trigger_workflow", DELEGATION),
+    ("call_webhook", DELEGATION),
+    ("send_webhook", DELEGATION),
+    # schedules
+    ("create_schedule", SCHEDULES),
+    ("update_schedule", SCHEDULES),
+    ("delete_schedule", SCHEDULES),
+    ("schedule_run", SCHEDULES),
+    # knowledge and learnings writes
+    ("update_knowledgebase", KNOWLEDGE),
+    ("write_learning", KNOWLEDGE),
+    ("save_learning", KNOWLEDGE),
+    ("save_script", KNOWLEDGE),
+    ("record_script_stats", KNOWLEDGE),
+    ("confirm_freshness", KNOWLEDGE),
+    # goal metrics
+    ("record_goal_observations", GOAL_METRICS),
+    # Crew (refused; the step fails)
+    ("crew", CREW),
+    ("call_crew", CREW),
+    ("crew_step", CREW),
+    # recursion (no test run or real run from inside a test run)
+    ("execute_step", RECURSION),
+    ("run_full_workflow", RECURSION),
+    ("test_run", RECURSION),
+    ("run_test_mode", RECURSION),
+    ("start_test_run", RECURSION),
+)
+
+
+def _build_table(rows: Iterable[tuple[str, Row]]) -> Mapping[str, Row]:
+    table: dict[str, Row] = {}
+    for tool, row in rows:
+        if tool in table:
+            raise ValueError(f"effects table lists {tool!r} twice")
+        table[tool] = row
+    return MappingProxyType(table)
+
+
+EFFECTS_TABLE: Final[Mapping[str, Row]] = _build_table(_EFFECTS_ROWS)
+"""Tool name -> row. Read-only view of ``_EFFECTS_ROWS``; names are matched exactly."""
+
+UNKNOWN_REASON: Final = "not on the test-mode list; unknown tools are stubbed"
+
+BROWSER_ALLOWED_COMMANDS: Final[frozenset[str]] = frozenset(
+    {
+        "status",
+        "skills",
+        "tab",
+        "open",
+        "goto",
+        "navigate",
+        "back",
+        "forward",
+        "reload",
+        "snapshot",
+        "get",
+        "is",
+        "screenshot",
+        "pdf",
+        "console",
+        "errors",
+        "wait",
+        "scroll",
+    }
+)
+"""First words of ``agent_browser`` commands that run; every other command is stubbed."""
+
+# --------------------------------------------------------------------------- decide
+
+
+def _verdict(row: Row, *, reason: str | None = None) -> Verdict:
+    return Verdict(
+        decision=row.decision,
+        route=row.route,
+        category=row.category,
+        reason=row.reason if reason is None else reason,
+        fails_step=row.fails_step,
+    )
+
+
+def _stub(category: str, reason: str) -> Verdict:
+    return Verdict(decision=Decision.STUB, route=Route.NONE, category=category, reason=reason)
+
+
+def _refuse(category: str, reason: str) -> Verdict:
+    return Verdict(decision=Decision.REFUSE, route=Route.NONE, category=category, reason=reason)
+
+
+def decide(tool: str, arguments: Mapping[str, Any], *, has_db_copy: bool) -> Verdict:
+    """Decide one platform or local tool call in test mode.
+
+    ``tool`` is matched exactly against :data:`EFFECTS_TABLE`; anything else,
+    including an empty or non-string name, is stubbed as ``unknown``.
+    ``has_db_copy`` says whether this test run has a DB copy; without one every
+    workflow DB tool is refused.
+    """
+    row = EFFECTS_TABLE.get(tool) if isinstance(tool, str) and tool else None
+    if row is None:
+        return _stub("unknown", UNKNOWN_REASON)
+    args: Mapping[str, Any] = arguments if isinstance(arguments, Mapping) else {}
+    match row.handling:
+        case Handling.FIXED:
+            return _verdict(row)
+        case Handling.BROWSER:
+            return _decide_browser(row, args.get("command"))
+        case Handling.DB_QUERY | Handling.DB_MUTATE | Handling.DB_ADMIN:
+            return _decide_db(tool, row, args, has_db_copy=has_db_copy)
+    return _stub("unknown", UNKNOWN_REASON)  # pragma: no cover - every Handling is matched
+
+
+# Browser commands that run JavaScript, and URL schemes that carry it.
+_SCRIPT_URL_SCHEMES: Final = ("javascript:", "data:")
+
+
+def _decide_browser(row: Row, command: object) -> Verdict:
+    if not isinstance(command, str) or not command.split():
+        return _stub(row.category, "missing or empty browser command")
+    words = command.split()
+    verb = words[0].lower()
+    if verb == "eval":
+        return _stub(row.category, "JavaScript cannot be classified")
+    if verb not in BROWSER_ALLOWED_COMMANDS:
+        return _stub(row.category, f"browser command {verb!r} can have effects")
+    lowered = [w.strip("'\"").lower() for w in words[1:]]
+    # ``wait --fn <js>`` and javascript:/data: URLs run the agent's own JavaScript,
+    # which can submit a form as easily as read a title.
+    if verb == "wait" and any(w == "--fn" or w.startswith("--fn=") for w in lowered):
+        return _stub(row.category, "JavaScript cannot be classified")
+    if any(w.startswith(_SCRIPT_URL_SCHEMES) for w in lowered):
+        return _stub(row.category, "JavaScript cannot be classified")
+    return _verdict(row, reason=f"read-only browser command {verb!r}")
+
+
+NO_DB_REASON: Final = "this test run has no DB copy (no DB access)"
+FORBIDDEN_SQL_REASON: Final = (
+    "this SQL could reach outside the DB copy or cannot be classified; it is refused"
+)
+
+
+def _decide_db(tool: str, row: Row, args: Mapping[str, Any], *, has_db_copy: bool) -> Verdict:
+    if not has_db_copy:
+        return _refuse(row.category, NO_DB_REASON)
+    if row.handling is Handling.DB_ADMIN:
+        return _verdict(row)
+    sql = args.get("sql")
+    if not isinstance(sql, str):
+        return _refuse(row.category, "the 'sql' argument is missing or not a string")
+    kind = classify_sql(sql)
+    if kind is SqlKind.FORBIDDEN:
+        return _refuse(row.category, FORBIDDEN_SQL_REASON)
+    if row.handling is Handling.DB_QUERY:
+        if kind is SqlKind.READ:
+            return _verdict(row)
+        return _stub(row.category, f"{tool} is read-only and this SQL is not a read")
+    if kind is SqlKind.MIGRATION:
+        return _stub(row.category, "migrations are stubbed in test mode")
+    return _verdict(row, reason=f"{kind.value} runs against the test run's DB copy")
+
+
+# --------------------------------------------------------------------------- MCP
+
+
+def _hint_values(annotations: Mapping[str, Any], *keys: str) -> list[Any]:
+    return [annotations[k] for k in keys if k in annotations]
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def decide_mcp(
+    annotations: Mapping[str, Any] | None,
+    *,
+    listed: bool,
+    lookup_error: str | None = None,
+    override_read_only: bool | None = None,
+) -> Verdict:
+    """Decide one MCP tool call from the server's live tool listing.
+
+    Order: an unlisted tool or a failed lookup stubs; then the owner's
+    per-connection override, if set, wins over the server's annotations; then
+    the tool runs only if it is annotated ``readOnlyHint: true`` (or
+    ``read_only_hint``; absent means false; only the boolean ``True`` counts) and
+    not also ``destructiveHint: true``. MCP defines ``destructiveHint`` only for
+    non-read-only tools, so a tool claiming both is contradictory and stubbed.
+    """
+    if lookup_error is not None:
+        return _stub("mcp", f"annotation lookup failed: {_clip(lookup_error)}")
+    if not listed:
+        return _stub("mcp", "the server does not list this tool")
+    if override_read_only is True:
+        return Verdict(
+            decision=Decision.ALLOW,
+            route=Route.UPSTREAM,
+            category="mcp",
+            reason="owner override marks it read-only",
+        )
+    if override_read_only is False:
+        return _stub("mcp", "owner override marks it not read-only")
+    ann: Mapping[str, Any] = annotations if isinstance(annotations, Mapping) else {}
+    read_only = _hint_values(ann, "readOnlyHint", "read_only_hint")
+    if not read_only or any(v is not True for v in read_only):
+        return _stub("mcp", "the server does not mark this tool read-only")
+    destructive = _hint_values(ann, "destructiveHint", "destructive_hint")
+    if any(v is not None and v is not False for v in destructive):
+        return _stub("mcp", "the server marks this tool both read-only and destructive")
+    return Verdict(
+        decision=Decision.ALLOW,
+        route=Route.UPSTREAM,
+        category="mcp",
+        reason="the server marks this tool read-only",
+    )
+
+
+# --------------------------------------------------------------------------- SQL
+
+_SQL_RANK: Final[Mapping[SqlKind, int]] = MappingProxyType(
+    {SqlKind.READ: 0, SqlKind.WRITE: 1, SqlKind.MIGRATION: 2, SqlKind.FORBIDDEN: 3}
+)
+
+# Words that make any statement an escape attempt, wherever they appear (outside
+# literals): attaching files, loading native code, file I/O and pointer tricks.
+_FORBIDDEN_WORDS: Final = frozenset(
+    {"ATTACH", "DETACH", "LOAD_EXTENSION", "READFILE", "WRITEFILE", "FTS3_TOKENIZER"}
+)
+_READ_HEADS: Final = frozenset({"SELECT", "VALUES"})
+_WRITE_HEADS: Final = frozenset(
+    {"INSERT", "REPLACE", "UPDATE", "DELETE"}
+    | {"BEGIN", "COMMIT", "END", "ROLLBACK", "SAVEPOINT", "RELEASE"}
+)
+_MIGRATION_HEADS: Final = frozenset({"CREATE", "ALTER", "DROP", "REINDEX", "ANALYZE", "VACUUM"})
+# PRAGMAs that only report, when queried without a value.
+_READ_PRAGMAS: Final = frozenset(
+    {
+        "application_id",
+        "auto_vacuum",
+        "cache_size",
+        "collation_list",
+        "compile_options",
+        "data_version",
+        "database_list",
+        "encoding",
+        "foreign_key_check",
+        "foreign_key_list",
+        "foreign_keys",
+        "freelist_count",
+        "function_list",
+        "integrity_check",
+        "journal_mode",
+        "module_list",
+        "page_count",
+        "page_size",
+        "pragma_list",
+        "quick_check",
+        "schema_version",
+        "table_list",
+        "user_version",
+    }
+)
+# PRAGMAs whose parenthesised argument names what to report on.
+_READ_PRAGMAS_WITH_ARG: Final = frozenset(
+    {
+        "foreign_key_check",
+        "foreign_key_list",
+        "index_info",
+        "index_list",
+        "index_xinfo",
+        "integrity_check",
+        "quick_check",
+        "table_info",
+        "table_list",
+        "table_xinfo",
+    }
+)
+
+# Placeholder tokens (never words): a string or blob literal, a quoted
+# identifier, a number, a bound parameter.
+_LITERAL: Final = "'"
+_QUOTED_IDENT: Final = '"'
+_NUMBER: Final = "0"
+_PARAM: Final = "?"
+_SQL_SPACE: Final = frozenset(" \t\n\v\f\r")
+
+
+def _is_id_start(c: str) -> bool:
+    return (c.isascii() and (c.isalpha() or c == "_")) or ord(c) >= 0x80
+
+
+def _is_id_char(c: str) -> bool:
+    return (c.isascii() and (c.isalnum() or c in "_$")) or ord(c) >= 0x80
+
+
+def _is_word(token: str) -> bool:
+    return _is_id_start(token[0])
+
+
+def _tokenize(sql: str) -> list[list[str]] | None:
+    """Split SQL into statements of tokens, as SQLite's tokenizer would.
+
+    Comments are dropped; literals, quoted identifiers, numbers and parameters
+    become placeholder tokens; bare words are upper-cased (ASCII only, as SQLite
+    keywords are ASCII). Returns None when the SQL cannot be tokenized (an
+    unterminated literal or quoted identifier, a NUL byte).
+    """
+    if "\x00" in sql:
+        return None
+    statements: list[list[str]] = [[]]
+    i, n = 0, len(sql)
+    while i < n:
+        c = sql[i]
+        if c in _SQL_SPACE:
+            i += 1
+        elif sql.startswith("--", i):
+            end = sql.find("\n", i)
+            i = n if end < 0 else end + 1
+        elif sql.startswith("/*", i):
+            end = sql.find("*/", i + 2)
+            i = n if end < 0 else end + 2  # SQLite: an open comment runs to the end
+        elif c in "'\"`":
+            j = i + 1
+            while True:
+                j = sql.find(c, j)
+                if j < 0:
+                    return None
+                if j + 1 < n and sql[j + 1] == c:  # doubled quote is an escaped quote
+                    j += 2
+                    continue
+                break
+            statements[-1].append(_LITERAL if c == "'" else _QUOTED_IDENT)
+            i = j + 1
+        elif c == "[":
+            j = sql.find("]", i + 1)
+            if j < 0:
+                return None
+            statements[-1].append(_QUOTED_IDENT)
+            i = j + 1
+        elif c == ";":
+            statements.append([])
+            i += 1
+        elif (c.isascii() and c.isdigit()) or (
+            c == "." and i + 1 < n and sql[i + 1] in "0123456789"
+        ):
+            j = i + 1
+            while j < n and (sql[j].isascii() and (sql[j].isalnum() or sql[j] in "._")):
+                j += 1
+            statements[-1].append(_NUMBER)
+            i = j
+        elif c in "?:@$#" and i + 1 < n and _is_id_char(sql[i + 1]):
+            j = i + 1
+            while j < n and _is_id_char(sql[j]):
+                j += 1
+            statements[-1].append(_PARAM)
+            i = j
+        elif c == "?":
+            statements[-1].append(_PARAM)
+            i += 1
+        elif _is_id_start(c):
+            j = i + 1
+            while j < n and _is_id_char(sql[j]):
+                j += 1
+            word = sql[i:j]
+            statements[-1].append(word.upper() if word.isascii() else word)
+            i = j
+        else:
+            statements[-1].append(c)
+            i += 1
+    return [s for s in statements if s]
+
+
+def _main_verb_after_with(tokens: list[str]) -> str | None:
+    """The statement verb after a WITH clause's CTEs (the first one at depth 0)."""
+    depth = 0
+    for tok in tokens[1:]:
+        if tok == "(":
+            depth += 1
+        elif tok == ")":
+            depth -= 1
+            if depth < 0:
+                return None
+        elif depth == 0 and tok in _READ_HEADS | {"INSERT", "REPLACE", "UPDATE", "DELETE"}:
+            return tok
+    return None
+
+
+def _classify_pragma(tokens: list[str]) -> SqlKind:
+    rest = tokens[1:]
+    if len(rest) >= 3 and rest[1] == ".":  # schema-qualified: PRAGMA main.table_info(t)
+        rest = rest[2:]
+    if not rest or not _is_word(rest[0]):
+        return SqlKind.FORBIDDEN
+    name, args = rest[0].lower(), rest[1:]
+    if not args:
+        return SqlKind.READ if name in _READ_PRAGMAS else SqlKind.FORBIDDEN
+    if (
+        name in _READ_PRAGMAS_WITH_ARG
+        and len(args) == 3
+        and args[0] == "("
+        and args[2] == ")"
+        and args[1] != "("
+    ):
+        return SqlKind.READ
+    return SqlKind.FORBIDDEN  # assignments and everything else change the DB or connection
+
+
+def _classify_statement(tokens: list[str]) -> SqlKind:
+    if any(tok in _FORBIDDEN_WORDS for tok in tokens):
+        return SqlKind.FORBIDDEN
+    head = tokens[0]
+    if head == "EXPLAIN":
+        rest = tokens[1:]
+        if rest[:2] == ["QUERY", "PLAN"]:
+            rest = rest[2:]
+        if not rest or _classify_statement(rest) is SqlKind.FORBIDDEN:
+            return SqlKind.FORBIDDEN
+        return SqlKind.READ  # EXPLAIN compiles the statement; it does not run it
+    if head in _READ_HEADS:
+        return SqlKind.READ
+    if head == "WITH":
+        verb = _main_verb_after_with(tokens)
+        if verb is None:
+            return SqlKind.FORBIDDEN
+        return SqlKind.READ if verb in _READ_HEADS else SqlKind.WRITE
+    if head in _WRITE_HEADS:
+        return SqlKind.WRITE
+    if head == "VACUUM" and "INTO" in tokens:
+        return SqlKind.FORBIDDEN  # VACUUM INTO writes a new file outside the copy
+    if head in _MIGRATION_HEADS:
+        return SqlKind.MIGRATION
+    if head == "PRAGMA":
+        return _classify_pragma(tokens)
+    return SqlKind.FORBIDDEN
+
+
+def classify_sql(sql: str) -> SqlKind:
+    """Classify SQLite SQL as READ, WRITE, MIGRATION or FORBIDDEN, conservatively.
+
+    Comments, string literals and quoted identifiers are removed before keywords
+    are read, so ``SELECT 'DROP TABLE x'`` is a read and ``/* */ ATTACH`` is
+    still seen. Several statements (split on ``;`` outside literals) get the
+    worst of their kinds (READ < WRITE < MIGRATION < FORBIDDEN). ``WITH ...
+    SELECT`` is a read, ``WITH ... INSERT/UPDATE/DELETE`` a write; ``EXPLAIN`` is
+    a read. ATTACH/DETACH, extension loading, any PRAGMA that is not a plain
+    read, ``VACUUM INTO``, empty or untokenizable SQL and unknown statements are
+    FORBIDDEN. Nothing that cannot be classified is ever READ.
+    """
+    if not isinstance(sql, str):
+        return SqlKind.FORBIDDEN
+    statements = _tokenize(sql)
+    if not statements:
+        return SqlKind.FORBIDDEN
+    return max((_classify_statement(s) for s in statements), key=_SQL_RANK.__getitem__)

@@ -1,0 +1,328 @@
+"""One test run of one step: prepare -> launch -> collect -> record.
+
+`TestRun.execute()` is the whole product in one call. It takes the workflow's
+exclusive lock, prepares `runs/test-<id>/` (copy of the newest real run's
+execution tree, VACUUM INTO copy of the DB, prompt with its TEST MODE
+section), runs the step in a hardened container, collects what happened, and
+writes the record. A record exists from the moment the run folder does; it
+says `running` until the end, and `sandbox gc` turns it into `killed` if the
+runner died. Containers never outlive `execute()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import psutil
+from docker import DockerClient
+
+from sandbox import dbdiff
+from sandbox.config import Step, Workflow, load_workflow, resolve_crew_folder
+from sandbox.copytree import copy_execution_tree, newest_real_run
+from sandbox.dbcopy import DbCopyError, copy_db, find_workflow_db
+from sandbox.engine import containers, images
+from sandbox.engine.client import connect
+from sandbox.errors import ConfigError, PrepareError, SandboxError
+from sandbox.layout import (
+    C_DB_PATH,
+    C_PROMPT,
+    STEP_UID,
+    RunLayout,
+    make_private_dir,
+    new_run_id,
+)
+from sandbox.lock import LockHeldError, workflow_run_lock
+from sandbox.mounts import step_mounts
+from sandbox.prompt import with_test_mode_section
+from sandbox.record import RunnerInfo, RunStatus, TestRunRecord, write_record
+from sandbox.seccomp import step_profile
+from sandbox.spec import ContainerSpec
+from sandbox.watch import FolderWatch
+
+log = logging.getLogger("sandbox")
+
+
+class RunInterrupted(BaseException):
+    """The runner was told to stop (SIGTERM/SIGINT): the record says `killed`."""
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    timeout_s: float | None = None
+
+
+def _runner_info() -> RunnerInfo:
+    me = psutil.Process()
+    return RunnerInfo(pid=me.pid, create_time=me.create_time(), hostname=socket.gethostname())
+
+
+def _step_user() -> tuple[int, int]:
+    """A root runner hands the step a fixed unprivileged uid; others run it as themselves."""
+    if os.geteuid() == 0:
+        return STEP_UID, STEP_UID
+    return os.getuid(), os.getgid()
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    """Give the step its folder without following any link inside it."""
+    if os.geteuid() != 0:
+        return
+    os.chown(root, uid, gid, follow_symlinks=False)
+    for dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
+        del dirpath
+        for name in [*dirnames, *filenames]:
+            os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
+
+
+class TestRun:
+    """One step, once, in test mode."""
+
+    __test__ = False  # not a pytest test class
+
+    def __init__(self, workflow_dir: Path, step_id: str, options: RunOptions | None = None):
+        self.workflow_dir = Path(workflow_dir).absolute()
+        self.step_id = step_id
+        self.options = options or RunOptions()
+
+    # -- the whole flow ------------------------------------------------------
+
+    def execute(self) -> TestRunRecord:
+        """Run it. Raises SandboxError only before a run folder exists."""
+        workflow = load_workflow(self.workflow_dir)
+        step = workflow.step(self.step_id)
+        crew = {c.name: resolve_crew_folder(self.workflow_dir, c) for c in workflow.crew_folders}
+        prompt = self._read_prompt(step)
+        seccomp_text = step_profile()
+        client = connect()
+        step_image = images.require(client, images.STEP_IMAGE)
+
+        layout = RunLayout(self.workflow_dir, new_run_id(), step.group)
+        started = datetime.now(UTC)
+        record = TestRunRecord(
+            id=layout.run_id,
+            workflow_dir=str(self.workflow_dir),
+            workflow_name=workflow.name,
+            step_id=step.id,
+            group=step.group,
+            command=step.display_command(),
+            status=RunStatus.RUNNING,
+            started_at=started,
+            runner=_runner_info(),
+            images={"step": step_image},
+        )
+        try:
+            lock = workflow_run_lock(
+                self.workflow_dir, exclusive=True, owner=f"sandbox test run {layout.run_id}"
+            )
+        except LockHeldError as exc:
+            self._make_run_root(layout)
+            return self._finish(layout, record, RunStatus.REFUSED, str(exc))
+
+        with lock:
+            self._make_run_root(layout)
+            write_record(layout.root, record)
+            return self._run_locked(
+                client, workflow, step, crew, prompt, seccomp_text, layout, record
+            )
+
+    def _run_locked(
+        self,
+        client: DockerClient,
+        workflow: Workflow,
+        step: Step,
+        crew: dict[str, Path],
+        prompt: str | None,
+        seccomp_text: str,
+        layout: RunLayout,
+        record: TestRunRecord,
+    ) -> TestRunRecord:
+        container = None
+        step_started = False
+        try:
+            t0 = time.monotonic()
+            self._prepare(workflow, layout, record, prompt)
+            record.phases.prepare_s = time.monotonic() - t0
+
+            uid, gid = _step_user()
+            spec = ContainerSpec(
+                name=f"sandbox-{layout.run_id}-step",
+                image=images.STEP_IMAGE,
+                command=step.argv(),
+                user=f"{uid}:{gid}",
+                workdir=layout.container_workdir,
+                env=self._step_env(layout, record, prompt is not None),
+                mounts=step_mounts(
+                    layout, crew, has_db=not record.no_db, has_prompt=prompt is not None
+                ),
+                tmpfs={"/tmp": f"rw,nosuid,nodev,size={workflow.limits.tmpfs_mb}m,mode=1777"},
+                labels=self._labels(layout, "step", record),
+                memory_bytes=workflow.limits.memory_mb * 1024**2,
+                pids=workflow.limits.pids,
+                cpus=workflow.limits.cpus,
+                seccomp_profile=seccomp_text,
+                network_mode="none",
+            )
+            t0 = time.monotonic()
+            container = containers.create(client, spec)
+            watch = FolderWatch(layout.group_dir)
+            watch.start()
+            container.start()
+            step_started = True
+            usage = containers.watch_usage(container)
+            record.phases.container_start_s = time.monotonic() - t0
+
+            t0 = time.monotonic()
+            timeout_s = self.options.timeout_s or step.timeout_s
+            exit_code = containers.wait(container, timeout_s)
+            if exit_code is None:
+                containers.kill(container)
+                status, reason = RunStatus.TIMEOUT, f"step exceeded its timeout of {timeout_s:g} s"
+            elif exit_code == 0:
+                status, reason = RunStatus.PASSED, ""
+            else:
+                status, reason = RunStatus.FAILED, f"step exited with code {exit_code}"
+            record.exit_code = exit_code
+            record.phases.step_s = time.monotonic() - t0
+
+            t0 = time.monotonic()
+            record.stdout, record.stderr = containers.output_tails(container)
+            containers.finish_usage(usage)
+            record.resources.peak_memory_bytes = usage.peak_memory_bytes
+            record.resources.cpu_seconds = usage.cpu_seconds
+            record.files = watch.changes()
+            record.db_diff = self._db_diff(layout, record)
+            record.phases.collect_s = time.monotonic() - t0
+            return self._finish(layout, record, status, reason)
+        except SandboxError as exc:
+            if not step_started:
+                self._discard_partial(layout)
+            return self._finish(layout, record, RunStatus.ERROR, str(exc))
+        except (RunInterrupted, KeyboardInterrupt):
+            return self._finish(layout, record, RunStatus.KILLED, "the runner was stopped")
+        finally:
+            if container is not None:
+                containers.remove(container)
+
+    # -- prepare ---------------------------------------------------------------
+
+    def _read_prompt(self, step: Step) -> str | None:
+        if step.prompt_file is None:
+            return None
+        path = self.workflow_dir / step.prompt_file
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, encoding="utf-8") as handle:
+                return handle.read()
+        except OSError as exc:
+            raise ConfigError(f"step {step.id}: prompt_file {path} unreadable: {exc}") from None
+
+    def _make_run_root(self, layout: RunLayout) -> None:
+        runs = layout.runs_dir
+        if runs.is_symlink():
+            raise PrepareError(f"{runs} is a symlink; refusing to create a test run through it")
+        runs.mkdir(exist_ok=True)
+        try:
+            make_private_dir(layout.root)
+        except OSError as exc:
+            raise PrepareError(f"cannot create {layout.root}: {exc}") from None
+
+    def _prepare(
+        self, workflow: Workflow, layout: RunLayout, record: TestRunRecord, prompt: str | None
+    ) -> None:
+        uid, gid = _step_user()
+        make_private_dir(layout.group_dir)
+        layout.actions.touch(mode=0o644)
+        t0 = time.monotonic()
+        source = newest_real_run(self.workflow_dir, layout.group)
+        if source is None:
+            record.no_earlier_run = True
+        else:
+            record.copy_report = copy_execution_tree(
+                source, layout.group_dir, cap_bytes=workflow.limits.copy_cap_mb * 1024**2
+            )
+        _chown_tree(layout.group_dir, uid, gid)
+        record.phases.copy_s = time.monotonic() - t0
+
+        t0 = time.monotonic()
+        real_db = find_workflow_db(self.workflow_dir)
+        if real_db is None:
+            record.no_db = True
+        else:
+            make_private_dir(layout.db_dir)
+            try:
+                record.db_copy = copy_db(real_db, layout.db_path)
+            except DbCopyError as exc:
+                raise PrepareError(f"workflow DB cannot be copied: {exc}") from None
+            make_private_dir(layout.baseline_db.parent, 0o700)
+            shutil.copy2(layout.db_path, layout.baseline_db)
+            _chown_tree(layout.db_dir, uid, gid)
+        record.phases.db_copy_s = time.monotonic() - t0
+
+        if prompt is not None:
+            layout.prompt.write_text(with_test_mode_section(prompt), encoding="utf-8")
+            layout.prompt.chmod(0o644)
+
+    def _step_env(
+        self, layout: RunLayout, record: TestRunRecord, has_prompt: bool
+    ) -> dict[str, str]:
+        env = {
+            "AGENTWORKS_TEST_MODE": "1",
+            "AGENTWORKS_TEST_RUN_ID": layout.run_id,
+            "HOME": "/tmp",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        if not record.no_db:
+            env["DB_PATH"] = C_DB_PATH
+        if has_prompt:
+            env["AGENTWORKS_PROMPT_FILE"] = C_PROMPT
+        return env
+
+    def _labels(self, layout: RunLayout, role: str, record: TestRunRecord) -> dict[str, str]:
+        assert record.runner is not None
+        return {
+            containers.LABEL_RUN_ID: layout.run_id,
+            containers.LABEL_RUN_ROOT: str(layout.root),
+            containers.LABEL_ROLE: role,
+            containers.LABEL_RUNNER_PID: str(record.runner.pid),
+            containers.LABEL_RUNNER_START: repr(record.runner.create_time),
+        }
+
+    # -- collect / record --------------------------------------------------------
+
+    def _db_diff(self, layout: RunLayout, record: TestRunRecord) -> dbdiff.DbDiff | None:
+        """dbdiff reads both files into private copies without following links."""
+        if record.no_db:
+            return None
+        return dbdiff.diff_databases(layout.baseline_db, layout.db_path)
+
+    def _discard_partial(self, layout: RunLayout) -> None:
+        """Leave only the record: nothing half-made survives a failed prepare."""
+        for path in (layout.group_dir, layout.db_dir, layout.baseline_db.parent, layout.prompt):
+            if path.is_symlink() or path.is_file():
+                path.unlink()
+            elif path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _finish(
+        self, layout: RunLayout, record: TestRunRecord, status: RunStatus, reason: str
+    ) -> TestRunRecord:
+        record.status = status
+        record.reason = reason
+        record.finished_at = datetime.now(UTC)
+        record.duration_s = (record.finished_at - record.started_at).total_seconds()
+        write_record(layout.root, record)
+        return record
+
+
+def execute_step(workflow_dir: Path | str, step_id: str, test_mode: bool = True) -> TestRunRecord:
+    """The public entry point the Builder and Pulse call."""
+    if not test_mode:
+        raise ConfigError("sandbox only runs steps in test mode (test_mode=True)")
+    return TestRun(Path(workflow_dir), step_id).execute()

@@ -1,0 +1,101 @@
+"""The bridge's wire format: every request and reply the guard speaks, as pydantic models.
+
+Three hops use it: step -> guard (`/v1/tools/call`), guard -> step executor
+(local and DB tools, `/v1/exec`), and guard -> real bridge upstream
+(`/v1/tools/call` with the guard's identity fields and the
+`X-Agentworks-Run-Kind: test` header). Every reply is a tool result an agent
+can read; a refusal or a stub is never an HTTP error, only a bad token or a
+malformed body is.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+RUN_KIND_HEADER = "X-Agentworks-Run-Kind"
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
+
+# Argument keys that name who is calling. The step never controls them: the
+# guard deletes whatever the step put there and sets its own after the policy
+# decision (the seed's server-side bindings).
+IDENTITY_KEYS = frozenset(
+    {
+        "run_id",
+        "test_run_id",
+        "session",
+        "session_id",
+        "parent_session",
+        "workflow",
+        "workflow_id",
+        "workflow_name",
+        "step",
+        "step_id",
+        "run_kind",
+    }
+)
+
+
+class ToolCall(BaseModel):
+    """What a step sends: a tool, its arguments, optionally its session."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tool: str = Field(min_length=1, max_length=200)
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    session: str | None = Field(default=None, max_length=100)
+
+
+class ToolResult(BaseModel):
+    text: str = ""
+    data: Any = None
+    is_error: bool = False
+
+
+class ToolReply(BaseModel):
+    """What the step gets back. A stub is `ok=True` with the stub text as its result."""
+
+    ok: bool
+    tool: str
+    session: str
+    decision: Literal["allow", "stub", "redirect", "refuse"]
+    reason: str = ""
+    result: ToolResult = Field(default_factory=ToolResult)
+
+
+class SessionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    parent: str | None = None
+
+
+class SessionReply(BaseModel):
+    session: str
+    parent: str | None
+    test_mode: Literal[True] = True
+
+
+class UpstreamCall(BaseModel):
+    """Guard -> real bridge. Identity fields are the guard's, never the step's."""
+
+    tool: str
+    arguments: dict[str, Any]
+    run_id: str
+    session: str
+    workflow: str
+    step: str
+    run_kind: Literal["test"] = "test"
+
+
+class ExecRequest(BaseModel):
+    """Guard -> executor in the step container: run one local or DB tool."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class ErrorReply(BaseModel):
+    error: str

@@ -1,0 +1,110 @@
+"""Shared fixtures: the real Docker engine, and workflow folders made to order.
+
+Tests marked `engine` talk to the real engine (never a mock); they fail, not
+skip, when it is missing, because `make test` installs and starts it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+import textwrap
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import docker
+import pytest
+from docker import DockerClient
+
+from sandbox.engine import images
+from sandbox.engine.containers import LABEL_MANAGED
+
+
+@pytest.fixture(scope="session")
+def engine() -> Iterator[DockerClient]:
+    client = docker.from_env(timeout=120)
+    client.ping()
+    images.require(client, images.STEP_IMAGE)
+    yield client
+    leftovers = client.containers.list(all=True, filters={"label": LABEL_MANAGED})
+    assert not leftovers, f"containers left behind: {[c.name for c in leftovers]}"
+
+
+WorkflowFactory = Callable[..., Path]
+
+
+@pytest.fixture
+def make_workflow(tmp_path: Path) -> WorkflowFactory:
+    """Build `<tmp>/<name>/` with a workflow.toml, optional DB and earlier run."""
+
+    def factory(
+        name: str = "wf",
+        *,
+        command: str | list[str] = "true",
+        group: str = "g",
+        timeout_s: float = 60,
+        db_sql: str | None = "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);"
+        "INSERT INTO t VALUES (1, 'one');",
+        earlier_files: dict[str, str] | None = None,
+        extra_toml: str = "",
+        prompt: str | None = None,
+    ) -> Path:
+        wf = tmp_path / name
+        (wf / "code").mkdir(parents=True)
+        cmd = json.dumps(command)  # a JSON string or array of strings is valid TOML
+        prompt_line = 'prompt_file = "prompt.md"' if prompt is not None else ""
+        (wf / "workflow.toml").write_text(
+            textwrap.dedent(
+                f"""\
+                name = "{name}"
+                [[steps]]
+                id = "step1"
+                group = "{group}"
+                command = {cmd}
+                timeout_s = {timeout_s}
+                {prompt_line}
+                """
+            )
+            + extra_toml
+        )
+        if prompt is not None:
+            (wf / "prompt.md").write_text(prompt)
+        if db_sql is not None:
+            (wf / "db").mkdir()
+            con = sqlite3.connect(wf / "db" / "db.sqlite")
+            con.executescript(db_sql)
+            con.commit()
+            con.close()
+        if earlier_files is not None:
+            execution = wf / "runs" / "run-1" / group / "execution"
+            execution.mkdir(parents=True)
+            for rel, text in earlier_files.items():
+                path = execution / rel
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(text)
+        return wf
+
+    return factory
+
+
+def tree_digest(root: Path, *, skip_test_runs: bool = True) -> dict[str, str]:
+    """Path -> content hash (or link target, or 'dir'), never following links."""
+    out: dict[str, str] = {}
+    for dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
+        rel_dir = os.path.relpath(dirpath, root)
+        if skip_test_runs and rel_dir == "runs":
+            dirnames[:] = [d for d in dirnames if not d.startswith("test-")]
+        for name in dirnames:
+            out[os.path.normpath(os.path.join(rel_dir, name))] = "dir"
+        for name in filenames:
+            rel = os.path.normpath(os.path.join(rel_dir, name))
+            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            if os.path.islink(os.path.join(dirpath, name)):
+                out[rel] = "link:" + os.readlink(name, dir_fd=dirfd)
+                continue
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dirfd)
+            with os.fdopen(fd, "rb") as handle:
+                out[rel] = hashlib.sha256(handle.read()).hexdigest() + f":{st.st_mode:o}"
+    return out

@@ -1,0 +1,160 @@
+"""The command line on bad input, gc after a killed runner, list/show, doctor."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from docker import DockerClient
+
+from sandbox.engine.containers import LABEL_MANAGED
+from sandbox.record import RunStatus, read_record
+from tests.conftest import WorkflowFactory, tree_digest
+
+pytestmark = pytest.mark.engine
+
+
+def sandbox_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sandbox.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_run_prints_summary_and_exit_codes(
+    engine: DockerClient, make_workflow: WorkflowFactory
+) -> None:
+    ok = make_workflow("ok", command="echo hello")
+    bad = make_workflow("bad", command="echo oops >&2; exit 4")
+    done = sandbox_cli("run", str(ok), "step1")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].endswith("step step1 passed")
+    assert "no action was stubbed" in done.stdout
+    failed = sandbox_cli("run", str(bad), "step1", "--json")
+    assert failed.returncode == 1
+    assert '"exit_code": 4' in failed.stdout and "oops" in failed.stdout
+
+    listing = sandbox_cli("list", str(ok))
+    assert listing.returncode == 0
+    assert "[test run]  step1  passed" in listing.stdout
+    run_dir = next((ok / "runs").glob("test-*"))
+    shown = sandbox_cli("show", str(run_dir))
+    assert shown.returncode == 0 and "step step1 passed" in shown.stdout
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [
+        ("missing workflow", "workflow folder not found"),
+        ("unknown step", "unknown step 'nope'"),
+        ("bad toml", "workflow.toml: steps[0].timeout_s"),
+        ("engine down", "Docker engine not reachable"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_no_folder(
+    engine: DockerClient, make_workflow: WorkflowFactory, tmp_path: Path, case: str, expected: str
+) -> None:
+    wf = make_workflow(command="true")
+    args, env = [str(wf), "step1"], {}
+    if case == "missing workflow":
+        args[0] = str(tmp_path / "no-such-workflow")
+    elif case == "unknown step":
+        args[1] = "nope"
+    elif case == "bad toml":
+        text = (wf / "workflow.toml").read_text().replace("timeout_s = 60", 'timeout_s = "soon"')
+        (wf / "workflow.toml").write_text(text)
+    elif case == "engine down":
+        env = {"DOCKER_HOST": f"unix://{tmp_path}/no-engine.sock"}
+    done = sandbox_cli("run", *args, env=env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and "Traceback" not in done.stderr
+    assert expected in done.stderr
+    assert not (wf / "runs").exists()
+
+
+def test_unreadable_db_leaves_only_a_record(
+    engine: DockerClient, make_workflow: WorkflowFactory
+) -> None:
+    wf = make_workflow(command="true", earlier_files={"x.txt": "x"})
+    (wf / "db" / "db.sqlite").write_bytes(b"this is not a database at all" * 100)
+    done = sandbox_cli("run", str(wf), "step1")
+    assert done.returncode == 2, done.stdout + done.stderr
+    run_dir = next((wf / "runs").glob("test-*"))
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "test_mode.json",
+        "test_mode_actions.jsonl",
+    ]
+    record = read_record(run_dir)
+    assert record.status is RunStatus.ERROR and "DB" in record.reason
+
+
+def test_killed_runner_is_cleaned_by_gc_and_the_next_run_works(
+    engine: DockerClient, make_workflow: WorkflowFactory
+) -> None:
+    wf = make_workflow(command="sleep 300", timeout_s=600, earlier_files={"in.txt": "x"})
+    before = tree_digest(wf)
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "sandbox.cli", "run", str(wf), "step1"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not engine.containers.list(filters={"label": LABEL_MANAGED}):
+            assert time.monotonic() < deadline, "the step container never started"
+            assert runner.poll() is None, "the runner exited early"
+            time.sleep(0.05)
+    finally:
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=30)
+    run_dir = next((wf / "runs").glob("test-*"))
+    assert read_record(run_dir).status is RunStatus.RUNNING
+
+    gc = sandbox_cli("gc", str(wf))
+    assert gc.returncode == 0, gc.stderr
+    assert not engine.containers.list(all=True, filters={"label": LABEL_MANAGED})
+    record = read_record(run_dir)
+    assert record.status is RunStatus.KILLED
+    assert tree_digest(wf) == before
+
+    # The lock died with the runner: the next run starts.
+    text = (wf / "workflow.toml").read_text().replace('"sleep 300"', '"true"')
+    (wf / "workflow.toml").write_text(text)
+    again = sandbox_cli("run", str(wf), "step1")
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
+def test_sigterm_to_the_runner_records_killed_and_removes_containers(
+    engine: DockerClient, make_workflow: WorkflowFactory
+) -> None:
+    wf = make_workflow(command="sleep 300", timeout_s=600)
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "sandbox.cli", "run", str(wf), "step1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while not engine.containers.list(filters={"label": LABEL_MANAGED}):
+        assert time.monotonic() < deadline and runner.poll() is None
+        time.sleep(0.05)
+    runner.send_signal(signal.SIGTERM)
+    out, err = runner.communicate(timeout=60)
+    assert runner.returncode == 1, out + err
+    record = read_record(next((wf / "runs").glob("test-*")))
+    assert record.status is RunStatus.KILLED
+    assert not engine.containers.list(all=True, filters={"label": LABEL_MANAGED})
+
+
+def test_doctor_reports_a_healthy_host(engine: DockerClient) -> None:
+    done = sandbox_cli("doctor")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "[ok  ] seccomp profile" in done.stdout

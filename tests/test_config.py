@@ -1,0 +1,94 @@
+"""workflow.toml parsing: good files load, bad ones give one clear line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandbox.config import load_workflow
+from sandbox.errors import ConfigError
+
+GOOD = """
+name = "jobs"
+[[steps]]
+id = "bid-submit"
+group = "bids"
+command = ["python3", "/workflow/code/submit.py"]
+timeout_s = 30
+[[crew_folders]]
+name = "sales"
+path = "../sales"
+[[mcp_servers]]
+name = "fs"
+command = ["npx", "-y", "@modelcontextprotocol/server-filesystem", "/data"]
+read_only_overrides = { write_file = false }
+[egress]
+allow = ["api.example.org", "*.cdn.example.org:443", { host = "models.example.org", model = true }]
+[bridge]
+upstream = "http://jobboard:8080"
+budgets = { generate_text_llm = 120 }
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    (tmp_path / "workflow.toml").write_text(text)
+    return tmp_path
+
+
+def test_good_file_loads_every_section(tmp_path: Path) -> None:
+    wf = load_workflow(write(tmp_path, GOOD))
+    step = wf.step("bid-submit")
+    assert step.argv() == ["python3", "/workflow/code/submit.py"]
+    assert wf.mcp_servers[0].read_only_overrides == {"write_file": False}
+    hosts = [(e.host, e.port, e.model) for e in wf.egress.allow]
+    assert hosts == [
+        ("api.example.org", None, False),
+        ("*.cdn.example.org", 443, False),
+        ("models.example.org", None, True),
+    ]
+    assert wf.bridge.budgets == {"generate_text_llm": 120}
+
+
+def test_string_command_runs_through_sh(tmp_path: Path) -> None:
+    wf = load_workflow(write(tmp_path, '[[steps]]\nid="a"\ngroup="g"\ncommand="echo hi"\n'))
+    assert wf.step("a").argv() == ["/bin/sh", "-c", "echo hi"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "[[steps]]\nid='a'\ngroup='g'\ncommand=''\n",
+            "steps[0].command: Value error, command is empty",
+        ),
+        ("[[steps]]\nid='a b'\ngroup='g'\ncommand='x'\n", "steps[0].id: String should match"),
+        (
+            "[[steps]]\nid='a'\ngroup='g'\ncommand='x'\ntimeout='1'\n",
+            "steps[0].timeout: Extra inputs",
+        ),
+        ("steps = [", "not valid TOML"),
+        (
+            "[[steps]]\nid='a'\ngroup='g'\ncommand='x'\n[[mcp_servers]]\nname='m'\n",
+            "mcp_servers[0]",
+        ),
+        (
+            "[[steps]]\nid='a'\ngroup='g'\ncommand='x'\n[egress]\nallow=['bad host!']\n",
+            "egress.allow[0].host",
+        ),
+        ("name='x'\n", "steps: Field required"),
+    ],
+)
+def test_bad_file_is_one_clear_error(tmp_path: Path, text: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_workflow(write(tmp_path, text))
+    message = str(info.value)
+    assert str(tmp_path / "workflow.toml") in message
+    assert expected in message
+    assert "\n" not in message
+
+
+def test_unknown_step_lists_the_known_ones(tmp_path: Path) -> None:
+    wf = load_workflow(write(tmp_path, GOOD))
+    with pytest.raises(ConfigError, match=r"unknown step 'nope' \(this workflow has: bid-submit\)"):
+        wf.step("nope")
