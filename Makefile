@@ -22,7 +22,7 @@ images: venv engine
 
 demo: images
 	$(BIN)/python examples/setup.py
-	$(BIN)/sandbox run examples/hello-report summarize
+	$(BIN)/python examples/job-board/demo.py bid-submit
 
 test: images
 	$(BIN)/python examples/setup.py

@@ -53,7 +53,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sandbox.run import RunOptions, TestRun
 
     signal.signal(signal.SIGTERM, _on_sigterm)
-    options = RunOptions(timeout_s=args.timeout)
+    options = RunOptions(
+        timeout_s=args.timeout,
+        upstream_bridge=args.upstream_bridge,
+        upstream_networks=tuple(args.upstream_network),
+    )
     record = TestRun(Path(args.workflow_dir), args.step_id, options).execute()
     _print_record(record, args.json)
     return EXIT_BY_STATUS[record.status]
@@ -132,6 +136,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("step_id")
     run.add_argument("--json", action="store_true", help="print the record as JSON")
     run.add_argument("--timeout", type=float, default=None, help="override the step timeout (s)")
+    run.add_argument("--upstream-bridge", default=None, help="the real bridge to forward to")
+    run.add_argument(
+        "--upstream-network", action="append", default=[], help="a Docker network the guard joins"
+    )
     run.set_defaults(func=cmd_run)
 
     show = sub.add_parser("show", help="show a test run's record")

@@ -143,6 +143,8 @@ class Bridge(_Strict):
     """The real bridge that allowed calls are forwarded to, with per-tool time budgets."""
 
     upstream: str | None = None
+    # Existing Docker networks the guard joins to reach its upstreams.
+    networks: list[str] = Field(default_factory=list)
     default_budget_s: float = Field(default=30.0, gt=0, le=3600)
     grace_s: float = Field(default=10.0, ge=0, le=600)
     budgets: dict[str, float] = Field(default_factory=dict)

@@ -31,6 +31,10 @@ class PrepareError(SandboxError):
     """The test run folder could not be prepared (copy, DB copy, permissions)."""
 
 
+class LaunchError(SandboxError):
+    """The run's containers, firewall or guard could not be brought up."""
+
+
 class RefusedError(SandboxError):
     """The test run may not start now (the workflow is busy, or policy refuses it)."""
 

@@ -98,6 +98,21 @@ class StubbedAction(BaseModel):
     detail: str = ""
 
 
+class ActionCounts(BaseModel):
+    """How many guarded calls got each decision (from the action log)."""
+
+    allow: int = 0
+    stub: int = 0
+    redirect: int = 0
+    refuse: int = 0
+    malformed: int = 0
+    truncated: bool = False
+
+    def add(self, decision: str) -> None:
+        if decision in {"allow", "stub", "redirect", "refuse"}:
+            setattr(self, decision, getattr(self, decision) + 1)
+
+
 class TestRunRecord(BaseModel):
     """`runs/test-<id>/test_mode.json`."""
 
@@ -129,6 +144,7 @@ class TestRunRecord(BaseModel):
     resources: Resources = Field(default_factory=Resources)
     phases: Phases = Field(default_factory=Phases)
     stubbed: list[StubbedAction] = Field(default_factory=list)
+    actions: ActionCounts = Field(default_factory=ActionCounts)
     actions_log: str = ACTIONS_FILE
     runner: RunnerInfo | None = None
     images: dict[str, str] = Field(default_factory=dict)
@@ -144,6 +160,12 @@ class TestRunRecord(BaseModel):
             )
         else:
             lines.append("no action was stubbed")
+        counts = self.actions
+        if counts.allow or counts.stub or counts.redirect or counts.refuse:
+            lines.append(
+                f"guarded calls: {counts.allow} allowed, {counts.redirect} redirected, "
+                f"{counts.stub} stubbed, {counts.refuse} refused"
+            )
         if self.reason:
             lines.append(f"reason: {self.reason}")
         if self.exit_code is not None:

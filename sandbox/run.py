@@ -13,26 +13,30 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import shutil
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
 from docker import DockerClient
+from docker.models.containers import Container
 
-from sandbox import dbdiff
+from sandbox import actionsummary, dbdiff, firewall
 from sandbox.config import Step, Workflow, load_workflow, resolve_crew_folder
 from sandbox.copytree import copy_execution_tree, newest_real_run
 from sandbox.dbcopy import DbCopyError, copy_db, find_workflow_db
 from sandbox.engine import containers, images
 from sandbox.engine.client import connect
-from sandbox.errors import ConfigError, PrepareError, SandboxError
+from sandbox.errors import ConfigError, LaunchError, PrepareError, SandboxError
+from sandbox.guard.config import ACTIONS_PATH, BRIDGE_PORT, CONFIG_ENV, EXEC_PORT, GuardConfig
 from sandbox.layout import (
     C_DB_PATH,
     C_PROMPT,
+    GUARD_UID,
     STEP_UID,
     RunLayout,
     make_private_dir,
@@ -43,7 +47,7 @@ from sandbox.mounts import step_mounts
 from sandbox.prompt import with_test_mode_section
 from sandbox.record import RunnerInfo, RunStatus, TestRunRecord, write_record
 from sandbox.seccomp import step_profile
-from sandbox.spec import ContainerSpec
+from sandbox.spec import ContainerSpec, Mount
 from sandbox.watch import FolderWatch
 
 log = logging.getLogger("sandbox")
@@ -56,6 +60,39 @@ class RunInterrupted(BaseException):
 @dataclass(frozen=True)
 class RunOptions:
     timeout_s: float | None = None
+    upstream_bridge: str | None = None
+    upstream_networks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Per-run secrets: the step's bridge token and the guard's executor token."""
+
+    bridge: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    exec: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+
+
+def _verdict(
+    exit_code: int | None,
+    timeout_s: float,
+    guard_running: bool,
+    guard_exit: int | None,
+    actions: actionsummary.ActionSummary,
+) -> tuple[RunStatus, str]:
+    """The run's status: a dead guard or a refused Crew call outranks the exit code."""
+    if exit_code is None:
+        return RunStatus.TIMEOUT, f"step exceeded its timeout of {timeout_s:g} s"
+    if not guard_running:
+        return (
+            RunStatus.ERROR,
+            f"the guard stopped during the run (exit {guard_exit}); "
+            "the step's calls after that failed closed",
+        )
+    if actions.fails_step:
+        return RunStatus.FAILED, actions.fails_step
+    if exit_code != 0:
+        return RunStatus.FAILED, f"step exited with code {exit_code}"
+    return RunStatus.PASSED, ""
 
 
 def _runner_info() -> RunnerInfo:
@@ -143,62 +180,58 @@ class TestRun:
         layout: RunLayout,
         record: TestRunRecord,
     ) -> TestRunRecord:
-        container = None
+        launched: list[Container] = []
         step_started = False
         try:
             t0 = time.monotonic()
             self._prepare(workflow, layout, record, prompt)
             record.phases.prepare_s = time.monotonic() - t0
 
-            uid, gid = _step_user()
-            spec = ContainerSpec(
-                name=f"sandbox-{layout.run_id}-step",
-                image=images.STEP_IMAGE,
-                command=step.argv(),
-                user=f"{uid}:{gid}",
-                workdir=layout.container_workdir,
-                env=self._step_env(layout, record, prompt is not None),
-                mounts=step_mounts(
-                    layout, crew, has_db=not record.no_db, has_prompt=prompt is not None
-                ),
-                tmpfs={"/tmp": f"rw,nosuid,nodev,size={workflow.limits.tmpfs_mb}m,mode=1777"},
-                labels=self._labels(layout, "step", record),
-                memory_bytes=workflow.limits.memory_mb * 1024**2,
-                pids=workflow.limits.pids,
-                cpus=workflow.limits.cpus,
-                seccomp_profile=seccomp_text,
-                network_mode="none",
-            )
             t0 = time.monotonic()
-            container = containers.create(client, spec)
+            tokens = Tokens()
+            guard = containers.create(
+                client, self._guard_spec(workflow, step, layout, record, tokens)
+            )
+            launched.append(guard)
+            containers.connect_networks(client, guard, self._upstream_networks(workflow)[1:])
+            guard.start()
+            self._install_firewall(client, guard, layout, record)
+            step_container = containers.create(
+                client,
+                self._step_spec(
+                    workflow, step, crew, prompt, seccomp_text, layout, record, guard, tokens
+                ),
+            )
+            launched.append(step_container)
             watch = FolderWatch(layout.group_dir)
             watch.start()
-            container.start()
+            step_container.start()
             step_started = True
-            usage = containers.watch_usage(container)
+            usage = containers.watch_usage(step_container)
             record.phases.container_start_s = time.monotonic() - t0
 
             t0 = time.monotonic()
             timeout_s = self.options.timeout_s or step.timeout_s
-            exit_code = containers.wait(container, timeout_s)
+            exit_code = containers.wait(step_container, timeout_s)
             if exit_code is None:
-                containers.kill(container)
-                status, reason = RunStatus.TIMEOUT, f"step exceeded its timeout of {timeout_s:g} s"
-            elif exit_code == 0:
-                status, reason = RunStatus.PASSED, ""
-            else:
-                status, reason = RunStatus.FAILED, f"step exited with code {exit_code}"
+                containers.kill(step_container)
             record.exit_code = exit_code
             record.phases.step_s = time.monotonic() - t0
 
             t0 = time.monotonic()
-            record.stdout, record.stderr = containers.output_tails(container)
+            guard_running, guard_exit = containers.is_running(guard)
+            containers.stop(guard)
+            record.stdout, record.stderr = containers.output_tails(step_container)
             containers.finish_usage(usage)
             record.resources.peak_memory_bytes = usage.peak_memory_bytes
             record.resources.cpu_seconds = usage.cpu_seconds
             record.files = watch.changes()
             record.db_diff = self._db_diff(layout, record)
+            actions = actionsummary.read(layout.actions)
+            record.stubbed = actions.stubbed
+            record.actions = actions.counts
             record.phases.collect_s = time.monotonic() - t0
+            status, reason = _verdict(exit_code, timeout_s, guard_running, guard_exit, actions)
             return self._finish(layout, record, status, reason)
         except SandboxError as exc:
             if not step_started:
@@ -207,8 +240,121 @@ class TestRun:
         except (RunInterrupted, KeyboardInterrupt):
             return self._finish(layout, record, RunStatus.KILLED, "the runner was stopped")
         finally:
-            if container is not None:
+            for container in reversed(launched):
                 containers.remove(container)
+
+    # -- launch ----------------------------------------------------------------
+
+    def _upstream(self, workflow: Workflow) -> str | None:
+        return self.options.upstream_bridge or workflow.bridge.upstream
+
+    def _upstream_networks(self, workflow: Workflow) -> list[str]:
+        return [*workflow.bridge.networks, *self.options.upstream_networks]
+
+    def _guard_spec(
+        self,
+        workflow: Workflow,
+        step: Step,
+        layout: RunLayout,
+        record: TestRunRecord,
+        tokens: Tokens,
+    ) -> ContainerSpec:
+        config = GuardConfig(
+            run_id=layout.run_id,
+            workflow=workflow.name,
+            step=step.id,
+            bridge_token=tokens.bridge,
+            exec_token=tokens.exec,
+            has_db=not record.no_db,
+            upstream=self._upstream(workflow),
+            default_budget_s=workflow.bridge.default_budget_s,
+            grace_s=workflow.bridge.grace_s,
+            budgets=workflow.bridge.budgets,
+        )
+        networks = self._upstream_networks(workflow)
+        return ContainerSpec(
+            name=f"sandbox-{layout.run_id}-guard",
+            image=images.GUARD_IMAGE,
+            command=[],
+            user=f"{GUARD_UID}:{GUARD_UID}",
+            env={CONFIG_ENV: config.model_dump_json()},
+            mounts=[Mount(source=str(layout.actions), target=ACTIONS_PATH, read_only=False)],
+            tmpfs={"/tmp": "rw,nosuid,nodev,noexec,size=16m"},
+            labels=self._labels(layout, "guard", record),
+            memory_bytes=256 * 1024**2,
+            pids=128,
+            cpus=1.0,
+            network_mode=networks[0] if networks else "none",
+            sysctls={"net.ipv4.ping_group_range": "1 0"},
+        )
+
+    def _install_firewall(
+        self, client: DockerClient, guard: Container, layout: RunLayout, record: TestRunRecord
+    ) -> None:
+        """A short-lived init container holds NET_ADMIN just long enough to install the rules."""
+        spec = ContainerSpec(
+            name=f"sandbox-{layout.run_id}-init",
+            image=images.STEP_IMAGE,
+            command=[
+                "/bin/sh",
+                "-c",
+                firewall.install_script(f"http://127.0.0.1:{BRIDGE_PORT}/v1/health"),
+            ],
+            user="0:0",
+            cap_add=["NET_ADMIN"],
+            labels=self._labels(layout, "init", record),
+            memory_bytes=64 * 1024**2,
+            pids=32,
+            network_mode=f"container:{guard.id}",
+        )
+        code, output = containers.run_once(client, spec, timeout_s=60)
+        installed = [ln for ln in output.splitlines() if ln.startswith(("-P", "-A"))]
+        if code != 0 or installed != firewall.expected_readback() or "READY" not in output:
+            tail = " | ".join(output.strip().splitlines()[-3:])
+            raise LaunchError(f"the run's firewall or guard did not come up (exit {code}): {tail}")
+
+    def _step_spec(
+        self,
+        workflow: Workflow,
+        step: Step,
+        crew: dict[str, Path],
+        prompt: str | None,
+        seccomp_text: str,
+        layout: RunLayout,
+        record: TestRunRecord,
+        guard: Container,
+        tokens: Tokens,
+    ) -> ContainerSpec:
+        uid, gid = _step_user()
+        env = self._step_env(layout, record, prompt is not None)
+        env.update(
+            {
+                "AGENTWORKS_BRIDGE_URL": f"http://127.0.0.1:{BRIDGE_PORT}",
+                "AGENTWORKS_BRIDGE_TOKEN": tokens.bridge,
+                "AGENTWORKS_EXEC_PORT": str(EXEC_PORT),
+                "AGENTWORKS_EXEC_TOKEN": tokens.exec,
+                "NO_PROXY": "127.0.0.1,localhost",
+                "no_proxy": "127.0.0.1,localhost",
+            }
+        )
+        return ContainerSpec(
+            name=f"sandbox-{layout.run_id}-step",
+            image=images.STEP_IMAGE,
+            command=["python3", "-m", "agentworks_exec", "--", *step.argv()],
+            user=f"{uid}:{gid}",
+            workdir=layout.container_workdir,
+            env=env,
+            mounts=step_mounts(
+                layout, crew, has_db=not record.no_db, has_prompt=prompt is not None
+            ),
+            tmpfs={"/tmp": f"rw,nosuid,nodev,size={workflow.limits.tmpfs_mb}m,mode=1777"},
+            labels=self._labels(layout, "step", record),
+            memory_bytes=workflow.limits.memory_mb * 1024**2,
+            pids=workflow.limits.pids,
+            cpus=workflow.limits.cpus,
+            seccomp_profile=seccomp_text,
+            network_mode=f"container:{guard.id}",
+        )
 
     # -- prepare ---------------------------------------------------------------
 
@@ -239,6 +385,8 @@ class TestRun:
         uid, gid = _step_user()
         make_private_dir(layout.group_dir)
         layout.actions.touch(mode=0o644)
+        if os.geteuid() == 0:
+            os.chown(layout.actions, GUARD_UID, GUARD_UID, follow_symlinks=False)
         t0 = time.monotonic()
         source = newest_real_run(self.workflow_dir, layout.group)
         if source is None:

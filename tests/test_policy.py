@@ -547,11 +547,18 @@ SQL_CASES: list[tuple[str, SqlKind]] = [
     ('SELECT "drop", [attach], `delete` FROM t', R),
     ("SELECT x FROM t -- DROP TABLE t\n", R),
     ("SELECT /* ATTACH 'x' AS y */ 1", R),
+    ("SELECT 1 -- ; DROP TABLE t", R),
+    ("-- ATTACH 'x' AS y\nSELECT 1", R),
+    ("SELECT 1 /* ; DROP TABLE t */", R),
+    ("/* open comment runs to the end; DROP TABLE t", F),
     ("SELECT replace(name, 'a', 'b') FROM t", R),
     ("SELECT * FROM t WHERE a = :attach AND b = ?1 AND c = @drop AND d = $x", R),
     ("SELECT X'ABCD'", R),
     ("WITH a AS (SELECT 1) SELECT * FROM a", R),
-    ("WITH RECURSIVE c(x) AS (VALUES(1) UNION ALL SELECT x+1 FROM c) SELECT x FROM c", R),
+    (
+        "WITH RECURSIVE c(x) AS (VALUES(1) UNION ALL SELECT x+1 FROM c WHERE x < 5) SELECT x FROM c",
+        R,
+    ),
     ("EXPLAIN SELECT 1", R),
     ("EXPLAIN QUERY PLAN SELECT * FROM t", R),
     ("EXPLAIN DELETE FROM t", R),
@@ -642,19 +649,36 @@ def test_sql_kinds_order() -> None:
     assert [k.value for k in SqlKind] == ["read", "write", "migration", "forbidden"]
 
 
-_READ_ACTIONS = {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION}
-_PRAGMA_ACTION = sqlite3.SQLITE_PRAGMA
+_READ_ACTIONS = {
+    sqlite3.SQLITE_SELECT,
+    sqlite3.SQLITE_READ,
+    sqlite3.SQLITE_FUNCTION,
+    sqlite3.SQLITE_RECURSIVE,
+}
 
 
 @pytest.mark.parametrize(
     "sql", [s for s, k in SQL_CASES if k is R], ids=[repr(s)[:60] for s, k in SQL_CASES if k is R]
 )
 def test_sql_classified_read_only_reads_in_real_sqlite(sql: str) -> None:
-    """Cross-check with SQLite's own authorizer: a READ never asks to do anything else."""
+    """Cross-check with SQLite itself: running SQL classified READ changes nothing.
+
+    The database image must be byte-identical afterwards, and SQLite's authorizer
+    must see only read actions (and read-only PRAGMAs). Two documented
+    exceptions in the authorizer check: EXPLAIN authorizes the statement it
+    compiles without running it, and SQLite reports connecting an eponymous
+    virtual table such as pragma_table_info as an UPDATE of sqlite_master.
+    """
     con = sqlite3.connect(":memory:")
     try:
-        con.execute("CREATE TABLE t (id, a, b, c, d, x, name, job, claimed, [drop])")
+        con.execute(
+            "CREATE TABLE t (id, a, b, c, d, x, name, job, claimed, [drop], [attach], [delete])"
+        )
         con.execute("CREATE TABLE proposals (id, job, claimed)")
+        con.execute("INSERT INTO t (id, name) VALUES (1, 'ab'), (2, 'cd')")
+        con.execute("INSERT INTO proposals VALUES (1, 'j1', 0)")
+        con.commit()
+        before = con.serialize()
         actions: list[tuple[int, str | None]] = []
 
         def authorizer(
@@ -665,12 +689,18 @@ def test_sql_classified_read_only_reads_in_real_sqlite(sql: str) -> None:
 
         con.set_authorizer(authorizer)
         con.executescript(sql)
+        con.set_authorizer(None)
+        assert con.serialize() == before
     finally:
         con.close()
+    if sql.lstrip().upper().startswith("EXPLAIN"):
+        return
     for action, arg1 in actions:
-        if action == _PRAGMA_ACTION:
+        if action == sqlite3.SQLITE_PRAGMA:
             assert arg1 is not None
             assert arg1.lower() in policy._READ_PRAGMAS | policy._READ_PRAGMAS_WITH_ARG
+        elif action == sqlite3.SQLITE_UPDATE and arg1 == "sqlite_master":
+            assert "pragma_" in sql.lower()
         else:
             assert action in _READ_ACTIONS, (sql, action, arg1)
 

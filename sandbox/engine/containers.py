@@ -164,3 +164,44 @@ def output_tails(container: Container) -> tuple[OutputTail, OutputTail]:
     except docker.errors.APIError:
         return OutputTail(), OutputTail()
     return out, err
+
+
+def connect_networks(client: DockerClient, container: Container, networks: list[str]) -> None:
+    """Attach an existing container to more networks (the guard's ways to its upstreams)."""
+    for name in networks:
+        try:
+            client.networks.get(name).connect(container)
+        except docker.errors.NotFound:
+            raise EngineError(f"network {name!r} does not exist") from None
+        except docker.errors.APIError as exc:
+            raise EngineError(f"connecting to network {name!r} failed: {exc.explanation}") from None
+
+
+def run_once(client: DockerClient, spec: ContainerSpec, timeout_s: float) -> tuple[int | None, str]:
+    """Run a short-lived container to its end; its exit code (None on timeout) and output."""
+    container = create(client, spec)
+    try:
+        container.start()
+        code = wait(container, timeout_s)
+        if code is None:
+            kill(container)
+        output = container.logs(stdout=True, stderr=True).decode("utf-8", errors="replace")
+        return code, output
+    finally:
+        remove(container)
+
+
+def is_running(container: Container) -> tuple[bool, int | None]:
+    """Whether the container still runs, and its exit code when it does not."""
+    try:
+        container.reload()
+    except docker.errors.NotFound:
+        return False, None
+    state = container.attrs.get("State") or {}
+    return bool(state.get("Running")), state.get("ExitCode")
+
+
+def stop(container: Container, grace_s: int = 5) -> None:
+    """SIGTERM, then SIGKILL after the grace period; gone is fine."""
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        container.stop(timeout=grace_s)

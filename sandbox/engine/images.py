@@ -30,6 +30,12 @@ BUILD_DIR = REPO_ROOT / "build"
 STEP_IMAGE = "sandbox-step:current"
 GUARD_IMAGE = "sandbox-guard:current"
 LABEL = "sandbox.image-inputs"
+# Stdlib-only modules installed in the step image, by the name steps import.
+STEP_MODULES = {
+    REPO_ROOT / "sandbox" / "bridge_client.py": "agentworks_bridge.py",
+    REPO_ROOT / "sandbox" / "step_exec.py": "agentworks_exec.py",
+    REPO_ROOT / "sandbox" / "pathsafety.py": "agentworks_pathsafety.py",
+}
 
 
 class BuiltImages(BaseModel):
@@ -193,7 +199,7 @@ def build_all(client: DockerClient, base_image: str | None = None) -> BuiltImage
     step_inputs = [
         *(IMAGES_DIR / "step").iterdir(),
         IMAGES_DIR / "base" / "packages.txt",
-        REPO_ROOT / "sandbox" / "bridge_client.py",
+        *STEP_MODULES,
     ]
     step_tag = "sandbox-step:" + _hash_files(step_inputs, extra=base_id)
     guard_tag = "sandbox-guard:" + _hash_files(
@@ -203,7 +209,8 @@ def build_all(client: DockerClient, base_image: str | None = None) -> BuiltImage
         step_ctx = Path(tmp) / "step"
         shutil.copytree(IMAGES_DIR / "step", step_ctx)
         shutil.copy2(IMAGES_DIR / "base" / "packages.txt", step_ctx / "packages.txt")
-        shutil.copy2(REPO_ROOT / "sandbox" / "bridge_client.py", step_ctx / "agentworks_bridge.py")
+        for module in STEP_MODULES:
+            shutil.copy2(module, step_ctx / STEP_MODULES[module])
         _build(client, step_ctx, step_tag, {"BASE_IMAGE": base}, rebuilt)
         client.images.get(step_tag).tag(STEP_IMAGE)
 

@@ -1,0 +1,58 @@
+"""`make demo`: run the job-board example's bid-submit step once in test mode.
+
+Starts the fake job-board API (the step's bridge upstream) in its own
+container, runs the step through `sandbox.execute_step`, prints the record's
+summary (every stubbed action first), then shows that nothing with an effect
+reached the fake API and that the real DB is unchanged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "fake_api"))
+sys.path.insert(0, str(HERE.parent))
+
+import docker  # noqa: E402
+from harness import fake_jobboard  # noqa: E402
+from setup import ensure_db  # noqa: E402
+
+from sandbox import RunOptions, TestRun  # noqa: E402
+
+
+def main(step: str = "bid-submit") -> int:
+    db = ensure_db(HERE)
+    assert db is not None
+    before = hashlib.sha256(db.read_bytes()).hexdigest()
+    client = docker.from_env()
+    with fake_jobboard(client) as fake:
+        options = RunOptions(upstream_networks=(fake.network,))
+        record = TestRun(HERE, step, options).execute()
+        state = fake.state()
+    for line in record.summary_lines():
+        print(line)
+    print(f"record: {HERE / 'runs' / record.id / 'test_mode.json'}")
+    print("--- step output (tail) ---")
+    print(record.stdout.text.rstrip())
+    if record.stderr.text.strip():
+        print("--- step stderr (tail) ---")
+        print(record.stderr.text.rstrip())
+    print("--- the outside world afterwards ---")
+    print(
+        f"fake job-board API received {len(state['calls'])} call(s): "
+        + ", ".join(c.get("tool", "?") for c in state["calls"])
+    )
+    print(
+        f"proposals submitted: {len(state['proposals'])}, messages sent: {len(state['messages'])}, "
+        f"clicks: {len(state['clicks'])}, connects left: {state['connects']}"
+    )
+    same = hashlib.sha256(db.read_bytes()).hexdigest() == before
+    print(f"real workflow DB unchanged: {same}")
+    return 0 if record.status.value == "passed" and same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))

@@ -1,0 +1,64 @@
+"""Reading the action log back on the host, for the record's opening summary.
+
+The log is written by the guard; the host still reads it as untrusted input:
+opened without following links, size-capped, every line validated, and lines
+that do not parse are counted, never trusted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from sandbox.record import ActionCounts, ActionLine, StubbedAction
+
+MAX_LOG_BYTES = 64 * 1024 * 1024
+MAX_STUBBED_LISTED = 500
+
+
+@dataclass
+class ActionSummary:
+    stubbed: list[StubbedAction] = field(default_factory=list)
+    counts: ActionCounts = field(default_factory=ActionCounts)
+    fails_step: str = ""
+
+
+def _detail(line: ActionLine) -> str:
+    """A short, human hint of what the call would have done."""
+    args = line.arguments
+    for key in ("command", "channel", "to", "job_id", "url", "sql", "text"):
+        if key in args:
+            return f"{key}={json.dumps(args[key])[:80]}"
+    return ""
+
+
+def read(path: Path) -> ActionSummary:
+    summary = ActionSummary()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return summary
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return summary
+        data = handle.read(MAX_LOG_BYTES + 1)
+    summary.counts.truncated = len(data) > MAX_LOG_BYTES
+    for raw in data[:MAX_LOG_BYTES].splitlines():
+        try:
+            line = ActionLine.model_validate_json(raw)
+        except ValidationError:
+            summary.counts.malformed += 1
+            continue
+        summary.counts.add(line.decision)
+        if line.decision == "stub" and len(summary.stubbed) < MAX_STUBBED_LISTED:
+            summary.stubbed.append(
+                StubbedAction(tool=line.tool, reason=line.reason, detail=_detail(line))
+            )
+        if line.detail.get("fails_step") and not summary.fails_step:
+            summary.fails_step = f"{line.tool} was refused in test mode: {line.reason}"
+    return summary

@@ -1,0 +1,341 @@
+"""The bridge API the step calls: every tool call is checked, logged, then answered.
+
+Flow of one call: authenticate -> parse -> strip identity fields -> policy
+decision -> execute by route (stub, refuse, upstream, executor, session) ->
+one action-log line -> reply. Nothing raises out of a call: a refusal, a stub,
+an upstream failure or a malformed request is a reply the agent can read and a
+log line. Only a wrong token or a malformed body gets an HTTP error status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route as HttpRoute
+
+from sandbox import policy
+from sandbox.guard.actionlog import ActionLog
+from sandbox.guard.config import GuardConfig
+from sandbox.pathsafety import check_tool_path
+from sandbox.wire import (
+    IDENTITY_KEYS,
+    MAX_REQUEST_BYTES,
+    RUN_KIND_HEADER,
+    ExecRequest,
+    SessionReply,
+    SessionRequest,
+    ToolCall,
+    ToolReply,
+    ToolResult,
+    UpstreamCall,
+)
+
+ROOT_SESSION = "root"
+PATH_ARGUMENTS = ("path",)
+SHELL_TIMEOUT_MAX_S = 600.0
+
+
+class Sessions:
+    """Every session here is a test session; there is no call that makes one that is not."""
+
+    def __init__(self) -> None:
+        self._parent: dict[str, str | None] = {ROOT_SESSION: None}
+
+    def known(self, session: str) -> bool:
+        return session in self._parent
+
+    def child(self, parent: str) -> str:
+        session = f"s-{secrets.token_hex(6)}"
+        self._parent[session] = parent
+        return session
+
+    def parent_of(self, session: str) -> str | None:
+        return self._parent.get(session)
+
+
+class Guard:
+    """One run's guard: the policy check, the log, and the ways out."""
+
+    def __init__(self, config: GuardConfig, log: ActionLog) -> None:
+        self.config = config
+        self.log = log
+        self.sessions = Sessions()
+        self._upstream = httpx.AsyncClient(base_url=config.upstream or "http://upstream.invalid")
+        self._executor = httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{config.exec_port}",
+            headers={"Authorization": f"Bearer {config.exec_token}"},
+            trust_env=False,
+        )
+
+    async def close(self) -> None:
+        await self._upstream.aclose()
+        await self._executor.aclose()
+        self.log.close()
+
+    # -- HTTP handlers -----------------------------------------------------------
+
+    def _authorized(self, request: Request) -> bool:
+        given = request.headers.get("authorization", "")
+        expected = f"Bearer {self.config.bridge_token}"
+        return hmac.compare_digest(given.encode(), expected.encode())
+
+    async def _body(self, request: Request) -> bytes | None:
+        """The body, or None when it is larger than a bridge request may be."""
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
+            return None
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_REQUEST_BYTES:
+                return None
+        return bytes(body)
+
+    def _reject(self, status: int, reason: str, started: float, tool: str = "?") -> Response:
+        self.log.write(
+            session="?",
+            tool=tool,
+            decision="refuse",
+            reason=reason,
+            category="request",
+            arguments={},
+            duration_ms=(time.perf_counter() - started) * 1000,
+        )
+        return JSONResponse({"error": reason}, status_code=status)
+
+    async def tools_call(self, request: Request) -> Response:
+        started = time.perf_counter()
+        if not self._authorized(request):
+            return self._reject(401, "wrong or missing bridge token", started)
+        body = await self._body(request)
+        if body is None:
+            return self._reject(413, f"request larger than {MAX_REQUEST_BYTES} bytes", started)
+        try:
+            call = ToolCall.model_validate_json(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "body"
+            return self._reject(400, f"malformed request: {where}: {first['msg']}", started)
+        reply, detail, category = await self._handle(call)
+        self.log.write(
+            session=reply.session,
+            tool=call.tool,
+            decision=reply.decision,
+            reason=reply.reason,
+            category=category,
+            arguments=_without_identity(call.arguments),
+            duration_ms=(time.perf_counter() - started) * 1000,
+            detail=detail,
+        )
+        return JSONResponse(reply.model_dump(mode="json"))
+
+    async def new_session(self, request: Request) -> Response:
+        started = time.perf_counter()
+        if not self._authorized(request):
+            return self._reject(401, "wrong or missing bridge token", started)
+        body = await self._body(request)
+        try:
+            asked = SessionRequest.model_validate_json(body or b"{}")
+        except ValidationError:
+            return self._reject(400, "malformed session request", started)
+        parent = asked.parent or ROOT_SESSION
+        if not self.sessions.known(parent):
+            return self._reject(400, f"unknown parent session {parent!r}", started)
+        session = self.sessions.child(parent)
+        self.log.write(
+            session=session,
+            tool="session.create",
+            decision="allow",
+            reason="child sessions inherit test mode",
+            category="session",
+            arguments={"parent": parent},
+            duration_ms=(time.perf_counter() - started) * 1000,
+        )
+        return JSONResponse(SessionReply(session=session, parent=parent).model_dump())
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"ok": True, "run_id": self.config.run_id})
+
+    # -- one call ------------------------------------------------------------------
+
+    async def _handle(self, call: ToolCall) -> tuple[ToolReply, dict[str, Any], str]:
+        session = call.session or ROOT_SESSION
+        if not self.sessions.known(session):
+            reason = f"unknown session {session!r}; create one with POST /v1/sessions"
+            return _refusal(call.tool, ROOT_SESSION, reason), {}, "session"
+        arguments = _without_identity(call.arguments)
+        verdict = policy.decide(call.tool, arguments, has_db_copy=self.config.has_db)
+        detail: dict[str, Any] = {}
+        if verdict.fails_step:
+            detail["fails_step"] = True
+        if verdict.decision is policy.Decision.STUB:
+            text = policy.stub_reply(call.tool, verdict.reason)
+            reply = ToolReply(
+                ok=True,
+                tool=call.tool,
+                session=session,
+                decision="stub",
+                reason=verdict.reason,
+                result=ToolResult(text=text),
+            )
+            return reply, detail, verdict.category
+        if verdict.decision is policy.Decision.REFUSE:
+            return _refusal(call.tool, session, verdict.reason), detail, verdict.category
+
+        route = verdict.route
+        if route is policy.Route.SESSION:
+            child = self.sessions.child(session)
+            result = ToolResult(
+                text=f"{call.tool} runs inside this test run as child test session {child}; "
+                "pass session={child} on its calls.",
+                data={"session": child, "parent": session, "test_mode": True},
+            )
+            detail["child_session"] = child
+        elif route in (policy.Route.LOCAL, policy.Route.DB):
+            result = await self._execute_in_step(call.tool, arguments)
+        elif route is policy.Route.UPSTREAM:
+            result = await self._forward(call.tool, arguments, session, detail)
+        else:  # a route the guard does not know: fail closed
+            text = policy.stub_reply(call.tool, f"no way to run route {route.value}")
+            reply = ToolReply(
+                ok=True,
+                tool=call.tool,
+                session=session,
+                decision="stub",
+                reason="unknown route",
+                result=ToolResult(text=text),
+            )
+            return reply, detail, verdict.category
+        if result.is_error:
+            detail["error"] = result.text[:500]
+        reply = ToolReply(
+            ok=not result.is_error,
+            tool=call.tool,
+            session=session,
+            decision="redirect" if verdict.decision is policy.Decision.REDIRECT else "allow",
+            reason=verdict.reason,
+            result=result,
+        )
+        return reply, detail, verdict.category
+
+    async def _execute_in_step(self, tool: str, arguments: dict[str, Any]) -> ToolResult:
+        """Local and DB tools run in the step's container, as the step, via its executor."""
+        for key in PATH_ARGUMENTS:
+            if key in arguments:
+                problem = check_tool_path(arguments[key])
+                if problem is not None:
+                    return ToolResult(text=f"refused: {problem}", is_error=True)
+        timeout = 60.0
+        if tool == "execute_shell_command":
+            asked = arguments.get("timeout_s", 120)
+            asked = asked if isinstance(asked, int | float) else 120
+            timeout = min(max(float(asked), 1.0), SHELL_TIMEOUT_MAX_S) + self.config.grace_s
+        request = ExecRequest(tool=tool, arguments=arguments)
+        try:
+            response = await self._executor.post(
+                "/v1/exec", content=request.model_dump_json(), timeout=timeout
+            )
+        except httpx.TimeoutException:
+            return ToolResult(text=f"{tool} did not finish within {timeout:g} s", is_error=True)
+        except httpx.HTTPError as exc:
+            return ToolResult(
+                text=f"the step's tool executor is not reachable: {exc}", is_error=True
+            )
+        if response.status_code != 200:
+            return ToolResult(
+                text=f"the step's tool executor answered {response.status_code}", is_error=True
+            )
+        try:
+            return ToolResult.model_validate_json(response.content)
+        except ValidationError:
+            return ToolResult(text="the step's tool executor sent a malformed reply", is_error=True)
+
+    async def _forward(
+        self, tool: str, arguments: dict[str, Any], session: str, detail: dict[str, Any]
+    ) -> ToolResult:
+        """Allowed non-local calls go to the real bridge, as the guard says who calls."""
+        if self.config.upstream is None:
+            return ToolResult(text=f"{tool}: no upstream bridge is configured", is_error=True)
+        budget = self.config.budget_for(tool)
+        detail["budget_s"] = budget
+        call = UpstreamCall(
+            tool=tool,
+            arguments=arguments,
+            run_id=self.config.run_id,
+            session=session,
+            workflow=self.config.workflow,
+            step=self.config.step,
+        )
+        try:
+            response = await self._upstream.post(
+                "/v1/tools/call",
+                content=call.model_dump_json(),
+                headers={RUN_KIND_HEADER: "test", "Content-Type": "application/json"},
+                timeout=budget,
+            )
+        except httpx.TimeoutException:
+            detail["timed_out"] = True
+            return ToolResult(
+                text=f"{tool} exceeded its time budget of {budget:g} s and was abandoned",
+                is_error=True,
+            )
+        except httpx.HTTPError as exc:
+            return ToolResult(
+                text=f"upstream bridge unreachable: {type(exc).__name__}", is_error=True
+            )
+        detail["upstream_status"] = response.status_code
+        if response.status_code != 200:
+            return ToolResult(
+                text=f"upstream bridge answered {response.status_code}: {response.text[:300]}",
+                is_error=True,
+            )
+        try:
+            return ToolResult.model_validate_json(response.content)
+        except ValidationError:
+            try:
+                return ToolResult(text=json.dumps(response.json())[:100_000])
+            except ValueError:
+                return ToolResult(text="upstream bridge sent a malformed reply", is_error=True)
+
+
+def _without_identity(arguments: dict[str, Any]) -> dict[str, Any]:
+    """Whatever the step put in identity fields is discarded, before anything else."""
+    return {k: v for k, v in arguments.items() if k not in IDENTITY_KEYS}
+
+
+def _refusal(tool: str, session: str, reason: str) -> ToolReply:
+    return ToolReply(
+        ok=False,
+        tool=tool,
+        session=session,
+        decision="refuse",
+        reason=reason,
+        result=ToolResult(text=f"TEST MODE: {tool} was refused ({reason}).", is_error=True),
+    )
+
+
+def build_app(guard: Guard) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        await guard.close()
+
+    return Starlette(
+        routes=[
+            HttpRoute("/v1/tools/call", guard.tools_call, methods=["POST"]),
+            HttpRoute("/v1/sessions", guard.new_session, methods=["POST"]),
+            HttpRoute("/v1/health", guard.health, methods=["GET"]),
+        ],
+        lifespan=lifespan,
+    )
