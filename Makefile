@@ -24,7 +24,7 @@ demo: images
 	$(BIN)/python examples/setup.py
 	$(BIN)/python examples/job-board/demo.py bid-submit
 
-test: images
+test: images lint
 	$(BIN)/python examples/setup.py
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 

@@ -355,6 +355,8 @@ class Executor:
 
     def _resolve(self, path: object) -> tuple[str, str]:
         """(normalized relative path, absolute joined path); refuses unsafe or escaping paths."""
+        if path is None:
+            raise ToolError("missing argument 'path'")
         reason = check_tool_path(path)
         if reason is not None:
             raise ToolError(f"refused: {reason}")

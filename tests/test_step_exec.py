@@ -500,7 +500,7 @@ def test_sigterm_is_forwarded(start_exec: ExecFactory) -> None:
 def test_token_not_inherited(start_exec: ExecFactory, tmp_path: Path) -> None:
     env_file = tmp_path / "step_env.txt"
     ready = tmp_path / "ready"
-    script = f"env > {env_file}; touch {ready}; sleep 600"
+    script = f"env > {env_file}; touch {ready}; exec sleep 600"
     ex = start_exec(["sh", "-c", script])
     wait_until(ready.exists, "the step to dump its environment")
     env_text = env_file.read_text()

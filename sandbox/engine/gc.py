@@ -40,7 +40,7 @@ def runner_alive(pid: int, create_time: float) -> bool:
         return False
 
 
-def _orphaned(labels: dict[str, str]) -> bool:
+def orphaned(labels: dict[str, str]) -> bool:
     try:
         return not runner_alive(int(labels[LABEL_RUNNER_PID]), float(labels[LABEL_RUNNER_START]))
     except (KeyError, ValueError):
@@ -72,7 +72,7 @@ def collect(client: DockerClient, workflow_dirs: list[Path] | None = None) -> Gc
     roots: set[Path] = set()
     for container in client.containers.list(all=True, filters={"label": LABEL_MANAGED}):
         labels = container.labels or {}
-        if not _orphaned(labels):
+        if not orphaned(labels):
             continue
         with contextlib.suppress(docker.errors.NotFound):
             container.remove(force=True, v=True)
@@ -81,7 +81,7 @@ def collect(client: DockerClient, workflow_dirs: list[Path] | None = None) -> Gc
             roots.add(Path(labels[LABEL_RUN_ROOT]))
     for network in client.networks.list(filters={"label": LABEL_MANAGED}):
         labels = network.attrs.get("Labels") or {}
-        if not _orphaned(labels):
+        if not orphaned(labels):
             continue
         with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
             network.remove()

@@ -9,6 +9,7 @@ Building needs the source checkout (the `images/` folder); running does not.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -221,7 +222,18 @@ def build_all(client: DockerClient, base_image: str | None = None) -> BuiltImage
             _wheels(guard_ctx / "wheels")
             _build(client, guard_ctx, guard_tag, {"STEP_IMAGE": step_tag}, rebuilt)
         client.images.get(guard_tag).tag(GUARD_IMAGE)
+    _prune_stale_tags(client, keep={step_tag, guard_tag, STEP_IMAGE, GUARD_IMAGE})
     return BuiltImages(base=base, step=step_tag, guard=guard_tag, rebuilt=rebuilt)
+
+
+def _prune_stale_tags(client: DockerClient, keep: set[str]) -> None:
+    """Old hash tags of our images go; an image a container still uses stays."""
+    for repository in ("sandbox-step", "sandbox-guard"):
+        for image in client.images.list(name=repository):
+            for tag in image.tags:
+                if tag not in keep:
+                    with contextlib.suppress(docker.errors.APIError):
+                        client.images.remove(tag)
 
 
 def require(client: DockerClient, ref: str) -> str:
