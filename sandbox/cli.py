@@ -57,6 +57,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         upstream_bridge=args.upstream_bridge,
         upstream_networks=tuple(args.upstream_network),
+        allow_hosts=tuple(args.allow_host),
     )
     record = TestRun(Path(args.workflow_dir), args.step_id, options).execute()
     _print_record(record, args.json)
@@ -139,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--upstream-bridge", default=None, help="the real bridge to forward to")
     run.add_argument(
         "--upstream-network", action="append", default=[], help="a Docker network the guard joins"
+    )
+    run.add_argument(
+        "--allow-host", action="append", default=[], help="add an egress host for this run only"
     )
     run.set_defaults(func=cmd_run)
 

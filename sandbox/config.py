@@ -86,7 +86,11 @@ class McpServer(_Strict):
     name: Ident
     command: list[str] | None = None
     url: str | None = None
+    # Literal values here are readable by the step (the workflow folder is mounted
+    # read-only into it); put credentials in `env_from_host` instead.
     env: dict[str, str] = Field(default_factory=dict)
+    # Names of runner-environment variables handed to this server only.
+    env_from_host: list[str] = Field(default_factory=list)
     # Per-connection owner overrides: tool name -> read-only (true) or not (false).
     read_only_overrides: dict[str, bool] = Field(default_factory=dict)
 

@@ -26,13 +26,28 @@ from docker import DockerClient
 from docker.models.containers import Container
 
 from sandbox import actionsummary, dbdiff, firewall
-from sandbox.config import Step, Workflow, load_workflow, resolve_crew_folder
+from sandbox.config import (
+    Egress,
+    EgressEntry,
+    Step,
+    Workflow,
+    load_workflow,
+    resolve_crew_folder,
+)
 from sandbox.copytree import copy_execution_tree, newest_real_run
 from sandbox.dbcopy import DbCopyError, copy_db, find_workflow_db
 from sandbox.engine import containers, images
 from sandbox.engine.client import connect
 from sandbox.errors import ConfigError, LaunchError, PrepareError, SandboxError
-from sandbox.guard.config import ACTIONS_PATH, BRIDGE_PORT, CONFIG_ENV, EXEC_PORT, GuardConfig
+from sandbox.guard.config import (
+    ACTIONS_PATH,
+    BRIDGE_PORT,
+    CONFIG_ENV,
+    DATA_DIR,
+    EXEC_PORT,
+    MCP_PATH,
+    GuardConfig,
+)
 from sandbox.layout import (
     C_DB_PATH,
     C_PROMPT,
@@ -62,6 +77,7 @@ class RunOptions:
     timeout_s: float | None = None
     upstream_bridge: str | None = None
     upstream_networks: tuple[str, ...] = ()
+    allow_hosts: tuple[str, ...] = ()  # egress allow-list additions for this run only
 
 
 @dataclass(frozen=True)
@@ -70,6 +86,19 @@ class Tokens:
 
     bridge: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     exec: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+
+
+def _mcp_host_env(workflow: Workflow) -> dict[str, dict[str, str]]:
+    """Credentials for MCP servers come from the runner's environment, by name."""
+    out: dict[str, dict[str, str]] = {}
+    for server in workflow.mcp_servers:
+        missing = [name for name in server.env_from_host if name not in os.environ]
+        if missing:
+            raise ConfigError(
+                f"MCP server {server.name!r} needs {', '.join(missing)} in the runner's environment"
+            )
+        out[server.name] = {name: os.environ[name] for name in server.env_from_host}
+    return out
 
 
 def _verdict(
@@ -136,6 +165,7 @@ class TestRun:
         step = workflow.step(self.step_id)
         crew = {c.name: resolve_crew_folder(self.workflow_dir, c) for c in workflow.crew_folders}
         prompt = self._read_prompt(step)
+        _mcp_host_env(workflow)  # a missing credential fails before any folder exists
         seccomp_text = step_profile()
         client = connect()
         step_image = images.require(client, images.STEP_IMAGE)
@@ -248,6 +278,11 @@ class TestRun:
     def _upstream(self, workflow: Workflow) -> str | None:
         return self.options.upstream_bridge or workflow.bridge.upstream
 
+    def _egress(self, workflow: Workflow) -> Egress:
+        """The workflow's allow list plus the hosts added for this run only."""
+        extra = [EgressEntry(host=h) for h in self.options.allow_hosts]
+        return workflow.egress.model_copy(update={"allow": [*workflow.egress.allow, *extra]})
+
     def _upstream_networks(self, workflow: Workflow) -> list[str]:
         return [*workflow.bridge.networks, *self.options.upstream_networks]
 
@@ -270,6 +305,9 @@ class TestRun:
             default_budget_s=workflow.bridge.default_budget_s,
             grace_s=workflow.bridge.grace_s,
             budgets=workflow.bridge.budgets,
+            mcp_servers=workflow.mcp_servers,
+            mcp_host_env=_mcp_host_env(workflow),
+            egress=self._egress(workflow),
         )
         networks = self._upstream_networks(workflow)
         return ContainerSpec(
@@ -278,7 +316,10 @@ class TestRun:
             command=[],
             user=f"{GUARD_UID}:{GUARD_UID}",
             env={CONFIG_ENV: config.model_dump_json()},
-            mounts=[Mount(source=str(layout.actions), target=ACTIONS_PATH, read_only=False)],
+            mounts=[
+                Mount(source=str(layout.actions), target=ACTIONS_PATH, read_only=False),
+                Mount(source=str(layout.guard_dir), target=DATA_DIR, read_only=False),
+            ],
             tmpfs={"/tmp": "rw,nosuid,nodev,noexec,size=16m"},
             labels=self._labels(layout, "guard", record),
             memory_bytes=256 * 1024**2,
@@ -331,6 +372,7 @@ class TestRun:
             {
                 "AGENTWORKS_BRIDGE_URL": f"http://127.0.0.1:{BRIDGE_PORT}",
                 "AGENTWORKS_BRIDGE_TOKEN": tokens.bridge,
+                "AGENTWORKS_MCP_URL": f"http://127.0.0.1:{BRIDGE_PORT}{MCP_PATH}",
                 "AGENTWORKS_EXEC_PORT": str(EXEC_PORT),
                 "AGENTWORKS_EXEC_TOKEN": tokens.exec,
                 "NO_PROXY": "127.0.0.1,localhost",
@@ -385,8 +427,10 @@ class TestRun:
         uid, gid = _step_user()
         make_private_dir(layout.group_dir)
         layout.actions.touch(mode=0o644)
+        make_private_dir(layout.guard_dir, 0o700)
         if os.geteuid() == 0:
             os.chown(layout.actions, GUARD_UID, GUARD_UID, follow_symlinks=False)
+            os.chown(layout.guard_dir, GUARD_UID, GUARD_UID, follow_symlinks=False)
         t0 = time.monotonic()
         source = newest_real_run(self.workflow_dir, layout.group)
         if source is None:

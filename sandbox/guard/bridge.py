@@ -326,9 +326,15 @@ def _refusal(tool: str, session: str, reason: str) -> ToolReply:
 
 
 def build_app(guard: Guard) -> Starlette:
+    """The bridge, the MCP proxy (under /mcp) and the egress proxy's lifetime, in one app."""
+    from sandbox.guard import egress, mcp_proxy
+
+    mcp = mcp_proxy.McpProxy(guard.config, guard.log)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        yield
+        async with mcp.running(), egress.running(guard.config, guard.log):
+            yield
         await guard.close()
 
     return Starlette(
@@ -336,6 +342,7 @@ def build_app(guard: Guard) -> Starlette:
             HttpRoute("/v1/tools/call", guard.tools_call, methods=["POST"]),
             HttpRoute("/v1/sessions", guard.new_session, methods=["POST"]),
             HttpRoute("/v1/health", guard.health, methods=["GET"]),
+            *mcp.routes(),
         ],
         lifespan=lifespan,
     )

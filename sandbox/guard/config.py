@@ -8,10 +8,15 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox.config import Egress, McpServer
+
 CONFIG_ENV = "SANDBOX_GUARD_CONFIG"
 BRIDGE_PORT = 8790
 EXEC_PORT = 8799
+EGRESS_PORT = 8792
 ACTIONS_PATH = "/guard/actions.jsonl"
+DATA_DIR = "/guard/data"  # the guard's own folder in the run root (0700, guard uid)
+MCP_PATH = "/mcp"  # one streamable-HTTP endpoint per server: /mcp/<server name>
 
 
 class GuardConfig(BaseModel):
@@ -30,7 +35,14 @@ class GuardConfig(BaseModel):
     grace_s: float = 10.0
     budgets: dict[str, float] = Field(default_factory=dict)
     actions_path: str = ACTIONS_PATH
+    data_dir: str = DATA_DIR
     fsync_each: bool = True
+    mcp_servers: list[McpServer] = Field(default_factory=list)
+    # Values for the MCP servers' `env_from_host` names, taken from the runner's
+    # environment at run time, so credentials never sit in the workflow folder.
+    mcp_host_env: dict[str, dict[str, str]] = Field(default_factory=dict)
+    egress: Egress = Field(default_factory=Egress)
+    egress_port: int = EGRESS_PORT
 
     def budget_for(self, tool: str) -> float:
         """The tool's time budget plus the grace window (the seed's +10 s rule)."""
