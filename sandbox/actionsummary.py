@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from sandbox.record import ActionCounts, ActionLine, StubbedAction
+from sandbox.record import ActionCounts, ActionLine, EgressCounts, StubbedAction
 
 MAX_LOG_BYTES = 64 * 1024 * 1024
 MAX_STUBBED_LISTED = 500
@@ -26,6 +26,7 @@ class ActionSummary:
     stubbed: list[StubbedAction] = field(default_factory=list)
     counts: ActionCounts = field(default_factory=ActionCounts)
     fails_step: str = ""
+    egress: dict[str, EgressCounts] = field(default_factory=dict)
 
 
 def _detail(line: ActionLine) -> str:
@@ -59,6 +60,14 @@ def read(path: Path) -> ActionSummary:
             summary.stubbed.append(
                 StubbedAction(tool=line.tool, reason=line.reason, detail=_detail(line))
             )
+        if line.tool == "http" and line.session == "egress":
+            counts = summary.egress.setdefault(str(line.detail.get("host", "")), EgressCounts())
+            if line.decision == "allow":
+                counts.passed += 1
+            elif line.decision == "stub":
+                counts.stubbed += 1
+            else:
+                counts.refused += 1
         if line.detail.get("fails_step") and not summary.fails_step:
             summary.fails_step = f"{line.tool} was refused in test mode: {line.reason}"
     return summary

@@ -107,10 +107,15 @@ _HOST_RE = re.compile(r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$|^\[[0-9A-Fa-f
 
 
 class EgressEntry(_Strict):
-    """One allow-listed destination. Read-only (GET/HEAD) unless marked a model endpoint."""
+    """One allow-listed destination. Read-only (GET/HEAD) unless marked a model endpoint.
+
+    Without a port it admits plain HTTP on 80 and CONNECT (HTTPS) on 443."""
 
     host: str
     port: int | None = Field(default=None, ge=1, le=65535)
+    # An explicit port is for plain HTTP unless `tls` says it is an HTTPS port:
+    # a CONNECT tunnel to a plain-HTTP port would carry methods the proxy cannot see.
+    tls: bool = False
     model: bool = False
 
     @field_validator("host")

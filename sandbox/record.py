@@ -113,6 +113,14 @@ class ActionCounts(BaseModel):
             setattr(self, decision, getattr(self, decision) + 1)
 
 
+class EgressCounts(BaseModel):
+    """Egress requests of one host: passed (allowed), stubbed, refused."""
+
+    passed: int = 0
+    stubbed: int = 0
+    refused: int = 0
+
+
 class TestRunRecord(BaseModel):
     """`runs/test-<id>/test_mode.json`."""
 
@@ -135,6 +143,7 @@ class TestRunRecord(BaseModel):
     exit_code: int | None = None
     stdout: OutputTail = Field(default_factory=OutputTail)
     stderr: OutputTail = Field(default_factory=OutputTail)
+    guard_log: OutputTail = Field(default_factory=OutputTail)
     copy_report: CopyReport | None = None
     no_earlier_run: bool = False
     db_copy: DbCopyReport | None = None
@@ -145,6 +154,7 @@ class TestRunRecord(BaseModel):
     phases: Phases = Field(default_factory=Phases)
     stubbed: list[StubbedAction] = Field(default_factory=list)
     actions: ActionCounts = Field(default_factory=ActionCounts)
+    egress: dict[str, EgressCounts] = Field(default_factory=dict)
     actions_log: str = ACTIONS_FILE
     runner: RunnerInfo | None = None
     images: dict[str, str] = Field(default_factory=dict)
@@ -165,6 +175,10 @@ class TestRunRecord(BaseModel):
             lines.append(
                 f"guarded calls: {counts.allow} allowed, {counts.redirect} redirected, "
                 f"{counts.stub} stubbed, {counts.refuse} refused"
+            )
+        for host, n in sorted(self.egress.items()):
+            lines.append(
+                f"egress {host or '?'}: {n.passed} passed, {n.stubbed} stubbed, {n.refused} refused"
             )
         if self.reason:
             lines.append(f"reason: {self.reason}")

@@ -44,6 +44,7 @@ from sandbox.guard.config import (
     BRIDGE_PORT,
     CONFIG_ENV,
     DATA_DIR,
+    EGRESS_PORT,
     EXEC_PORT,
     MCP_PATH,
     GuardConfig,
@@ -51,6 +52,7 @@ from sandbox.guard.config import (
 from sandbox.layout import (
     C_DB_PATH,
     C_PROMPT,
+    C_WORKFLOW,
     GUARD_UID,
     STEP_UID,
     RunLayout,
@@ -251,7 +253,11 @@ class TestRun:
             t0 = time.monotonic()
             guard_running, guard_exit = containers.is_running(guard)
             containers.stop(guard)
+            record.guard_log = containers.output_tails(guard)[1]
             record.stdout, record.stderr = containers.output_tails(step_container)
+            # The engine's stats stream of an exited container never ends (it sends empty
+            # samples every second); removing the container ends it at once.
+            containers.remove(step_container)
             containers.finish_usage(usage)
             record.resources.peak_memory_bytes = usage.peak_memory_bytes
             record.resources.cpu_seconds = usage.cpu_seconds
@@ -260,6 +266,7 @@ class TestRun:
             actions = actionsummary.read(layout.actions)
             record.stubbed = actions.stubbed
             record.actions = actions.counts
+            record.egress = actions.egress
             record.phases.collect_s = time.monotonic() - t0
             status, reason = _verdict(exit_code, timeout_s, guard_running, guard_exit, actions)
             return self._finish(layout, record, status, reason)
@@ -310,6 +317,7 @@ class TestRun:
             egress=self._egress(workflow),
         )
         networks = self._upstream_networks(workflow)
+        stdio_servers = sum(1 for server in workflow.mcp_servers if server.command is not None)
         return ContainerSpec(
             name=f"sandbox-{layout.run_id}-guard",
             image=images.GUARD_IMAGE,
@@ -319,11 +327,14 @@ class TestRun:
             mounts=[
                 Mount(source=str(layout.actions), target=ACTIONS_PATH, read_only=False),
                 Mount(source=str(layout.guard_dir), target=DATA_DIR, read_only=False),
+                # Stdio MCP servers run in the guard; their data is the workflow's, read-only.
+                Mount(source=str(self.workflow_dir), target=C_WORKFLOW, read_only=True),
             ],
             tmpfs={"/tmp": "rw,nosuid,nodev,noexec,size=16m"},
             labels=self._labels(layout, "guard", record),
-            memory_bytes=256 * 1024**2,
-            pids=128,
+            # Each stdio MCP server (node or Python, ~70 MB, ~12 threads) runs in here too.
+            memory_bytes=(256 + 128 * stdio_servers) * 1024**2,
+            pids=128 + 32 * stdio_servers,
             cpus=1.0,
             network_mode=networks[0] if networks else "none",
             sysctls={"net.ipv4.ping_group_range": "1 0"},
@@ -368,6 +379,7 @@ class TestRun:
     ) -> ContainerSpec:
         uid, gid = _step_user()
         env = self._step_env(layout, record, prompt is not None)
+        proxy = f"http://127.0.0.1:{EGRESS_PORT}"
         env.update(
             {
                 "AGENTWORKS_BRIDGE_URL": f"http://127.0.0.1:{BRIDGE_PORT}",
@@ -375,6 +387,10 @@ class TestRun:
                 "AGENTWORKS_MCP_URL": f"http://127.0.0.1:{BRIDGE_PORT}{MCP_PATH}",
                 "AGENTWORKS_EXEC_PORT": str(EXEC_PORT),
                 "AGENTWORKS_EXEC_TOKEN": tokens.exec,
+                "HTTP_PROXY": proxy,
+                "HTTPS_PROXY": proxy,
+                "http_proxy": proxy,
+                "https_proxy": proxy,
                 "NO_PROXY": "127.0.0.1,localhost",
                 "no_proxy": "127.0.0.1,localhost",
             }
@@ -383,6 +399,7 @@ class TestRun:
             name=f"sandbox-{layout.run_id}-step",
             image=images.STEP_IMAGE,
             command=["python3", "-m", "agentworks_exec", "--", *step.argv()],
+            init=False,  # the executor is pid 1 and reaps; see step_exec._reap_until_exit
             user=f"{uid}:{gid}",
             workdir=layout.container_workdir,
             env=env,

@@ -38,4 +38,5 @@ class ContainerSpec(BaseModel):
     cap_add: list[str] = Field(default_factory=list)
     sysctls: dict[str, str] = Field(default_factory=dict)
     read_only_rootfs: bool = True
+    init: bool = True  # docker-init as pid 1; off when the command reaps itself
     log_max_bytes: int = 8 * 1024**2

@@ -583,6 +583,7 @@ class Executor:
             )
         except OSError as exc:
             raise ToolError(f"cannot start /bin/sh: {_os_reason(exc)}") from None
+        _OWN_CHILDREN.add(proc.pid)
         assert proc.stdout is not None
         tail = _Tail(SHELL_TAIL_CHARS)
         deadline = time.monotonic() + timeout
@@ -605,6 +606,7 @@ class Executor:
             if proc.returncode is None:
                 _kill_group(proc.pid)
                 proc.wait()
+            _OWN_CHILDREN.discard(proc.pid)
         exit_code = _exit_code(returncode)
         text = tail.text()
         if timed_out:
@@ -941,7 +943,38 @@ def _run_step(cmd: list[str]) -> int:
     for early in pending:
         with contextlib.suppress(ProcessLookupError):
             child[0].send_signal(early)
+    _reap_until_exit(child[0].pid)
     return _exit_code(child[0].wait())
+
+
+# Children that a tool thread waits for itself; the reaper leaves them alone.
+_OWN_CHILDREN: set[int] = set()
+
+
+def _reap_until_exit(step_pid: int) -> None:
+    """Wait for the step, reaping orphans on the way.
+
+    The executor runs as the container's pid 1 (no docker-init: an init process would
+    keep the whole container environment, executor token included, readable by the
+    step in /proc/1/environ), so orphaned grandchildren are re-parented to it. Peek
+    with WNOWAIT, reap strangers, and leave the step and tool children to their own
+    `wait()`."""
+    while True:
+        try:
+            info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+        except ChildProcessError:
+            return
+        except InterruptedError:
+            continue
+        if info is None:
+            continue
+        if info.si_pid == step_pid:
+            return
+        if info.si_pid in _OWN_CHILDREN:
+            time.sleep(0.01)  # its tool thread is about to reap it
+            continue
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(info.si_pid, 0)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,8 @@ def tree_digest(root: Path, *, skip_test_runs: bool = True) -> dict[str, str]:
         if skip_test_runs and rel_dir == "runs":
             dirnames[:] = [d for d in dirnames if not d.startswith("test-")]
         for name in dirnames:
+            if skip_test_runs and rel_dir == "." and name == "runs":
+                continue  # a test run may create runs/ itself to hold runs/test-<id>/
             out[os.path.normpath(os.path.join(rel_dir, name))] = "dir"
         for name in filenames:
             rel = os.path.normpath(os.path.join(rel_dir, name))

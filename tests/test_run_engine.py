@@ -197,9 +197,12 @@ def test_container_is_hardened(engine: DockerClient, make_workflow: WorkflowFact
             socket.create_connection(("127.0.0.1", 9), timeout=1); net = "connected"
         except OSError as exc:
             net = type(exc).__name__
+        masked = {p: len(open(p, "rb").read()) for p in ("/proc/kallsyms", "/proc/config.gz", "/sys/kernel/vmcoreinfo")}
+        cgroups = {line.rsplit(":", 1)[1] for line in open("/proc/self/cgroup").read().splitlines()}
+        ping = open("/proc/sys/net/ipv4/ping_group_range").read().split()
         print(json.dumps({"CapEff": status["CapEff"].strip(), "NoNewPrivs": status["NoNewPrivs"].strip(),
             "Seccomp": status["Seccomp"].strip(), "ifaces": ifaces, "rootfs": rootfs, "uid": os.getuid(),
-            "net": net}))
+            "net": net, "masked": masked, "cgroups": sorted(cgroups), "ping": ping}))
         """,
     )
     record = execute_step(wf, "step1")
@@ -213,6 +216,9 @@ def test_container_is_hardened(engine: DockerClient, make_workflow: WorkflowFact
         "rootfs": "read-only",
         "uid": 10001,
         "net": "ConnectionRefusedError",
+        "masked": {"/proc/kallsyms": 0, "/proc/config.gz": 0, "/sys/kernel/vmcoreinfo": 0},
+        "cgroups": ["/"],  # a private cgroup namespace: the host's hierarchy is not visible
+        "ping": ["1", "0"],  # no group may open ICMP sockets
     }
 
 

@@ -62,7 +62,7 @@ def create(client: DockerClient, spec: ContainerSpec) -> Container:
         "pids_limit": spec.pids,
         "nano_cpus": int(spec.cpus * 1e9),
         "network_mode": spec.network_mode,
-        "init": True,
+        "init": spec.init,
         "ipc_mode": "private",
         "cgroupns": "private",
         "log_config": LogConfig(
@@ -75,12 +75,46 @@ def create(client: DockerClient, spec: ContainerSpec) -> Container:
     if spec.sysctls:
         kwargs["sysctls"] = spec.sysctls
     try:
-        container: Container = client.containers.create(**kwargs)
+        container = _create_masked(client, kwargs)
     except docker.errors.ImageNotFound:
         raise EngineError(f"image {spec.image} not found; run `make images`") from None
     except docker.errors.APIError as exc:
         raise EngineError(f"creating container {spec.name} failed: {exc.explanation}") from None
     return container
+
+
+# The engine's default masked paths, plus what it leaves readable by default.
+MASKED_PATHS = [
+    "/proc/asound",
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/proc/kallsyms",
+    "/proc/config.gz",
+    "/proc/modules",
+    "/sys/kernel/debug",
+    "/sys/kernel/vmcoreinfo",
+    "/sys/module",
+]
+
+
+def _create_masked(client: DockerClient, kwargs: dict[str, Any]) -> Container:
+    """`containers.create`, plus HostConfig.MaskedPaths, which docker-py does not expose.
+
+    (Mounting over /proc paths is refused by runc, so masking is the only way to
+    close /proc/kallsyms and friends.)"""
+    from docker.models.containers import _create_container_args  # type: ignore[attr-defined]
+
+    args = _create_container_args({**kwargs, "version": client.api.api_version})
+    args["host_config"]["MaskedPaths"] = MASKED_PATHS
+    created = client.api.create_container(**args)
+    return client.containers.get(created["Id"])
 
 
 def remove(container: Container) -> None:
@@ -91,29 +125,43 @@ def remove(container: Container) -> None:
 
 @dataclass
 class Usage:
-    """Peak memory and CPU seen by the stats stream while the container ran."""
+    """Peak memory and CPU seen while the container ran (sampled through the engine)."""
 
     peak_memory_bytes: int | None = None
     cpu_seconds: float | None = None
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
+
+    def _take(self, sample: dict[str, Any]) -> None:
+        memory = sample.get("memory_stats") or {}
+        # cgroup v1 reports the peak since start (max_usage); v2 only the current usage.
+        peak = memory.get("max_usage") or memory.get("usage")
+        if peak:
+            self.peak_memory_bytes = max(self.peak_memory_bytes or 0, int(peak))
+        cpu = ((sample.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
+        if cpu:
+            self.cpu_seconds = max(self.cpu_seconds or 0.0, cpu / 1e9)
+
+
+SAMPLE_INTERVAL_S = 0.25
 
 
 def watch_usage(container: Container) -> Usage:
-    """Follow the engine's stats stream in a thread until the container stops."""
+    """Sample the engine's one-shot stats in a thread until `finish_usage`.
+
+    (The streaming stats endpoint of Docker 20.10 does not end when the container
+    exits, so a stream would keep the collect phase waiting.)"""
     usage = Usage()
 
     def follow() -> None:
-        with contextlib.suppress(Exception):
-            for sample in container.stats(stream=True, decode=True):
-                if not isinstance(sample, dict):
-                    continue
-                memory = sample.get("memory_stats") or {}
-                peak = memory.get("max_usage") or memory.get("usage")
-                if peak:
-                    usage.peak_memory_bytes = max(usage.peak_memory_bytes or 0, int(peak))
-                cpu = ((sample.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
-                if cpu:
-                    usage.cpu_seconds = max(usage.cpu_seconds or 0.0, cpu / 1e9)
+        while not usage._stop.is_set():
+            try:
+                sample = container.stats(stream=False, one_shot=True)
+            except Exception:
+                return
+            if isinstance(sample, dict):
+                usage._take(sample)
+            usage._stop.wait(SAMPLE_INTERVAL_S)
 
     usage._thread = threading.Thread(target=follow, name="stats", daemon=True)
     usage._thread.start()
@@ -121,6 +169,7 @@ def watch_usage(container: Container) -> Usage:
 
 
 def finish_usage(usage: Usage, timeout_s: float = 5.0) -> None:
+    usage._stop.set()
     if usage._thread is not None:
         usage._thread.join(timeout=timeout_s)
 

@@ -71,12 +71,18 @@ class Guard:
         self.config = config
         self.log = log
         self.sessions = Sessions()
+        # Bridge calls in flight, so an egress line can name the tool call active then.
+        self._inflight: dict[int, str] = {}
+        self._next_call = 0
         self._upstream = httpx.AsyncClient(base_url=config.upstream or "http://upstream.invalid")
         self._executor = httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{config.exec_port}",
             headers={"Authorization": f"Bearer {config.exec_token}"},
             trust_env=False,
         )
+
+    def active_calls(self) -> list[str]:
+        return sorted(set(self._inflight.values()))
 
     async def close(self) -> None:
         await self._upstream.aclose()
@@ -127,7 +133,13 @@ class Guard:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "body"
             return self._reject(400, f"malformed request: {where}: {first['msg']}", started)
-        reply, detail, category = await self._handle(call)
+        self._next_call += 1
+        call_id = self._next_call
+        self._inflight[call_id] = f"{call.tool} (session {call.session or ROOT_SESSION})"
+        try:
+            reply, detail, category = await self._handle(call)
+        finally:
+            del self._inflight[call_id]
         self.log.write(
             session=reply.session,
             tool=call.tool,
@@ -333,7 +345,7 @@ def build_app(guard: Guard) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with mcp.running(), egress.running(guard.config, guard.log):
+        async with mcp.running(), egress.running(guard.config, guard.log, guard.active_calls):
             yield
         await guard.close()
 

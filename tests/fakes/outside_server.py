@@ -1,0 +1,116 @@
+"""A fake "outside" server for egress tests (stdlib only; runs in its own container).
+
+HTTP on 8080 (GET/HEAD answer, every request recorded, body hashed), a plain
+TCP listener on 8443 standing in for an HTTPS site (records connections), and a
+UDP listener on 9999 (records datagrams). `GET /__seen` returns the record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+SEEN: list[dict[str, object]] = []
+LOCK = threading.Lock()
+
+
+def note(entry: dict[str, object]) -> None:
+    with LOCK:
+        SEEN.append(entry)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+    def _body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(length) if length else b""
+
+    def _answer(self, payload: bytes, head_only: bool = False) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        if not head_only:
+            self.wfile.write(payload)
+
+    def do_GET(self) -> None:
+        if self.path == "/__seen":
+            with LOCK:
+                data = json.dumps(SEEN).encode()
+            self._answer(data)
+            return
+        note({"proto": "http", "method": "GET", "path": self.path})
+        if self.path.startswith("/bytes/"):
+            n = int(self.path.rsplit("/", 1)[1])
+            self.send_response(200)
+            self.send_header("Content-Length", str(n))
+            self.end_headers()
+            block = b"x" * 65536
+            while n > 0:
+                chunk = block[: min(n, len(block))]
+                self.wfile.write(chunk)
+                n -= len(chunk)
+            return
+        self._answer(b"hello from outside " + self.path.encode())
+
+    def do_HEAD(self) -> None:
+        note({"proto": "http", "method": "HEAD", "path": self.path})
+        self._answer(b"hello from outside " + self.path.encode(), head_only=True)
+
+    def _effect(self) -> None:
+        body = self._body()
+        note(
+            {
+                "proto": "http",
+                "method": self.command,
+                "path": self.path,
+                "sha256": hashlib.sha256(body).hexdigest(),
+            }
+        )
+        self._answer(b"done")
+
+    do_POST = do_PUT = do_PATCH = do_DELETE = _effect
+
+
+def tcp_listener(port: int) -> None:
+    family = socket.AF_INET6
+    srv = socket.socket(family, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("::", port))
+    srv.listen(16)
+    while True:
+        conn, addr = srv.accept()
+        note({"proto": "tcp", "port": port, "peer": addr[0]})
+        conn.close()
+
+
+def udp_listener(port: int) -> None:
+    srv = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
+    srv.bind(("::", port))
+    while True:
+        data, addr = srv.recvfrom(65536)
+        note({"proto": "udp", "port": port, "peer": addr[0], "bytes": len(data)})
+
+
+class DualStackServer(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+    daemon_threads = True
+
+
+def main() -> int:
+    threading.Thread(target=tcp_listener, args=(8443,), daemon=True).start()
+    threading.Thread(target=udp_listener, args=(9999,), daemon=True).start()
+    DualStackServer(("::", 8080), Handler).serve_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""Egress containment against the real engine and a fake outside server in its own container."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from docker import DockerClient
+
+from sandbox.policy import stub_reply
+from sandbox.record import ActionLine, RunStatus, TestRunRecord
+from sandbox.run import RunOptions, TestRun
+from tests.conftest import WorkflowFactory, tree_digest
+from tests.fakes.harness import ALIAS, Outside, outside_server
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture
+def outside(engine: DockerClient) -> Iterator[Outside]:
+    with outside_server(engine) as server:
+        yield server
+
+
+def run_step(
+    make_workflow: WorkflowFactory, outside: Outside, source: str, egress_toml: str
+) -> tuple[TestRunRecord, dict[str, Any], list[ActionLine]]:
+    wf = make_workflow(
+        command=["python3", "/workflow/code/step.py"], extra_toml=egress_toml, db_sql=None
+    )
+    script = textwrap.dedent(source).replace("OUTSIDE_V4", outside.ipv4)
+    (wf / "code" / "step.py").write_text(script.replace("OUTSIDE_V6", outside.ipv6))
+    before = tree_digest(wf)
+    record = TestRun(wf, "step1", RunOptions(upstream_networks=(outside.network,))).execute()
+    assert tree_digest(wf) == before
+    lines = [
+        ActionLine.model_validate_json(x)
+        for x in (wf / "runs" / record.id / "test_mode_actions.jsonl").read_text().splitlines()
+    ]
+    out = json.loads(record.stdout.text.strip().splitlines()[-1]) if record.stdout.text else {}
+    return record, out, lines
+
+
+THROUGH_PROXY = """
+import json, subprocess, urllib.request, urllib.error
+out = {}
+def fetch(method, url, body=None):
+    req = urllib.request.Request(url, data=body, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+out["get"] = fetch("GET", "http://outside.test:8080/page")
+out["head"] = fetch("HEAD", "http://outside.test:8080/page")
+for m in ("POST", "PUT", "PATCH", "DELETE"):
+    out[m] = fetch(m, "http://outside.test:8080/effect", b"secret-payload-123")
+out["other_host"] = fetch("GET", "http://not-allowed.test:8080/x")
+out["wrong_port"] = fetch("GET", "http://outside.test:9090/x")
+out["websocket"] = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+    "-H", "Upgrade: websocket", "-H", "Connection: Upgrade", "http://outside.test:8080/ws"],
+    capture_output=True, text=True).stdout
+out["connect_allowed"] = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_connect}",
+    "--max-time", "5", "https://outside.test:8443/"], capture_output=True, text=True).stdout
+out["connect_denied"] = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_connect}",
+    "--max-time", "5", "https://outside.test:8080/"], capture_output=True, text=True).stdout
+print(json.dumps(out))
+"""
+
+EGRESS_TOML = """
+[egress]
+allow = [{ host = "outside.test", port = 8080 }, { host = "outside.test", port = 8443, tls = true }]
+"""
+
+
+def test_proxy_passes_reads_and_stubs_everything_else(
+    engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
+) -> None:
+    record, out, lines = run_step(make_workflow, outside, THROUGH_PROXY, EGRESS_TOML)
+    assert record.status is RunStatus.PASSED, record.stderr.text
+    assert out["get"] == [200, "hello from outside /page"]
+    assert out["head"] == [200, ""]
+    for method in ("POST", "PUT", "PATCH", "DELETE"):
+        status, body = out[method]
+        assert status == 403
+        assert body.strip() == stub_reply(
+            f"HTTP {method}", f"HTTP {method} can have effects; only GET and HEAD pass"
+        )
+    assert out["other_host"][0] == 403 and "not on the egress allow list" in out["other_host"][1]
+    assert out["wrong_port"][0] == 403
+    assert out["websocket"] == "403"
+    assert out["connect_allowed"] == "200"
+    assert out["connect_denied"] == "403"  # 8080 is a plain-HTTP port: no blind tunnel to it
+
+    seen = outside.seen()
+    http_seen = [(s["method"], s["path"]) for s in seen if s["proto"] == "http"]
+    assert http_seen == [("GET", "/page"), ("HEAD", "/page")]  # nothing with an effect arrived
+    assert [s["proto"] for s in seen if s["proto"] == "tcp"] == ["tcp"]  # the allowed CONNECT
+
+    egress = [ln for ln in lines if ln.tool == "http"]
+    by_method = {
+        ln.arguments["method"]: ln
+        for ln in egress
+        if ln.arguments.get("url", "").endswith("/effect")
+    }
+    post = by_method["POST"]
+    assert post.decision == "stub"
+    assert post.arguments["body_bytes"] == len(b"secret-payload-123")
+    assert post.arguments["body_sha256"] == hashlib.sha256(b"secret-payload-123").hexdigest()
+    assert (
+        "secret-payload-123"
+        not in (
+            Path(record.workflow_dir) / "runs" / record.id / "test_mode_actions.jsonl"
+        ).read_text()
+    )
+    connect = next(
+        ln for ln in egress if ln.arguments["method"] == "CONNECT" and ln.decision == "allow"
+    )
+    assert connect.detail["tls"] == "method not seen"
+    counts = record.egress[ALIAS]
+    assert (counts.passed, counts.stubbed) == (3, 7)  # 4 methods, a port, an upgrade, a CONNECT
+    assert record.egress["not-allowed.test"].stubbed == 1
+
+
+DIRECT = """
+import json, socket, subprocess, errno
+out = {}
+def attempt(name, fn):
+    try:
+        out[name] = "OPEN: " + str(fn())
+    except OSError as exc:
+        out[name] = type(exc).__name__ + ":" + (errno.errorcode.get(exc.errno, "") if exc.errno else "")
+attempt("tcp4", lambda: socket.create_connection(("OUTSIDE_V4", 8080), timeout=5))
+attempt("tcp6", lambda: socket.create_connection(("OUTSIDE_V6", 8080), timeout=5))
+def udp(family, host):
+    s = socket.socket(family, socket.SOCK_DGRAM)
+    s.sendto(b"x" * 10, (host, 9999))
+    return "sent"
+attempt("udp4", lambda: udp(socket.AF_INET, "OUTSIDE_V4"))
+attempt("udp6", lambda: udp(socket.AF_INET6, "OUTSIDE_V6"))
+attempt("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
+attempt("icmp_dgram", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP))
+attempt("dns", lambda: socket.getaddrinfo("outside.test", 8080))
+out["curl_noproxy"] = subprocess.run(["curl", "-sS", "--noproxy", "*", "--max-time", "5",
+    "http://OUTSIDE_V4:8080/direct"], capture_output=True, text=True).stderr.strip()[:80]
+out["iptables"] = subprocess.run(["iptables", "-F"], capture_output=True, text=True).returncode
+out["guard_procs"] = sorted({l.split()[0] for l in subprocess.run(["ps", "-eo", "user"],
+    capture_output=True, text=True).stdout.split()[1:]})
+print(json.dumps(out))
+"""
+
+
+def test_direct_connections_fail_at_once_and_reach_nothing(
+    engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
+) -> None:
+    record, out, _ = run_step(make_workflow, outside, DIRECT, EGRESS_TOML)
+    assert record.status is RunStatus.PASSED, record.stderr.text
+    assert out["tcp4"] == "ConnectionRefusedError:ECONNREFUSED"
+    assert out["tcp6"] == "ConnectionRefusedError:ECONNREFUSED"
+    assert (
+        out["udp4"].startswith(("ConnectionRefusedError", "PermissionError"))
+        or out["udp4"] == "OPEN: sent"
+    )
+    assert out["raw"] == "PermissionError:EPERM"
+    assert out["icmp_dgram"].startswith("PermissionError")
+    assert out["dns"].startswith("gaierror")
+    assert "Failed to connect" in out["curl_noproxy"] or "Couldn't connect" in out["curl_noproxy"]
+    assert out["iptables"] != 0
+    assert "guard" not in out["guard_procs"] and "10002" not in out["guard_procs"]
+    # Whatever the step sent directly, the outside world saw none of it.
+    assert outside.seen() == []
+    assert record.duration_s is not None and record.duration_s < 60
+
+
+def test_empty_allow_list_means_no_egress(
+    engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
+) -> None:
+    source = """
+    import json, urllib.request, urllib.error
+    try:
+        urllib.request.urlopen("http://outside.test:8080/page", timeout=10)
+        out = "OPEN"
+    except urllib.error.HTTPError as exc:
+        out = exc.code
+    print(json.dumps({"get": out}))
+    """
+    record, out, lines = run_step(make_workflow, outside, source, "")
+    assert out == {"get": 403}
+    assert outside.seen() == []
+    assert [ln.decision for ln in lines if ln.tool == "http"] == ["stub"]
