@@ -190,6 +190,7 @@ def test_empty_allow_list_means_no_egress(
     print(json.dumps({"get": out}))
     """
     record, out, lines = run_step(make_workflow, outside, source, "")
+    assert record.status is RunStatus.PASSED, record.stderr.text
     assert out == {"get": 403}
     assert outside.seen() == []
     assert [ln.decision for ln in lines if ln.tool == "http"] == ["stub"]
