@@ -167,6 +167,9 @@ class Limits(_Strict):
     cpus: float = Field(default=1.0, gt=0, le=64)
     tmpfs_mb: int = Field(default=64, ge=1, le=4096)
     copy_cap_mb: int = Field(default=512, ge=0, le=512)
+    # The step's writable folders (group folder + DB copy) together; past it the
+    # step is stopped and the run recorded as `quota`.
+    disk_quota_mb: int = Field(default=2048, ge=1, le=1024 * 1024)
 
 
 class Workflow(_Strict):

@@ -44,10 +44,13 @@ def rules(guard_uid: int = GUARD_UID) -> dict[str, list[str]]:
     }
 
 
-def install_script(guard_health_url: str, deadline_s: float = 30.0) -> str:
-    """Shell run by the init container: install, read back, wait for the guard."""
+def install_script(guard_health_url: str, deadline_s: float = 30.0, *, install: bool = True) -> str:
+    """Shell run by the init container: install, read back, wait for the guard.
+
+    `install=False` exists only so tests can prove the preflight catches an open
+    namespace; a real run always installs."""
     lines = ["set -eu"]
-    for tool, args in rules().items():
+    for tool, args in rules().items() if install else ():
         lines.append(f"{tool} -w -F OUTPUT")
         lines.extend(f"{tool} -w {a}" for a in args)
     lines += [

@@ -43,6 +43,7 @@ class RunStatus(StrEnum):
     REFUSED = "refused"
     ERROR = "error"
     KILLED = "killed"
+    QUOTA = "quota"
 
 
 class OutputTail(BaseModel):
@@ -88,6 +89,16 @@ class RunnerInfo(BaseModel):
     pid: int
     create_time: float
     hostname: str
+
+
+class Preflight(BaseModel):
+    """What the step's namespace looked like just before the step started."""
+
+    ok: bool
+    firewall_verified: bool = False
+    ms: float | None = None
+    checks: list[str] = Field(default_factory=list)
+    open: list[str] = Field(default_factory=list)
 
 
 class StubbedAction(BaseModel):
@@ -151,6 +162,8 @@ class TestRunRecord(BaseModel):
     db_diff: DbDiff | None = None
     files: FileChanges = Field(default_factory=FileChanges)
     resources: Resources = Field(default_factory=Resources)
+    preflight: Preflight | None = None
+    disk_used_bytes: int | None = None
     phases: Phases = Field(default_factory=Phases)
     stubbed: list[StubbedAction] = Field(default_factory=list)
     actions: ActionCounts = Field(default_factory=ActionCounts)

@@ -11,6 +11,7 @@ runner died. Containers never outlive `execute()`.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import secrets
@@ -61,8 +62,13 @@ from sandbox.layout import (
 )
 from sandbox.lock import LockHeldError, workflow_run_lock
 from sandbox.mounts import step_mounts
+from sandbox.preflight import ENV as PREFLIGHT_ENV
+from sandbox.preflight import FAILED_EXIT as PREFLIGHT_FAILED_EXIT
+from sandbox.preflight import MARK_FAILED as PREFLIGHT_FAILED
+from sandbox.preflight import MARK_OK as PREFLIGHT_OK
 from sandbox.prompt import with_test_mode_section
-from sandbox.record import RunnerInfo, RunStatus, TestRunRecord, write_record
+from sandbox.quota import QuotaWatch
+from sandbox.record import Preflight, RunnerInfo, RunStatus, TestRunRecord, write_record
 from sandbox.seccomp import step_profile
 from sandbox.spec import ContainerSpec, Mount
 from sandbox.watch import FolderWatch
@@ -80,6 +86,11 @@ class RunOptions:
     upstream_bridge: str | None = None
     upstream_networks: tuple[str, ...] = ()
     allow_hosts: tuple[str, ...] = ()  # egress allow-list additions for this run only
+    # Addresses ("host:port") the preflight must find unreachable from the step.
+    canary: str | None = None
+    canary6: str | None = None
+    # Only for tests that prove the preflight catches an open namespace.
+    install_firewall: bool = True
 
 
 @dataclass(frozen=True)
@@ -88,6 +99,20 @@ class Tokens:
 
     bridge: str = field(default_factory=lambda: secrets.token_urlsafe(24))
     exec: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+
+
+def _preflight_from(stderr: str, firewall_verified: bool) -> Preflight | None:
+    """The executor's preflight report: the first stderr line, before the step's own."""
+    for line in stderr.splitlines()[:5]:
+        marker, _, payload = line.partition(" ")
+        if marker in (PREFLIGHT_OK, PREFLIGHT_FAILED):
+            try:
+                report = Preflight.model_validate_json(payload)
+            except ValueError:
+                return Preflight(ok=False, open=["unreadable preflight report"])
+            # The init container read the rules back before this container existed.
+            return report.model_copy(update={"firewall_verified": firewall_verified})
+    return None
 
 
 def _mcp_host_env(workflow: Workflow) -> dict[str, dict[str, str]]:
@@ -237,8 +262,14 @@ class TestRun:
             launched.append(step_container)
             watch = FolderWatch(layout.group_dir)
             watch.start()
+            quota = QuotaWatch(
+                [layout.group_dir, layout.db_dir],
+                workflow.limits.disk_quota_mb * 1024**2,
+                on_exceeded=lambda _used: containers.kill(step_container),
+            )
             step_container.start()
             step_started = True
+            quota.start()
             usage = containers.watch_usage(step_container)
             record.phases.container_start_s = time.monotonic() - t0
 
@@ -247,6 +278,7 @@ class TestRun:
             exit_code = containers.wait(step_container, timeout_s)
             if exit_code is None:
                 containers.kill(step_container)
+            record.disk_used_bytes = quota.stop()
             record.exit_code = exit_code
             record.phases.step_s = time.monotonic() - t0
 
@@ -255,6 +287,7 @@ class TestRun:
             containers.stop(guard)
             record.guard_log = containers.output_tails(guard)[1]
             record.stdout, record.stderr = containers.output_tails(step_container)
+            record.preflight = _preflight_from(record.stderr.text, self.options.install_firewall)
             # The engine's stats stream of an exited container never ends (it sends empty
             # samples every second); removing the container ends it at once.
             containers.remove(step_container)
@@ -269,6 +302,19 @@ class TestRun:
             record.egress = actions.egress
             record.phases.collect_s = time.monotonic() - t0
             status, reason = _verdict(exit_code, timeout_s, guard_running, guard_exit, actions)
+            if quota.exceeded:
+                status = RunStatus.QUOTA
+                reason = (
+                    f"the step's folders passed their disk quota of "
+                    f"{workflow.limits.disk_quota_mb} MB; the step was stopped"
+                )
+            elif record.preflight is not None and not record.preflight.ok:
+                status = RunStatus.ERROR
+                reason = "preflight found a way out open, so the step never started: " + "; ".join(
+                    record.preflight.open
+                )
+            elif record.preflight is None and exit_code == PREFLIGHT_FAILED_EXIT:
+                status, reason = RunStatus.ERROR, "the preflight failed without a report"
             return self._finish(layout, record, status, reason)
         except SandboxError as exc:
             if not step_started:
@@ -350,7 +396,10 @@ class TestRun:
             command=[
                 "/bin/sh",
                 "-c",
-                firewall.install_script(f"http://127.0.0.1:{BRIDGE_PORT}/v1/health"),
+                firewall.install_script(
+                    f"http://127.0.0.1:{BRIDGE_PORT}/v1/health",
+                    install=self.options.install_firewall,
+                ),
             ],
             user="0:0",
             cap_add=["NET_ADMIN"],
@@ -361,7 +410,8 @@ class TestRun:
         )
         code, output = containers.run_once(client, spec, timeout_s=60)
         installed = [ln for ln in output.splitlines() if ln.startswith(("-P", "-A"))]
-        if code != 0 or installed != firewall.expected_readback() or "READY" not in output:
+        rules_ok = installed == firewall.expected_readback() or not self.options.install_firewall
+        if code != 0 or not rules_ok or "READY" not in output:
             tail = " | ".join(output.strip().splitlines()[-3:])
             raise LaunchError(f"the run's firewall or guard did not come up (exit {code}): {tail}")
 
@@ -385,6 +435,9 @@ class TestRun:
                 "AGENTWORKS_BRIDGE_URL": f"http://127.0.0.1:{BRIDGE_PORT}",
                 "AGENTWORKS_BRIDGE_TOKEN": tokens.bridge,
                 "AGENTWORKS_MCP_URL": f"http://127.0.0.1:{BRIDGE_PORT}{MCP_PATH}",
+                PREFLIGHT_ENV: json.dumps(
+                    {"canary": self.options.canary, "canary6": self.options.canary6}
+                ),
                 "AGENTWORKS_EXEC_PORT": str(EXEC_PORT),
                 "AGENTWORKS_EXEC_TOKEN": tokens.exec,
                 "HTTP_PROXY": proxy,

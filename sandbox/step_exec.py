@@ -120,6 +120,11 @@ except ImportError:  # inside the step image, where the sandbox package is absen
         normalize_tool_path,
     )
 
+try:
+    from sandbox.preflight import gate as preflight_gate
+except ImportError:  # inside the step image
+    from agentworks_preflight import gate as preflight_gate  # type: ignore[no-redef]
+
 __all__ = ["Executor", "main"]
 
 PORT_ENV: Final = "AGENTWORKS_EXEC_PORT"
@@ -897,6 +902,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     port_text = os.environ.pop(PORT_ENV, "").strip()
     token = os.environ.pop(TOKEN_ENV, "")
     _no_dump()
+    refused = preflight_gate()  # the ways out must be closed before the step starts
+    if refused is not None:
+        return refused
     if not port_text:
         try:
             os.execvp(cmd[0], cmd)

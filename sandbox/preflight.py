@@ -1,0 +1,123 @@
+"""Preflight: before the step starts, prove from inside its namespace that the ways out are closed.
+
+Stdlib only: installed in the step image as `agentworks_preflight` and run by the
+executor as the step's user, in the step's network namespace, after the firewall
+is installed and before the step command starts. Each check must END IN A
+REFUSAL; anything that succeeds is a way out and the step never starts. It
+takes a few milliseconds. What it does not check: the firewall rules
+themselves (the init container reads them back before the step container is
+created; that is the first check in the record) and anything the canary does
+not stand for (it proves one address is unreachable, not all).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import time
+from typing import Any
+
+ENV = "AGENTWORKS_PREFLIGHT"
+FAILED_EXIT = 97
+MARK_OK = "AGENTWORKS_PREFLIGHT_OK"
+MARK_FAILED = "AGENTWORKS_PREFLIGHT_FAILED"
+ENGINE_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock")
+ENGINE_DNS = ("127.0.0.11", 53)
+TIMEOUT_S = 0.5
+
+
+def _refused(check: Any) -> str | None:
+    """None when `check` raised (a refusal); else what was open."""
+    try:
+        opened = check()
+    except OSError:
+        return None
+    return str(opened or "open")
+
+
+def _raw() -> str:
+    socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP).close()
+    return "raw socket created"
+
+
+def _icmp() -> str:
+    socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP).close()
+    return "ICMP socket created"
+
+
+def _packet() -> str:
+    socket.socket(socket.AF_PACKET, socket.SOCK_RAW).close()
+    return "packet socket created"
+
+
+def _udp(host: str, port: int, family: int = socket.AF_INET) -> str:
+    with socket.socket(family, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(TIMEOUT_S)
+        sock.sendto(b"preflight", (host, port))
+    return f"UDP datagram to {host}:{port} left"
+
+
+def _tcp(host: str, port: int) -> str:
+    with socket.create_connection((host, port), timeout=TIMEOUT_S):
+        return f"TCP connection to {host}:{port} opened"
+
+
+def _engine_socket() -> str:
+    for path in ENGINE_SOCKETS:
+        if os.path.exists(path):
+            return f"{path} exists"
+    raise OSError(errno.ENOENT, "no engine socket")
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """All checks; `open` lists every way out found."""
+    started = time.perf_counter()
+    checks: list[tuple[str, Any]] = [
+        ("raw socket", _raw),
+        ("ICMP socket", _icmp),
+        ("packet socket", _packet),
+        ("UDP to the engine's DNS", lambda: _udp(*ENGINE_DNS)),
+        ("TCP to the engine's DNS", lambda: _tcp(*ENGINE_DNS)),
+        ("engine socket", _engine_socket),
+    ]
+    for key, family in (("canary", socket.AF_INET), ("canary6", socket.AF_INET6)):
+        address = config.get(key)
+        if address:
+            host, port = _split(str(address))
+            checks.append((f"TCP to the canary {address}", lambda h=host, p=port: _tcp(h, p)))
+            checks.append(
+                (f"UDP to the canary {address}", lambda h=host, p=port, f=family: _udp(h, p, f))
+            )
+    found = []
+    for name, check in checks:
+        what = _refused(check)
+        if what is not None:
+            found.append(f"{name}: {what}")
+    return {
+        "ok": not found,
+        "ms": round((time.perf_counter() - started) * 1000, 3),
+        "checks": [name for name, _ in checks],
+        "open": found,
+    }
+
+
+def gate() -> int | None:
+    """Run the preflight the environment asks for; FAILED_EXIT when a way out is open."""
+    raw = os.environ.pop(ENV, None)
+    if raw is None:
+        return None
+    try:
+        config = json.loads(raw)
+    except ValueError:
+        config = {}
+    result = run(config if isinstance(config, dict) else {})
+    marker = MARK_OK if result["ok"] else MARK_FAILED
+    os.write(2, f"{marker} {json.dumps(result)}\n".encode())
+    return None if result["ok"] else FAILED_EXIT
