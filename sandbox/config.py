@@ -131,6 +131,9 @@ class Egress(_Strict):
 
     allow: list[EgressEntry] = Field(default_factory=list)
     inspect_tls: bool = False
+    # PEM files (relative to the workflow folder) of CAs the guard trusts for the
+    # real hosts when it inspects TLS, besides the system's.
+    trust_ca_files: list[str] = Field(default_factory=list)
 
     @field_validator("allow", mode="before")
     @classmethod

@@ -23,6 +23,7 @@ C_TEST = "/test"
 C_DB_DIR = "/test/db"
 C_DB_PATH = "/test/db/db.sqlite"
 C_PROMPT = "/test/prompt.md"
+C_CA_BUNDLE = "/test/ca-bundle.pem"
 C_CREW = "/crew"
 
 # Fixed, distinct ids (created in the step image): the firewall tells the
@@ -79,6 +80,11 @@ class RunLayout:
     @property
     def prompt(self) -> Path:
         return self.root / "prompt.md"
+
+    @property
+    def ca_bundle(self) -> Path:
+        """System CAs plus this run's egress CA (only with egress.inspect_tls)."""
+        return self.root / "ca-bundle.pem"
 
     @property
     def guard_dir(self) -> Path:

@@ -11,12 +11,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandbox.layout import C_CREW, C_DB_DIR, C_PROMPT, C_WORKFLOW, RunLayout
+from sandbox.layout import C_CA_BUNDLE, C_CREW, C_DB_DIR, C_PROMPT, C_WORKFLOW, RunLayout
 from sandbox.spec import Mount
 
 
 def step_mounts(
-    layout: RunLayout, crew_folders: dict[str, Path], *, has_db: bool, has_prompt: bool
+    layout: RunLayout,
+    crew_folders: dict[str, Path],
+    *,
+    has_db: bool,
+    has_prompt: bool,
+    has_ca_bundle: bool = False,
 ) -> list[Mount]:
     mounts = [
         Mount(source=str(layout.workflow_dir), target=C_WORKFLOW, read_only=True),
@@ -26,6 +31,8 @@ def step_mounts(
         mounts.append(Mount(source=str(layout.db_dir), target=C_DB_DIR, read_only=False))
     if has_prompt:
         mounts.append(Mount(source=str(layout.prompt), target=C_PROMPT, read_only=True))
+    if has_ca_bundle:
+        mounts.append(Mount(source=str(layout.ca_bundle), target=C_CA_BUNDLE, read_only=True))
     mounts.extend(
         Mount(source=str(path), target=f"{C_CREW}/{name}", read_only=True)
         for name, path in sorted(crew_folders.items())

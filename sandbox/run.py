@@ -50,7 +50,9 @@ from sandbox.guard.config import (
     MCP_PATH,
     GuardConfig,
 )
+from sandbox.guard.tls import CA_FILE as EGRESS_CA_FILE
 from sandbox.layout import (
+    C_CA_BUNDLE,
     C_DB_PATH,
     C_PROMPT,
     C_WORKFLOW,
@@ -253,10 +255,20 @@ class TestRun:
             containers.connect_networks(client, guard, self._upstream_networks(workflow)[1:])
             guard.start()
             self._install_firewall(client, guard, layout, record)
+            has_ca_bundle = self._trust_egress_ca(workflow, layout)
             step_container = containers.create(
                 client,
                 self._step_spec(
-                    workflow, step, crew, prompt, seccomp_text, layout, record, guard, tokens
+                    workflow,
+                    step,
+                    crew,
+                    prompt,
+                    seccomp_text,
+                    layout,
+                    record,
+                    guard,
+                    tokens,
+                    has_ca_bundle,
                 ),
             )
             launched.append(step_container)
@@ -336,6 +348,16 @@ class TestRun:
         extra = [EgressEntry(host=h) for h in self.options.allow_hosts]
         return workflow.egress.model_copy(update={"allow": [*workflow.egress.allow, *extra]})
 
+    def _trusted_cas(self, workflow: Workflow) -> str:
+        texts = []
+        for name in workflow.egress.trust_ca_files:
+            path = self.workflow_dir / name
+            try:
+                texts.append(path.read_text(encoding="ascii"))
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"egress.trust_ca_files: {path} unreadable: {exc}") from None
+        return "\n".join(texts)
+
     def _upstream_networks(self, workflow: Workflow) -> list[str]:
         return [*workflow.bridge.networks, *self.options.upstream_networks]
 
@@ -361,6 +383,7 @@ class TestRun:
             mcp_servers=workflow.mcp_servers,
             mcp_host_env=_mcp_host_env(workflow),
             egress=self._egress(workflow),
+            egress_trust_pem=self._trusted_cas(workflow),
         )
         networks = self._upstream_networks(workflow)
         stdio_servers = sum(1 for server in workflow.mcp_servers if server.command is not None)
@@ -385,6 +408,24 @@ class TestRun:
             network_mode=networks[0] if networks else "none",
             sysctls={"net.ipv4.ping_group_range": "1 0"},
         )
+
+    def _trust_egress_ca(self, workflow: Workflow, layout: RunLayout) -> bool:
+        """With TLS inspection, the step trusts this run's CA (its certificate only)."""
+        if not workflow.egress.inspect_tls:
+            return False
+        try:
+            fd = os.open(layout.guard_dir / EGRESS_CA_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+            with os.fdopen(fd, "rb") as handle:
+                ca_pem = handle.read(64 * 1024)
+        except OSError as exc:
+            raise LaunchError(f"the guard made no egress CA: {exc}") from None
+        if b"PRIVATE KEY" in ca_pem or b"BEGIN CERTIFICATE" not in ca_pem:
+            raise LaunchError("the guard's egress CA file is not a certificate")
+        system = Path("/etc/ssl/certs/ca-certificates.crt")
+        bundle = (system.read_bytes() if system.is_file() else b"") + b"\n" + ca_pem
+        layout.ca_bundle.write_bytes(bundle)
+        layout.ca_bundle.chmod(0o644)
+        return True
 
     def _install_firewall(
         self, client: DockerClient, guard: Container, layout: RunLayout, record: TestRunRecord
@@ -426,10 +467,21 @@ class TestRun:
         record: TestRunRecord,
         guard: Container,
         tokens: Tokens,
+        has_ca_bundle: bool,
     ) -> ContainerSpec:
         uid, gid = _step_user()
         env = self._step_env(layout, record, prompt is not None)
         proxy = f"http://127.0.0.1:{EGRESS_PORT}"
+        if has_ca_bundle:
+            for name in (
+                "SSL_CERT_FILE",
+                "REQUESTS_CA_BUNDLE",
+                "CURL_CA_BUNDLE",
+                "NODE_EXTRA_CA_CERTS",
+                "GIT_SSL_CAINFO",
+                "PIP_CERT",
+            ):
+                env[name] = C_CA_BUNDLE
         env.update(
             {
                 "AGENTWORKS_BRIDGE_URL": f"http://127.0.0.1:{BRIDGE_PORT}",
@@ -457,7 +509,11 @@ class TestRun:
             workdir=layout.container_workdir,
             env=env,
             mounts=step_mounts(
-                layout, crew, has_db=not record.no_db, has_prompt=prompt is not None
+                layout,
+                crew,
+                has_db=not record.no_db,
+                has_prompt=prompt is not None,
+                has_ca_bundle=has_ca_bundle,
             ),
             tmpfs={"/tmp": f"rw,nosuid,nodev,size={workflow.limits.tmpfs_mb}m,mode=1777"},
             labels=self._labels(layout, "step", record),

@@ -194,3 +194,68 @@ def test_empty_allow_list_means_no_egress(
     assert out == {"get": 403}
     assert outside.seen() == []
     assert [ln.decision for ln in lines if ln.tool == "http"] == ["stub"]
+
+
+INSPECT = """
+import json, os, subprocess
+def curl(*args):
+    done = subprocess.run(["curl", "-s", "-w", "\\n%{http_code}", "--max-time", "10", *args],
+                          capture_output=True, text=True)
+    body, _, code = done.stdout.rpartition("\\n")
+    return [code, body, done.returncode]
+out = {
+    "get": curl("https://outside.test:8444/page"),
+    "post": curl("-X", "POST", "--data", "secret-tls-payload", "https://outside.test:8444/effect"),
+    "bundle": os.environ.get("SSL_CERT_FILE"),
+}
+keys = []
+for root in ("/test", "/tmp", "/workflow", "/etc/ssl", "/usr/lib/ssl"):
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            try:
+                with open(path, "rb") as handle:
+                    if b"PRIVATE" + b" KEY-----" in handle.read(1 << 20):
+                        keys.append(path)
+            except OSError:
+                pass
+out["private_keys"] = keys
+print(json.dumps(out))
+"""
+
+
+def test_tls_inspection_sees_methods_inside_https(
+    engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
+) -> None:
+    toml = """
+[egress]
+inspect_tls = true
+trust_ca_files = ["outside-ca.pem"]
+allow = [{ host = "outside.test", port = 8444, tls = true }]
+"""
+    wf = make_workflow(command=["python3", "/workflow/code/step.py"], extra_toml=toml, db_sql=None)
+    (wf / "outside-ca.pem").write_text(outside.ca_pem)
+    (wf / "code" / "step.py").write_text(INSPECT)
+    record = TestRun(wf, "step1", RunOptions(upstream_networks=(outside.network,))).execute()
+    assert record.status is RunStatus.PASSED, record.stderr.text + record.guard_log.text
+    out = json.loads(record.stdout.text.strip().splitlines()[-1])
+    assert out["get"] == ["200", "hello from outside /page", 0]
+    assert out["post"][0] == "403"
+    assert out["post"][1].strip() == stub_reply(
+        "HTTP POST", "HTTP POST can have effects; only GET and HEAD pass"
+    )
+    assert out["bundle"] == "/test/ca-bundle.pem"
+    # The run's CA key is nowhere in the step's filesystem (the test CA's key never was).
+    assert out["private_keys"] == []
+    seen = [(s["method"], s["path"]) for s in outside.seen() if s["proto"] == "http"]
+    assert seen == [("GET", "/page")]
+    lines = [
+        ActionLine.model_validate_json(x)
+        for x in (wf / "runs" / record.id / "test_mode_actions.jsonl").read_text().splitlines()
+    ]
+    post = next(ln for ln in lines if ln.arguments.get("method") == "POST")
+    assert post.decision == "stub"
+    assert post.arguments["url"] == "https://outside.test:8444/effect"
+    assert post.arguments["body_sha256"] == hashlib.sha256(b"secret-tls-payload").hexdigest()
+    get = next(ln for ln in lines if ln.arguments.get("method") == "GET")
+    assert get.detail["tls"] == "inspected"

@@ -43,6 +43,9 @@ class GuardConfig(BaseModel):
     mcp_host_env: dict[str, dict[str, str]] = Field(default_factory=dict)
     egress: Egress = Field(default_factory=Egress)
     egress_port: int = EGRESS_PORT
+    # PEM text of CAs the guard trusts for real hosts besides the system's
+    # (from the workflow's egress.trust_ca_files).
+    egress_trust_pem: str = ""
 
     def budget_for(self, tool: str) -> float:
         """The tool's time budget plus the grace window (the seed's +10 s rule)."""

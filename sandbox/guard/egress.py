@@ -19,7 +19,9 @@ import asyncio
 import contextlib
 import hashlib
 import ipaddress
+import os
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from urllib.parse import urlsplit
 from sandbox.config import Egress, EgressEntry
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.config import GuardConfig
+from sandbox.guard.tls import CA_FILE, RunCA, upstream_context
 from sandbox.policy import stub_reply
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -151,6 +154,8 @@ class EgressProxy:
     config: GuardConfig
     log: ActionLog
     active_calls: Callable[[], list[str]] = field(default=lambda: [])
+    ca: RunCA | None = None  # set when egress.inspect_tls: CONNECTs are opened and inspected
+    upstream_tls: ssl.SSLContext | None = None
 
     # -- one client connection -------------------------------------------------
 
@@ -250,6 +255,9 @@ class EgressProxy:
             reason = f"CONNECT to {host}:{port} is not on the egress allow list"
             await self._deny(writer, request, Denied(403, reason), started, body=None)
             return
+        if self.ca is not None:
+            await self._inspect(request, host, port, entry, reader, writer, started)
+            return
         address, upstream_reader, upstream_writer = await self._dial(host, port)
         self._record(
             request,
@@ -263,8 +271,69 @@ class EgressProxy:
         await writer.drain()
         await _pipe_both(reader, writer, upstream_reader, upstream_writer)
 
+    async def _inspect(
+        self,
+        connect: _Request,
+        host: str,
+        port: int,
+        entry: EgressEntry,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        started: float,
+    ) -> None:
+        """Open the tunnel with this run's CA and judge the request inside like plain HTTP."""
+        assert self.ca is not None
+        writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
+        await writer.drain()
+        await writer.start_tls(self.ca.context_for(host))
+        inner = await _read_head(reader)
+        if inner is None:
+            return
+        authority = host if port == 443 else f"{host}:{port}"
+        url = f"https://{authority}{inner.target}"
+        shown = _Request(inner.method, url, inner.version, inner.headers, inner.head_bytes)
+        if (inner.header("upgrade") or "").strip():
+            refusal = Denied(403, "protocol upgrade inside TLS cannot be inspected")
+            await self._deny(
+                writer, shown, refusal, started, body=await self._body_facts(inner, reader)
+            )
+            return
+        if inner.method not in READ_METHODS and not entry.model:
+            body = await self._body_facts(inner, reader)
+            reason = f"HTTP {inner.method} can have effects; only GET and HEAD pass"
+            await self._deny(writer, shown, Denied(403, reason), started, body=body)
+            return
+        address, upstream_reader, upstream_writer = await self._dial(
+            host, port, tls=self.upstream_tls, server_hostname=host
+        )
+        head = [f"{inner.method} {inner.target} HTTP/1.1", f"Host: {authority}"]
+        head.extend(
+            f"{k}: {v}"
+            for k, v in inner.headers
+            if k.lower() not in HOP_BY_HOP and k.lower() != "host"
+        )
+        if inner.header("transfer-encoding"):
+            head.append(f"Transfer-Encoding: {inner.header('transfer-encoding')}")
+        head.append("Connection: close")
+        upstream_writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+        kind = "model call" if entry.model else "read"
+        self._record(
+            shown,
+            "allow",
+            f"allow-listed {kind} (inspected inside TLS)",
+            started,
+            category="model" if entry.model else "egress",
+            detail={"resolved": address, "tls": "inspected"},
+        )
+        await _pipe_both(reader, writer, upstream_reader, upstream_writer)
+
     async def _dial(
-        self, host: str, port: int
+        self,
+        host: str,
+        port: int,
+        *,
+        tls: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
     ) -> tuple[str, asyncio.StreamReader, asyncio.StreamWriter]:
         """Resolve once, here, and dial exactly the addresses resolved (no rebinding window).
 
@@ -294,10 +363,13 @@ class EgressProxy:
         for address in candidates:
             try:
                 reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(address, port), CONNECT_TIMEOUT_S
+                    asyncio.open_connection(
+                        address, port, ssl=tls, server_hostname=server_hostname if tls else None
+                    ),
+                    CONNECT_TIMEOUT_S,
                 )
                 return address, reader, writer
-            except (OSError, TimeoutError) as exc:
+            except (OSError, TimeoutError, ssl.SSLError) as exc:
                 failures.append(
                     f"{address}: {getattr(exc, 'strerror', None) or type(exc).__name__}"
                 )
@@ -442,6 +514,13 @@ async def running(
 ) -> AsyncIterator[EgressProxy]:
     """Serve the proxy on loopback for the guard's lifetime."""
     proxy = EgressProxy(config, log, active_calls or (lambda: []))
+    if config.egress.inspect_tls:
+        proxy.ca = RunCA(config.run_id)
+        proxy.upstream_tls = upstream_context(config.egress_trust_pem)
+        ca_path = os.path.join(config.data_dir, CA_FILE)
+        fd = os.open(ca_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(proxy.ca.cert_pem())
     server = await asyncio.start_server(
         proxy.handle, "127.0.0.1", config.egress_port, limit=MAX_HEAD_BYTES
     )

@@ -24,6 +24,7 @@ class Outside:
     network: str
     ipv4: str
     ipv6: str
+    ca_pem: str  # the CA that signed the server's HTTPS certificate (port 8444)
 
     def seen(self) -> list[dict[str, Any]]:
         opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -32,8 +33,57 @@ class Outside:
             return data
 
 
+def _tls_files(folder: Path) -> str:
+    """A test CA and a server certificate for ALIAS signed by it; returns the CA PEM."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "fake outside CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ALIAS)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(ALIAS)]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    (folder / "server.pem").write_bytes(
+        cert.public_bytes(pem)
+        + key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    (folder / "server.pem").chmod(0o644)
+    folder.chmod(0o755)
+    return ca.public_bytes(pem).decode()
+
+
 @contextlib.contextmanager
 def outside_server(client: DockerClient) -> Iterator[Outside]:
+    import tempfile
+
+    tls_dir = Path(tempfile.mkdtemp(prefix="sandbox-fake-tls-"))
+    ca_pem = _tls_files(tls_dir)
     suffix = secrets.token_hex(4)
     subnet6 = f"fd{secrets.randbelow(256):02x}:{secrets.randbelow(65536):x}::/64"
     ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet6)])
@@ -56,7 +106,8 @@ def outside_server(client: DockerClient) -> Iterator[Outside]:
             mounts=[
                 docker.types.Mount(
                     "/srv/outside_server.py", str(SERVER), type="bind", read_only=True
-                )
+                ),
+                docker.types.Mount("/srv/tls", str(tls_dir), type="bind", read_only=True),
             ],
             network=network.name,
             networking_config={network.name: client.api.create_endpoint_config(aliases=[ALIAS])},
@@ -65,7 +116,7 @@ def outside_server(client: DockerClient) -> Iterator[Outside]:
         container.start()
         container.reload()
         net = container.attrs["NetworkSettings"]["Networks"][network.name]
-        outside = Outside(network.name, net["IPAddress"], net["GlobalIPv6Address"])
+        outside = Outside(network.name, net["IPAddress"], net["GlobalIPv6Address"], ca_pem)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -81,3 +132,6 @@ def outside_server(client: DockerClient) -> Iterator[Outside]:
                 container.remove(force=True)
         with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
             network.remove()
+        import shutil
+
+        shutil.rmtree(tls_dir, ignore_errors=True)

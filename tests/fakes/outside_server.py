@@ -105,7 +105,22 @@ class DualStackServer(ThreadingHTTPServer):
     daemon_threads = True
 
 
+def https_server(port: int) -> None:
+    """The same handler over TLS, when the harness gave us a certificate."""
+    import ssl
+
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain("/srv/tls/server.pem")
+    server = DualStackServer(("::", port), Handler)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    server.serve_forever()
+
+
 def main() -> int:
+    import os
+
+    if os.path.exists("/srv/tls/server.pem"):
+        threading.Thread(target=https_server, args=(8444,), daemon=True).start()
     threading.Thread(target=tcp_listener, args=(8443,), daemon=True).start()
     threading.Thread(target=udp_listener, args=(9999,), daemon=True).start()
     DualStackServer(("::", 8080), Handler).serve_forever()
