@@ -259,3 +259,21 @@ allow = [{ host = "outside.test", port = 8444, tls = true }]
     assert post.arguments["body_sha256"] == hashlib.sha256(b"secret-tls-payload").hexdigest()
     get = next(ln for ln in lines if ln.arguments.get("method") == "GET")
     assert get.detail["tls"] == "inspected"
+
+
+def test_egress_line_names_the_tool_call_in_flight(
+    engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
+) -> None:
+    source = """
+    import json, agentworks_bridge
+    reply = agentworks_bridge.call("execute_shell_command", {
+        "command": "curl -s -o /dev/null -w '%{http_code}' -X POST --data x http://outside.test:8080/hook"})
+    print(json.dumps({"shell": reply["result"]["text"]}))
+    """
+    record, out, lines = run_step(make_workflow, outside, source, EGRESS_TOML)
+    assert record.status is RunStatus.PASSED, record.stderr.text
+    assert out == {"shell": "403"}
+    (egress,) = [ln for ln in lines if ln.tool == "http"]
+    assert egress.decision == "stub"
+    assert egress.detail["active_tool_calls"] == ["execute_shell_command (session root)"]
+    assert outside.seen() == []
