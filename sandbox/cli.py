@@ -21,6 +21,7 @@ EXIT_BY_STATUS = {
     RunStatus.FAILED: 1,
     RunStatus.TIMEOUT: 1,
     RunStatus.KILLED: 1,
+    RunStatus.QUOTA: 1,
     RunStatus.ERROR: 2,
     RunStatus.REFUSED: 3,
     RunStatus.RUNNING: 1,
@@ -58,6 +59,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         upstream_bridge=args.upstream_bridge,
         upstream_networks=tuple(args.upstream_network),
         allow_hosts=tuple(args.allow_host),
+        canary=args.canary,
     )
     record = TestRun(Path(args.workflow_dir), args.step_id, options).execute()
     _print_record(record, args.json)
@@ -128,6 +130,16 @@ def cmd_images(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from sandbox.bench import main as bench_main
+
+    argv = ["--only", args.only] if args.only else []
+    argv += ["--out", args.out] if args.out else []
+    argv += ["--quick"] if args.quick else []
+    argv += ["--markdown"] if args.markdown else []
+    return bench_main(argv)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sandbox", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -144,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--allow-host", action="append", default=[], help="add an egress host for this run only"
     )
+    run.add_argument("--canary", default=None, help="HOST:PORT the preflight must find unreachable")
     run.set_defaults(func=cmd_run)
 
     show = sub.add_parser("show", help="show a test run's record")
@@ -166,6 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
     img.add_argument("action", choices=["build"])
     img.add_argument("--base-image", default="", help="a registry base instead of mmdebstrap")
     img.set_defaults(func=cmd_images)
+
+    bench = sub.add_parser("bench", help="run the benchmarks; table + bench/results.json")
+    bench.add_argument("--only", default="", help="comma-separated subset, e.g. startup,guard")
+    bench.add_argument("--quick", action="store_true", help="small sizes (developing the bench)")
+    bench.add_argument("--out", default="", help="results JSON (default bench/results.json)")
+    bench.add_argument("--markdown", action="store_true", help="print the saved table as markdown")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

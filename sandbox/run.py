@@ -70,9 +70,17 @@ from sandbox.preflight import MARK_FAILED as PREFLIGHT_FAILED
 from sandbox.preflight import MARK_OK as PREFLIGHT_OK
 from sandbox.prompt import with_test_mode_section
 from sandbox.quota import QuotaWatch
-from sandbox.record import Preflight, RunnerInfo, RunStatus, TestRunRecord, write_record
+from sandbox.record import (
+    Preflight,
+    Resources,
+    RunnerInfo,
+    RunStatus,
+    TestRunRecord,
+    write_record,
+)
 from sandbox.seccomp import step_profile
 from sandbox.spec import ContainerSpec, Mount
+from sandbox.step_exec import USAGE_MARK
 from sandbox.watch import FolderWatch
 
 log = logging.getLogger("sandbox")
@@ -117,6 +125,22 @@ def _preflight_from(stderr: str, firewall_verified: bool) -> Preflight | None:
     return None
 
 
+def _resources(usage: containers.Usage, stderr: str) -> Resources:
+    """Peak memory and CPU: the executor's final rusage report, else the engine's samples."""
+    peak, cpu = usage.peak_memory_bytes, usage.cpu_seconds
+    for line in reversed(stderr.splitlines()[-5:]):
+        marker, _, payload = line.partition(" ")
+        if marker == USAGE_MARK:
+            try:
+                report = json.loads(payload)
+                cpu = float(report["cpu_seconds"])
+                peak = max(peak or 0, int(report["max_rss_bytes"])) or None
+            except (ValueError, KeyError, TypeError):
+                pass
+            break
+    return Resources(peak_memory_bytes=peak, cpu_seconds=cpu)
+
+
 def _mcp_host_env(workflow: Workflow) -> dict[str, dict[str, str]]:
     """Credentials for MCP servers come from the runner's environment, by name."""
     out: dict[str, dict[str, str]] = {}
@@ -136,15 +160,30 @@ def _verdict(
     guard_running: bool,
     guard_exit: int | None,
     actions: actionsummary.ActionSummary,
+    *,
+    preflight: Preflight | None,
+    quota_mb: int | None,
 ) -> tuple[RunStatus, str]:
-    """The run's status: a dead guard or a refused Crew call outranks the exit code."""
+    """The run's status, most telling cause first: a step that never started, a fence it
+    hit, a dead guard, a refused Crew call, and only then its own exit code."""
+    if preflight is not None and not preflight.ok:
+        opened = "; ".join(preflight.open)
+        return (
+            RunStatus.ERROR,
+            f"preflight found a way out open, so the step never started: {opened}",
+        )
+    if preflight is None and exit_code == PREFLIGHT_FAILED_EXIT:
+        return RunStatus.ERROR, "the preflight failed without a report"
+    if quota_mb is not None:
+        return RunStatus.QUOTA, (
+            f"the step's folders passed their disk quota of {quota_mb} MB; the step was stopped"
+        )
     if exit_code is None:
         return RunStatus.TIMEOUT, f"step exceeded its timeout of {timeout_s:g} s"
     if not guard_running:
-        return (
-            RunStatus.ERROR,
+        return RunStatus.ERROR, (
             f"the guard stopped during the run (exit {guard_exit}); "
-            "the step's calls after that failed closed",
+            "the step's calls after that failed closed"
         )
     if actions.fails_step:
         return RunStatus.FAILED, actions.fails_step
@@ -300,12 +339,8 @@ class TestRun:
             record.guard_log = containers.output_tails(guard)[1]
             record.stdout, record.stderr = containers.output_tails(step_container)
             record.preflight = _preflight_from(record.stderr.text, self.options.install_firewall)
-            # The engine's stats stream of an exited container never ends (it sends empty
-            # samples every second); removing the container ends it at once.
-            containers.remove(step_container)
             containers.finish_usage(usage)
-            record.resources.peak_memory_bytes = usage.peak_memory_bytes
-            record.resources.cpu_seconds = usage.cpu_seconds
+            record.resources = _resources(usage, record.stderr.text)
             record.files = watch.changes()
             record.db_diff = self._db_diff(layout, record)
             actions = actionsummary.read(layout.actions)
@@ -313,20 +348,15 @@ class TestRun:
             record.actions = actions.counts
             record.egress = actions.egress
             record.phases.collect_s = time.monotonic() - t0
-            status, reason = _verdict(exit_code, timeout_s, guard_running, guard_exit, actions)
-            if quota.exceeded:
-                status = RunStatus.QUOTA
-                reason = (
-                    f"the step's folders passed their disk quota of "
-                    f"{workflow.limits.disk_quota_mb} MB; the step was stopped"
-                )
-            elif record.preflight is not None and not record.preflight.ok:
-                status = RunStatus.ERROR
-                reason = "preflight found a way out open, so the step never started: " + "; ".join(
-                    record.preflight.open
-                )
-            elif record.preflight is None and exit_code == PREFLIGHT_FAILED_EXIT:
-                status, reason = RunStatus.ERROR, "the preflight failed without a report"
+            status, reason = _verdict(
+                exit_code,
+                timeout_s,
+                guard_running,
+                guard_exit,
+                actions,
+                preflight=record.preflight,
+                quota_mb=workflow.limits.disk_quota_mb if quota.exceeded else None,
+            )
             return self._finish(layout, record, status, reason)
         except SandboxError as exc:
             if not step_started:

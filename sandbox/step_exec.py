@@ -952,7 +952,27 @@ def _run_step(cmd: list[str]) -> int:
         with contextlib.suppress(ProcessLookupError):
             child[0].send_signal(early)
     _reap_until_exit(child[0].pid)
-    return _exit_code(child[0].wait())
+    code = _exit_code(child[0].wait())
+    _report_usage()
+    return code
+
+
+USAGE_MARK: Final = "AGENTWORKS_USAGE"
+
+
+def _report_usage() -> None:
+    """The step's CPU time and largest RSS (rusage of every reaped descendant), on stderr.
+
+    Engine stats are sampled and can miss a short step entirely; this cannot."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    report = {
+        "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 6),
+        "max_rss_bytes": int(usage.ru_maxrss) * 1024,
+    }
+    with contextlib.suppress(OSError):
+        os.write(2, f"{USAGE_MARK} {json.dumps(report)}\n".encode())
 
 
 # Children that a tool thread waits for itself; the reaper leaves them alone.

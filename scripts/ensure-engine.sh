@@ -13,6 +13,7 @@ command -v dockerd >/dev/null 2>&1 || need_pkgs+=(docker.io)
 command -v mmdebstrap >/dev/null 2>&1 || need_pkgs+=(mmdebstrap)
 command -v sqlite3 >/dev/null 2>&1 || need_pkgs+=(sqlite3)
 command -v iptables >/dev/null 2>&1 || need_pkgs+=(iptables)
+command -v npm >/dev/null 2>&1 || need_pkgs+=(npm)   # fetches the guard's MCP servers on the host
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "ensure-engine: need root to install ${need_pkgs[*]}" >&2; exit 2

@@ -13,13 +13,14 @@ import sqlite3
 import textwrap
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import docker
 import pytest
 from docker import DockerClient
 
 from sandbox.engine import images
-from sandbox.engine.containers import LABEL_MANAGED, LABEL_RUNNER_PID
+from sandbox.engine.containers import LABEL_MANAGED, LABEL_RUN_ROOT, LABEL_RUNNER_PID
 from sandbox.engine.gc import orphaned
 
 
@@ -40,6 +41,16 @@ def engine() -> Iterator[DockerClient]:
 
 
 WorkflowFactory = Callable[..., Path]
+
+
+def containers_of(client: DockerClient, workflow_dir: Path, *, all: bool = False) -> list[Any]:
+    """The sandbox containers of runs of one workflow (never another suite's)."""
+    prefix = str(workflow_dir.absolute() / "runs") + "/"
+    return [
+        c
+        for c in client.containers.list(all=all, filters={"label": LABEL_MANAGED})
+        if c.labels.get(LABEL_RUN_ROOT, "").startswith(prefix)
+    ]
 
 
 @pytest.fixture

@@ -12,9 +12,8 @@ from pathlib import Path
 import pytest
 from docker import DockerClient
 
-from sandbox.engine.containers import LABEL_MANAGED
 from sandbox.record import RunStatus, read_record
-from tests.conftest import WorkflowFactory, tree_digest
+from tests.conftest import WorkflowFactory, containers_of, tree_digest
 
 pytestmark = pytest.mark.engine
 
@@ -108,7 +107,7 @@ def test_killed_runner_is_cleaned_by_gc_and_the_next_run_works(
     )
     try:
         deadline = time.monotonic() + 120
-        while not engine.containers.list(filters={"label": LABEL_MANAGED}):
+        while not containers_of(engine, wf):
             assert time.monotonic() < deadline, "the step container never started"
             assert runner.poll() is None, "the runner exited early"
             time.sleep(0.05)
@@ -120,7 +119,7 @@ def test_killed_runner_is_cleaned_by_gc_and_the_next_run_works(
 
     gc = sandbox_cli("gc", str(wf))
     assert gc.returncode == 0, gc.stderr
-    assert not engine.containers.list(all=True, filters={"label": LABEL_MANAGED})
+    assert not containers_of(engine, wf, all=True)
     record = read_record(run_dir)
     assert record.status is RunStatus.KILLED
     assert tree_digest(wf) == before
@@ -143,7 +142,7 @@ def test_sigterm_to_the_runner_records_killed_and_removes_containers(
         text=True,
     )
     deadline = time.monotonic() + 120
-    while not engine.containers.list(filters={"label": LABEL_MANAGED}):
+    while not containers_of(engine, wf):
         assert time.monotonic() < deadline and runner.poll() is None
         time.sleep(0.05)
     runner.send_signal(signal.SIGTERM)
@@ -151,7 +150,7 @@ def test_sigterm_to_the_runner_records_killed_and_removes_containers(
     assert runner.returncode == 1, out + err
     record = read_record(next((wf / "runs").glob("test-*")))
     assert record.status is RunStatus.KILLED
-    assert not engine.containers.list(all=True, filters={"label": LABEL_MANAGED})
+    assert not containers_of(engine, wf, all=True)
 
 
 def test_doctor_reports_a_healthy_host(engine: DockerClient) -> None:

@@ -43,7 +43,7 @@ print(json.dumps(replies))
 def fake(engine: DockerClient) -> Iterator[FakeJobBoard]:
     with fake_jobboard(engine) as board:
         yield board
-    assert not engine.containers.list(all=True, filters={"label": "sandbox.fake"})
+    assert not engine.networks.list(names=[board.network])
 
 
 def run_calls(
@@ -307,7 +307,10 @@ def test_killing_the_guard_fails_closed_and_records_error(
                 else None
             )
             time.sleep(0.05)
-        (guard,) = engine.containers.list(filters={"label": "sandbox.role=guard"})
+        run_id = ready.parent.parent.name
+        (guard,) = engine.containers.list(
+            filters={"label": ["sandbox.role=guard", f"sandbox.run-id={run_id}"]}
+        )
         guard.kill()
         (ready.parent / "go").write_text("1")
     finally:

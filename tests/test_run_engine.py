@@ -15,10 +15,10 @@ import psutil
 import pytest
 from docker import DockerClient
 
-from sandbox.engine.containers import LABEL_MANAGED, LABEL_RUN_ID
+from sandbox.engine.containers import LABEL_RUN_ID
 from sandbox.record import RunStatus, TestRunRecord, read_record
 from sandbox.run import RunOptions, TestRun, execute_step
-from tests.conftest import WorkflowFactory, tree_digest
+from tests.conftest import WorkflowFactory, containers_of, tree_digest
 
 pytestmark = pytest.mark.engine
 
@@ -255,7 +255,7 @@ def test_second_test_run_of_a_workflow_is_refused_while_one_runs(
     first.start()
     try:
         wait_for(
-            lambda: bool(engine.containers.list(filters={"label": LABEL_MANAGED})),
+            lambda: bool(containers_of(engine, busy)),
             what="the first run's container",
         )
         refused = subprocess.run(
@@ -269,7 +269,7 @@ def test_second_test_run_of_a_workflow_is_refused_while_one_runs(
         assert "pid" in refused.stdout  # says who holds the lock
         assert execute_step(other, "step1").status is RunStatus.PASSED
     finally:
-        for container in engine.containers.list(filters={"label": LABEL_MANAGED}):
+        for container in containers_of(engine, busy):
             container.kill()
         first.join(timeout=120)
     assert results and results[0].status is RunStatus.FAILED

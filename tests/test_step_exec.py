@@ -575,11 +575,12 @@ def test_missing_command_with_server_is_127(start_exec: ExecFactory) -> None:
 
 
 def test_runs_standalone_in_the_step_image_layout(tmp_path: Path) -> None:
-    """Copied as agentworks_exec.py + agentworks_pathsafety.py, without the sandbox package."""
+    """Copied as agentworks_exec.py with its stdlib siblings, without the sandbox package."""
     lib = tmp_path / "lib"
     lib.mkdir()
     shutil.copy(REPO / "sandbox" / "step_exec.py", lib / "agentworks_exec.py")
     shutil.copy(REPO / "sandbox" / "pathsafety.py", lib / "agentworks_pathsafety.py")
+    shutil.copy(REPO / "sandbox" / "preflight.py", lib / "agentworks_preflight.py")
     root = tmp_path / "group"
     root.mkdir()
     port = free_port()

@@ -36,6 +36,8 @@ STEP_MODULES = {
     REPO_ROOT / "sandbox" / "bridge_client.py": "agentworks_bridge.py",
     REPO_ROOT / "sandbox" / "step_exec.py": "agentworks_exec.py",
     REPO_ROOT / "sandbox" / "pathsafety.py": "agentworks_pathsafety.py",
+    REPO_ROOT / "sandbox" / "preflight.py": "agentworks_preflight.py",
+    REPO_ROOT / "sandbox" / "mcp_client.py": "agentworks_mcp.py",
 }
 
 
@@ -182,6 +184,42 @@ def _wheels(into: Path) -> None:
     _pip(["wheel", "--quiet", "--no-deps", "--wheel-dir", str(into), str(REPO_ROOT)])
 
 
+def _mcp_servers(into: Path) -> None:
+    """The guard's MCP servers (`images/guard/mcp-servers.txt`), built on the host.
+
+    `into/mcp-wheels` (wheels and a requirements.txt, installed with no index)
+    and `into/mcp-node` (an npm prefix, install scripts off), cached in build/
+    by the list's hash so an unchanged list is never fetched again."""
+    listing = IMAGES_DIR / "guard" / "mcp-servers.txt"
+    entries = [ln.split() for ln in listing.read_text().splitlines() if ln.strip()]
+    pypi = [e[1] for e in entries if e[0] == "pypi" and len(e) == 2]
+    npm = [e[1] for e in entries if e[0] == "npm" and len(e) == 2]
+    cache = BUILD_DIR / ("mcp-" + _hash_files([listing]))
+    if not cache.is_dir():
+        _log("fetching the guard's MCP servers on the host (pip wheel, npm install)")
+        BUILD_DIR.mkdir(exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=BUILD_DIR))
+        (tmp / "mcp-wheels").mkdir()
+        if pypi:
+            _pip(["wheel", "--quiet", "--wheel-dir", str(tmp / "mcp-wheels"), *pypi])
+        (tmp / "mcp-wheels" / "requirements.txt").write_text("".join(f"{p}\n" for p in pypi))
+        (tmp / "mcp-node").mkdir()
+        (tmp / "mcp-node" / "package.json").write_text('{"name": "guard-mcp", "private": true}\n')
+        if npm:
+            if shutil.which("npm") is None:
+                raise EngineError("npm is missing (apt-get install npm); it fetches MCP servers")
+            result = subprocess.run(
+                ["npm", "install", "--omit=dev", "--ignore-scripts", "--no-audit", "--no-fund",
+                 "--prefix", str(tmp / "mcp-node"), *npm],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if result.returncode != 0:
+                raise EngineError("npm install failed: " + result.stderr.strip()[-800:])
+        tmp.rename(cache)
+    shutil.copytree(cache / "mcp-wheels", into / "mcp-wheels")
+    shutil.copytree(cache / "mcp-node", into / "mcp-node", symlinks=True)
+
+
 def _pip(args: list[str]) -> None:
     env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
     result = subprocess.run(
@@ -220,6 +258,7 @@ def build_all(client: DockerClient, base_image: str | None = None) -> BuiltImage
             shutil.copytree(IMAGES_DIR / "guard", guard_ctx)
             (guard_ctx / "wheels").mkdir()
             _wheels(guard_ctx / "wheels")
+            _mcp_servers(guard_ctx)
             _build(client, guard_ctx, guard_tag, {"STEP_IMAGE": step_tag}, rebuilt)
         client.images.get(guard_tag).tag(GUARD_IMAGE)
     _prune_stale_tags(client, keep={step_tag, guard_tag, STEP_IMAGE, GUARD_IMAGE})

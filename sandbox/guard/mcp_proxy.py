@@ -1,27 +1,713 @@
 """The MCP proxy: every MCP server of the workflow, reachable from the step only here.
 
-(Placeholder until the MCP issue lands: no servers are proxied, no routes are served.)
+Endpoint shape: one streamable-HTTP MCP endpoint per configured server, at
+`$AGENTWORKS_MCP_URL/<server name>` (`http://127.0.0.1:8790/mcp/<name>`), with
+the run's bridge token as `Authorization: Bearer ...`. `GET $AGENTWORKS_MCP_URL`
+lists the server names. Replies are JSON (`json_response`), sessions are the
+SDK's (`Mcp-Session-Id`), both protocol eras are served (handshake and
+2026-07-28).
+
+Upstream, the guard holds one long-lived MCP client session per server
+(official `mcp` SDK `Client`, started in `running()`): stdio servers are started
+here, in the guard's container, as the guard's uid, with their own environment
+(`env` plus the `env_from_host` values, a minimal PATH, a private HOME under the
+guard's data folder) and their stderr in `<data_dir>/mcp-<name>.stderr` (0600);
+URL servers are reached over streamable HTTP. The guard advertises no roots,
+sampling or elicitation, and its client keeps no response cache.
+
+Each `tools/call` from the step:
+1. asks the server for its tool list afresh (every page; one `tools/list` round
+   trip for a server with one page), within `LOOKUP_DEADLINE_S`;
+2. decides with `policy.decide_mcp` from the annotations exactly as the server
+   sent them (raw JSON, so `"readOnlyHint": "true"` is not read as true) and the
+   owner's `read_only_overrides`;
+3. writes one action-log line (`mcp:<server>/<tool>`, category `mcp`, detail
+   with the server, the tool, the annotations used and the override);
+4. forwards an allowed call and returns the server's result unchanged, or
+   returns the stub: a successful `CallToolResult` whose text is the stub reply
+   and, when the tool declares an `outputSchema`, `structuredContent` that
+   validates against it.
+
+`tools/list`, `resources/*` reads and `prompts/*` are forwarded (reads; the
+reads are logged). Every other request (subscriptions, logging level,
+completion, anything new) is refused with METHOD_NOT_FOUND and logged;
+notifications from the step are dropped. Nothing raises out of a call: a dead,
+hung or broken server is a stub with the reason.
+
+A stdio server that exits stays down for the rest of the run (its calls stub
+with the reason); a URL server whose connection or session is lost is
+reconnected once, inside the call that notices it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import hmac
+import json
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TextIO
 
-from starlette.routing import BaseRoute
+import anyio
+import httpx2
+import mcp_types as types
+from mcp import Client, StdioServerParameters
+from mcp.client import Transport
+from mcp.client._transport import TransportStreams
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server import Server
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp.shared.exceptions import MCPError
+from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute, Route
+from starlette.types import Receive, Scope, Send
 
+from sandbox import policy
+from sandbox.config import McpServer
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.config import GuardConfig
+from sandbox.guard.config import MCP_PATH, GuardConfig
+from sandbox.guard.schema_instance import valid_instance
+
+LOOKUP_DEADLINE_S = 5.0  # the live tools/list (and any reconnect) of one call
+CONNECT_DEADLINE_S = 20.0  # one connect attempt (spawn + handshake)
+STARTUP_WAIT_S = 15.0  # how long the guard waits for its servers before serving
+MAX_LIST_PAGES = 50
+# What a stdio server finds on its PATH: the guard image's MCP servers, then the system.
+SERVER_PATH = "/opt/mcp/py/bin:/opt/mcp/node/node_modules/.bin:/usr/local/bin:/usr/bin:/bin"
+CLIENT_INFO = types.Implementation(name="sandbox-guard", version="1")
+
+# Requests the proxy serves; everything else from the step is refused (and logged).
+FORWARDED_LISTS = ("tools/list", "resources/list", "resources/templates/list", "prompts/list")
+LOGGED_READS = ("resources/read", "prompts/get")
+SERVED = frozenset({"initialize", "ping", "server/discover", "tools/call"}).union(
+    FORWARDED_LISTS, LOGGED_READS
+)
+
+_ListRequest = Callable[[types.PaginatedRequestParams], types.Request[Any, Any]]
+_LIST_REQUESTS: dict[str, _ListRequest] = {
+    "tools/list": lambda p: types.ListToolsRequest(params=p),
+    "resources/list": lambda p: types.ListResourcesRequest(params=p),
+    "resources/templates/list": lambda p: types.ListResourceTemplatesRequest(params=p),
+    "prompts/list": lambda p: types.ListPromptsRequest(params=p),
+}
+
+
+class _Raw(BaseModel):
+    """A result exactly as the server sent it (every key kept, nothing coerced)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class UpstreamError(Exception):
+    """The server could not be asked (not running, timed out, broke the protocol)."""
+
+    def __init__(self, reason: str, *, lost: bool = False) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.lost = lost
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for an exception, unwrapping anyio's exception groups."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    text = str(exc).strip() or type(exc).__name__
+    return " ".join(text.split())[:300]
+
+
+def server_env(server: McpServer, host_env: dict[str, str], home: str) -> dict[str, str]:
+    """A stdio server's whole environment: minimal PATH/HOME, its `env`, its host values."""
+    return {
+        "PATH": SERVER_PATH,
+        "HOME": home,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        **server.env,
+        **host_env,
+    }
+
+
+def _maybe_lost(exc: MCPError, *, stdio: bool) -> bool:
+    """Does this error say the connection (or, over HTTP, the session) is gone?"""
+    if exc.code == types.CONNECTION_CLOSED:
+        return True
+    if stdio:
+        return False
+    # The streamable-HTTP transport's spellings of a 404 on a known session and of a
+    # bare HTTP error status (a restarted server that no longer knows the session).
+    return (exc.code, exc.message) in {
+        (types.INVALID_REQUEST, "Session terminated"),
+        (types.INTERNAL_ERROR, "Server returned an error response"),
+    }
+
+
+@contextlib.asynccontextmanager
+async def _http_transport(url: str) -> AsyncIterator[TransportStreams]:
+    """Streamable HTTP with no proxy from the environment and no idle keep-alive.
+
+    A fresh TCP connection per request costs a fraction of a millisecond on the
+    networks a guard joins, and a redeployed server (new address, same name) is
+    reached at the next request instead of through a dead pooled connection."""
+    client = httpx2.AsyncClient(
+        timeout=httpx2.Timeout(30.0, read=300.0),
+        limits=httpx2.Limits(max_keepalive_connections=0),
+        trust_env=False,
+    )
+    async with client, streamable_http_client(url, http_client=client) as streams:
+        yield streams
+
+
+class Upstream:
+    """One long-lived client session to one configured MCP server."""
+
+    def __init__(self, server: McpServer, host_env: dict[str, str], data_dir: str) -> None:
+        self.server = server
+        self.name = server.name
+        self._host_env = host_env
+        self._data_dir = data_dir
+        self._client: Client | None = None
+        self._down_reason: str | None = "not started yet"
+        self._attempts = 0  # connect attempts finished (a success or a failure)
+        self._attempt_done = anyio.Event()  # replaced and set at each finished attempt
+        self._want_connect = False  # a caller asks the supervisor for a new session
+        self._wake = anyio.Event()
+        self._lost = anyio.Event()
+        self._stderr: TextIO | None = None
+
+    @property
+    def is_stdio(self) -> bool:
+        return self.server.command is not None
+
+    # -- the connection's task -------------------------------------------------
+
+    def _open_stderr(self) -> TextIO:
+        if self._stderr is None:
+            path = os.path.join(self._data_dir, f"mcp-{self.name}.stderr")
+            fd = os.open(
+                path,
+                os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+            )
+            os.fchmod(fd, 0o600)
+            self._stderr = os.fdopen(fd, "w", buffering=1, encoding="utf-8", errors="replace")
+        return self._stderr
+
+    def _client_for(self) -> Client:
+        if self.server.command is not None:
+            home = os.path.join(self._data_dir, f"mcp-home-{self.name}")
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(home, 0o700)
+            command = self.server.command
+            target = StdioServerParameters(
+                command=command[0],
+                args=command[1:],
+                env=server_env(self.server, self._host_env, home),
+                cwd=home,
+            )
+            transport: Transport = stdio_client(target, errlog=self._open_stderr())
+        else:
+            assert self.server.url is not None
+            transport = _http_transport(self.server.url)
+        return Client(
+            transport,
+            mode="auto",
+            cache=None,
+            client_info=CLIENT_INFO,
+            read_timeout_seconds=CONNECT_DEADLINE_S,
+        )
+
+    async def supervise(self) -> None:
+        """Hold the session open; reconnect URL servers when asked; stdio: one life."""
+        while True:
+            self._lost = anyio.Event()
+            connected = False
+            try:
+                async with self._client_for() as client:
+                    self._client = client
+                    self._down_reason = None
+                    connected = True
+                    self._attempt_finished()
+                    await self._lost.wait()
+            except Exception as exc:
+                if not connected:
+                    self._down_reason = f"cannot connect: {_describe(exc)}"
+            finally:
+                self._client = None
+            if not connected:
+                self._attempt_finished()
+            if self.is_stdio:
+                return
+            while not self._want_connect:
+                self._wake = anyio.Event()
+                await self._wake.wait()
+            self._want_connect = False
+
+    def _attempt_finished(self) -> None:
+        self._attempts += 1
+        self._attempt_done.set()
+        self._attempt_done = anyio.Event()
+
+    async def _wait_attempt(self, after: int) -> None:
+        while self._attempts <= after:
+            await self._attempt_done.wait()
+
+    async def wait_first_attempt(self) -> None:
+        await self._wait_attempt(0)
+
+    def close(self) -> None:
+        if self._stderr is not None:
+            self._stderr.close()
+            self._stderr = None
+
+    def _mark_lost(self, reason: str) -> None:
+        """Stop using the current session at once; the supervisor closes it."""
+        if self._client is not None:
+            self._client = None
+            self._down_reason = reason
+            self._lost.set()
+
+    # -- requests ----------------------------------------------------------------
+
+    async def _connected(self) -> Client:
+        """The live session; a URL server without one is asked for a new one first."""
+        if self._client is None and self._attempts == 0:  # the first attempt is running
+            await self._wait_attempt(0)
+        elif self._client is None and not self.is_stdio:
+            seen = self._attempts
+            self._want_connect = True
+            self._wake.set()
+            await self._wait_attempt(seen)
+        client = self._client
+        if client is None:
+            down = self._down_reason or "not connected"
+            if self.is_stdio:
+                down = f"the server is not running ({down})"
+            raise UpstreamError(down)
+        return client
+
+    async def request(
+        self,
+        request: types.ClientRequest | types.Request[Any, Any],
+        timeout_s: float,
+        *,
+        retry: bool = True,
+    ) -> dict[str, Any]:
+        """Send one request; the raw result dict.
+
+        A URL server's session that looks lost (connection closed, session
+        unknown, a bare HTTP error) is dropped; a request that is safe to repeat
+        (`retry`: listings and reads, never `tools/call`) is then sent once more
+        on a new session."""
+        for attempt in (0, 1):
+            client = await self._connected()
+            try:
+                raw = await client.session.send_request(
+                    request, _Raw, request_read_timeout_seconds=timeout_s
+                )
+                result = dict(raw.model_extra or {})
+                # A handshake-era server's result, relayed to a 2026-07-28 client, says so.
+                result.setdefault("resultType", "complete")
+                return result
+            except MCPError as exc:
+                if exc.code == types.REQUEST_TIMEOUT:
+                    raise UpstreamError(f"no answer within {timeout_s:g} s") from None
+                if not _maybe_lost(exc, stdio=self.is_stdio):
+                    raise
+                self._mark_lost(f"the server closed the connection ({exc.message})")
+                if attempt == 0 and retry and not self.is_stdio:
+                    continue
+                raise UpstreamError(self._down_reason or exc.message, lost=True) from None
+            except ValidationError as exc:
+                raise UpstreamError(
+                    f"malformed reply: {_describe(exc).splitlines()[0][:200]}"
+                ) from None
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
+                self._mark_lost(f"the connection broke ({type(exc).__name__})")
+                if attempt == 0 and retry and not self.is_stdio:
+                    continue
+                raise UpstreamError(self._down_reason or "connection broke", lost=True) from None
+        raise UpstreamError("unreachable")  # pragma: no cover
+
+    async def list_tools(self, deadline_s: float) -> list[dict[str, Any]]:
+        """Every tool the server lists right now, as the raw JSON objects it sent."""
+        tools: list[dict[str, Any]] = []
+        cursor: str | None = None
+        begin = time.monotonic()
+        with anyio.fail_after(deadline_s):
+            for _ in range(MAX_LIST_PAGES):
+                page = await self.request(
+                    types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)),
+                    max(0.05, deadline_s - (time.monotonic() - begin)),
+                )
+                listed = page.get("tools")
+                if not isinstance(listed, list):
+                    raise UpstreamError("tools/list reply has no tools array")
+                tools.extend(t for t in listed if isinstance(t, dict))
+                cursor = page.get("nextCursor")
+                if not isinstance(cursor, str) or not cursor:
+                    return tools
+        raise UpstreamError(f"tools/list has more than {MAX_LIST_PAGES} pages")
+
+
+# --------------------------------------------------------------------------- stubs
+
+
+def stub_result(tool: str, reason: str, output_schema: Any) -> tuple[dict[str, Any], bool | None]:
+    """The stub `CallToolResult` (wire JSON) and whether its structured content validates."""
+    result: dict[str, Any] = {
+        "content": [{"type": "text", "text": policy.stub_reply(tool, reason)}],
+        "isError": False,
+        "resultType": "complete",
+    }
+    if not isinstance(output_schema, dict):
+        return result, None
+    instance, valid = valid_instance(output_schema)
+    result["structuredContent"] = instance
+    return result, valid
+
+
+def annotations_of(tool: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The tool's `annotations` object exactly as the server sent it (None when absent)."""
+    if tool is None:
+        return None
+    annotations = tool.get("annotations")
+    return annotations if isinstance(annotations, dict) else None
+
+
+def _never_cached(result: dict[str, Any]) -> dict[str, Any]:
+    """A listing is live: the step's client may not reuse it (2026-07-28 cache hints)."""
+    return {**result, "ttlMs": 0, "cacheScope": "private"}
+
+
+def _error_result(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": True, "resultType": "complete"}
+
+
+# --------------------------------------------------------------------------- one endpoint
+
+
+class Endpoint:
+    """The step-facing MCP server for one upstream: `/mcp/<name>`."""
+
+    def __init__(self, proxy: McpProxy, upstream: Upstream) -> None:
+        self.proxy = proxy
+        self.upstream = upstream
+        self.name = upstream.name
+        server: Server[Any] = Server(
+            f"sandbox-guard/{self.name}",
+            version="1",
+            instructions=f"Test mode: calls to {self.name} are checked by the sandbox guard.",
+        )
+        server.add_request_handler("tools/call", types.CallToolRequestParams, self._call_tool)
+        for method in FORWARDED_LISTS:
+            server.add_request_handler(
+                method, types.PaginatedRequestParams, self._forward_list(method)
+            )
+        server.add_request_handler(
+            "resources/read", types.ReadResourceRequestParams, self._read_resource
+        )
+        server.add_request_handler("prompts/get", types.GetPromptRequestParams, self._get_prompt)
+        # The gate only: the SDK's default OpenTelemetry middleware costs time per
+        # request and the guard exports no traces.
+        server.middleware = [self._gate]
+        self.server = server
+        self.manager = StreamableHTTPSessionManager(
+            app=server,
+            json_response=True,
+            security_settings=TransportSecuritySettings(
+                enable_dns_rebinding_protection=True,
+                allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+            ),
+        )
+
+    # -- the gate: what the step may ask at all --------------------------------------
+
+    async def _gate(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        if ctx.request_id is None or ctx.method in SERVED:
+            return await call_next(ctx)
+        self.proxy.log_line(
+            tool=f"mcp:{self.name}/{ctx.method}",
+            decision="refuse",
+            reason=f"MCP method {ctx.method} is not served in test mode",
+            arguments=dict(ctx.params or {}),
+            started=time.perf_counter(),
+            detail={"server": self.name, "method": ctx.method},
+        )
+        raise MCPError(
+            code=types.METHOD_NOT_FOUND,
+            message=f"{ctx.method} is not available through the test-mode guard",
+        )
+
+    # -- tools/call ----------------------------------------------------------------------
+
+    async def _call_tool(
+        self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
+    ) -> HandlerResult:
+        started = time.perf_counter()
+        tool = params.name
+        arguments = dict(params.arguments or {})
+        override = self.upstream.server.read_only_overrides.get(tool)
+        detail: dict[str, Any] = {"server": self.name, "tool": tool}
+        if override is not None:
+            detail["override"] = {"read_only": override}
+        lookup_error: str | None = None
+        listed_tool: dict[str, Any] | None = None
+        t0 = time.perf_counter()
+        try:
+            tools = await self.upstream.list_tools(LOOKUP_DEADLINE_S)
+            listed_tool = next((t for t in tools if t.get("name") == tool), None)
+        except TimeoutError:
+            lookup_error = f"tools/list did not answer within {LOOKUP_DEADLINE_S:g} s"
+        except UpstreamError as exc:
+            lookup_error = exc.reason
+        except MCPError as exc:
+            lookup_error = f"tools/list failed: {exc.message}"
+        except Exception as exc:  # fail closed on anything unexpected
+            lookup_error = f"tools/list failed: {_describe(exc)}"
+        detail["lookup_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+        annotations = annotations_of(listed_tool)
+        detail["listed"] = listed_tool is not None
+        detail["annotations"] = annotations
+        verdict = policy.decide_mcp(
+            annotations,
+            listed=listed_tool is not None,
+            lookup_error=lookup_error,
+            override_read_only=override,
+        )
+        if verdict.decision is not policy.Decision.ALLOW:
+            schema = listed_tool.get("outputSchema") if listed_tool is not None else None
+            result, valid = stub_result(tool, verdict.reason, schema)
+            if valid is not None:
+                detail["structured_content_valid"] = valid
+            self.proxy.log_line(
+                tool=f"mcp:{self.name}/{tool}",
+                decision="stub",
+                reason=verdict.reason,
+                arguments=arguments,
+                started=started,
+                detail=detail,
+            )
+            return result
+
+        budget = self.proxy.config.budget_for(f"mcp:{self.name}/{tool}")
+        call = types.CallToolRequest(
+            params=types.CallToolRequestParams(name=tool, arguments=params.arguments)
+        )
+        t1 = time.perf_counter()
+        error: MCPError | None = None
+        try:
+            result = await self.upstream.request(call, budget, retry=False)
+        except UpstreamError as exc:
+            result = _error_result(f"{tool}: the MCP server {self.name} failed: {exc.reason}")
+            detail["error"] = exc.reason
+        except MCPError as exc:  # a protocol error from the server: passed on as one
+            error = exc
+            result = {}
+            detail["error"] = f"{exc.code}: {exc.message}"[:300]
+        detail["upstream_ms"] = round((time.perf_counter() - t1) * 1000, 3)
+        if result.get("isError") is True:
+            detail["is_error"] = True
+        self.proxy.log_line(
+            tool=f"mcp:{self.name}/{tool}",
+            decision="allow",
+            reason=verdict.reason,
+            arguments=arguments,
+            started=started,
+            detail=detail,
+        )
+        if error is not None:
+            raise error
+        return result
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def _forward_list(
+        self, method: str
+    ) -> Callable[[ServerRequestContext[Any, Any], types.PaginatedRequestParams], Awaitable[Any]]:
+        async def forward(
+            ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams
+        ) -> HandlerResult:
+            request = _LIST_REQUESTS[method](types.PaginatedRequestParams(cursor=params.cursor))
+            try:
+                result = await self.upstream.request(request, LOOKUP_DEADLINE_S * 2)
+            except UpstreamError as exc:
+                raise MCPError(
+                    code=types.INTERNAL_ERROR, message=f"{self.name}: {exc.reason}"
+                ) from None
+            return _never_cached(result)
+
+        return forward
+
+    async def _read_resource(
+        self, ctx: ServerRequestContext[Any, Any], params: types.ReadResourceRequestParams
+    ) -> HandlerResult:
+        request = types.ReadResourceRequest(params=types.ReadResourceRequestParams(uri=params.uri))
+        result = await self._logged_read("resources/read", request, {"uri": str(params.uri)})
+        return _never_cached(result)
+
+    async def _get_prompt(
+        self, ctx: ServerRequestContext[Any, Any], params: types.GetPromptRequestParams
+    ) -> HandlerResult:
+        request = types.GetPromptRequest(
+            params=types.GetPromptRequestParams(name=params.name, arguments=params.arguments)
+        )
+        arguments = {"name": params.name, "arguments": dict(params.arguments or {})}
+        return await self._logged_read("prompts/get", request, arguments)
+
+    async def _logged_read(
+        self, method: str, request: types.Request[Any, Any], arguments: dict[str, Any]
+    ) -> dict[str, Any]:
+        started = time.perf_counter()
+        detail: dict[str, Any] = {"server": self.name, "method": method}
+        failure: MCPError | None = None
+        try:
+            result = await self.upstream.request(request, self.proxy.config.budget_for(method))
+        except UpstreamError as exc:
+            failure = MCPError(code=types.INTERNAL_ERROR, message=f"{self.name}: {exc.reason}")
+        except MCPError as exc:
+            failure = exc
+        if failure is not None:
+            detail["error"] = f"{failure.code}: {failure.message}"[:300]
+        self.proxy.log_line(
+            tool=f"mcp:{self.name}/{method}",
+            decision="allow",
+            reason=f"MCP {method} is a read",
+            arguments=arguments,
+            started=started,
+            detail=detail,
+        )
+        if failure is not None:
+            raise failure
+        return result
+
+
+# --------------------------------------------------------------------------- the proxy
+
+
+class _Authorized:
+    """ASGI wrapper: the run's bridge token, or 401 (and a log line)."""
+
+    def __init__(self, proxy: McpProxy, app: Callable[[Scope, Receive, Send], Awaitable[None]]):
+        self.proxy = proxy
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not self.proxy.authorized(scope):
+            response = self.proxy.reject(scope, 401, "wrong or missing bridge token")
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 class McpProxy:
     def __init__(self, config: GuardConfig, log: ActionLog) -> None:
         self.config = config
         self.log = log
+        self.upstreams = {
+            server.name: Upstream(server, config.mcp_host_env.get(server.name, {}), config.data_dir)
+            for server in config.mcp_servers
+        }
+        self.endpoints = {name: Endpoint(self, up) for name, up in self.upstreams.items()}
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        yield
+        async with contextlib.AsyncExitStack() as stack:
+            for endpoint in self.endpoints.values():
+                await stack.enter_async_context(endpoint.manager.run())
+            async with anyio.create_task_group() as tg:
+                for upstream in self.upstreams.values():
+                    tg.start_soon(upstream.supervise)
+                with anyio.move_on_after(STARTUP_WAIT_S):
+                    for upstream in self.upstreams.values():
+                        await upstream.wait_first_attempt()
+                try:
+                    yield
+                finally:
+                    tg.cancel_scope.cancel()
+        for upstream in self.upstreams.values():
+            upstream.close()
 
     def routes(self) -> list[BaseRoute]:
-        return []
+        routes: list[BaseRoute] = [
+            Route(MCP_PATH, self._index, methods=["GET"]),
+            Route(MCP_PATH + "/", self._index, methods=["GET"]),
+        ]
+        for name, endpoint in self.endpoints.items():
+            routes.append(
+                Route(f"{MCP_PATH}/{name}", _Authorized(self, endpoint.manager.handle_request))
+            )
+        routes.append(
+            Route(MCP_PATH + "/{rest:path}", self._unknown, methods=["GET", "POST", "DELETE"])
+        )
+        return routes
+
+    # -- helpers for the endpoints -------------------------------------------------------
+
+    def authorized(self, scope: Scope) -> bool:
+        given = b""
+        for key, value in scope.get("headers", []):
+            if key == b"authorization":
+                given = value
+                break
+        expected = f"Bearer {self.config.bridge_token}".encode()
+        return hmac.compare_digest(given, expected)
+
+    def reject(self, scope: Scope, status: int, reason: str) -> Response:
+        self.log_line(
+            tool=f"mcp:{scope.get('path', '?')}",
+            decision="refuse",
+            reason=reason,
+            arguments={},
+            started=time.perf_counter(),
+            category="request",
+        )
+        return JSONResponse({"error": reason}, status_code=status)
+
+    def log_line(
+        self,
+        *,
+        tool: str,
+        decision: str,
+        reason: str,
+        arguments: dict[str, Any],
+        started: float,
+        detail: dict[str, Any] | None = None,
+        category: str = "mcp",
+    ) -> None:
+        self.log.write(
+            session="root",
+            tool=tool,
+            decision=decision,
+            reason=reason,
+            category=category,
+            arguments=arguments,
+            duration_ms=(time.perf_counter() - started) * 1000,
+            detail=detail,
+        )
+
+    async def _index(self, request: Request) -> Response:
+        if not self.authorized(request.scope):
+            return self.reject(request.scope, 401, "wrong or missing bridge token")
+        base = str(request.url).rstrip("/")
+        return JSONResponse(
+            {"servers": [{"name": name, "url": f"{base}/{name}"} for name in self.endpoints]}
+        )
+
+    async def _unknown(self, request: Request) -> Response:
+        if not self.authorized(request.scope):
+            return self.reject(request.scope, 401, "wrong or missing bridge token")
+        name = request.path_params.get("rest", "")
+        known = ", ".join(self.endpoints) or "none"
+        return self.reject(
+            request.scope, 404, f"no MCP server {json.dumps(name)} in this run (known: {known})"
+        )

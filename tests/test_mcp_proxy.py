@@ -1,0 +1,268 @@
+"""The MCP proxy's pure parts, and its HTTP surface without servers (no engine)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from mcp.shared.exceptions import MCPError
+from starlette.testclient import TestClient
+
+from sandbox import mcp_client, policy
+from sandbox.config import McpServer
+from sandbox.guard.actionlog import ActionLog
+from sandbox.guard.bridge import Guard, build_app
+from sandbox.guard.config import GuardConfig
+from sandbox.guard.mcp_proxy import (
+    SERVER_PATH,
+    _maybe_lost,
+    annotations_of,
+    server_env,
+    stub_result,
+)
+from sandbox.guard.schema_instance import instance_for, is_valid, valid_instance
+from sandbox.record import ActionLine
+
+# Output schemas as real servers declare them (filesystem, memory, time), and the
+# JSON-Schema features a server may use.
+SCHEMAS: list[dict[str, Any]] = [
+    {
+        "type": "object",
+        "properties": {"content": {"type": "string"}},
+        "required": ["content"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "entities": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string"},
+                        "observations": {"type": "array", "items": {"type": "string"}},
+                    },
+                    "required": ["name", "observations"],
+                },
+            },
+            "relations": {"type": "array", "items": {"type": "object"}},
+        },
+        "required": ["entities", "relations"],
+    },
+    {
+        "$defs": {
+            "TimeResult": {
+                "type": "object",
+                "properties": {
+                    "timezone": {"type": "string"},
+                    "datetime": {"type": "string", "format": "date-time"},
+                    "is_dst": {"type": "boolean"},
+                },
+                "required": ["timezone", "datetime", "is_dst"],
+            }
+        },
+        "type": "object",
+        "properties": {
+            "source": {"$ref": "#/$defs/TimeResult"},
+            "target": {"$ref": "#/$defs/TimeResult"},
+        },
+        "required": ["source", "target"],
+    },
+    {
+        "type": "object",
+        "properties": {
+            "count": {"type": "integer", "minimum": 3, "maximum": 9, "multipleOf": 3},
+            "ratio": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+            "status": {"enum": ["queued", "sent"]},
+            "kind": {"const": "proposal"},
+            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2},
+            "id": {"type": "string", "format": "uuid"},
+            "code": {"type": "string", "minLength": 25, "maxLength": 30},
+            "maybe": {"type": ["null", "string"]},
+            "either": {"oneOf": [{"type": "integer", "minimum": 5}, {"type": "string"}]},
+            "both": {
+                "allOf": [
+                    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                    {"properties": {"b": {"type": "boolean"}}, "required": ["b"]},
+                ]
+            },
+            "pair": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}]},
+            "success": {"type": "boolean"},
+        },
+        "required": [
+            "count",
+            "ratio",
+            "status",
+            "kind",
+            "tags",
+            "id",
+            "code",
+            "maybe",
+            "either",
+            "both",
+            "pair",
+            "success",
+        ],
+        "additionalProperties": False,
+    },
+    {"type": "object", "minProperties": 1, "properties": {"x": {"type": "string"}}},
+    {
+        "type": "object",
+        "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}$"}},
+        "required": ["code"],
+    },
+]
+
+
+@pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
+def test_generated_instances_validate(schema: dict[str, Any]) -> None:
+    instance, valid = valid_instance(schema)
+    if "pattern" in json.dumps(schema):
+        assert not valid  # a pattern is not solved; the caller records it
+        return
+    assert valid, instance
+    jsonschema.validate(instance, schema)
+
+
+def test_stub_success_fields_read_as_success() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"success": {"type": "boolean"}},
+        "required": ["success"],
+    }
+    assert instance_for(schema) == {"success": True}
+    assert is_valid(schema, {"success": True})
+    assert not is_valid({"type": "object", "$ref": "#/nowhere"}, {})
+
+
+def test_stub_result_is_a_successful_call_tool_result() -> None:
+    schema = SCHEMAS[0]
+    result, valid = stub_result(
+        "write_file", "the server does not mark this tool read-only", schema
+    )
+    assert result["isError"] is False and valid is True
+    text = policy.stub_reply("write_file", "the server does not mark this tool read-only")
+    assert result["content"] == [{"type": "text", "text": text}]
+    jsonschema.validate(result["structuredContent"], schema)
+    plain, none = stub_result("notify", "r", None)
+    assert none is None and "structuredContent" not in plain
+
+
+def test_annotations_are_taken_raw_so_a_string_true_is_not_read_only() -> None:
+    listed = {"name": "t", "annotations": {"readOnlyHint": "true"}}
+    annotations = annotations_of(listed)
+    assert annotations == {"readOnlyHint": "true"}
+    verdict = policy.decide_mcp(annotations, listed=True)
+    assert verdict.decision is policy.Decision.STUB
+    assert annotations_of({"name": "t"}) is None and annotations_of(None) is None
+    allowed = policy.decide_mcp(
+        annotations_of({"annotations": {"readOnlyHint": True}}), listed=True
+    )
+    assert allowed.decision is policy.Decision.ALLOW
+
+
+def test_server_env_is_minimal_and_its_own() -> None:
+    server = McpServer(name="m", command=["x"], env={"A": "1"}, env_from_host=["TOKEN_X"])
+    env = server_env(server, {"TOKEN_X": "s3cret"}, "/guard/data/mcp-home-m")
+    assert env == {
+        "PATH": SERVER_PATH,
+        "HOME": "/guard/data/mcp-home-m",
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "A": "1",
+        "TOKEN_X": "s3cret",
+    }
+
+
+def test_lost_session_spellings() -> None:
+    closed = MCPError(code=-32000, message="Connection closed")
+    assert _maybe_lost(closed, stdio=True) and _maybe_lost(closed, stdio=False)
+    gone = MCPError(code=-32600, message="Session terminated")
+    assert _maybe_lost(gone, stdio=False) and not _maybe_lost(gone, stdio=True)
+    assert not _maybe_lost(MCPError(code=-32601, message="Method not found"), stdio=False)
+
+
+def test_step_helper_parses_sse_bodies() -> None:
+    body = 'event: message\ndata: {"jsonrpc": "2.0", "id": 1,\ndata:  "result": {}}\n\n: ping\n\n'
+    assert mcp_client._sse_messages(body) == [{"jsonrpc": "2.0", "id": 1, "result": {}}]
+    assert (
+        mcp_client.text_of({"content": [{"type": "text", "text": "a"}, {"type": "image"}]}) == "a"
+    )
+
+
+# --------------------------------------------------------------------------- HTTP surface
+
+
+def _app(tmp_path: Path, servers: list[McpServer]) -> tuple[Any, Path]:
+    actions = tmp_path / "actions.jsonl"
+    actions.touch()
+    data = tmp_path / "data"
+    data.mkdir()
+    config = GuardConfig(
+        run_id="test-x",
+        workflow="wf",
+        step="s",
+        bridge_token="b" * 24,
+        exec_token="e" * 24,
+        has_db=False,
+        actions_path=str(actions),
+        data_dir=str(data),
+        fsync_each=False,
+        mcp_servers=servers,
+    )
+    log = ActionLog(str(actions), secrets=(config.bridge_token,), fsync_each=False)
+    return build_app(Guard(config, log)), actions
+
+
+def test_endpoints_need_the_token_and_unknown_servers_are_refused(tmp_path: Path) -> None:
+    broken = McpServer(name="broken", command=["/nonexistent/mcp-server"])
+    app, actions = _app(tmp_path, [broken])
+    auth = {"Authorization": "Bearer " + "b" * 24}
+    with TestClient(app, base_url="http://127.0.0.1:8790") as client:
+        assert client.get("/mcp").status_code == 401
+        listing = client.get("/mcp", headers=auth).json()
+        assert listing == {
+            "servers": [{"name": "broken", "url": "http://127.0.0.1:8790/mcp/broken"}]
+        }
+        assert client.post("/mcp/broken", json={}).status_code == 401
+        assert client.post("/mcp/nope", json={}, headers=auth).status_code == 404
+        # A server that cannot start: every tools/call is a stub with the reason.
+        headers = {**auth, "Accept": "application/json, text/event-stream"}
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+        reply = client.post("/mcp/broken", json=init, headers=headers)
+        session = {**headers, "Mcp-Session-Id": reply.headers["mcp-session-id"]}
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "x"}}
+        result = client.post("/mcp/broken", json=call, headers=session).json()["result"]
+        assert result["isError"] is False
+        assert (
+            "x was NOT run (annotation lookup failed: the server is not running"
+            in (result["content"][0]["text"])
+        )
+        listing_error = client.post(
+            "/mcp/broken", json={"jsonrpc": "2.0", "id": 3, "method": "tools/list"}, headers=session
+        ).json()
+        assert "not running" in listing_error["error"]["message"]
+    lines = [ActionLine.model_validate_json(x) for x in actions.read_text().splitlines()]
+    assert [(ln.decision, ln.category) for ln in lines] == [
+        ("refuse", "request"),
+        ("refuse", "request"),
+        ("refuse", "request"),
+        ("stub", "mcp"),
+    ]
+    assert "no MCP server" in lines[2].reason
+    assert lines[3].tool == "mcp:broken/x" and lines[3].detail["listed"] is False
+    assert (tmp_path / "data" / "mcp-broken.stderr").stat().st_mode & 0o777 == 0o600
