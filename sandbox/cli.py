@@ -114,7 +114,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     checks = run_checks()
     for check in checks:
-        mark = "ok  " if check.ok else "FAIL"
+        mark = "FAIL" if not check.ok else ("warn" if check.warn else "ok  ")
         print(f"[{mark}] {check.name}: {check.detail}")
         if not check.ok and check.fix:
             print(f"       fix: {check.fix}")

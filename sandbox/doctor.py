@@ -1,17 +1,35 @@
-"""`sandbox doctor`: is this host able to run hardened test runs, and if not, the fix.
+"""`sandbox doctor`: this host's isolation posture, and the fix for each weakness.
 
-Each check is independent and reports a fix; the doctor changes nothing.
+Each check is independent and changes nothing. A check is one of three kinds:
+
+- ok: nothing to do;
+- a weakness (`ok=True, warn=True`): runs are still contained, but the host is weaker
+  than it could be; the detail says why and what the fix is (on extra lines, because
+  the CLI prints the `fix` field only for failures);
+- a failure (`ok=False`): test runs would not be contained or would not start; the
+  `fix` says what to do, and `sandbox doctor` exits 2.
+
+What is measured, not assumed: the seccomp profile is loaded into a real container
+(as the step's uid, on the step image) which then tries the syscalls the profile must
+deny; the firewall's tools run in a fresh network namespace the way the run's init
+container runs them (root, NET_ADMIN only).
 """
 
 from __future__ import annotations
 
+import json
+import re
+import secrets
 import shutil
+from pathlib import Path
 
+from docker import DockerClient
 from pydantic import BaseModel
 
 from sandbox.engine import containers, images
 from sandbox.engine.client import ENGINE_HINT, connect
 from sandbox.errors import SandboxError
+from sandbox.layout import STEP_UID
 from sandbox.seccomp import step_profile
 from sandbox.spec import ContainerSpec
 
@@ -21,41 +39,77 @@ class Check(BaseModel):
     ok: bool
     detail: str
     fix: str = ""
+    warn: bool = False  # ok, but weaker than it could be: `detail` says why and the fix
+
+
+# The oldest Engine API the runner's containers need (cgroupns=private: API 1.41, Docker 20.10).
+MIN_API = (1, 41)
+# The first engine release whose built-in seccomp default denies io_uring (moby/moby#46762).
+DEFAULT_PROFILE_DENIES_IO_URING = 25
+PROBE_TIMEOUT_S = 60
+
+MAX_USERNS = Path("/proc/sys/user/max_user_namespaces")
+UNPRIVILEGED_USERNS = Path("/proc/sys/kernel/unprivileged_userns_clone")  # Debian/Ubuntu only
+
+# Runs as the step (uid 10001, no capabilities) under seccomp/step.json; prints one JSON line.
+# x86_64 syscall numbers; on another architecture the names it cannot try say "unknown".
+SECCOMP_PROBE = r"""
+import ctypes, errno, json, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+X86_64 = {"unshare": 272, "io_uring_setup": 425, "ptrace": 101}
+NR = X86_64 if platform.machine() == "x86_64" else {}
+# unshare(CLONE_NEWUSER); io_uring_setup(1, NULL): EFAULT if allowed; ptrace(PTRACE_PEEKDATA,
+# self): ESRCH if allowed (not traced). The profile's denial is EPERM.
+ARGS = {"unshare": (0x10000000,), "io_uring_setup": (1, 0), "ptrace": (2, os.getpid(), 0, 0)}
+out = {}
+for name, args in ARGS.items():
+    if name not in NR:
+        out[name] = "unknown"
+        continue
+    ctypes.set_errno(0)
+    ret = libc.syscall(ctypes.c_long(NR[name]), *[ctypes.c_long(a) for a in args])
+    out[name] = "allowed" if ret != -1 else errno.errorcode.get(ctypes.get_errno(), "?")
+print(json.dumps(out))
+"""
+# What "denied by the profile" looks like: EPERM (the profile's defaultErrnoRet). Anything
+# else (EFAULT, EINVAL, ESRCH: the kernel saw the call) means the call reached the kernel.
+DENIED = "EPERM"
+
+# Runs like the run's init container: root, NET_ADMIN only, its own network namespace.
+IPTABLES_PROBE = (
+    "set -e; iptables -V; ip6tables -V; iptables -w -S OUTPUT >/dev/null; "
+    "ip6tables -w -S OUTPUT >/dev/null; echo TABLES-READABLE"
+)
 
 
 def run_checks() -> list[Check]:
-    checks: list[Check] = []
     try:
         client = connect(timeout_s=10)
     except SandboxError as exc:
         return [Check(name="engine", ok=False, detail=str(exc), fix=ENGINE_HINT)]
     info = client.info()
-    checks.append(
-        Check(
-            name="engine",
-            ok=True,
-            detail=f"Docker {info.get('ServerVersion')}, cgroup v{info.get('CgroupVersion', '?')}, "
-            f"security options: {', '.join(info.get('SecurityOptions') or []) or 'none'}",
-        )
-    )
-    has_seccomp = any("seccomp" in opt for opt in info.get("SecurityOptions") or [])
-    checks.append(
-        Check(
-            name="seccomp support",
-            ok=has_seccomp,
-            detail="engine supports seccomp" if has_seccomp else "engine has no seccomp",
-            fix="" if has_seccomp else "use a kernel and engine built with seccomp",
-        )
-    )
+    security = [str(opt) for opt in info.get("SecurityOptions") or []]
+    checks = [
+        _engine(client, info),
+        _cgroups(info),
+        _seccomp_support(security),
+        _lsm(security),
+    ]
+    images_ok = True
     for ref in (images.STEP_IMAGE, images.GUARD_IMAGE):
         try:
             image_id = images.require(client, ref)
             checks.append(Check(name=f"image {ref}", ok=True, detail=image_id[:19]))
         except SandboxError as exc:
+            images_ok = False
             checks.append(
                 Check(name=f"image {ref}", ok=False, detail=str(exc), fix="run `make images`")
             )
-    checks.append(_seccomp_loads(client))
+    probe = _seccomp_probe(client) if images_ok else None
+    checks.append(_seccomp_profile(probe, images_ok))
+    checks.append(_user_namespaces(security, probe))
+    checks.append(_run_iptables(client) if images_ok else _needs_images("iptables in the run"))
     iptables = shutil.which("iptables") is not None
     checks.append(
         Check(
@@ -70,32 +124,241 @@ def run_checks() -> list[Check]:
     return checks
 
 
-def _seccomp_loads(client: object) -> Check:
-    from docker import DockerClient
+def _weak(name: str, facts: str, why: str, fix: str) -> Check:
+    """A weakness: contained, but the host could do better."""
+    return Check(
+        name=name,
+        ok=True,
+        warn=True,
+        detail=f"{facts}\n       weakness: {why}\n       fix: {fix}",
+        fix=fix,
+    )
 
-    assert isinstance(client, DockerClient)
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", text)[:3])
+
+
+def _engine(client: DockerClient, info: dict[str, object]) -> Check:
+    server = str(info.get("ServerVersion") or "?")
     try:
-        profile = step_profile()
-        spec = ContainerSpec(
-            name="sandbox-doctor-seccomp",
-            image=images.STEP_IMAGE,
-            command=["/usr/bin/python3", "-c", "print('ok')"],
-            user="10001:10001",
-            seccomp_profile=profile,
-            labels={containers.LABEL_ROLE: "doctor"},
+        api = str(client.version().get("ApiVersion") or "0")
+    except Exception:  # an engine too old for /version: treat as too old
+        api = "0"
+    facts = f"Docker {server} (API {api})"
+    if _version_tuple(api)[:2] < MIN_API:
+        return Check(
+            name="engine",
+            ok=False,
+            detail=f"{facts}: private cgroup namespaces need API {MIN_API[0]}.{MIN_API[1]}",
+            fix="upgrade the engine to Docker 20.10 or newer",
         )
-        container = containers.create(client, spec)
-        try:
-            container.start()
-            code = containers.wait(container, 60)
-        finally:
-            containers.remove(container)
+    major = (_version_tuple(server) or (0,))[0]
+    if major < DEFAULT_PROFILE_DENIES_IO_URING:
+        return _weak(
+            "engine",
+            facts,
+            f"engines before {DEFAULT_PROFILE_DENIES_IO_URING}.0 ship a built-in seccomp "
+            "default that allows io_uring (and ptrace/process_vm_* on kernels >= 4.8); steps "
+            "and the guard run under seccomp/step.json regardless, but the run's short-lived "
+            "init container (root, NET_ADMIN, our own script) uses the engine's default",
+            f"upgrade to Docker Engine >= {DEFAULT_PROFILE_DENIES_IO_URING} (docker-ce)",
+        )
+    return Check(name="engine", ok=True, detail=facts)
+
+
+def _cgroups(info: dict[str, object]) -> Check:
+    version = str(info.get("CgroupVersion") or "?")
+    driver = str(info.get("CgroupDriver") or "?")
+    facts = f"cgroup v{version} (driver {driver}); every run has a private cgroup namespace"
+    if version == "2":
+        return Check(name="cgroups", ok=True, detail=facts)
+    return _weak(
+        "cgroups",
+        facts,
+        "cgroup v1 is the legacy hierarchy: the pids/memory/CPU limits hold, but buffered "
+        "writes escape the I/O controller, the memory peak is v1's max_usage, and v1-only "
+        "kernel paths such as release_agent (CVE-2022-0492) exist; steps cannot reach them "
+        "(no capabilities, no mount or unshare)",
+        "boot the host with the unified hierarchy (kernel command line "
+        "systemd.unified_cgroup_hierarchy=1 cgroup_no_v1=all), then restart dockerd",
+    )
+
+
+def _seccomp_support(security: list[str]) -> Check:
+    has_seccomp = any("seccomp" in opt for opt in security)
+    return Check(
+        name="seccomp support",
+        ok=has_seccomp,
+        detail="engine supports seccomp (" + ", ".join(o for o in security if "seccomp" in o) + ")"
+        if has_seccomp
+        else "engine has no seccomp: no step could be confined",
+        fix="" if has_seccomp else "use a kernel and engine built with seccomp",
+    )
+
+
+def _lsm(security: list[str]) -> Check:
+    found = [o for o in security if "apparmor" in o or "selinux" in o]
+    if found:
+        return Check(name="LSM", ok=True, detail=", ".join(found))
+    return _weak(
+        "LSM",
+        "no AppArmor or SELinux confinement of containers",
+        "a second, independent layer (file and mount rules per container) is missing; "
+        "containment rests on capabilities, seccomp, namespaces and read-only mounts",
+        "enable AppArmor (kernel command line apparmor=1 security=apparmor, apt-get "
+        "install apparmor) and restart dockerd: it applies docker-default to every container",
+    )
+
+
+def _probe_spec(name: str, command: list[str], user: str, **kwargs: object) -> ContainerSpec:
+    return ContainerSpec.model_validate(
+        {
+            "name": f"sandbox-doctor-{name}-{secrets.token_hex(3)}",
+            "image": images.STEP_IMAGE,
+            "command": command,
+            "user": user,
+            "labels": {containers.LABEL_ROLE: "doctor"},
+            "memory_bytes": 128 * 1024**2,
+            "pids": 32,
+            **kwargs,
+        }
+    )
+
+
+def _seccomp_probe(client: DockerClient) -> dict[str, str] | str:
+    """What the probe saw per syscall, or why it could not run (a string)."""
+    try:
+        spec = _probe_spec(
+            "seccomp",
+            ["/usr/bin/python3", "-c", SECCOMP_PROBE],
+            f"{STEP_UID}:{STEP_UID}",
+            seccomp_profile=step_profile(),
+        )
+        code, output = containers.run_once(client, spec, timeout_s=PROBE_TIMEOUT_S)
     except SandboxError as exc:
-        return Check(name="seccomp profile", ok=False, detail=str(exc), fix="see seccomp/README.md")
-    ok = code == 0
+        return str(exc)
+    if code != 0:
+        tail = " | ".join(output.strip().splitlines()[-2:])
+        return f"the probe exited {code}: {tail}"
+    try:
+        result = json.loads(output.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return f"the probe printed no result: {output.strip()[-200:]}"
+    if not isinstance(result, dict):
+        return "the probe printed no result"
+    return {str(k): str(v) for k, v in result.items()}
+
+
+def _seccomp_profile(probe: dict[str, str] | str | None, images_ok: bool) -> Check:
+    if not images_ok or probe is None:
+        return _needs_images("seccomp profile")
+    if isinstance(probe, str):
+        return Check(
+            name="seccomp profile",
+            ok=False,
+            detail=probe,
+            fix="see seccomp/README.md; regenerate with `python seccomp/tighten.py`",
+        )
+    open_calls = sorted(k for k, v in probe.items() if v not in (DENIED, "unknown"))
+    said = ", ".join(f"{k} {v}" for k, v in sorted(probe.items()))
+    if open_calls:
+        return Check(
+            name="seccomp profile",
+            ok=False,
+            detail=f"seccomp/step.json loads, but a step can still call {', '.join(open_calls)}"
+            f" ({said})",
+            fix="regenerate the profile with `python seccomp/tighten.py` and check the engine "
+            "applies it (docker-py security_opt 'seccomp=<json text>')",
+        )
+    if all(v == "unknown" for v in probe.values()):
+        said = "the syscall probe knows x86_64 only"
+    else:
+        said = f"denied as the step: {said}"
     return Check(
         name="seccomp profile",
-        ok=ok,
-        detail="seccomp/step.json loads and Python runs under it" if ok else f"exit {code}",
-        fix="" if ok else "regenerate with `python seccomp/tighten.py`",
+        ok=True,
+        detail=f"seccomp/step.json loads and Python runs under it; {said}",
+    )
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _user_namespaces(security: list[str], probe: dict[str, str] | str | None) -> Check:
+    max_ns = _read_int(MAX_USERNS)
+    unpriv = _read_int(UNPRIVILEGED_USERNS)
+    host = f"host max_user_namespaces={max_ns if max_ns is not None else 'unknown'}"
+    if unpriv is not None:
+        host += f", unprivileged_userns_clone={unpriv}"
+    remap = any("name=userns" in opt for opt in security)
+    rootless = any("name=rootless" in opt for opt in security)
+    engine = "userns-remap on" if remap else "rootless engine" if rootless else "userns-remap off"
+    step_verdict = probe.get("unshare") if isinstance(probe, dict) else None
+    if step_verdict is not None and step_verdict not in (DENIED, "unknown"):
+        return Check(
+            name="user namespaces",
+            ok=False,
+            detail=f"{host}; {engine}; a step CAN create a user namespace "
+            f"(unshare(CLONE_NEWUSER): {step_verdict})",
+            fix="the step profile must deny unshare/clone namespace flags (seccomp/tighten.py); "
+            "as a host-wide stopgap: sysctl -w user.max_user_namespaces=0",
+        )
+    facts = f"{host}; {engine}; " + (
+        "steps cannot create one (unshare(CLONE_NEWUSER) denied: EPERM)"
+        if step_verdict == DENIED
+        else "not measured in a step (no probe)"
+    )
+    if remap or rootless:
+        return Check(name="user namespaces", ok=True, detail=facts)
+    return _weak(
+        "user namespaces",
+        facts,
+        "uid 0 in a container is uid 0 on the host: the run's init container (root, "
+        "NET_ADMIN, seconds) and anything that escaped a container would act as host root; "
+        "steps run as uid 10001 with no capabilities",
+        'enable userns-remap ("userns-remap": "default" in /etc/docker/daemon.json, restart '
+        "dockerd); the runner then has to chown the test folder to the remapped step uid "
+        "(the subuid base + 10001), which it does not do yet",
+    )
+
+
+def _run_iptables(client: DockerClient) -> Check:
+    """The run's firewall is installed from the step image by an init container: try it."""
+    name = "iptables in the run"
+    try:
+        spec = _probe_spec(
+            "iptables", ["/bin/sh", "-c", IPTABLES_PROBE], "0:0", cap_add=["NET_ADMIN"]
+        )
+        code, output = containers.run_once(client, spec, timeout_s=PROBE_TIMEOUT_S)
+    except SandboxError as exc:
+        return Check(name=name, ok=False, detail=str(exc), fix="run `make images`")
+    versions = [ln.strip() for ln in output.splitlines() if "tables v" in ln]
+    if code == 0 and "TABLES-READABLE" in output and len(versions) == 2:
+        return Check(
+            name=name,
+            ok=True,
+            detail=f"{'; '.join(versions)} in {images.STEP_IMAGE}; OUTPUT chains readable in "
+            "a fresh network namespace (IPv4 and IPv6)",
+        )
+    tail = " | ".join(output.strip().splitlines()[-2:])
+    missing = "not found" in output
+    return Check(
+        name=name,
+        ok=False,
+        detail=f"the init container's tools failed (exit {code}): {tail}",
+        fix="rebuild the images (`make images`; images/step/packages.txt lists iptables)"
+        if missing
+        else "load the kernel's netfilter modules (modprobe nf_tables ip6_tables) or use a "
+        "kernel with nf_tables and IPv6",
+    )
+
+
+def _needs_images(name: str) -> Check:
+    return Check(
+        name=name, ok=False, detail="not checked: the images are missing", fix="run `make images`"
     )

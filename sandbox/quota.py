@@ -55,6 +55,12 @@ class QuotaWatch:
                 return
             self._stop.wait(INTERVAL_S)
 
+    def cancel(self) -> None:
+        """Stop watching without a final measurement; safe before start and twice."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+
     def stop(self) -> int:
         """Stop watching; the final usage (measured once more)."""
         self._stop.set()

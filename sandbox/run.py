@@ -22,7 +22,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import docker.errors
 import psutil
+import requests
 from docker import DockerClient
 from docker.models.containers import Container
 
@@ -280,6 +282,9 @@ class TestRun:
     ) -> TestRunRecord:
         launched: list[Container] = []
         step_started = False
+        watch: FolderWatch | None = None
+        quota: QuotaWatch | None = None
+        usage: containers.Usage | None = None
         try:
             t0 = time.monotonic()
             self._prepare(workflow, layout, record, prompt)
@@ -362,9 +367,22 @@ class TestRun:
             if not step_started:
                 self._discard_partial(layout)
             return self._finish(layout, record, RunStatus.ERROR, str(exc))
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            # The engine went away (stopped, restarted) mid-run: a record, never a traceback.
+            detail = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+            reason = f"the Docker engine failed during the run: {detail}"
+            return self._finish(layout, record, RunStatus.ERROR, reason)
         except (RunInterrupted, KeyboardInterrupt):
             return self._finish(layout, record, RunStatus.KILLED, "the runner was stopped")
         finally:
+            # On every way out, the watchers stop too (in-process callers would keep their
+            # threads and inotify descriptors otherwise).
+            if usage is not None:
+                containers.finish_usage(usage)
+            if quota is not None:
+                quota.cancel()
+            if watch is not None:
+                watch.stop()
             for container in reversed(launched):
                 containers.remove(container)
 
@@ -437,6 +455,9 @@ class TestRun:
             cpus=1.0,
             network_mode=networks[0] if networks else "none",
             sysctls={"net.ipv4.ping_group_range": "1 0"},
+            # The step's profile fits the guard too (Python, node MCP servers): no
+            # ptrace, io_uring or namespaces for the one process that may go out.
+            seccomp_profile=step_profile(),
         )
 
     def _trust_egress_ca(self, workflow: Workflow, layout: RunLayout) -> bool:
@@ -652,7 +673,13 @@ class TestRun:
 
     def _discard_partial(self, layout: RunLayout) -> None:
         """Leave only the record: nothing half-made survives a failed prepare."""
-        for path in (layout.group_dir, layout.db_dir, layout.baseline_db.parent, layout.prompt):
+        for path in (
+            layout.group_dir,
+            layout.db_dir,
+            layout.baseline_db.parent,
+            layout.prompt,
+            layout.guard_dir,
+        ):
             if path.is_symlink() or path.is_file():
                 path.unlink()
             elif path.is_dir():

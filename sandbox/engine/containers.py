@@ -118,8 +118,9 @@ def _create_masked(client: DockerClient, kwargs: dict[str, Any]) -> Container:
 
 
 def remove(container: Container) -> None:
-    """Force-remove; a container already gone is fine."""
-    with contextlib.suppress(docker.errors.NotFound):
+    """Force-remove; a container already gone is fine, and so is an engine that is gone
+    (the container is labelled: `sandbox gc` removes it once the engine is back)."""
+    with contextlib.suppress(docker.errors.APIError, requests.exceptions.ConnectionError):
         container.remove(force=True, v=True)
 
 
@@ -178,8 +179,10 @@ def wait(container: Container, timeout_s: float) -> int | None:
     """The exit code, or None when the timeout passed first (container still running)."""
     try:
         result = container.wait(timeout=timeout_s)
-    except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectionError):
+    except requests.exceptions.ReadTimeout:
         return None
+    except requests.exceptions.ConnectionError as exc:
+        raise EngineError(f"the Docker engine stopped answering during the run ({exc})") from None
     except docker.errors.NotFound:
         return None
     return int(result.get("StatusCode", -1))
