@@ -14,11 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import shutil
 import socket
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,10 +27,8 @@ import requests
 from docker import DockerClient
 from docker.models.containers import Container
 
-from sandbox import actionsummary, dbdiff, firewall
+from sandbox import actionsummary, dbdiff, firewall, launch
 from sandbox.config import (
-    Egress,
-    EgressEntry,
     Step,
     Workflow,
     load_workflow,
@@ -42,31 +39,15 @@ from sandbox.dbcopy import DbCopyError, copy_db, find_workflow_db
 from sandbox.engine import containers, images
 from sandbox.engine.client import connect
 from sandbox.errors import ConfigError, LaunchError, PrepareError, SandboxError
-from sandbox.guard.config import (
-    ACTIONS_PATH,
-    BRIDGE_PORT,
-    CONFIG_ENV,
-    DATA_DIR,
-    EGRESS_PORT,
-    EXEC_PORT,
-    MCP_PATH,
-    GuardConfig,
-)
 from sandbox.guard.tls import CA_FILE as EGRESS_CA_FILE
+from sandbox.launch import RunPlan, egress_for_run
 from sandbox.layout import (
-    C_CA_BUNDLE,
-    C_DB_PATH,
-    C_PROMPT,
-    C_WORKFLOW,
     GUARD_UID,
-    STEP_UID,
     RunLayout,
     make_private_dir,
     new_run_id,
 )
 from sandbox.lock import LockHeldError, workflow_run_lock
-from sandbox.mounts import step_mounts
-from sandbox.preflight import ENV as PREFLIGHT_ENV
 from sandbox.preflight import FAILED_EXIT as PREFLIGHT_FAILED_EXIT
 from sandbox.preflight import MARK_FAILED as PREFLIGHT_FAILED
 from sandbox.preflight import MARK_OK as PREFLIGHT_OK
@@ -81,7 +62,6 @@ from sandbox.record import (
     write_record,
 )
 from sandbox.seccomp import step_profile
-from sandbox.spec import ContainerSpec, Mount
 from sandbox.step_exec import USAGE_MARK
 from sandbox.watch import FolderWatch
 
@@ -103,14 +83,8 @@ class RunOptions:
     canary6: str | None = None
     # Only for tests that prove the preflight catches an open namespace.
     install_firewall: bool = True
-
-
-@dataclass(frozen=True)
-class Tokens:
-    """Per-run secrets: the step's bridge token and the guard's executor token."""
-
-    bridge: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    exec: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    # fdatasync each action-log line before the reply (benchmarks measure the cost).
+    fsync_action_log: bool = True
 
 
 def _preflight_from(stderr: str, firewall_verified: bool) -> Preflight | None:
@@ -199,13 +173,6 @@ def _runner_info() -> RunnerInfo:
     return RunnerInfo(pid=me.pid, create_time=me.create_time(), hostname=socket.gethostname())
 
 
-def _step_user() -> tuple[int, int]:
-    """A root runner hands the step a fixed unprivileged uid; others run it as themselves."""
-    if os.geteuid() == 0:
-        return STEP_UID, STEP_UID
-    return os.getuid(), os.getgid()
-
-
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
     """Give the step its folder without following any link inside it."""
     if os.geteuid() != 0:
@@ -235,13 +202,14 @@ class TestRun:
         step = workflow.step(self.step_id)
         crew = {c.name: resolve_crew_folder(self.workflow_dir, c) for c in workflow.crew_folders}
         prompt = self._read_prompt(step)
-        _mcp_host_env(workflow)  # a missing credential fails before any folder exists
+        mcp_host_env = _mcp_host_env(workflow)  # a missing credential fails before any folder
+        trusted_ca_pem = self._trusted_cas(workflow)
         seccomp_text = step_profile()
         client = connect()
         step_image = images.require(client, images.STEP_IMAGE)
 
         layout = RunLayout(self.workflow_dir, new_run_id(), step.group)
-        started = datetime.now(UTC)
+        runner = _runner_info()
         record = TestRunRecord(
             id=layout.run_id,
             workflow_dir=str(self.workflow_dir),
@@ -250,8 +218,8 @@ class TestRun:
             group=step.group,
             command=step.display_command(),
             status=RunStatus.RUNNING,
-            started_at=started,
-            runner=_runner_info(),
+            started_at=datetime.now(UTC),
+            runner=runner,
             images={"step": step_image},
         )
         try:
@@ -265,21 +233,32 @@ class TestRun:
         with lock:
             self._make_run_root(layout)
             write_record(layout.root, record)
-            return self._run_locked(
-                client, workflow, step, crew, prompt, seccomp_text, layout, record
+            plan = RunPlan(
+                workflow_dir=self.workflow_dir,
+                workflow=workflow,
+                step=step,
+                layout=layout,
+                runner=runner,
+                crew=crew,
+                has_db=find_workflow_db(self.workflow_dir) is not None,
+                has_prompt=prompt is not None,
+                seccomp_profile=seccomp_text,
+                upstream=self.options.upstream_bridge or workflow.bridge.upstream,
+                networks=[*workflow.bridge.networks, *self.options.upstream_networks],
+                egress=egress_for_run(workflow, self.options.allow_hosts),
+                trusted_ca_pem=trusted_ca_pem,
+                mcp_host_env=mcp_host_env,
+                canary=self.options.canary,
+                canary6=self.options.canary6,
+                install_firewall=self.options.install_firewall,
+                fsync_action_log=self.options.fsync_action_log,
             )
+            return self._run_locked(client, plan, prompt, record)
 
     def _run_locked(
-        self,
-        client: DockerClient,
-        workflow: Workflow,
-        step: Step,
-        crew: dict[str, Path],
-        prompt: str | None,
-        seccomp_text: str,
-        layout: RunLayout,
-        record: TestRunRecord,
+        self, client: DockerClient, plan: RunPlan, prompt: str | None, record: TestRunRecord
     ) -> TestRunRecord:
+        layout, workflow = plan.layout, plan.workflow
         launched: list[Container] = []
         step_started = False
         watch: FolderWatch | None = None
@@ -291,29 +270,14 @@ class TestRun:
             record.phases.prepare_s = time.monotonic() - t0
 
             t0 = time.monotonic()
-            tokens = Tokens()
-            guard = containers.create(
-                client, self._guard_spec(workflow, step, layout, record, tokens)
-            )
+            guard = containers.create(client, launch.guard_spec(plan))
             launched.append(guard)
-            containers.connect_networks(client, guard, self._upstream_networks(workflow)[1:])
+            containers.connect_networks(client, guard, plan.networks[1:])
             guard.start()
-            self._install_firewall(client, guard, layout, record)
+            self._install_firewall(client, plan, guard)
             has_ca_bundle = self._trust_egress_ca(workflow, layout)
             step_container = containers.create(
-                client,
-                self._step_spec(
-                    workflow,
-                    step,
-                    crew,
-                    prompt,
-                    seccomp_text,
-                    layout,
-                    record,
-                    guard,
-                    tokens,
-                    has_ca_bundle,
-                ),
+                client, launch.step_spec(plan, str(guard.id), has_ca_bundle=has_ca_bundle)
             )
             launched.append(step_container)
             watch = FolderWatch(layout.group_dir)
@@ -330,7 +294,7 @@ class TestRun:
             record.phases.container_start_s = time.monotonic() - t0
 
             t0 = time.monotonic()
-            timeout_s = self.options.timeout_s or step.timeout_s
+            timeout_s = self.options.timeout_s or plan.step.timeout_s
             exit_code = containers.wait(step_container, timeout_s)
             if exit_code is None:
                 containers.kill(step_container)
@@ -343,7 +307,7 @@ class TestRun:
             containers.stop(guard)
             record.guard_log = containers.output_tails(guard)[1]
             record.stdout, record.stderr = containers.output_tails(step_container)
-            record.preflight = _preflight_from(record.stderr.text, self.options.install_firewall)
+            record.preflight = _preflight_from(record.stderr.text, plan.install_firewall)
             containers.finish_usage(usage)
             record.resources = _resources(usage, record.stderr.text)
             record.files = watch.changes()
@@ -388,14 +352,6 @@ class TestRun:
 
     # -- launch ----------------------------------------------------------------
 
-    def _upstream(self, workflow: Workflow) -> str | None:
-        return self.options.upstream_bridge or workflow.bridge.upstream
-
-    def _egress(self, workflow: Workflow) -> Egress:
-        """The workflow's allow list plus the hosts added for this run only."""
-        extra = [EgressEntry(host=h) for h in self.options.allow_hosts]
-        return workflow.egress.model_copy(update={"allow": [*workflow.egress.allow, *extra]})
-
     def _trusted_cas(self, workflow: Workflow) -> str:
         texts = []
         for name in workflow.egress.trust_ca_files:
@@ -405,60 +361,6 @@ class TestRun:
             except (OSError, UnicodeDecodeError) as exc:
                 raise ConfigError(f"egress.trust_ca_files: {path} unreadable: {exc}") from None
         return "\n".join(texts)
-
-    def _upstream_networks(self, workflow: Workflow) -> list[str]:
-        return [*workflow.bridge.networks, *self.options.upstream_networks]
-
-    def _guard_spec(
-        self,
-        workflow: Workflow,
-        step: Step,
-        layout: RunLayout,
-        record: TestRunRecord,
-        tokens: Tokens,
-    ) -> ContainerSpec:
-        config = GuardConfig(
-            run_id=layout.run_id,
-            workflow=workflow.name,
-            step=step.id,
-            bridge_token=tokens.bridge,
-            exec_token=tokens.exec,
-            has_db=not record.no_db,
-            upstream=self._upstream(workflow),
-            default_budget_s=workflow.bridge.default_budget_s,
-            grace_s=workflow.bridge.grace_s,
-            budgets=workflow.bridge.budgets,
-            mcp_servers=workflow.mcp_servers,
-            mcp_host_env=_mcp_host_env(workflow),
-            egress=self._egress(workflow),
-            egress_trust_pem=self._trusted_cas(workflow),
-        )
-        networks = self._upstream_networks(workflow)
-        stdio_servers = sum(1 for server in workflow.mcp_servers if server.command is not None)
-        return ContainerSpec(
-            name=f"sandbox-{layout.run_id}-guard",
-            image=images.GUARD_IMAGE,
-            command=[],
-            user=f"{GUARD_UID}:{GUARD_UID}",
-            env={CONFIG_ENV: config.model_dump_json()},
-            mounts=[
-                Mount(source=str(layout.actions), target=ACTIONS_PATH, read_only=False),
-                Mount(source=str(layout.guard_dir), target=DATA_DIR, read_only=False),
-                # Stdio MCP servers run in the guard; their data is the workflow's, read-only.
-                Mount(source=str(self.workflow_dir), target=C_WORKFLOW, read_only=True),
-            ],
-            tmpfs={"/tmp": "rw,nosuid,nodev,noexec,size=16m"},
-            labels=self._labels(layout, "guard", record),
-            # Each stdio MCP server (node or Python, ~70 MB, ~12 threads) runs in here too.
-            memory_bytes=(256 + 128 * stdio_servers) * 1024**2,
-            pids=128 + 32 * stdio_servers,
-            cpus=1.0,
-            network_mode=networks[0] if networks else "none",
-            sysctls={"net.ipv4.ping_group_range": "1 0"},
-            # The step's profile fits the guard too (Python, node MCP servers): no
-            # ptrace, io_uring or namespaces for the one process that may go out.
-            seccomp_profile=step_profile(),
-        )
 
     def _trust_egress_ca(self, workflow: Workflow, layout: RunLayout) -> bool:
         """With TLS inspection, the step trusts this run's CA (its certificate only)."""
@@ -478,102 +380,16 @@ class TestRun:
         layout.ca_bundle.chmod(0o644)
         return True
 
-    def _install_firewall(
-        self, client: DockerClient, guard: Container, layout: RunLayout, record: TestRunRecord
-    ) -> None:
+    def _install_firewall(self, client: DockerClient, plan: RunPlan, guard: Container) -> None:
         """A short-lived init container holds NET_ADMIN just long enough to install the rules."""
-        spec = ContainerSpec(
-            name=f"sandbox-{layout.run_id}-init",
-            image=images.STEP_IMAGE,
-            command=[
-                "/bin/sh",
-                "-c",
-                firewall.install_script(
-                    f"http://127.0.0.1:{BRIDGE_PORT}/v1/health",
-                    install=self.options.install_firewall,
-                ),
-            ],
-            user="0:0",
-            cap_add=["NET_ADMIN"],
-            labels=self._labels(layout, "init", record),
-            memory_bytes=64 * 1024**2,
-            pids=32,
-            network_mode=f"container:{guard.id}",
+        code, output = containers.run_once(
+            client, launch.init_spec(plan, str(guard.id)), timeout_s=60
         )
-        code, output = containers.run_once(client, spec, timeout_s=60)
         installed = [ln for ln in output.splitlines() if ln.startswith(("-P", "-A"))]
-        rules_ok = installed == firewall.expected_readback() or not self.options.install_firewall
+        rules_ok = installed == firewall.expected_readback() or not plan.install_firewall
         if code != 0 or not rules_ok or "READY" not in output:
             tail = " | ".join(output.strip().splitlines()[-3:])
             raise LaunchError(f"the run's firewall or guard did not come up (exit {code}): {tail}")
-
-    def _step_spec(
-        self,
-        workflow: Workflow,
-        step: Step,
-        crew: dict[str, Path],
-        prompt: str | None,
-        seccomp_text: str,
-        layout: RunLayout,
-        record: TestRunRecord,
-        guard: Container,
-        tokens: Tokens,
-        has_ca_bundle: bool,
-    ) -> ContainerSpec:
-        uid, gid = _step_user()
-        env = self._step_env(layout, record, prompt is not None)
-        proxy = f"http://127.0.0.1:{EGRESS_PORT}"
-        if has_ca_bundle:
-            for name in (
-                "SSL_CERT_FILE",
-                "REQUESTS_CA_BUNDLE",
-                "CURL_CA_BUNDLE",
-                "NODE_EXTRA_CA_CERTS",
-                "GIT_SSL_CAINFO",
-                "PIP_CERT",
-            ):
-                env[name] = C_CA_BUNDLE
-        env.update(
-            {
-                "AGENTWORKS_BRIDGE_URL": f"http://127.0.0.1:{BRIDGE_PORT}",
-                "AGENTWORKS_BRIDGE_TOKEN": tokens.bridge,
-                "AGENTWORKS_MCP_URL": f"http://127.0.0.1:{BRIDGE_PORT}{MCP_PATH}",
-                PREFLIGHT_ENV: json.dumps(
-                    {"canary": self.options.canary, "canary6": self.options.canary6}
-                ),
-                "AGENTWORKS_EXEC_PORT": str(EXEC_PORT),
-                "AGENTWORKS_EXEC_TOKEN": tokens.exec,
-                "HTTP_PROXY": proxy,
-                "HTTPS_PROXY": proxy,
-                "http_proxy": proxy,
-                "https_proxy": proxy,
-                "NO_PROXY": "127.0.0.1,localhost",
-                "no_proxy": "127.0.0.1,localhost",
-            }
-        )
-        return ContainerSpec(
-            name=f"sandbox-{layout.run_id}-step",
-            image=images.STEP_IMAGE,
-            command=["python3", "-m", "agentworks_exec", "--", *step.argv()],
-            init=False,  # the executor is pid 1 and reaps; see step_exec._reap_until_exit
-            user=f"{uid}:{gid}",
-            workdir=layout.container_workdir,
-            env=env,
-            mounts=step_mounts(
-                layout,
-                crew,
-                has_db=not record.no_db,
-                has_prompt=prompt is not None,
-                has_ca_bundle=has_ca_bundle,
-            ),
-            tmpfs={"/tmp": f"rw,nosuid,nodev,size={workflow.limits.tmpfs_mb}m,mode=1777"},
-            labels=self._labels(layout, "step", record),
-            memory_bytes=workflow.limits.memory_mb * 1024**2,
-            pids=workflow.limits.pids,
-            cpus=workflow.limits.cpus,
-            seccomp_profile=seccomp_text,
-            network_mode=f"container:{guard.id}",
-        )
 
     # -- prepare ---------------------------------------------------------------
 
@@ -601,7 +417,7 @@ class TestRun:
     def _prepare(
         self, workflow: Workflow, layout: RunLayout, record: TestRunRecord, prompt: str | None
     ) -> None:
-        uid, gid = _step_user()
+        uid, gid = launch.step_user()
         make_private_dir(layout.group_dir)
         layout.actions.touch(mode=0o644)
         make_private_dir(layout.guard_dir, 0o700)
@@ -637,31 +453,6 @@ class TestRun:
         if prompt is not None:
             layout.prompt.write_text(with_test_mode_section(prompt), encoding="utf-8")
             layout.prompt.chmod(0o644)
-
-    def _step_env(
-        self, layout: RunLayout, record: TestRunRecord, has_prompt: bool
-    ) -> dict[str, str]:
-        env = {
-            "AGENTWORKS_TEST_MODE": "1",
-            "AGENTWORKS_TEST_RUN_ID": layout.run_id,
-            "HOME": "/tmp",
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-        if not record.no_db:
-            env["DB_PATH"] = C_DB_PATH
-        if has_prompt:
-            env["AGENTWORKS_PROMPT_FILE"] = C_PROMPT
-        return env
-
-    def _labels(self, layout: RunLayout, role: str, record: TestRunRecord) -> dict[str, str]:
-        assert record.runner is not None
-        return {
-            containers.LABEL_RUN_ID: layout.run_id,
-            containers.LABEL_RUN_ROOT: str(layout.root),
-            containers.LABEL_ROLE: role,
-            containers.LABEL_RUNNER_PID: str(record.runner.pid),
-            containers.LABEL_RUNNER_START: repr(record.runner.create_time),
-        }
 
     # -- collect / record --------------------------------------------------------
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import docker.errors
 import requests
+import urllib3
 from docker import DockerClient
 from docker.models.containers import Container
 from docker.types import LogConfig
@@ -182,6 +183,11 @@ def wait(container: Container, timeout_s: float) -> int | None:
     except requests.exceptions.ReadTimeout:
         return None
     except requests.exceptions.ConnectionError as exc:
+        # requests reports some read timeouts of a long wait as a ConnectionError.
+        if "Read timed out" in str(exc) or any(
+            isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args
+        ):
+            return None
         raise EngineError(f"the Docker engine stopped answering during the run ({exc})") from None
     except docker.errors.NotFound:
         return None
