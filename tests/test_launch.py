@@ -1,0 +1,77 @@
+"""What the three containers are (pure): who sees what, who may go out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sandbox import launch
+from sandbox.config import Workflow
+from sandbox.guard.config import CONFIG_ENV, GuardConfig
+from sandbox.layout import C_DB_PATH, GUARD_UID, RunLayout
+from sandbox.record import RunnerInfo
+
+
+def plan(tmp_path: Path, **overrides: object) -> launch.RunPlan:
+    workflow = Workflow.model_validate(
+        {"name": "wf", "steps": [{"id": "s", "group": "g", "command": "true"}]}
+    )
+    values: dict[str, object] = {
+        "workflow_dir": tmp_path,
+        "workflow": workflow,
+        "step": workflow.step("s"),
+        "layout": RunLayout(tmp_path, "test-1", "g"),
+        "runner": RunnerInfo(pid=1, create_time=1.0, hostname="h"),
+        "crew": {"sales": tmp_path / "sales"},
+        "has_db": True,
+        "has_prompt": False,
+        "seccomp_profile": "{}",
+        "upstream": "http://up:8080",
+        "networks": ["net-a", "net-b"],
+        "egress": workflow.egress,
+        "trusted_ca_pem": "",
+        "mcp_host_env": {},
+    }
+    values.update(overrides)
+    return launch.RunPlan(**values)  # type: ignore[arg-type]
+
+
+def test_only_the_group_folder_and_db_copy_are_writable(tmp_path: Path) -> None:
+    spec = launch.step_spec(plan(tmp_path), "guard-id", has_ca_bundle=False)
+    writable = sorted(m.target for m in spec.mounts if not m.read_only)
+    assert writable == ["/test/db", "/test/g"]
+    assert {m.target for m in spec.mounts if m.read_only} == {"/workflow", "/crew/sales"}
+    assert spec.network_mode == "container:guard-id"
+    assert spec.cap_add == [] and spec.read_only_rootfs and spec.seccomp_profile == "{}"
+    assert spec.user == f"{launch.step_user()[0]}:{launch.step_user()[1]}"
+
+
+def test_step_env_has_test_mode_and_no_guard_secrets(tmp_path: Path) -> None:
+    p = plan(tmp_path)
+    env = launch.step_env(p, has_ca_bundle=False)
+    assert env["AGENTWORKS_TEST_MODE"] == "1" and env["DB_PATH"] == C_DB_PATH
+    assert env["HTTP_PROXY"] == env["https_proxy"] == "http://127.0.0.1:8792"
+    assert CONFIG_ENV not in env and "SSL_CERT_FILE" not in env
+    no_db = launch.step_env(plan(tmp_path, has_db=False), has_ca_bundle=True)
+    assert "DB_PATH" not in no_db and no_db["SSL_CERT_FILE"] == "/test/ca-bundle.pem"
+
+
+def test_guard_owns_the_namespace_and_holds_the_config(tmp_path: Path) -> None:
+    p = plan(tmp_path)
+    spec = launch.guard_spec(p)
+    assert spec.user == f"{GUARD_UID}:{GUARD_UID}"
+    assert spec.network_mode == "net-a"  # the others are connected after creation
+    assert spec.sysctls == {"net.ipv4.ping_group_range": "1 0"}
+    config = GuardConfig.model_validate_json(spec.env[CONFIG_ENV])
+    assert (config.run_id, config.upstream, config.bridge_token) == (
+        "test-1",
+        "http://up:8080",
+        p.tokens.bridge,
+    )
+    assert launch.guard_spec(plan(tmp_path, networks=[])).network_mode == "none"
+
+
+def test_only_the_init_container_holds_net_admin(tmp_path: Path) -> None:
+    p = plan(tmp_path)
+    assert launch.init_spec(p, "g").cap_add == ["NET_ADMIN"]
+    assert launch.guard_spec(p).cap_add == []
+    assert launch.step_spec(p, "g", has_ca_bundle=False).cap_add == []
