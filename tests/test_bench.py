@@ -1,0 +1,204 @@
+"""The bench's arithmetic and its table, without an engine (no timing is asserted here:
+speed targets live in `make bench`, not in tests)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from sandbox.bench import (
+    BenchResults,
+    Goal,
+    HostInfo,
+    LatencyStats,
+    PhaseBreakdown,
+    Row,
+    fmt_value,
+    format_table,
+    main,
+    make_row,
+    percentile,
+    ratio,
+    status_row,
+)
+from sandbox.record import RunStatus, TestRunRecord
+
+
+def test_ratio_is_ours_over_baseline_and_none_when_undefined() -> None:
+    assert ratio(3.0, 1.5) == 2.0
+    assert ratio(0.5, 2.0) == 0.25
+    assert ratio(None, 1.0) is None
+    assert ratio(1.0, None) is None
+    assert ratio(1.0, 0.0) is None
+
+
+@pytest.mark.parametrize(
+    ("goal", "ours", "baseline", "expected"),
+    [
+        (Goal(kind="ratio_max", threshold=2.0), 2.0, 1.0, True),  # at most 2x: the edge counts
+        (Goal(kind="ratio_max", threshold=2.0), 2.01, 1.0, False),
+        (Goal(kind="ratio_min", threshold=0.8), 80.0, 100.0, True),  # at least 0.8 of cp
+        (Goal(kind="ratio_min", threshold=0.8), 79.0, 100.0, False),
+        (Goal(kind="added_max", threshold=1.0), 1.2, 0.3, True),  # 0.9 ms added < 1 ms
+        (Goal(kind="added_max", threshold=1.0), 1.3, 0.3, False),  # exactly 1 ms is not under
+        (Goal(kind="abs_min", threshold=1000), 1001, None, True),
+        (Goal(kind="abs_min", threshold=1000), 1000, None, False),
+        (Goal(kind="abs_max", threshold=60), 59.9, 20.0, True),
+        (Goal(kind="abs_max", threshold=60), 60.0, 20.0, False),
+        (Goal(kind="none"), 1.0, 1.0, None),
+        (Goal(kind="ratio_max", threshold=2.0), 1.0, None, None),  # no baseline, no verdict
+        (Goal(kind="ratio_max", threshold=2.0), None, 1.0, None),
+    ],
+)
+def test_goal_verdicts(
+    goal: Goal, ours: float | None, baseline: float | None, expected: bool | None
+) -> None:
+    assert goal.met(ours, baseline) is expected
+
+
+def test_check_goals_take_the_check() -> None:
+    goal = Goal(kind="check", text="all pass")
+    assert goal.met(1.0, 2.0, check=True) is True
+    assert goal.met(1.0, 2.0, check=False) is False
+    assert goal.met(1.0, 2.0) is None
+
+
+def test_make_row_fills_ratio_and_verdict() -> None:
+    row = make_row(
+        "startup",
+        "start-up",
+        "s",
+        1.5,
+        0.5,
+        Goal(kind="ratio_max", threshold=2.0, text="<= 2x"),
+        baseline_name="docker run --rm",
+    )
+    assert row.ratio == pytest.approx(3.0)
+    assert row.met is False
+    assert row.status == "measured"
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "text"),
+    [
+        (1.23456, "s", "1.235 s"),
+        (123.4, "s", "123.4 s"),
+        (0.2851, "ms", "0.29 ms"),
+        (1234.4, "MB/s", "1,234 MB/s"),
+        (3747.0, "calls/s", "3,747 calls/s"),
+        (87.64, "MB", "87.6 MB"),
+        (None, "s", "-"),
+    ],
+)
+def test_values_print_with_their_unit(value: float | None, unit: str, text: str) -> None:
+    assert fmt_value(value, unit) == text
+
+
+def _rows() -> list[Row]:
+    return [
+        make_row(
+            "copy",
+            "copy: tree",
+            "MB/s",
+            600.0,
+            800.0,
+            Goal(kind="ratio_min", threshold=0.8, text=">= 0.8x cp"),
+            baseline_name="cp -a",
+        ),
+        make_row(
+            "guard_latency",
+            "guard: latency",
+            "ms",
+            1.1,
+            0.3,
+            Goal(kind="added_max", threshold=1.0, text="< 1 ms added"),
+        ),
+        status_row("mcp_latency", "mcp: latency", "not built yet", "placeholder"),
+    ]
+
+
+def test_plain_table_is_aligned_with_one_line_per_row() -> None:
+    text = format_table(_rows())
+    lines = text.splitlines()
+    assert lines[0].split() == ["figure", "ours", "baseline", "ratio", "goal", "met?"]
+    assert set(lines[1].replace(" ", "")) == {"-"}
+    assert len(lines) == 2 + 3
+    copy, guard, mcp = lines[2:]
+    assert "600 MB/s" in copy and "800 MB/s (cp -a)" in copy and "0.75x" in copy
+    assert copy.rstrip().endswith("NO")
+    assert "1.10 ms" in guard and "3.67x" in guard and guard.rstrip().endswith("yes")
+    assert mcp.rstrip().endswith("not built yet")
+    # Columns line up: every row's ratio starts where the header's does.
+    col = lines[0].index("ratio")
+    assert copy[col:].startswith("0.75x") and guard[col:].startswith("3.67x")
+
+
+def test_markdown_table_escapes_pipes() -> None:
+    rows = [make_row("x", "a | b", "s", 1.0, 2.0)]
+    text = format_table(rows, markdown=True)
+    lines = text.splitlines()
+    assert lines[0] == "| figure | ours | baseline | ratio | goal | met? |"
+    assert lines[1] == "|---|---|---|---|---|---|"
+    assert lines[2].startswith("| a \\| b | 1.000 s | 2.000 s | 0.50x |")
+
+
+def test_percentiles_and_latency_stats() -> None:
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 90) == 90.0
+    assert percentile(values, 99) == 99.0
+    assert percentile([5.0], 99) == 5.0
+    stats = LatencyStats.from_us([1000, 2000, 3000, 4000])
+    assert stats.n == 4
+    assert stats.median_ms == 2.5
+    assert stats.mean_ms == 2.5
+    assert stats.p99_ms == 4.0
+
+
+def test_phase_breakdown_puts_the_rest_in_other() -> None:
+    record = TestRunRecord(
+        id="test-1",
+        workflow_dir="/wf",
+        workflow_name="wf",
+        step_id="s",
+        group="g",
+        command="true",
+        status=RunStatus.PASSED,
+        started_at=datetime.now(UTC),
+    )
+    record.phases.prepare_s = 0.25  # includes copy and db copy
+    record.phases.copy_s = 0.05
+    record.phases.db_copy_s = 0.15
+    record.phases.container_start_s = 1.0
+    record.phases.step_s = 0.1
+    record.phases.collect_s = 0.2
+    phases = PhaseBreakdown.of(record, wall_s=1.6)
+    assert phases.other_s == pytest.approx(0.05)
+    assert "container start 1.000" in phases.text()
+
+
+def test_results_round_trip_and_markdown_from_a_saved_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    results = BenchResults(
+        started_at=datetime.now(UTC),
+        host=HostInfo(
+            cpus=2,
+            memory_mb=1024,
+            kernel="6",
+            python="3.11",
+            docker="20",
+            loadavg_at_start=(0.0, 0.0, 0.0),
+            foreign_containers_at_start=0,
+        ),
+        rows=_rows(),
+    )
+    out = tmp_path / "results.json"
+    out.write_text(results.model_dump_json(indent=2))
+    assert BenchResults.model_validate_json(out.read_text()) == results
+    assert main(["--markdown", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("| figure | ours |")
+    assert "| copy: tree | 600 MB/s | 800 MB/s (cp -a) | 0.75x | >= 0.8x cp | NO |" in printed
