@@ -15,18 +15,19 @@ import json
 import secrets
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
+from starlette.routing import BaseRoute
 from starlette.routing import Route as HttpRoute
 
 from sandbox import policy
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.config import GuardConfig
+from sandbox.guard.config import MCP_PATH, GuardConfig
 from sandbox.pathsafety import check_tool_path
 from sandbox.wire import (
     IDENTITY_KEYS,
@@ -337,11 +338,47 @@ def _refusal(tool: str, session: str, reason: str) -> ToolReply:
     )
 
 
+class McpSurface(Protocol):
+    def running(self) -> contextlib.AbstractAsyncContextManager[None]: ...
+
+    def routes(self) -> list[BaseRoute]: ...
+
+
+class NoMcpServers:
+    """The MCP endpoint of a run whose workflow configures no MCP server."""
+
+    def __init__(self, guard: Guard) -> None:
+        self._guard = guard
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        yield
+
+    def routes(self) -> list[BaseRoute]:
+        return [HttpRoute(MCP_PATH + "{rest:path}", self._none, methods=["GET", "POST", "DELETE"])]
+
+    async def _none(self, request: Request) -> Response:
+        started = time.perf_counter()
+        if not self._guard._authorized(request):
+            return self._guard._reject(401, "wrong or missing bridge token", started, tool="mcp")
+        if request.path_params.get("rest", "").strip("/") == "" and request.method == "GET":
+            return JSONResponse({"servers": []})
+        return self._guard._reject(
+            404, "no MCP server is configured for this run", started, tool=f"mcp:{request.url.path}"
+        )
+
+
 def build_app(guard: Guard) -> Starlette:
     """The bridge, the MCP proxy (under /mcp) and the egress proxy's lifetime, in one app."""
-    from sandbox.guard import egress, mcp_proxy
+    from sandbox.guard import egress
 
-    mcp = mcp_proxy.McpProxy(guard.config, guard.log)
+    mcp: McpSurface
+    if guard.config.mcp_servers:
+        from sandbox.guard.mcp_proxy import McpProxy  # the MCP SDK: only when it is needed
+
+        mcp = McpProxy(guard.config, guard.log)
+    else:
+        mcp = NoMcpServers(guard)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:

@@ -25,13 +25,16 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from sandbox.config import Egress, EgressEntry
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.config import GuardConfig
-from sandbox.guard.tls import CA_FILE, RunCA, upstream_context
 from sandbox.policy import stub_reply
+
+if TYPE_CHECKING:
+    from sandbox.guard.tls import RunCA
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HASHED_BODY_BYTES = 16 * 1024 * 1024
@@ -515,6 +518,8 @@ async def running(
     """Serve the proxy on loopback for the guard's lifetime."""
     proxy = EgressProxy(config, log, active_calls or (lambda: []))
     if config.egress.inspect_tls:
+        from sandbox.guard.tls import CA_FILE, RunCA, upstream_context  # cryptography: on demand
+
         proxy.ca = RunCA(config.run_id)
         proxy.upstream_tls = upstream_context(config.egress_trust_pem)
         ca_path = os.path.join(config.data_dir, CA_FILE)

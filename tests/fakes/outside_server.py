@@ -25,6 +25,9 @@ def note(entry: dict[str, object]) -> None:
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two sends; with Nagle on, each keep-alive reply
+    # waits for the client's delayed ACK (about 40 ms).
+    disable_nagle_algorithm = True
 
     def log_message(self, format: str, *args: object) -> None:
         return

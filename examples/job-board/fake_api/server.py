@@ -246,6 +246,9 @@ def _sleep(value: Any) -> float:
 class Handler(BaseHTTPRequestHandler):
     server_version = "fake-jobboard/1"
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two sends; with Nagle on, each keep-alive reply
+    # waits for the client's delayed ACK (about 40 ms).
+    disable_nagle_algorithm = True
     board: JobBoard  # set on the subclass made by make_server
 
     def log_message(self, format: str, *args: Any) -> None:  # quiet: no per-request lines
