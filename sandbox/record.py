@@ -183,6 +183,11 @@ class TestRunRecord(BaseModel):
             )
         else:
             lines.append("no action was stubbed")
+        if self.preflight is not None:
+            if self.preflight.ok:
+                lines.append(f"preflight: every way out closed ({self.preflight.ms} ms)")
+            else:
+                lines.append("preflight: OPEN: " + "; ".join(self.preflight.open))
         counts = self.actions
         if counts.allow or counts.stub or counts.redirect or counts.refuse:
             lines.append(

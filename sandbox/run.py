@@ -54,6 +54,7 @@ from sandbox.preflight import MARK_OK as PREFLIGHT_OK
 from sandbox.prompt import with_test_mode_section
 from sandbox.quota import QuotaWatch
 from sandbox.record import (
+    OutputTail,
     Preflight,
     Resources,
     RunnerInfo,
@@ -115,6 +116,13 @@ def _resources(usage: containers.Usage, stderr: str) -> Resources:
                 pass
             break
     return Resources(peak_memory_bytes=peak, cpu_seconds=cpu)
+
+
+def _without_reports(tail: OutputTail) -> OutputTail:
+    """The step's own stderr: the executor's report lines live in their own fields."""
+    markers = (PREFLIGHT_OK, PREFLIGHT_FAILED, USAGE_MARK)
+    kept = [ln for ln in tail.text.splitlines(keepends=True) if not ln.startswith(markers)]
+    return tail.model_copy(update={"text": "".join(kept)})
 
 
 def _mcp_host_env(workflow: Workflow) -> dict[str, dict[str, str]]:
@@ -310,6 +318,7 @@ class TestRun:
             record.preflight = _preflight_from(record.stderr.text, plan.install_firewall)
             containers.finish_usage(usage)
             record.resources = _resources(usage, record.stderr.text)
+            record.stderr = _without_reports(record.stderr)
             record.files = watch.changes()
             record.db_diff = self._db_diff(layout, record)
             actions = actionsummary.read(layout.actions)
