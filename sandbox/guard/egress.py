@@ -218,18 +218,8 @@ class EgressProxy:
         path = url.path or "/"
         if url.query:
             path += "?" + url.query
-        head = [f"{request.method} {path} HTTP/1.1"]
         host_header = url.hostname if url.port is None else f"{url.hostname}:{url.port}"
-        head.append(f"Host: {host_header}")
-        head.extend(
-            f"{k}: {v}"
-            for k, v in request.headers
-            if k.lower() not in HOP_BY_HOP and k.lower() != "host"
-        )
-        if request.header("transfer-encoding"):
-            head.append(f"Transfer-Encoding: {request.header('transfer-encoding')}")
-        head.append("Connection: close")
-        upstream_writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+        upstream_writer.write(_origin_head(request, path, host_header))
         kind = "model call" if entry.model else "read"
         self._record(
             request,
@@ -309,16 +299,7 @@ class EgressProxy:
         address, upstream_reader, upstream_writer = await self._dial(
             host, port, tls=self.upstream_tls, server_hostname=host
         )
-        head = [f"{inner.method} {inner.target} HTTP/1.1", f"Host: {authority}"]
-        head.extend(
-            f"{k}: {v}"
-            for k, v in inner.headers
-            if k.lower() not in HOP_BY_HOP and k.lower() != "host"
-        )
-        if inner.header("transfer-encoding"):
-            head.append(f"Transfer-Encoding: {inner.header('transfer-encoding')}")
-        head.append("Connection: close")
-        upstream_writer.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1"))
+        upstream_writer.write(_origin_head(inner, inner.target, authority))
         kind = "model call" if entry.model else "read"
         self._record(
             shown,
@@ -481,6 +462,21 @@ class EgressProxy:
             duration_ms=(time.perf_counter() - started) * 1000,
             detail=detail,
         )
+
+
+def _origin_head(request: _Request, target: str, host: str) -> bytes:
+    """The request head as the real host gets it: origin-form target, our Host, no
+    hop-by-hop or proxy headers, one request per connection."""
+    head = [f"{request.method} {target} HTTP/1.1", f"Host: {host}"]
+    head.extend(
+        f"{k}: {v}"
+        for k, v in request.headers
+        if k.lower() not in HOP_BY_HOP and k.lower() != "host"
+    )
+    if request.header("transfer-encoding"):
+        head.append(f"Transfer-Encoding: {request.header('transfer-encoding')}")
+    head.append("Connection: close")
+    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
 
 
 async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
