@@ -189,8 +189,8 @@ def test_bad_requests_and_upstream_faults_fail_closed(
             """
         import json, os, urllib.request, urllib.error, agentworks_bridge
         url = os.environ["AGENTWORKS_BRIDGE_URL"] + "/v1/tools/call"
-        def post(body, token):
-            req = urllib.request.Request(url, data=body, headers={"Authorization": "Bearer " + token})
+        def post(body, token, to=url):
+            req = urllib.request.Request(to, data=body, headers={"Authorization": "Bearer " + token})
             try:
                 with urllib.request.urlopen(req, timeout=30) as r:
                     return r.status
@@ -207,6 +207,11 @@ def test_bad_requests_and_upstream_faults_fail_closed(
             "slow": agentworks_bridge.call("generate_text_llm", {"prompt": "x", "delay_s": 5}),
             "unknown": agentworks_bridge.call("brand_new_tool", {"x": 1}),
         }
+        mcp = os.environ["AGENTWORKS_MCP_URL"]
+        req = urllib.request.Request(mcp, headers={"Authorization": "Bearer " + token})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            out["mcp_index"] = json.loads(r.read())
+        out["mcp_unknown"] = post(b'{"jsonrpc": "2.0"}', token, mcp + "/jobs")
         print(json.dumps(out))
         """
         )
@@ -219,6 +224,8 @@ def test_bad_requests_and_upstream_faults_fail_closed(
     assert out["huge"] in (413, "reset")
     assert out["slow"]["ok"] is False and "time budget of 1.5 s" in out["slow"]["result"]["text"]
     assert out["unknown"]["decision"] == "stub"
+    assert out["mcp_index"] == {"servers": []}  # this workflow configures no MCP server
+    assert out["mcp_unknown"] == 404
     assert time.monotonic() - started < 30
     lines = [
         ActionLine.model_validate_json(x)
@@ -231,7 +238,9 @@ def test_bad_requests_and_upstream_faults_fail_closed(
         "refuse",
         "allow",
         "stub",
+        "refuse",
     ]
+    assert "no MCP server" in lines[6].reason
     assert "token" in lines[0].reason and "malformed" in lines[1].reason
     assert "larger than" in lines[3].reason
     assert lines[4].detail.get("timed_out") is True
