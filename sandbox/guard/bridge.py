@@ -28,6 +28,7 @@ from starlette.routing import Route as HttpRoute
 from sandbox import policy
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.config import MCP_PATH, GuardConfig
+from sandbox.guard.upstream import UpstreamClient, UpstreamError
 from sandbox.pathsafety import check_tool_path
 from sandbox.wire import (
     IDENTITY_KEYS,
@@ -75,7 +76,7 @@ class Guard:
         # Bridge calls in flight, so an egress line can name the tool call active then.
         self._inflight: dict[int, str] = {}
         self._next_call = 0
-        self._upstream = httpx.AsyncClient(base_url=config.upstream or "http://upstream.invalid")
+        self._upstream = UpstreamClient(config.upstream) if config.upstream else None
         self._executor = httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{config.exec_port}",
             headers={"Authorization": f"Bearer {config.exec_token}"},
@@ -86,7 +87,8 @@ class Guard:
         return sorted(set(self._inflight.values()))
 
     async def close(self) -> None:
-        await self._upstream.aclose()
+        if self._upstream is not None:
+            await self._upstream.aclose()
         await self._executor.aclose()
         self.log.close()
 
@@ -278,7 +280,7 @@ class Guard:
         self, tool: str, arguments: dict[str, Any], session: str, detail: dict[str, Any]
     ) -> ToolResult:
         """Allowed non-local calls go to the real bridge, as the guard says who calls."""
-        if self.config.upstream is None:
+        if self._upstream is None:
             return ToolResult(text=f"{tool}: no upstream bridge is configured", is_error=True)
         budget = self.config.budget_for(tool)
         detail["budget_s"] = budget
@@ -291,33 +293,31 @@ class Guard:
             step=self.config.step,
         )
         try:
-            response = await self._upstream.post(
+            reply = await self._upstream.post(
                 "/v1/tools/call",
-                content=call.model_dump_json(),
-                headers={RUN_KIND_HEADER: "test", "Content-Type": "application/json"},
+                call.model_dump_json().encode(),
+                {RUN_KIND_HEADER: "test", "Content-Type": "application/json"},
                 timeout=budget,
             )
-        except httpx.TimeoutException:
+        except TimeoutError:
             detail["timed_out"] = True
             return ToolResult(
                 text=f"{tool} exceeded its time budget of {budget:g} s and was abandoned",
                 is_error=True,
             )
-        except httpx.HTTPError as exc:
+        except UpstreamError as exc:
+            return ToolResult(text=f"upstream bridge unreachable: {exc}", is_error=True)
+        detail["upstream_status"] = reply.status
+        if reply.status != 200:
+            text = reply.body[:300].decode("utf-8", errors="replace")
             return ToolResult(
-                text=f"upstream bridge unreachable: {type(exc).__name__}", is_error=True
-            )
-        detail["upstream_status"] = response.status_code
-        if response.status_code != 200:
-            return ToolResult(
-                text=f"upstream bridge answered {response.status_code}: {response.text[:300]}",
-                is_error=True,
+                text=f"upstream bridge answered {reply.status}: {text}", is_error=True
             )
         try:
-            return ToolResult.model_validate_json(response.content)
+            return ToolResult.model_validate_json(reply.body)
         except ValidationError:
             try:
-                return ToolResult(text=json.dumps(response.json())[:100_000])
+                return ToolResult(text=json.dumps(json.loads(reply.body))[:100_000])
             except ValueError:
                 return ToolResult(text="upstream bridge sent a malformed reply", is_error=True)
 
