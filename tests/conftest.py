@@ -6,6 +6,7 @@ skip, when it is missing, because `make test` installs and starts it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -53,58 +54,62 @@ def containers_of(client: DockerClient, workflow_dir: Path, *, all: bool = False
     ]
 
 
+DEFAULT_DB_SQL = "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t VALUES (1, 'one');"
+
+
+def write_workflow(
+    root: Path,
+    name: str = "wf",
+    *,
+    command: str | list[str] = "true",
+    group: str = "g",
+    timeout_s: float = 60,
+    db_sql: str | None = DEFAULT_DB_SQL,
+    earlier_files: dict[str, str] | None = None,
+    extra_toml: str = "",
+    prompt: str | None = None,
+) -> Path:
+    """Build `<root>/<name>/` with a workflow.toml, optional DB and earlier run."""
+    wf = root / name
+    (wf / "code").mkdir(parents=True)
+    cmd = json.dumps(command)  # a JSON string or array of strings is valid TOML
+    prompt_line = 'prompt_file = "prompt.md"' if prompt is not None else ""
+    (wf / "workflow.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            name = "{name}"
+            [[steps]]
+            id = "step1"
+            group = "{group}"
+            command = {cmd}
+            timeout_s = {timeout_s}
+            {prompt_line}
+            """
+        )
+        + extra_toml
+    )
+    if prompt is not None:
+        (wf / "prompt.md").write_text(prompt)
+    if db_sql is not None:
+        (wf / "db").mkdir()
+        con = sqlite3.connect(wf / "db" / "db.sqlite")
+        con.executescript(db_sql)
+        con.commit()
+        con.close()
+    if earlier_files is not None:
+        execution = wf / "runs" / "run-1" / group / "execution"
+        execution.mkdir(parents=True)
+        for rel, text in earlier_files.items():
+            path = execution / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+    return wf
+
+
 @pytest.fixture
 def make_workflow(tmp_path: Path) -> WorkflowFactory:
-    """Build `<tmp>/<name>/` with a workflow.toml, optional DB and earlier run."""
-
-    def factory(
-        name: str = "wf",
-        *,
-        command: str | list[str] = "true",
-        group: str = "g",
-        timeout_s: float = 60,
-        db_sql: str | None = "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);"
-        "INSERT INTO t VALUES (1, 'one');",
-        earlier_files: dict[str, str] | None = None,
-        extra_toml: str = "",
-        prompt: str | None = None,
-    ) -> Path:
-        wf = tmp_path / name
-        (wf / "code").mkdir(parents=True)
-        cmd = json.dumps(command)  # a JSON string or array of strings is valid TOML
-        prompt_line = 'prompt_file = "prompt.md"' if prompt is not None else ""
-        (wf / "workflow.toml").write_text(
-            textwrap.dedent(
-                f"""\
-                name = "{name}"
-                [[steps]]
-                id = "step1"
-                group = "{group}"
-                command = {cmd}
-                timeout_s = {timeout_s}
-                {prompt_line}
-                """
-            )
-            + extra_toml
-        )
-        if prompt is not None:
-            (wf / "prompt.md").write_text(prompt)
-        if db_sql is not None:
-            (wf / "db").mkdir()
-            con = sqlite3.connect(wf / "db" / "db.sqlite")
-            con.executescript(db_sql)
-            con.commit()
-            con.close()
-        if earlier_files is not None:
-            execution = wf / "runs" / "run-1" / group / "execution"
-            execution.mkdir(parents=True)
-            for rel, text in earlier_files.items():
-                path = execution / rel
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
-        return wf
-
-    return factory
+    """`write_workflow` rooted in this test's temp folder."""
+    return functools.partial(write_workflow, tmp_path)
 
 
 def tree_digest(root: Path, *, skip_test_runs: bool = True) -> dict[str, str]:

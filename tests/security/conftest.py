@@ -15,7 +15,6 @@ run is left.
 from __future__ import annotations
 
 import json
-import sqlite3
 import textwrap
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ from docker import DockerClient
 from sandbox.engine.containers import LABEL_RUN_ID
 from sandbox.record import TestRunRecord
 from sandbox.run import RunOptions, TestRun
-from tests.conftest import tree_digest
+from tests.conftest import DEFAULT_DB_SQL, tree_digest, write_workflow
 
 STEP_PRELUDE = r'''
 import ctypes, errno, json, os, signal, sys
@@ -154,37 +153,20 @@ def build_workflow(
     extra_toml: str = "",
     prompt: str | None = None,
     earlier_files: dict[str, str] | None = None,
-    db_sql: str | None = "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT);"
-    "INSERT INTO t VALUES (1, 'one');",
+    db_sql: str | None = DEFAULT_DB_SQL,
     timeout_s: float = 60,
 ) -> Path:
-    """`<root>/<name>/` with the hostile script as its one step (like `make_workflow`)."""
-    wf = root / name
-    (wf / "code").mkdir(parents=True)
-    prompt_line = 'prompt_file = "prompt.md"\n' if prompt is not None else ""
-    (wf / "workflow.toml").write_text(
-        f'name = "{name}"\n'
-        "[[steps]]\n"
-        'id = "step1"\n'
-        'group = "g"\n'
-        'command = ["python3", "/workflow/code/step.py"]\n'
-        f"timeout_s = {timeout_s}\n" + prompt_line + extra_toml
+    """`<root>/<name>/` with the hostile script as its one step (see `write_workflow`)."""
+    wf = write_workflow(
+        root,
+        name,
+        command=["python3", "/workflow/code/step.py"],
+        timeout_s=timeout_s,
+        db_sql=db_sql,
+        earlier_files=earlier_files,
+        extra_toml=extra_toml,
+        prompt=prompt,
     )
-    if prompt is not None:
-        (wf / "prompt.md").write_text(prompt)
-    if db_sql is not None:
-        (wf / "db").mkdir()
-        con = sqlite3.connect(wf / "db" / "db.sqlite")
-        con.executescript(db_sql)
-        con.commit()
-        con.close()
-    if earlier_files is not None:
-        execution = wf / "runs" / "run-1" / "g" / "execution"
-        execution.mkdir(parents=True)
-        for rel, text in earlier_files.items():
-            path = execution / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
     (wf / "code" / "step.py").write_text(STEP_PRELUDE + "\n" + textwrap.dedent(script))
     return wf
 
