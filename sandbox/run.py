@@ -239,6 +239,8 @@ class TestRun:
             return self._finish(layout, record, RunStatus.REFUSED, str(exc))
 
         with lock:
+            # Looked up once, under the lock: the plan (DB_PATH, mounts) and the copy agree.
+            real_db = find_workflow_db(self.workflow_dir)
             self._make_run_root(layout)
             write_record(layout.root, record)
             plan = RunPlan(
@@ -248,7 +250,7 @@ class TestRun:
                 layout=layout,
                 runner=runner,
                 crew=crew,
-                has_db=find_workflow_db(self.workflow_dir) is not None,
+                has_db=real_db is not None,
                 has_prompt=prompt is not None,
                 seccomp_profile=seccomp_text,
                 upstream=self.options.upstream_bridge or workflow.bridge.upstream,
@@ -261,10 +263,15 @@ class TestRun:
                 install_firewall=self.options.install_firewall,
                 fsync_action_log=self.options.fsync_action_log,
             )
-            return self._run_locked(client, plan, prompt, record)
+            return self._run_locked(client, plan, real_db, prompt, record)
 
     def _run_locked(
-        self, client: DockerClient, plan: RunPlan, prompt: str | None, record: TestRunRecord
+        self,
+        client: DockerClient,
+        plan: RunPlan,
+        real_db: Path | None,
+        prompt: str | None,
+        record: TestRunRecord,
     ) -> TestRunRecord:
         layout, workflow = plan.layout, plan.workflow
         launched: list[Container] = []
@@ -274,7 +281,7 @@ class TestRun:
         usage: containers.Usage | None = None
         try:
             t0 = time.monotonic()
-            self._prepare(workflow, layout, record, prompt)
+            self._prepare(workflow, layout, record, real_db, prompt)
             record.phases.prepare_s = time.monotonic() - t0
 
             t0 = time.monotonic()
@@ -424,7 +431,12 @@ class TestRun:
             raise PrepareError(f"cannot create {layout.root}: {exc}") from None
 
     def _prepare(
-        self, workflow: Workflow, layout: RunLayout, record: TestRunRecord, prompt: str | None
+        self,
+        workflow: Workflow,
+        layout: RunLayout,
+        record: TestRunRecord,
+        real_db: Path | None,
+        prompt: str | None,
     ) -> None:
         uid, gid = launch.step_user()
         make_private_dir(layout.group_dir)
@@ -445,7 +457,6 @@ class TestRun:
         record.phases.copy_s = time.monotonic() - t0
 
         t0 = time.monotonic()
-        real_db = find_workflow_db(self.workflow_dir)
         if real_db is None:
             record.no_db = True
         else:
