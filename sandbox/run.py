@@ -12,7 +12,6 @@ runner died. Containers never outlive `execute()`.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import shutil
 import socket
@@ -66,7 +65,6 @@ from sandbox.seccomp import step_profile
 from sandbox.step_exec import USAGE_MARK
 from sandbox.watch import FolderWatch
 
-log = logging.getLogger("sandbox")
 
 
 class RunInterrupted(BaseException):
