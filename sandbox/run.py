@@ -66,7 +66,6 @@ from sandbox.step_exec import USAGE_MARK
 from sandbox.watch import FolderWatch
 
 
-
 class RunInterrupted(BaseException):
     """The runner was told to stop (SIGTERM/SIGINT): the record says `killed`."""
 
