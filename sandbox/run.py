@@ -271,7 +271,7 @@ class TestRun:
         record: TestRunRecord,
     ) -> TestRunRecord:
         layout, workflow = plan.layout, plan.workflow
-        launched: list[Container] = []
+        owned = containers.OwnedContainers(client)
         step_started = False
         watch: FolderWatch | None = None
         quota: QuotaWatch | None = None
@@ -282,16 +282,14 @@ class TestRun:
             record.phases.prepare_s = time.monotonic() - t0
 
             t0 = time.monotonic()
-            guard = containers.create(client, launch.guard_spec(plan))
-            launched.append(guard)
+            guard = owned.create(launch.guard_spec(plan))
             containers.connect_networks(client, guard, plan.networks[1:])
             guard.start()
             self._install_firewall(client, plan, guard)
             has_ca_bundle = self._trust_egress_ca(workflow, layout)
-            step_container = containers.create(
-                client, launch.step_spec(plan, str(guard.id), has_ca_bundle=has_ca_bundle)
+            step_container = owned.create(
+                launch.step_spec(plan, str(guard.id), has_ca_bundle=has_ca_bundle)
             )
-            launched.append(step_container)
             watch = FolderWatch(layout.group_dir)
             watch.start()
             quota = QuotaWatch(
@@ -360,8 +358,7 @@ class TestRun:
                 quota.cancel()
             if watch is not None:
                 watch.stop()
-            for container in reversed(launched):
-                containers.remove(container)
+            owned.remove_all()
 
     # -- launch ----------------------------------------------------------------
 

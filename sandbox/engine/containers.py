@@ -9,6 +9,7 @@ applied here; what varies per run comes in a `ContainerSpec`.
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -116,6 +117,57 @@ def _create_masked(client: DockerClient, kwargs: dict[str, Any]) -> Container:
     args["host_config"]["MaskedPaths"] = MASKED_PATHS
     created = client.api.create_container(**args)
     return client.containers.get(created["Id"])
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGTERM and SIGINT back while a container comes into being.
+
+    The CLI turns SIGTERM into an exception; raised between the engine creating a
+    container and the caller holding it, it would leave a container nobody removes.
+    Blocked here, the signal is delivered when the block ends, after the container
+    is tracked. Only the main thread receives Python signals, so only it blocks.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class OwnedContainers:
+    """The containers one run created; all removed when the run ends, however it ends.
+
+    A container is tracked in the same uninterruptible step that creates it, so an
+    interrupted run never leaves an untracked one behind.
+    """
+
+    def __init__(self, client: DockerClient) -> None:
+        self._client = client
+        self._owned: list[Container] = []
+
+    def create(self, spec: ContainerSpec) -> Container:
+        with _signals_deferred():
+            container = create(self._client, spec)
+            self._owned.append(container)
+        return container
+
+    def remove_all(self) -> None:
+        """Newest first (the step before the guard whose network it shares); a second
+        signal during the clean-up waits until it is done."""
+        with _signals_deferred():
+            while self._owned:
+                remove(self._owned[-1])
+                self._owned.pop()
+
+    def __enter__(self) -> OwnedContainers:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.remove_all()
 
 
 def remove(container: Container) -> None:
@@ -237,16 +289,14 @@ def connect_networks(client: DockerClient, container: Container, networks: list[
 
 def run_once(client: DockerClient, spec: ContainerSpec, timeout_s: float) -> tuple[int | None, str]:
     """Run a short-lived container to its end; its exit code (None on timeout) and output."""
-    container = create(client, spec)
-    try:
+    with OwnedContainers(client) as owned:
+        container = owned.create(spec)
         container.start()
         code = wait(container, timeout_s)
         if code is None:
             kill(container)
         output = container.logs(stdout=True, stderr=True).decode("utf-8", errors="replace")
         return code, output
-    finally:
-        remove(container)
 
 
 def is_running(container: Container) -> tuple[bool, int | None]:

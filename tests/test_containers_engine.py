@@ -1,0 +1,84 @@
+"""The engine layer: containers a run creates never outlive it, even when it is interrupted."""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import uuid
+from collections.abc import Iterator
+from types import FrameType
+
+import pytest
+from docker import DockerClient
+
+from sandbox.engine import containers, images
+from sandbox.engine.containers import LABEL_MANAGED, OwnedContainers
+from sandbox.spec import ContainerSpec
+
+
+class Interrupted(BaseException):
+    """What the CLI's SIGTERM handler raises (RunInterrupted), stood in for here."""
+
+
+@pytest.fixture
+def sigterm_raises() -> Iterator[None]:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _spec(label: str, n: int) -> ContainerSpec:
+    return ContainerSpec(
+        name=f"sandbox-owned-test-{label}-{n}",
+        image=images.STEP_IMAGE,
+        command=["true"],
+        user="10001:10001",
+        labels={"sandbox.test-owned": label},
+    )
+
+
+def _mine(client: DockerClient, label: str) -> list[str]:
+    found = client.containers.list(
+        all=True, filters={"label": [LABEL_MANAGED, f"sandbox.test-owned={label}"]}
+    )
+    return [c.name for c in found]
+
+
+def test_a_signal_at_any_moment_of_creation_leaves_no_container(
+    engine: DockerClient, sigterm_raises: None
+) -> None:
+    """SIGTERM lands at random points while containers are being created; every
+    container the engine made is removed when the owner's block ends."""
+    label = uuid.uuid4().hex[:10]
+    main = threading.main_thread().ident
+    assert main is not None and threading.get_ident() == main
+    rng = random.Random(label)
+    interrupted = 0
+    for n in range(24):
+        timer = threading.Timer(rng.uniform(0.0, 0.08), signal.pthread_kill, (main, signal.SIGTERM))
+        try:
+            timer.start()
+            with OwnedContainers(engine) as owned:
+                owned.create(_spec(label, 2 * n))
+                owned.create(_spec(label, 2 * n + 1))
+                timer.join()  # the signal always arrives inside this block or before it
+        except Interrupted:
+            interrupted += 1
+        finally:
+            timer.join()
+        assert not _mine(engine, label), f"round {n} left a container behind"
+    assert interrupted == 24, "every round was interrupted (the check above saw real signals)"
+
+
+def test_run_once_returns_the_output_and_removes_its_container(engine: DockerClient) -> None:
+    label = uuid.uuid4().hex[:10]
+    spec = _spec(label, 0).model_copy(update={"command": ["sh", "-c", "echo hello; exit 3"]})
+    code, output = containers.run_once(engine, spec, timeout_s=60)
+    assert (code, output.strip()) == (3, "hello")
+    assert not _mine(engine, label)
