@@ -15,7 +15,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from sandbox.record import ActionCounts, ActionLine, EgressCounts, StubbedAction
+from sandbox.record import ActionCounts, EgressCounts, StubbedAction
+from sandbox.wire import ActionLine
 
 MAX_LOG_BYTES = 64 * 1024 * 1024
 MAX_STUBBED_LISTED = 500

@@ -1,14 +1,17 @@
 """The run's firewall: the step's only way out is its guard.
 
-Pure text: the rules a short-lived init container (the only holder of
-NET_ADMIN, for a moment) installs in the network namespace the guard owns,
-before the step joins it. Everything the guard's uid sends may leave; the step
+Pure text: the rules the guard container's entry script installs, as root
+holding NET_ADMIN for a moment before it drops to the guard's uid with no
+capabilities at all, in the network namespace the guard owns, before the step
+joins it. Everything the guard's uid sends may leave; the step
 may talk to loopback (its guard, its own local servers) but not to the
 engine's embedded DNS, and every other packet is REJECTed so a blocked
 connection fails at once instead of hanging. IPv4 and IPv6 alike.
 """
 
 from __future__ import annotations
+
+import shlex
 
 from sandbox.layout import GUARD_UID
 
@@ -44,26 +47,59 @@ def rules(guard_uid: int = GUARD_UID) -> dict[str, list[str]]:
     }
 
 
-def install_script(guard_health_url: str, deadline_s: float = 30.0, *, install: bool = True) -> str:
-    """Shell run by the init container: install, read back, wait for the guard.
+# The guard's entry prints this after the rules are in and read back; the runner
+# starts the step only once it has seen it.
+READY_MARK = "FIREWALL-READY"
+
+
+def restore_input(args: list[str]) -> str:
+    """The rules as one `iptables-restore` table: one call installs them all at once.
+
+    It replaces the whole filter table, which is right here: the namespace is the
+    guard's own and new, so the table holds nothing else."""
+    policy = {a.split()[1]: a.split()[2] for a in args if a.startswith("-P")}
+    chains = [
+        f":{chain} {policy.get(chain, 'ACCEPT')} [0:0]" for chain in ("INPUT", "FORWARD", "OUTPUT")
+    ]
+    return "\n".join(["*filter", *chains, *(a for a in args if a.startswith("-A")), "COMMIT"])
+
+
+def guard_entry_script(
+    guard_command: list[str], guard_uid: int = GUARD_UID, *, install: bool = True
+) -> str:
+    """Shell the guard container starts with, as root holding NET_ADMIN for a moment.
+
+    It installs the rules in the namespace the guard owns, prints them back, then
+    drops to the guard's uid with every capability gone from all sets, the bounding
+    set included, so neither the guard nor anything it starts (stdio MCP servers) can
+    ever regain NET_ADMIN. tini stays pid 1 after the drop, reaping orphans.
 
     `install=False` exists only so tests can prove the preflight catches an open
     namespace; a real run always installs."""
     lines = ["set -eu"]
-    for tool, args in rules().items() if install else ():
-        lines.append(f"{tool} -w -F OUTPUT")
-        lines.extend(f"{tool} -w {a}" for a in args)
+    for tool, args in rules(guard_uid).items() if install else ():
+        lines.append(f"{tool}-restore -w <<'RULES'")
+        lines.append(restore_input(args))
+        lines.append("RULES")
+    drop = [
+        "setpriv",
+        f"--reuid={guard_uid}",
+        f"--regid={guard_uid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--ambient-caps=-all",
+        "--bounding-set=-all",
+        "--",
+        "tini",
+        "--",
+        *guard_command,
+    ]
     lines += [
         "echo '--- rules ---'",
         "iptables -w -S OUTPUT",
         "ip6tables -w -S OUTPUT",
-        # The guard answers health on loopback once it is ready to serve.
-        f"end=$(( $(date +%s) + {int(deadline_s)} ))",
-        f"until curl -fsS --noproxy '*' -o /dev/null {guard_health_url}; do",
-        '  [ "$(date +%s)" -lt "$end" ] || { echo "guard not ready" >&2; exit 3; }',
-        "  sleep 0.05",
-        "done",
-        "echo READY",
+        f"echo {READY_MARK}",
+        "exec " + " ".join(shlex.quote(part) for part in drop),
     ]
     return "\n".join(lines) + "\n"
 

@@ -1,4 +1,4 @@
-"""The three containers of one test run, as data: guard, firewall init, step.
+"""The two containers of one test run, as data: the guard and the step.
 
 Pure: this module decides users, mounts, environment, limits and networks from
 a `RunPlan` and makes no engine calls (it only borrows the engine layer's
@@ -28,7 +28,8 @@ from sandbox.engine.containers import (
 from sandbox.guard.config import (
     ACTIONS_PATH,
     BRIDGE_PORT,
-    CONFIG_ENV,
+    CONFIG_FILE_ENV,
+    CONFIG_FILE_NAME,
     DATA_DIR,
     EGRESS_PORT,
     EXEC_PORT,
@@ -48,6 +49,7 @@ from sandbox.mounts import step_mounts
 from sandbox.preflight import ENV as PREFLIGHT_ENV
 from sandbox.record import RunnerInfo
 from sandbox.spec import ContainerSpec, Mount
+from sandbox.step_exec import GUARD_WAIT_ENV
 
 CA_BUNDLE_VARIABLES = (
     "SSL_CERT_FILE",
@@ -137,16 +139,30 @@ def guard_config(plan: RunPlan) -> GuardConfig:
     )
 
 
+# The guard image's own program; the entry script execs it after dropping privileges.
+GUARD_COMMAND = ["/opt/guard/bin/python", "-m", "sandbox.guard"]
+# What the entry script needs for its moment as root: the rules, then the drop.
+GUARD_ENTRY_CAPS = ["NET_ADMIN", "SETUID", "SETGID", "SETPCAP"]
+
+
 def guard_spec(plan: RunPlan) -> ContainerSpec:
-    """The guard owns the network namespace and is the only uid the firewall lets out."""
+    """The guard owns the network namespace and is the only uid the firewall lets out.
+
+    It starts as root with NET_ADMIN only long enough to install the firewall, then
+    runs as the guard uid with no capability in any set (see firewall.guard_entry_script).
+    """
     layout = plan.layout
     stdio_servers = sum(1 for server in plan.workflow.mcp_servers if server.command is not None)
+    script = firewall.guard_entry_script(GUARD_COMMAND, GUARD_UID, install=plan.install_firewall)
     return ContainerSpec(
         name=f"sandbox-{layout.run_id}-guard",
         image=images.GUARD_IMAGE,
+        entrypoint=["/bin/sh", "-c", script],
         command=[],
-        user=f"{GUARD_UID}:{GUARD_UID}",
-        env={CONFIG_ENV: guard_config(plan).model_dump_json()},
+        user="0:0",
+        cap_add=GUARD_ENTRY_CAPS,
+        init=False,  # tini becomes pid 1 after the drop; docker-init would stay root
+        env={CONFIG_FILE_ENV: f"{DATA_DIR}/{CONFIG_FILE_NAME}"},
         mounts=[
             Mount(source=str(layout.actions), target=ACTIONS_PATH, read_only=False),
             Mount(source=str(layout.guard_dir), target=DATA_DIR, read_only=False),
@@ -164,24 +180,6 @@ def guard_spec(plan: RunPlan) -> ContainerSpec:
         # The step's profile fits the guard too (Python, node MCP servers): no
         # ptrace, io_uring or namespaces for the one process that may go out.
         seccomp_profile=plan.seccomp_profile,
-    )
-
-
-def init_spec(plan: RunPlan, guard_id: str) -> ContainerSpec:
-    """Holds NET_ADMIN for seconds: installs the rules, reads them back, waits for the guard."""
-    script = firewall.install_script(
-        f"http://127.0.0.1:{BRIDGE_PORT}/v1/health", install=plan.install_firewall
-    )
-    return ContainerSpec(
-        name=f"sandbox-{plan.layout.run_id}-init",
-        image=images.STEP_IMAGE,
-        command=["/bin/sh", "-c", script],
-        user="0:0",
-        cap_add=["NET_ADMIN"],
-        labels=labels(plan, "init"),
-        memory_bytes=64 * 1024**2,
-        pids=32,
-        network_mode=f"container:{guard_id}",
     )
 
 
@@ -205,6 +203,8 @@ def step_env(plan: RunPlan, *, has_ca_bundle: bool) -> dict[str, str]:
         # Read and removed by the executor (pid 1) before the step command starts.
         "AGENTWORKS_EXEC_PORT": str(EXEC_PORT),
         "AGENTWORKS_EXEC_TOKEN": plan.tokens.exec,
+        # The step starts while its guard is still starting; the executor waits for it.
+        GUARD_WAIT_ENV: f"127.0.0.1:{BRIDGE_PORT}",
         PREFLIGHT_ENV: json.dumps({"canary": plan.canary, "canary6": plan.canary6}),
     }
     if plan.has_db:

@@ -14,7 +14,7 @@ import tempfile
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -217,20 +217,6 @@ class TestRunRecord(BaseModel):
                 f"{len(changes.deleted)} deleted"
             )
         return lines
-
-
-class ActionLine(BaseModel):
-    """One guarded call in `test_mode_actions.jsonl`, written before the reply."""
-
-    time: datetime
-    session: str
-    tool: str
-    decision: Literal["allow", "stub", "redirect", "refuse"]
-    reason: str
-    category: str = ""
-    arguments: dict[str, Any] = Field(default_factory=dict)
-    duration_ms: float | None = None
-    detail: dict[str, Any] = Field(default_factory=dict)
 
 
 def write_json_atomic(path: Path, text: str) -> None:

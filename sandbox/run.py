@@ -38,6 +38,8 @@ from sandbox.dbcopy import DbCopyError, copy_db, find_workflow_db
 from sandbox.engine import containers, images
 from sandbox.engine.client import connect
 from sandbox.errors import ConfigError, LaunchError, PrepareError, SandboxError
+from sandbox.guard.config import CONFIG_FILE_NAME, GuardConfig
+from sandbox.guard.config import READY_MARK as GUARD_READY_MARK
 from sandbox.guard.tls import CA_FILE as EGRESS_CA_FILE
 from sandbox.launch import RunPlan, egress_for_run
 from sandbox.layout import (
@@ -108,7 +110,8 @@ def _resources(usage: containers.Usage, stderr: str) -> Resources:
             try:
                 report = json.loads(payload)
                 cpu = float(report["cpu_seconds"])
-                peak = max(peak or 0, int(report["max_rss_bytes"])) or None
+                measured = [int(report["max_rss_bytes"]), int(report.get("cgroup_peak_bytes", 0))]
+                peak = max(peak or 0, *measured) or None
             except (ValueError, KeyError, TypeError):
                 pass
             break
@@ -187,6 +190,19 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
         del dirpath
         for name in [*dirnames, *filenames]:
             os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
+
+
+GUARD_START_DEADLINE_S = 60.0
+
+
+def write_guard_config(layout: RunLayout, config: GuardConfig) -> None:
+    """The guard's config, in its own folder (never its environment; see guard.config)."""
+    path = layout.guard_dir / CONFIG_FILE_NAME
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        handle.write(config.model_dump_json())
+    if os.geteuid() == 0:
+        os.chown(path, GUARD_UID, GUARD_UID, follow_symlinks=False)
 
 
 class TestRun:
@@ -282,14 +298,7 @@ class TestRun:
             record.phases.prepare_s = time.monotonic() - t0
 
             t0 = time.monotonic()
-            guard = owned.create(launch.guard_spec(plan))
-            containers.connect_networks(client, guard, plan.networks[1:])
-            guard.start()
-            self._install_firewall(client, plan, guard)
-            has_ca_bundle = self._trust_egress_ca(workflow, layout)
-            step_container = owned.create(
-                launch.step_spec(plan, str(guard.id), has_ca_bundle=has_ca_bundle)
-            )
+            guard, step_container = self._launch(client, plan, owned)
             watch = FolderWatch(layout.group_dir)
             watch.start()
             quota = QuotaWatch(
@@ -372,10 +381,8 @@ class TestRun:
                 raise ConfigError(f"egress.trust_ca_files: {path} unreadable: {exc}") from None
         return "\n".join(texts)
 
-    def _trust_egress_ca(self, workflow: Workflow, layout: RunLayout) -> bool:
+    def _trust_egress_ca(self, layout: RunLayout) -> None:
         """With TLS inspection, the step trusts this run's CA (its certificate only)."""
-        if not workflow.egress.inspect_tls:
-            return False
         try:
             fd = os.open(layout.guard_dir / EGRESS_CA_FILE, os.O_RDONLY | os.O_NOFOLLOW)
             with os.fdopen(fd, "rb") as handle:
@@ -388,18 +395,46 @@ class TestRun:
         bundle = (system.read_bytes() if system.is_file() else b"") + b"\n" + ca_pem
         layout.ca_bundle.write_bytes(bundle)
         layout.ca_bundle.chmod(0o644)
-        return True
 
-    def _install_firewall(self, client: DockerClient, plan: RunPlan, guard: Container) -> None:
-        """A short-lived init container holds NET_ADMIN just long enough to install the rules."""
-        code, output = containers.run_once(
-            client, launch.init_spec(plan, str(guard.id)), timeout_s=60
-        )
-        installed = [ln for ln in output.splitlines() if ln.startswith(("-P", "-A"))]
-        rules_ok = installed == firewall.expected_readback() or not plan.install_firewall
-        if code != 0 or not rules_ok or "READY" not in output:
-            tail = " | ".join(output.strip().splitlines()[-3:])
-            raise LaunchError(f"the run's firewall or guard did not come up (exit {code}): {tail}")
+    def _launch(
+        self, client: DockerClient, plan: RunPlan, owned: containers.OwnedContainers
+    ) -> tuple[Container, Container]:
+        """The guard up with its firewall in, and the step created but not started.
+
+        The step is started while the guard is still importing (its executor waits
+        for the guard to listen), so the guard's start-up and the step container's
+        overlap; only the firewall must be in first."""
+        write_guard_config(plan.layout, launch.guard_config(plan))
+        guard = owned.create(launch.guard_spec(plan))
+        containers.connect_networks(client, guard, plan.networks[1:])
+        inspect_tls = plan.workflow.egress.inspect_tls
+        step_container = None
+        if not inspect_tls:
+            step_container = owned.create(
+                launch.step_spec(plan, str(guard.id), has_ca_bundle=False)
+            )
+        with containers.OutputFollower(guard, deadline_s=GUARD_START_DEADLINE_S) as output:
+            guard.start()
+            self._await_firewall(plan, output)
+            if inspect_tls:
+                # The step must trust the CA the guard makes at start-up: wait for it.
+                if not output.wait_for_line(GUARD_READY_MARK):
+                    raise LaunchError(f"the guard did not come up: {output.tail()}")
+                self._trust_egress_ca(plan.layout)
+                step_container = owned.create(
+                    launch.step_spec(plan, str(guard.id), has_ca_bundle=True)
+                )
+        if step_container is None:  # unreachable: one of the two branches made it
+            raise LaunchError("the step container was not created")
+        return guard, step_container
+
+    def _await_firewall(self, plan: RunPlan, output: containers.OutputFollower) -> None:
+        """The guard's entry script printed the rules back; they must be exactly ours."""
+        if not output.wait_for_line(firewall.READY_MARK):
+            raise LaunchError(f"the run's firewall did not come up: {output.tail()}")
+        installed = [ln for ln in output.lines() if ln.startswith(("-P", "-A"))]
+        if plan.install_firewall and installed != firewall.expected_readback():
+            raise LaunchError(f"the run's firewall reads back wrong: {' | '.join(installed)}")
 
     # -- prepare ---------------------------------------------------------------
 

@@ -24,6 +24,7 @@ class ContainerSpec(BaseModel):
     name: str
     image: str
     command: list[str]
+    entrypoint: list[str] | None = None  # None: the image's own
     user: str
     workdir: str = "/tmp"
     env: dict[str, str] = Field(default_factory=dict)

@@ -100,6 +100,7 @@ import os
 import re
 import selectors
 import signal
+import socket
 import sqlite3
 import stat
 import subprocess
@@ -131,6 +132,10 @@ PORT_ENV: Final = "AGENTWORKS_EXEC_PORT"
 TOKEN_ENV: Final = "AGENTWORKS_EXEC_TOKEN"
 ROOT_ENV: Final = "AGENTWORKS_EXEC_ROOT"
 DB_ENV: Final = "DB_PATH"
+# host:port of the guard; the step command starts only once the guard listens there.
+GUARD_WAIT_ENV: Final = "AGENTWORKS_WAIT_FOR_GUARD"
+GUARD_WAIT_S: Final = 60.0
+GUARD_DOWN_EXIT: Final = 125
 
 MAX_REQUEST_BYTES: Final = 4 * 1024 * 1024  # same as sandbox.wire.MAX_REQUEST_BYTES
 MAX_DRAIN_BYTES: Final = 16 * 1024 * 1024  # read and drop an oversized body up to this
@@ -893,6 +898,29 @@ def _launch_error(cmd: Sequence[str], exc: OSError) -> int:
     return 127 if isinstance(exc, FileNotFoundError) else 126
 
 
+def _wait_for_guard(address: str, deadline_s: float = GUARD_WAIT_S) -> bool:
+    """True once something listens at `address` (the guard binds only when it is ready).
+
+    The runner starts the step as soon as the firewall is in, while the guard is
+    still importing; the step's first bridge call must not find nobody home."""
+    host, _, port_text = address.rpartition(":")
+    try:
+        port = int(port_text)
+    except ValueError:
+        return False
+    end = time.monotonic() + deadline_s
+    pause = 0.002
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1.0):
+                return True
+        except OSError:
+            if time.monotonic() >= end:
+                return False
+            time.sleep(pause)  # a refused connect returns at once: back off a little
+            pause = min(pause * 2, 0.01)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the step command under the executor; returns the step's exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -905,6 +933,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     refused = preflight_gate()  # the ways out must be closed before the step starts
     if refused is not None:
         return refused
+    guard = os.environ.pop(GUARD_WAIT_ENV, "")
+    if guard and not _wait_for_guard(guard):
+        print(
+            f"agentworks_exec: the run's guard did not answer at {guard} within"
+            f" {GUARD_WAIT_S:.0f} s; the step was not started",
+            file=sys.stderr,
+        )
+        return GUARD_DOWN_EXIT
     if not port_text:
         try:
             os.execvp(cmd[0], cmd)
@@ -958,6 +994,22 @@ def _run_step(cmd: list[str]) -> int:
 
 
 USAGE_MARK: Final = "AGENTWORKS_USAGE"
+# The container's own memory high-water mark (page cache and tmpfs included), as the
+# kernel keeps it: cgroup v2, then v1 (the container has its own cgroup namespace).
+CGROUP_PEAK_FILES: Final = (
+    "/sys/fs/cgroup/memory.peak",
+    "/sys/fs/cgroup/memory/memory.max_usage_in_bytes",
+)
+
+
+def _cgroup_memory_peak() -> int | None:
+    for path in CGROUP_PEAK_FILES:
+        try:
+            with open(path, encoding="ascii") as handle:
+                return int(handle.read().strip())
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def _report_usage() -> None:
@@ -967,10 +1019,13 @@ def _report_usage() -> None:
     import resource
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    report = {
+    report: dict[str, float | int] = {
         "cpu_seconds": round(usage.ru_utime + usage.ru_stime, 6),
         "max_rss_bytes": int(usage.ru_maxrss) * 1024,
     }
+    peak = _cgroup_memory_peak()
+    if peak is not None:
+        report["cgroup_peak_bytes"] = peak
     with contextlib.suppress(OSError):
         os.write(2, f"{USAGE_MARK} {json.dumps(report)}\n".encode())
 

@@ -10,6 +10,7 @@ malformed body is.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -99,3 +100,17 @@ class ExecRequest(BaseModel):
 
 class ErrorReply(BaseModel):
     error: str
+
+
+class ActionLine(BaseModel):
+    """One guarded call in `test_mode_actions.jsonl`, written before the reply."""
+
+    time: datetime
+    session: str
+    tool: str
+    decision: Literal["allow", "stub", "redirect", "refuse"]
+    reason: str
+    category: str = ""
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    duration_ms: float | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sandbox.actionsummary import read
 from sandbox.guard.actionlog import REDACTED, ActionLog, redact
-from sandbox.record import ActionLine
+from sandbox.wire import ActionLine
 
 
 def test_redact_masks_credential_keys_and_known_secrets() -> None:

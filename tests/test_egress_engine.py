@@ -13,8 +13,9 @@ import pytest
 from docker import DockerClient
 
 from sandbox.policy import stub_reply
-from sandbox.record import ActionLine, RunStatus, TestRunRecord
+from sandbox.record import RunStatus, TestRunRecord
 from sandbox.run import RunOptions, TestRun
+from sandbox.wire import ActionLine
 from tests.conftest import WorkflowFactory, tree_digest
 from tests.fakes.harness import ALIAS, Outside, outside_server
 

@@ -1,8 +1,8 @@
-"""The firewall rules (pure): what the init container installs and reads back."""
+"""The firewall rules (pure): what the guard's entry script installs and reads back."""
 
 from __future__ import annotations
 
-from sandbox.firewall import expected_readback, install_script, rules
+from sandbox.firewall import READY_MARK, expected_readback, guard_entry_script, rules
 from sandbox.layout import GUARD_UID
 
 
@@ -20,9 +20,26 @@ def test_engine_dns_is_rejected_before_loopback_is_accepted() -> None:
     assert dns < v4.index("-A OUTPUT -o lo -j ACCEPT")
 
 
-def test_script_installs_reads_back_and_waits_for_the_guard() -> None:
-    script = install_script("http://127.0.0.1:8790/v1/health")
-    assert script.startswith("set -eu\n")
-    assert "iptables -w -S OUTPUT" in script and "ip6tables -w -S OUTPUT" in script
-    assert "curl -fsS --noproxy '*'" in script and script.rstrip().endswith("echo READY")
+def test_script_installs_reads_back_then_drops_to_the_guard() -> None:
+    script = guard_entry_script(["guard", "--x"])
+    lines = script.splitlines()
+    assert lines[0] == "set -eu"
+    for tool, args in rules().items():
+        restore = lines.index(f"{tool}-restore -w <<'RULES'")
+        table = lines[restore + 1 : lines.index("RULES", restore)]
+        assert table[0] == "*filter" and table[-1] == "COMMIT"
+        assert ":OUTPUT DROP [0:0]" in table
+        assert [ln for ln in table if ln.startswith("-A")] == [
+            a for a in args if a.startswith("-A")
+        ]
+    readback = lines.index("iptables -w -S OUTPUT")
+    assert lines[readback + 1] == "ip6tables -w -S OUTPUT"
+    assert lines[readback + 2] == f"echo {READY_MARK}"
+    assert lines[-1].startswith("exec setpriv ") and lines[-1].endswith("-- tini -- guard --x")
     assert len(expected_readback()) == sum(len(a) for a in rules().values())
+
+
+def test_without_install_the_script_still_reads_back_and_drops() -> None:
+    """The test-only open namespace: no rules, the same drop (the preflight must catch it)."""
+    script = guard_entry_script(["guard"], install=False)
+    assert "-restore" not in script and "exec setpriv " in script

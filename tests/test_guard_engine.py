@@ -14,9 +14,11 @@ from typing import Any
 import pytest
 from docker import DockerClient
 
+from sandbox.layout import GUARD_UID
 from sandbox.policy import stub_reply
-from sandbox.record import ActionLine, RunStatus, TestRunRecord
+from sandbox.record import RunStatus, TestRunRecord
 from sandbox.run import RunOptions, TestRun
+from sandbox.wire import ActionLine
 from tests.conftest import WorkflowFactory, tree_digest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "job-board" / "fake_api"))
@@ -373,3 +375,61 @@ def test_job_board_steps_pass_and_change_nothing_outside(
     assert real.execute("SELECT count(*) FROM proposals WHERE status = 'claimed'").fetchone() == (
         0,
     )
+
+
+def _status_fields(pid: int) -> dict[str, str]:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def test_the_running_guard_holds_no_capability_and_left_no_config(
+    engine: DockerClient, make_workflow: WorkflowFactory
+) -> None:
+    """NET_ADMIN is the entry script's only: every process of a live guard runs as the
+    guard uid with all capability sets empty, and the config file (tokens) is gone."""
+    import threading
+
+    wf = make_workflow(command=["python3", "/workflow/code/step.py"])
+    (wf / "code" / "step.py").write_text(
+        textwrap.dedent(
+            """
+        import pathlib, time, agentworks_bridge
+        assert agentworks_bridge.call("notify_user", {"text": "up"})["decision"] == "stub"
+        pathlib.Path("ready").write_text("1")
+        deadline = time.monotonic() + 60
+        while not pathlib.Path("go").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        """
+        )
+    )
+    result: list[TestRunRecord] = []
+    thread = threading.Thread(target=lambda: result.append(TestRun(wf, "step1").execute()))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 120
+        ready = None
+        while ready is None:
+            assert time.monotonic() < deadline and thread.is_alive(), "the step never got ready"
+            ready = next(iter(wf.glob("runs/test-*/g/ready")), None)
+            time.sleep(0.05)
+        run_root = ready.parent.parent
+        (guard,) = engine.containers.list(
+            filters={"label": ["sandbox.role=guard", f"sandbox.run-id={run_root.name}"]}
+        )
+        top = guard.top()
+        pid_column = top["Titles"].index("PID")
+        statuses = [_status_fields(int(row[pid_column])) for row in top["Processes"]]
+        assert len(statuses) >= 2, "tini and the guard"
+        for status in statuses:
+            assert status["Uid"].split() == [str(GUARD_UID)] * 4, status["Name"]
+            for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+                assert int(status[field], 16) == 0, (status["Name"], field)
+            assert status["NoNewPrivs"].strip() == "1"
+        assert not (run_root / "guard" / "config.json").exists()
+        assert sorted(p.name for p in (run_root / "guard").iterdir()) == []
+    finally:
+        for group in wf.glob("runs/test-*/g"):
+            (group / "go").write_text("1")
+        thread.join(timeout=120)
+    (record,) = result
+    assert record.status is RunStatus.PASSED, record.reason

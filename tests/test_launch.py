@@ -1,4 +1,4 @@
-"""What the three containers are (pure): who sees what, who may go out."""
+"""What the two containers are (pure): who sees what, who may go out."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from sandbox import launch
 from sandbox.config import Workflow
-from sandbox.guard.config import CONFIG_ENV, GuardConfig
+from sandbox.guard.config import CONFIG_FILE_ENV, DATA_DIR
 from sandbox.layout import C_DB_PATH, GUARD_UID, RunLayout
 from sandbox.record import RunnerInfo
 
@@ -50,18 +50,20 @@ def test_step_env_has_test_mode_and_no_guard_secrets(tmp_path: Path) -> None:
     env = launch.step_env(p, has_ca_bundle=False)
     assert env["AGENTWORKS_TEST_MODE"] == "1" and env["DB_PATH"] == C_DB_PATH
     assert env["HTTP_PROXY"] == env["https_proxy"] == "http://127.0.0.1:8792"
-    assert CONFIG_ENV not in env and "SSL_CERT_FILE" not in env
+    assert CONFIG_FILE_ENV not in env and "SSL_CERT_FILE" not in env
     no_db = launch.step_env(plan(tmp_path, has_db=False), has_ca_bundle=True)
     assert "DB_PATH" not in no_db and no_db["SSL_CERT_FILE"] == "/test/ca-bundle.pem"
 
 
-def test_guard_owns_the_namespace_and_holds_the_config(tmp_path: Path) -> None:
+def test_guard_owns_the_namespace_and_reads_its_config_from_its_folder(tmp_path: Path) -> None:
     p = plan(tmp_path)
     spec = launch.guard_spec(p)
-    assert spec.user == f"{GUARD_UID}:{GUARD_UID}"
     assert spec.network_mode == "net-a"  # the others are connected after creation
     assert spec.sysctls == {"net.ipv4.ping_group_range": "1 0"}
-    config = GuardConfig.model_validate_json(spec.env[CONFIG_ENV])
+    # Tokens and credentials never travel in the environment (tini, pid 1, would keep it).
+    assert spec.env == {CONFIG_FILE_ENV: f"{DATA_DIR}/config.json"}
+    assert p.tokens.bridge not in repr(spec) and p.tokens.exec not in repr(spec)
+    config = launch.guard_config(p)
     assert (config.run_id, config.upstream, config.bridge_token) == (
         "test-1",
         "http://up:8080",
@@ -70,8 +72,20 @@ def test_guard_owns_the_namespace_and_holds_the_config(tmp_path: Path) -> None:
     assert launch.guard_spec(plan(tmp_path, networks=[])).network_mode == "none"
 
 
-def test_only_the_init_container_holds_net_admin(tmp_path: Path) -> None:
+def test_the_guard_holds_net_admin_only_in_its_entry_script(tmp_path: Path) -> None:
+    """Root with NET_ADMIN (and what setpriv needs) for the rules; then the guard uid
+    with every capability set empty, execing tini and the guard."""
     p = plan(tmp_path)
-    assert launch.init_spec(p, "g").cap_add == ["NET_ADMIN"]
-    assert launch.guard_spec(p).cap_add == []
+    spec = launch.guard_spec(p)
+    assert spec.user == "0:0" and spec.init is False
+    assert sorted(spec.cap_add) == ["NET_ADMIN", "SETGID", "SETPCAP", "SETUID"]
+    assert spec.entrypoint is not None and spec.entrypoint[:2] == ["/bin/sh", "-c"]
+    script = spec.entrypoint[2]
+    drop = script.strip().splitlines()[-1]
+    assert drop.startswith("exec setpriv ")
+    for flag in (f"--reuid={GUARD_UID}", f"--regid={GUARD_UID}", "--clear-groups"):
+        assert flag in drop
+    for flag in ("--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"):
+        assert flag in drop
+    assert drop.endswith("-- tini -- " + " ".join(launch.GUARD_COMMAND))
     assert launch.step_spec(p, "g", has_ca_bundle=False).cap_add == []

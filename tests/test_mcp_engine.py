@@ -32,8 +32,9 @@ from docker.models.containers import Container
 from sandbox.engine import images
 from sandbox.guard.mcp_proxy import LOOKUP_DEADLINE_S, SERVER_PATH
 from sandbox.policy import stub_reply
-from sandbox.record import ActionLine, RunStatus, TestRunRecord
+from sandbox.record import RunStatus, TestRunRecord
 from sandbox.run import RunOptions, TestRun
+from sandbox.wire import ActionLine
 from tests.conftest import WorkflowFactory, tree_digest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "job-board" / "fake_api"))

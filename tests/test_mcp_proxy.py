@@ -24,7 +24,7 @@ from sandbox.guard.mcp_proxy import (
     stub_result,
 )
 from sandbox.guard.schema_instance import instance_for, is_valid, valid_instance
-from sandbox.record import ActionLine
+from sandbox.wire import ActionLine
 
 # Output schemas as real servers declare them (filesystem, memory, time), and the
 # JSON-Schema features a server may use.

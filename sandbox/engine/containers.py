@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +46,7 @@ def create(client: DockerClient, spec: ContainerSpec) -> Container:
     kwargs: dict[str, Any] = {
         "image": spec.image,
         "command": spec.command,
+        "entrypoint": spec.entrypoint,
         "name": spec.name,
         "user": spec.user,
         "working_dir": spec.workdir,
@@ -203,29 +205,31 @@ SAMPLE_INTERVAL_S = 0.25
 def watch_usage(container: Container) -> Usage:
     """Sample the engine's one-shot stats in a thread until `finish_usage`.
 
-    (The streaming stats endpoint of Docker 20.10 does not end when the container
-    exits, so a stream would keep the collect phase waiting.)"""
+    The first sample is taken one interval in, so a short step costs no engine call;
+    its figures come from the executor's own report anyway. (The streaming stats
+    endpoint of Docker 20.10 does not end when the container exits, so a stream
+    would keep the collect phase waiting.)"""
     usage = Usage()
 
     def follow() -> None:
-        while not usage._stop.is_set():
+        while not usage._stop.wait(SAMPLE_INTERVAL_S):
             try:
                 sample = container.stats(stream=False, one_shot=True)
             except Exception:
                 return
-            if isinstance(sample, dict):
+            if isinstance(sample, dict) and not usage._stop.is_set():
                 usage._take(sample)
-            usage._stop.wait(SAMPLE_INTERVAL_S)
 
     usage._thread = threading.Thread(target=follow, name="stats", daemon=True)
     usage._thread.start()
     return usage
 
 
-def finish_usage(usage: Usage, timeout_s: float = 5.0) -> None:
+def finish_usage(usage: Usage) -> None:
+    """Stop sampling. A stats call in flight is not waited for (the engine can take a
+    few hundred ms to answer one); its late answer is dropped, and the thread ends
+    when it returns."""
     usage._stop.set()
-    if usage._thread is not None:
-        usage._thread.join(timeout=timeout_s)
 
 
 def wait(container: Container, timeout_s: float) -> int | None:
@@ -285,6 +289,77 @@ def connect_networks(client: DockerClient, container: Container, networks: list[
             raise EngineError(f"network {name!r} does not exist") from None
         except docker.errors.APIError as exc:
             raise EngineError(f"connecting to network {name!r} failed: {exc.explanation}") from None
+
+
+class OutputFollower:
+    """A container's output lines (stdout and stderr) as they come, read by a thread.
+
+    Attached before the container starts, so no line is missed; the runner waits on
+    a line (the guard's "firewall in", "ready") instead of polling. Waiting ends at
+    the line, at the container's end, or at the deadline, whichever comes first.
+    """
+
+    MAX_LINES = 2000
+
+    def __init__(self, container: Container, deadline_s: float) -> None:
+        self._container = container
+        self._deadline_s = deadline_s
+        self._deadline = 0.0
+        self._lines: list[str] = []
+        self._partial = b""
+        self._ended = False
+        self._changed = threading.Condition()
+        self._stream: Any = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> OutputFollower:
+        self._deadline = time.monotonic() + self._deadline_s
+        try:
+            self._stream = self._container.attach(stdout=True, stderr=True, stream=True, logs=True)
+        except docker.errors.APIError as exc:
+            raise EngineError(f"cannot follow {self._container.name}: {exc.explanation}") from None
+        self._thread = threading.Thread(target=self._read, name="output", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        with contextlib.suppress(Exception):
+            self._stream.close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _read(self) -> None:
+        try:
+            for chunk in self._stream:
+                with self._changed:
+                    *complete, self._partial = (self._partial + chunk).split(b"\n")
+                    self._lines += [ln.decode("utf-8", "replace") for ln in complete]
+                    del self._lines[: -self.MAX_LINES]
+                    self._changed.notify_all()
+        except Exception:  # closed under us, or the engine went away: the output ended
+            pass
+        finally:
+            with self._changed:
+                self._ended = True
+                self._changed.notify_all()
+
+    def wait_for_line(self, line: str) -> bool:
+        """True once `line` was printed; False when the output ended or time ran out first."""
+        with self._changed:
+            while line not in self._lines:
+                remaining = self._deadline - time.monotonic()
+                if self._ended or remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+            return True
+
+    def lines(self) -> list[str]:
+        with self._changed:
+            return list(self._lines)
+
+    def tail(self, count: int = 3) -> str:
+        last = [ln for ln in self.lines() if ln.strip()][-count:]
+        return " | ".join(last) if last else "(no output)"
 
 
 def run_once(client: DockerClient, spec: ContainerSpec, timeout_s: float) -> tuple[int | None, str]:

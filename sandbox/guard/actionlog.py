@@ -13,7 +13,7 @@ import re
 from datetime import UTC, datetime
 from typing import Any
 
-from sandbox.record import ActionLine
+from sandbox.wire import ActionLine
 
 REDACTED = "[redacted]"
 _SECRET_KEY = re.compile(

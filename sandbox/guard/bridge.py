@@ -13,9 +13,10 @@ import contextlib
 import hmac
 import json
 import secrets
+import socket
 import time
 from collections.abc import AsyncIterator
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import httpx
 from pydantic import ValidationError
@@ -30,6 +31,9 @@ from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.config import MCP_PATH, GuardConfig
 from sandbox.guard.upstream import UpstreamClient, UpstreamError
 from sandbox.pathsafety import check_tool_path
+
+if TYPE_CHECKING:
+    from sandbox.guard.egress import EgressProxy
 from sandbox.wire import (
     IDENTITY_KEYS,
     MAX_REQUEST_BYTES,
@@ -75,6 +79,7 @@ class Guard:
         self.sessions = Sessions()
         # Bridge calls in flight, so an egress line can name the tool call active then.
         self._inflight: dict[int, str] = {}
+        self.egress: EgressProxy | None = None  # set while the app runs
         self._next_call = 0
         self._upstream = UpstreamClient(config.upstream) if config.upstream else None
         self._executor = httpx.AsyncClient(
@@ -85,6 +90,10 @@ class Guard:
 
     def active_calls(self) -> list[str]:
         return sorted(set(self._inflight.values()))
+
+    def idle(self) -> bool:
+        """No bridge call in flight and no egress connection open: nothing left to record."""
+        return not self._inflight and (self.egress is None or self.egress.open_connections == 0)
 
     async def close(self) -> None:
         if self._upstream is not None:
@@ -368,8 +377,11 @@ class NoMcpServers:
         )
 
 
-def build_app(guard: Guard) -> Starlette:
-    """The bridge, the MCP proxy (under /mcp) and the egress proxy's lifetime, in one app."""
+def build_app(guard: Guard, egress_listener: socket.socket | None = None) -> Starlette:
+    """The bridge, the MCP proxy (under /mcp) and the egress proxy's lifetime, in one app.
+
+    `egress_listener`: the egress port, already listening (the guard binds its ports
+    first thing); None binds it here."""
     from sandbox.guard import egress
 
     mcp: McpSurface
@@ -382,7 +394,11 @@ def build_app(guard: Guard) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        async with mcp.running(), egress.running(guard.config, guard.log, guard.active_calls):
+        async with (
+            mcp.running(),
+            egress.running(guard.config, guard.log, guard.active_calls, egress_listener) as proxy,
+        ):
+            guard.egress = proxy
             yield
         await guard.close()
 

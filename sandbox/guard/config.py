@@ -1,7 +1,9 @@
-"""What the runner tells the guard, passed as one JSON document in its environment.
+"""What the runner tells the guard: one JSON document in a file of the guard's folder.
 
-The guard runs in a separate pid namespace from the step, so its environment
-(which holds both tokens) cannot be read from inside the step.
+Not the environment: the guard's pid 1 (tini) and entry shell would keep an
+environment readable by every process of the guard's uid, stdio MCP servers
+included, and the document holds both tokens and every server's credentials.
+The guard reads the file and removes it before it starts any MCP server.
 """
 
 from __future__ import annotations
@@ -9,11 +11,13 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.config import Egress, McpServer
+from sandbox.guard.listeners import BRIDGE_PORT as BRIDGE_PORT
+from sandbox.guard.listeners import CONFIG_FILE_ENV as CONFIG_FILE_ENV
+from sandbox.guard.listeners import CONFIG_FILE_NAME as CONFIG_FILE_NAME
+from sandbox.guard.listeners import EGRESS_PORT as EGRESS_PORT
+from sandbox.guard.listeners import EXEC_PORT as EXEC_PORT
+from sandbox.guard.listeners import READY_MARK as READY_MARK
 
-CONFIG_ENV = "SANDBOX_GUARD_CONFIG"
-BRIDGE_PORT = 8790
-EXEC_PORT = 8799
-EGRESS_PORT = 8792
 ACTIONS_PATH = "/guard/actions.jsonl"
 DATA_DIR = "/guard/data"  # the guard's own folder in the run root (0700, guard uid)
 MCP_PATH = "/mcp"  # one streamable-HTTP endpoint per server: /mcp/<server name>

@@ -159,12 +159,14 @@ class EgressProxy:
     active_calls: Callable[[], list[str]] = field(default=lambda: [])
     ca: RunCA | None = None  # set when egress.inspect_tls: CONNECTs are opened and inspected
     upstream_tls: ssl.SSLContext | None = None
+    open_connections: int = 0  # the guard exits at once on SIGTERM only when this is 0
 
     # -- one client connection -------------------------------------------------
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         started = time.perf_counter()
         request: _Request | None = None
+        self.open_connections += 1
         try:
             request = await _read_head(reader)
             if request is None:
@@ -182,6 +184,7 @@ class EgressProxy:
             with contextlib.suppress(Exception):
                 await self._deny(writer, request, failure, started, body=None)
         finally:
+            self.open_connections -= 1
             with contextlib.suppress(Exception):
                 writer.close()
                 await writer.wait_closed()
@@ -509,9 +512,12 @@ async def _pipe_both(
 
 @contextlib.asynccontextmanager
 async def running(
-    config: GuardConfig, log: ActionLog, active_calls: Callable[[], list[str]] | None = None
+    config: GuardConfig,
+    log: ActionLog,
+    active_calls: Callable[[], list[str]] | None = None,
+    listener: socket.socket | None = None,
 ) -> AsyncIterator[EgressProxy]:
-    """Serve the proxy on loopback for the guard's lifetime."""
+    """Serve the proxy on loopback for the guard's lifetime (on `listener` when given)."""
     proxy = EgressProxy(config, log, active_calls or (lambda: []))
     if config.egress.inspect_tls:
         from sandbox.guard.tls import CA_FILE, RunCA, upstream_context  # cryptography: on demand
@@ -522,9 +528,12 @@ async def running(
         fd = os.open(ca_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
         with os.fdopen(fd, "wb") as handle:
             handle.write(proxy.ca.cert_pem())
-    server = await asyncio.start_server(
-        proxy.handle, "127.0.0.1", config.egress_port, limit=MAX_HEAD_BYTES
-    )
+    if listener is not None:
+        server = await asyncio.start_server(proxy.handle, sock=listener, limit=MAX_HEAD_BYTES)
+    else:
+        server = await asyncio.start_server(
+            proxy.handle, "127.0.0.1", config.egress_port, limit=MAX_HEAD_BYTES
+        )
     try:
         yield proxy
     finally:

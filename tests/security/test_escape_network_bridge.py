@@ -24,8 +24,9 @@ from docker import DockerClient
 from docker.models.containers import Container
 
 from sandbox.engine import images
-from sandbox.record import ActionLine, RunStatus
+from sandbox.record import RunStatus
 from sandbox.run import RunOptions
+from sandbox.wire import ActionLine
 from tests.security.conftest import (
     Battery,
     assert_left_no_trace,

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 import pytest
 from docker import DockerClient
 
-from sandbox.record import ActionLine, RunStatus
+from sandbox.record import RunStatus
+from sandbox.wire import ActionLine
 from tests.security.conftest import (
     Battery,
     assert_left_no_trace,

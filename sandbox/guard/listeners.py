@@ -1,0 +1,35 @@
+"""The guard's listening sockets, bound before anything else it does (stdlib only).
+
+Socket activation, as systemd does it: the ports are bound and listening within
+milliseconds of the guard's start, while the slow part (importing the web stack,
+~0.2 s) is still to come. A step's first call that arrives meanwhile waits in
+the listen backlog and is served once the guard is up; it never finds a closed
+port, and no process of the step can bind the guard's ports first (the step's
+executor starts the step command only once the bridge port listens).
+"""
+
+from __future__ import annotations
+
+import socket
+
+BRIDGE_PORT = 8790
+EGRESS_PORT = 8792
+EXEC_PORT = 8799  # the step executor's, inside the step; listed so the ports stay apart
+BACKLOG = 512
+CONFIG_FILE_ENV = "SANDBOX_GUARD_CONFIG_FILE"
+CONFIG_FILE_NAME = "config.json"  # in the guard's folder (DATA_DIR), 0600, guard uid
+READY_MARK = "GUARD-READY"  # on stdout once the guard serves (not just listens)
+
+
+def bind_loopback(port: int) -> socket.socket:
+    """A listening TCP socket on 127.0.0.1:`port`."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(False)
+    return sock
