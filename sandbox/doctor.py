@@ -76,7 +76,7 @@ print(json.dumps(out))
 # else (EFAULT, EINVAL, ESRCH: the kernel saw the call) means the call reached the kernel.
 DENIED = "EPERM"
 
-# Runs like the run's init container: root, NET_ADMIN only, its own network namespace.
+# Runs like the guard's entry script: root, NET_ADMIN, its own network namespace.
 IPTABLES_PROBE = (
     "set -e; iptables -V; ip6tables -V; iptables -w -S OUTPUT >/dev/null; "
     "ip6tables -w -S OUTPUT >/dev/null; echo TABLES-READABLE"
@@ -118,7 +118,7 @@ def run_checks() -> list[Check]:
             detail="present"
             if iptables
             else "absent (rules are installed inside the run's "
-            "namespace by an init container, so the host needs none)",
+            "namespace by the guard's entry script, so the host needs none)",
         )
     )
     return checks
@@ -160,8 +160,8 @@ def _engine(client: DockerClient, info: dict[str, object]) -> Check:
             facts,
             f"engines before {DEFAULT_PROFILE_DENIES_IO_URING}.0 ship a built-in seccomp "
             "default that allows io_uring (and ptrace/process_vm_* on kernels >= 4.8); steps "
-            "and the guard run under seccomp/step.json regardless, but the run's short-lived "
-            "init container (root, NET_ADMIN, our own script) uses the engine's default",
+            "and the guard (its root entry script included) run under seccomp/step.json "
+            "regardless, but any other container on this engine uses the weaker default",
             f"upgrade to Docker Engine >= {DEFAULT_PROFILE_DENIES_IO_URING} (docker-ce)",
         )
     return Check(name="engine", ok=True, detail=facts)
@@ -318,8 +318,8 @@ def _user_namespaces(security: list[str], probe: dict[str, str] | str | None) ->
     return _weak(
         "user namespaces",
         facts,
-        "uid 0 in a container is uid 0 on the host: the run's init container (root, "
-        "NET_ADMIN, seconds) and anything that escaped a container would act as host root; "
+        "uid 0 in a container is uid 0 on the host: the guard's entry script (root, "
+        "NET_ADMIN, milliseconds) and anything that escaped a container would act as host root; "
         "steps run as uid 10001 with no capabilities",
         'enable userns-remap ("userns-remap": "default" in /etc/docker/daemon.json, restart '
         "dockerd); the runner then has to chown the test folder to the remapped step uid "
@@ -328,7 +328,8 @@ def _user_namespaces(security: list[str], probe: dict[str, str] | str | None) ->
 
 
 def _run_iptables(client: DockerClient) -> Check:
-    """The run's firewall is installed from the step image by an init container: try it."""
+    """The run's firewall is installed by the guard's entry script (iptables from the
+    base both images share): try the tools in a fresh namespace."""
     name = "iptables in the run"
     try:
         spec = _probe_spec(
@@ -350,7 +351,7 @@ def _run_iptables(client: DockerClient) -> Check:
     return Check(
         name=name,
         ok=False,
-        detail=f"the init container's tools failed (exit {code}): {tail}",
+        detail=f"the firewall's tools failed (exit {code}): {tail}",
         fix="rebuild the images (`make images`; images/step/packages.txt lists iptables)"
         if missing
         else "load the kernel's netfilter modules (modprobe nf_tables ip6_tables) or use a "

@@ -5,9 +5,10 @@ executor as the step's user, in the step's network namespace, after the firewall
 is installed and before the step command starts. Each check must END IN A
 REFUSAL; anything that succeeds is a way out and the step never starts. It
 takes a few milliseconds. What it does not check: the firewall rules
-themselves (the init container reads them back before the step container is
-created; that is the first check in the record) and anything the canary does
-not stand for (it proves one address is unreachable, not all).
+themselves (the guard's entry script prints them back and the runner compares
+them before the step container starts; that is the first check in the record)
+and anything the canary does not stand for (it proves one address is
+unreachable, not all).
 """
 
 from __future__ import annotations

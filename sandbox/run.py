@@ -96,7 +96,7 @@ def _preflight_from(stderr: str, firewall_verified: bool) -> Preflight | None:
                 report = Preflight.model_validate_json(payload)
             except ValueError:
                 return Preflight(ok=False, open=["unreadable preflight report"])
-            # The init container read the rules back before this container existed.
+            # The guard's entry script read the rules back before this container started.
             return report.model_copy(update={"firewall_verified": firewall_verified})
     return None
 

@@ -22,8 +22,12 @@ READY_MARK = "GUARD-READY"  # on stdout once the guard serves (not just listens)
 
 
 def bind_loopback(port: int) -> socket.socket:
-    """A listening TCP socket on 127.0.0.1:`port`."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    """A listening TCP socket on 127.0.0.1:`port`.
+
+    The protocol is named, not left 0: asyncio sets TCP_NODELAY only on sockets whose
+    `proto` says TCP, and without it every keep-alive reply waits out the client's
+    delayed ACK (40 ms per call)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", port))
