@@ -278,3 +278,43 @@ def test_egress_line_names_the_tool_call_in_flight(
     assert egress.decision == "stub"
     assert egress.detail["active_tool_calls"] == ["execute_shell_command (session root)"]
     assert outside.seen() == []
+
+
+PIPELINED = """
+import json, socket
+out = {}
+def exchange(payload):
+    with socket.create_connection(("127.0.0.1", 8792), timeout=20) as s:
+        s.sendall(payload)
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data.decode("latin-1")
+head = "Host: outside.test:8081\\r\\n"
+out["pipelined"] = exchange(
+    ("GET http://outside.test:8081/first HTTP/1.1\\r\\n" + head + "\\r\\n"
+     "POST http://outside.test:8081/smuggled HTTP/1.1\\r\\n" + head
+     + "Content-Length: 5\\r\\n\\r\\nhello").encode())
+out["get_with_body"] = exchange(
+    ("GET http://outside.test:8081/with-body HTTP/1.1\\r\\n" + head
+     + "Content-Length: 5\\r\\n\\r\\nhello").encode())
+print(json.dumps(out))
+"""
+
+
+def test_a_read_forwards_only_its_head_never_a_pipelined_request(
+    engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
+) -> None:
+    """After an allowed GET, nothing more from the step reaches the outside: a second,
+    pipelined request (a POST) would otherwise pass unjudged to any server that keeps
+    reading despite `Connection: close`. A read that carries a body is stubbed."""
+    toml = '[egress]\nallow = [{ host = "outside.test", port = 8081 }]\n'
+    record, out, lines = run_step(make_workflow, outside, PIPELINED, toml)
+    assert record.status is RunStatus.PASSED, record.stderr.text
+    assert out["pipelined"].startswith("HTTP/1.1 200") and out["pipelined"].endswith("sloppy")
+    assert out["get_with_body"].startswith("HTTP/1.1 403")
+    sloppy = [(s["method"], s["path"]) for s in outside.seen() if s["proto"] == "sloppy"]
+    assert sloppy == [("GET", "/first")]
+    with_body = next(ln for ln in lines if ln.arguments.get("url", "").endswith("/with-body"))
+    assert with_body.decision == "stub" and "body" in with_body.reason

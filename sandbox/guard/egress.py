@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from sandbox.config import Egress, EgressEntry
+from sandbox.guard import splice
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.config import GuardConfig
 from sandbox.policy import stub_reply
@@ -217,6 +218,10 @@ class EgressProxy:
             reason = f"HTTP {request.method} can have effects; only GET and HEAD pass"
             await self._deny(writer, request, Denied(403, reason), started, body=body)
             return
+        if not entry.model and _declares_body(request):
+            body = await self._body_facts(request, reader)
+            await self._deny(writer, request, Denied(403, READ_WITH_BODY), started, body=body)
+            return
         address, upstream_reader, upstream_writer = await self._dial(url.hostname, port)
         path = url.path or "/"
         if url.query:
@@ -232,7 +237,14 @@ class EgressProxy:
             category=("model" if entry.model else "egress"),
             detail={"resolved": address},
         )
-        await _pipe_both(reader, writer, upstream_reader, upstream_writer)
+        await _pipe_both(
+            reader,
+            writer,
+            upstream_reader,
+            upstream_writer,
+            zero_copy=True,
+            forward_client=entry.model,
+        )
 
     async def _connect(
         self,
@@ -265,7 +277,7 @@ class EgressProxy:
         )
         writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         await writer.drain()
-        await _pipe_both(reader, writer, upstream_reader, upstream_writer)
+        await _pipe_both(reader, writer, upstream_reader, upstream_writer, zero_copy=True)
 
     async def _inspect(
         self,
@@ -299,6 +311,10 @@ class EgressProxy:
             reason = f"HTTP {inner.method} can have effects; only GET and HEAD pass"
             await self._deny(writer, shown, Denied(403, reason), started, body=body)
             return
+        if not entry.model and _declares_body(inner):
+            body = await self._body_facts(inner, reader)
+            await self._deny(writer, shown, Denied(403, READ_WITH_BODY), started, body=body)
+            return
         address, upstream_reader, upstream_writer = await self._dial(
             host, port, tls=self.upstream_tls, server_hostname=host
         )
@@ -312,7 +328,9 @@ class EgressProxy:
             category="model" if entry.model else "egress",
             detail={"resolved": address, "tls": "inspected"},
         )
-        await _pipe_both(reader, writer, upstream_reader, upstream_writer)
+        await _pipe_both(
+            reader, writer, upstream_reader, upstream_writer, forward_client=entry.model
+        )
 
     async def _dial(
         self,
@@ -355,6 +373,10 @@ class EgressProxy:
                     ),
                     CONNECT_TIMEOUT_S,
                 )
+                if tls is None and isinstance(writer.transport, asyncio.ReadTransport):
+                    # Nothing is read until the relay decides how: the reply may be
+                    # spliced past Python entirely (see _pipe_both).
+                    writer.transport.pause_reading()
                 return address, reader, writer
             except (OSError, TimeoutError, ssl.SSLError) as exc:
                 failures.append(
@@ -495,16 +517,64 @@ async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
                 dst.write_eof()
 
 
+READ_WITH_BODY = "a read (GET or HEAD) carries no body; one that does is not forwarded"
+
+
+def _declares_body(request: _Request) -> bool:
+    length = (request.header("content-length") or "0").strip()
+    return length != "0" or request.header("transfer-encoding") is not None
+
+
+async def _discard(src: asyncio.StreamReader, upstream: asyncio.StreamWriter) -> None:
+    """What a reader sends after its head goes nowhere: a second, pipelined request
+    would otherwise reach the outside unjudged. Its end still ends the upstream's half."""
+    try:
+        while await src.read(CHUNK):
+            pass
+    except (ConnectionError, asyncio.CancelledError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            if upstream.can_write_eof():
+                upstream.write_eof()
+
+
+async def _splice_down(upstream: asyncio.StreamWriter, client: asyncio.StreamWriter) -> None:
+    """The reply, upstream to client, inside the kernel; then end the client's half."""
+    await splice.relay(upstream.get_extra_info("socket"), client.get_extra_info("socket"))
+    with contextlib.suppress(Exception):
+        if client.can_write_eof():
+            client.write_eof()
+
+
 async def _pipe_both(
     client_reader: asyncio.StreamReader,
     client_writer: asyncio.StreamWriter,
     upstream_reader: asyncio.StreamReader,
     upstream_writer: asyncio.StreamWriter,
+    *,
+    zero_copy: bool = False,
+    forward_client: bool = True,
 ) -> None:
+    """Relay until both ends are done.
+
+    `zero_copy`: both connections are plain TCP and the upstream's transport has
+    never read (`_dial` pauses it), so its bytes can be spliced to the client.
+    `forward_client`: the client's further bytes go upstream (a model call's body,
+    a tunnel); a read's head was all it may send."""
+    if zero_copy and splice.AVAILABLE:
+        down = _splice_down(upstream_writer, client_writer)
+    else:
+        if isinstance(upstream_writer.transport, asyncio.ReadTransport):
+            upstream_writer.transport.resume_reading()
+        down = _pump(upstream_reader, client_writer)
     try:
-        await asyncio.gather(
-            _pump(client_reader, upstream_writer), _pump(upstream_reader, client_writer)
+        up = (
+            _pump(client_reader, upstream_writer)
+            if forward_client
+            else _discard(client_reader, upstream_writer)
         )
+        await asyncio.gather(up, down)
     finally:
         with contextlib.suppress(Exception):
             upstream_writer.close()

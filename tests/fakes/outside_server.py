@@ -3,6 +3,9 @@
 HTTP on 8080 (GET/HEAD answer, every request recorded, body hashed), a plain
 TCP listener on 8443 standing in for an HTTPS site (records connections), and a
 UDP listener on 9999 (records datagrams). `GET /__seen` returns the record.
+On 8081 a sloppy HTTP server: it answers the first request and then records
+every request line that still arrives on the connection, `Connection: close` or
+not, so a test can see whether any byte of a pipelined request left the proxy.
 """
 
 from __future__ import annotations
@@ -95,6 +98,41 @@ def tcp_listener(port: int) -> None:
         conn.close()
 
 
+METHODS = (b"GET ", b"HEAD ", b"POST ", b"PUT ", b"PATCH ", b"DELETE ", b"OPTIONS ")
+
+
+def sloppy_connection(conn: socket.socket) -> None:
+    received = b""
+    answered = False
+    with conn:
+        conn.settimeout(30)
+        while True:
+            try:
+                chunk = conn.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            received += chunk
+            if not answered and b"\r\n\r\n" in received:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsloppy")
+                answered = True
+    for line in received.split(b"\r\n"):
+        if line.startswith(METHODS):
+            method, _, rest = line.decode("latin-1").partition(" ")
+            note({"proto": "sloppy", "method": method, "path": rest.rsplit(" ", 1)[0]})
+
+
+def sloppy_listener(port: int) -> None:
+    srv = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("::", port))
+    srv.listen(16)
+    while True:
+        conn, _ = srv.accept()
+        threading.Thread(target=sloppy_connection, args=(conn,), daemon=True).start()
+
+
 def udp_listener(port: int) -> None:
     srv = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     srv.bind(("::", port))
@@ -125,6 +163,7 @@ def main() -> int:
     if os.path.exists("/srv/tls/server.pem"):
         threading.Thread(target=https_server, args=(8444,), daemon=True).start()
     threading.Thread(target=tcp_listener, args=(8443,), daemon=True).start()
+    threading.Thread(target=sloppy_listener, args=(8081,), daemon=True).start()
     threading.Thread(target=udp_listener, args=(9999,), daemon=True).start()
     DualStackServer(("::", 8080), Handler).serve_forever()
     return 0

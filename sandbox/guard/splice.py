@@ -1,0 +1,97 @@
+"""Zero-copy relay for the egress proxy: socket -> pipe -> socket inside the kernel.
+
+Once the proxy has judged a request, the reply is only bytes to pass on. Copying
+them through Python (recv into a buffer, the stream reader's buffer, send) costs
+the 1-CPU guard more than the transfer itself; `splice(2)` moves them without
+ever entering user space. It runs in a thread of its own per relay (never the
+shared default executor, which a few slow downloads would fill), on duplicates
+of the sockets' descriptors, so the event loop closing its transports can never
+leave the thread holding a number that now names another socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import select
+import socket
+import threading
+
+AVAILABLE = hasattr(os, "splice")
+PIPE_BYTES = 1024 * 1024
+POLL_MS = 200  # how soon a relay notices it was told to stop
+F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+def _wait(fd: int, events: int, stop: threading.Event) -> bool:
+    """Until `fd` is ready for `events` (or hung up); False once told to stop."""
+    poller = select.poll()
+    poller.register(fd, events)
+    while not stop.is_set():
+        if poller.poll(POLL_MS):
+            return True
+    return False
+
+
+def _relay(src_fd: int, dst_fd: int, stop: threading.Event) -> int:
+    """Move everything `src_fd` sends to `dst_fd` until end of stream; bytes moved."""
+    moved = 0
+    pipe_r, pipe_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
+    try:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(pipe_w, F_SETPIPE_SZ, PIPE_BYTES)
+        while True:
+            try:
+                got = os.splice(src_fd, pipe_w, PIPE_BYTES, flags=flags)
+            except BlockingIOError:
+                if not _wait(src_fd, select.POLLIN, stop):
+                    return moved
+                continue
+            if got == 0:
+                return moved
+            while got:
+                try:
+                    sent = os.splice(pipe_r, dst_fd, got, flags=flags)
+                except BlockingIOError:
+                    if not _wait(dst_fd, select.POLLOUT, stop):
+                        return moved
+                    continue
+                got -= sent
+                moved += sent
+    except OSError:  # reset, broken pipe: the relay ends, as a copy loop would
+        return moved
+    finally:
+        os.close(pipe_r)
+        os.close(pipe_w)
+
+
+async def relay(src: socket.socket, dst: socket.socket) -> int:
+    """Splice `src` into `dst` until `src` ends; the bytes moved. Cancel to stop early."""
+    src_fd, dst_fd = os.dup(src.fileno()), os.dup(dst.fileno())
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[int] = loop.create_future()
+    stop = threading.Event()
+
+    def run() -> None:
+        moved = 0
+        try:
+            moved = _relay(src_fd, dst_fd, stop)
+        finally:
+            os.close(src_fd)
+            os.close(dst_fd)
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits
+                loop.call_soon_threadsafe(_settle, done, moved)
+
+    threading.Thread(target=run, name="egress-splice", daemon=True).start()
+    try:
+        return await asyncio.shield(done)
+    finally:
+        stop.set()
+
+
+def _settle(future: asyncio.Future[int], moved: int) -> None:
+    if not future.done():
+        future.set_result(moved)
