@@ -11,6 +11,7 @@ runner died. Containers never outlive `execute()`.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -409,21 +410,27 @@ class TestRun:
         containers.connect_networks(client, guard, plan.networks[1:])
         inspect_tls = plan.workflow.egress.inspect_tls
         step_container = None
-        if not inspect_tls:
-            step_container = owned.create(
-                launch.step_spec(plan, str(guard.id), has_ca_bundle=False)
-            )
-        with containers.OutputFollower(guard, deadline_s=GUARD_START_DEADLINE_S) as output:
-            guard.start()
-            self._await_firewall(plan, output)
-            if inspect_tls:
-                # The step must trust the CA the guard makes at start-up: wait for it.
-                if not output.wait_for_line(GUARD_READY_MARK):
-                    raise LaunchError(f"the guard did not come up: {output.tail()}")
-                self._trust_egress_ca(plan.layout)
-                step_container = owned.create(
-                    launch.step_spec(plan, str(guard.id), has_ca_bundle=True)
-                )
+        # The step is created beside the guard's start. Leaving the pool waits for the
+        # creation on every way out, so an interrupted launch never leaves a container
+        # that `owned` does not hold.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            early_step = None
+            if not inspect_tls:
+                spec = launch.step_spec(plan, str(guard.id), has_ca_bundle=False)
+                early_step = pool.submit(owned.create, spec)
+            with containers.OutputFollower(guard, deadline_s=GUARD_START_DEADLINE_S) as output:
+                guard.start()
+                self._await_firewall(plan, output)
+                if inspect_tls:
+                    # The step must trust the CA the guard makes at start-up: wait for it.
+                    if not output.wait_for_line(GUARD_READY_MARK):
+                        raise LaunchError(f"the guard did not come up: {output.tail()}")
+                    self._trust_egress_ca(plan.layout)
+                    step_container = owned.create(
+                        launch.step_spec(plan, str(guard.id), has_ca_bundle=True)
+                    )
+            if early_step is not None:
+                step_container = early_step.result()
         if step_container is None:  # unreachable: one of the two branches made it
             raise LaunchError("the step container was not created")
         return guard, step_container
