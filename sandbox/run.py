@@ -292,6 +292,7 @@ class TestRun:
         step_started = False
         watch: FolderWatch | None = None
         quota: QuotaWatch | None = None
+        guard_watch: containers.ExitWatch | None = None
         usage: containers.Usage | None = None
         try:
             t0 = time.monotonic()
@@ -309,6 +310,10 @@ class TestRun:
             )
             step_container.start()
             step_started = True
+            # Started after the step, so a guard already dead kills a step that runs.
+            guard_watch = containers.ExitWatch(
+                guard, on_exit=lambda: containers.kill(step_container)
+            )
             quota.start()
             usage = containers.watch_usage(step_container)
             record.phases.container_start_s = time.monotonic() - t0
@@ -323,6 +328,7 @@ class TestRun:
             record.phases.step_s = time.monotonic() - t0
 
             t0 = time.monotonic()
+            guard_watch.cancel()
             guard_running, guard_exit = containers.is_running(guard)
             containers.stop(guard)
             record.guard_log = containers.output_tails(guard)[1]
@@ -368,7 +374,11 @@ class TestRun:
                 quota.cancel()
             if watch is not None:
                 watch.stop()
+            if guard_watch is not None:
+                guard_watch.cancel()
             owned.remove_all()
+            if guard_watch is not None:
+                guard_watch.join()
 
     # -- launch ----------------------------------------------------------------
 

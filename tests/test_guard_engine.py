@@ -277,24 +277,20 @@ def test_crew_call_is_refused_and_fails_the_step(
     assert "crew was refused in test mode" in record.reason
 
 
-def test_killing_the_guard_fails_closed_and_records_error(
+def test_killing_the_guard_stops_the_step_and_records_error(
     engine: DockerClient, make_workflow: WorkflowFactory, fake: FakeJobBoard
 ) -> None:
-    wf = make_workflow(command=["python3", "/workflow/code/step.py"])
+    """A step never runs on without its guard: the run kills it at once (it would sleep
+    for 300 s) and records `error`, naming the guard; nothing reached upstream."""
+    wf = make_workflow(command=["python3", "/workflow/code/step.py"], timeout_s=600)
     (wf / "code" / "step.py").write_text(
         textwrap.dedent(
             """
-        import json, os, time, pathlib, agentworks_bridge
-        first = agentworks_bridge.call("notify_user", {"text": "one"})
+        import pathlib, time, agentworks_bridge
+        assert agentworks_bridge.call("notify_user", {"text": "one"})["decision"] == "stub"
         pathlib.Path("ready").write_text("1")
-        deadline = time.monotonic() + 60
-        while not pathlib.Path("go").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        try:
-            second = agentworks_bridge.call("notify_user", {"text": "two"})
-        except agentworks_bridge.BridgeError as exc:
-            second = {"bridge_error": str(exc)}
-        print(json.dumps([first["decision"], second]))
+        time.sleep(300)
+        print("the step outlived its guard")
         """
         )
     )
@@ -311,26 +307,22 @@ def test_killing_the_guard_fails_closed_and_records_error(
         deadline = time.monotonic() + 120
         ready = None
         while ready is None:
-            assert time.monotonic() < deadline, "the step never got ready"
-            ready = (
-                next((p for p in (wf / "runs").glob("test-*/g/ready")), None)
-                if (wf / "runs").exists()
-                else None
-            )
+            assert time.monotonic() < deadline and thread.is_alive(), "the step never got ready"
+            ready = next(iter(wf.glob("runs/test-*/g/ready")), None)
             time.sleep(0.05)
         run_id = ready.parent.parent.name
         (guard,) = engine.containers.list(
             filters={"label": ["sandbox.role=guard", f"sandbox.run-id={run_id}"]}
         )
         guard.kill()
-        (ready.parent / "go").write_text("1")
     finally:
         thread.join(timeout=120)
+    assert not thread.is_alive(), "the run went on without its guard"
     (record,) = result
-    first, second = json.loads(record.stdout.text)
-    assert first == "stub"
-    assert "bridge not reachable" in second["bridge_error"]
     assert record.status is RunStatus.ERROR and "guard stopped" in record.reason
+    assert record.exit_code == 137  # killed, not finished
+    assert "outlived" not in record.stdout.text
+    assert fake.state()["calls"] == []
 
 
 def test_job_board_steps_pass_and_change_nothing_outside(

@@ -12,7 +12,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -248,6 +248,44 @@ def wait(container: Container, timeout_s: float) -> int | None:
     except docker.errors.NotFound:
         return None
     return int(result.get("StatusCode", -1))
+
+
+class ExitWatch:
+    """Calls back, from a thread, if a container stops before `cancel()`.
+
+    The run kills its step when the guard dies: a step has no business running on
+    without its guard (every call would fail, the action log could not be
+    complete), and a guard that dies while starting would otherwise leave the
+    step's executor waiting for it until its deadline."""
+
+    POLL_S = 60.0  # one engine wait at a time; a long wait is re-issued
+
+    def __init__(self, container: Container, on_exit: Callable[[], None]) -> None:
+        self._container = container
+        self._on_exit = on_exit
+        self._cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="exit-watch", daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        while not self._cancelled.is_set():
+            try:
+                code = wait(self._container, self.POLL_S)
+            except Exception:  # the engine went away: the run's own wait will say so
+                return
+            if self._cancelled.is_set():
+                return
+            if code is not None or not is_running(self._container)[0]:
+                self._on_exit()
+                return
+
+    def cancel(self) -> None:
+        """No call back from now on (the runner is about to stop the container itself)."""
+        self._cancelled.set()
+
+    def join(self, timeout_s: float = 5.0) -> None:
+        """Wait for the thread, which ends once the container is stopped or gone."""
+        self._thread.join(timeout=timeout_s)
 
 
 def kill(container: Container) -> None:
