@@ -20,6 +20,7 @@ from typing import Final
 from pydantic import BaseModel, Field
 
 from sandbox.errors import PrepareError
+from sandbox.fdcopy import copy_fd
 
 __all__ = [
     "DEFAULT_CAP_BYTES",
@@ -28,7 +29,6 @@ __all__ = [
     "LeftOut",
     "SymlinkEntry",
     "copy_execution_tree",
-    "copy_fd",
     "newest_real_run",
 ]
 
@@ -38,12 +38,6 @@ TEST_RUN_PREFIX: Final = "test-"
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-_CHUNK: Final = 64 * 1024**2
-
-# errnos that mean "this fast path does not work here, use the next one".
-_FALLBACK_ERRNOS: Final = frozenset(
-    {errno.ENOSYS, errno.EXDEV, errno.EINVAL, errno.EOPNOTSUPP, errno.ETXTBSY, errno.EBADF}
-)
 
 
 class CopyTreeError(PrepareError):
@@ -79,52 +73,6 @@ class CopyReport(BaseModel):
     left_out: list[LeftOut] = Field(default_factory=list)
     skipped_special: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
-
-
-def copy_fd(src_fd: int, dst_fd: int, limit: int | None = None) -> int:
-    """Copy ``src_fd`` from offset 0 to ``dst_fd`` (at offset 0), at most ``limit`` bytes.
-
-    Tries ``os.copy_file_range`` (may reflink), then ``os.sendfile``, then pread/write. Stops at
-    end of file or at ``limit``; returns the bytes copied. Neither fd's file position is used
-    for reading, so the source fd may be shared with other users (e.g. lock holders).
-    """
-    copied = 0
-
-    def remaining() -> int:
-        return _CHUNK if limit is None else min(_CHUNK, limit - copied)
-
-    if hasattr(os, "copy_file_range"):
-        try:
-            while (want := remaining()) > 0:
-                n = os.copy_file_range(src_fd, dst_fd, want, copied, copied)
-                if n == 0:
-                    return copied
-                copied += n
-            return copied
-        except OSError as exc:
-            if exc.errno not in _FALLBACK_ERRNOS:
-                raise
-    try:
-        while (want := remaining()) > 0:
-            os.lseek(dst_fd, copied, os.SEEK_SET)
-            n = os.sendfile(dst_fd, src_fd, copied, want)
-            if n == 0:
-                return copied
-            copied += n
-        return copied
-    except OSError as exc:
-        if exc.errno not in _FALLBACK_ERRNOS:
-            raise
-    while (want := remaining()) > 0:
-        data = os.pread(src_fd, min(want, 1024**2), copied)
-        if not data:
-            break
-        view = memoryview(data)
-        while view:
-            written = os.pwrite(dst_fd, view, copied)
-            view = view[written:]
-            copied += written
-    return copied
 
 
 def _display(parts: tuple[str, ...]) -> str:

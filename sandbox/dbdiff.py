@@ -26,7 +26,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, Field
 
-from sandbox.copytree import copy_fd
+from sandbox.fdcopy import copy_fd
 
 __all__ = ["DbDiff", "JsonValue", "RowChange", "TableDiff", "diff_databases"]
 

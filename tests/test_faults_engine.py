@@ -416,7 +416,7 @@ def copy_rows(wf: Path, record: TestRunRecord) -> list[tuple[int, str]]:
 def helper_running() -> bool:
     """dbcopy's snapshot helper (a child of this process) is trying to copy."""
     me = psutil.Process()
-    return any("_helper_main" in " ".join(p.cmdline()) for p in me.children(recursive=True))
+    return any("sandbox.dbsnapshot" in " ".join(p.cmdline()) for p in me.children(recursive=True))
 
 
 @pytest.mark.parametrize(
