@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from typing import Final
 
 _CHUNK: Final = 64 * 1024**2
@@ -31,28 +32,32 @@ def copy_fd(src_fd: int, dst_fd: int, limit: int | None = None) -> int:
     def remaining() -> int:
         return _CHUNK if limit is None else min(_CHUNK, limit - copied)
 
-    if hasattr(os, "copy_file_range"):
+    def until_done(step: Callable[[int], int]) -> bool:
+        """Copy with `step` to the end or the limit; False when it does not work here."""
+        nonlocal copied
         try:
             while (want := remaining()) > 0:
-                n = os.copy_file_range(src_fd, dst_fd, want, copied, copied)
+                n = step(want)
                 if n == 0:
-                    return copied
+                    return True
                 copied += n
-            return copied
+            return True
         except OSError as exc:
             if exc.errno not in _FALLBACK_ERRNOS:
                 raise
-    try:
-        while (want := remaining()) > 0:
-            os.lseek(dst_fd, copied, os.SEEK_SET)
-            n = os.sendfile(dst_fd, src_fd, copied, want)
-            if n == 0:
-                return copied
-            copied += n
+            return False
+
+    def by_copy_file_range(want: int) -> int:
+        return os.copy_file_range(src_fd, dst_fd, want, copied, copied)
+
+    def by_sendfile(want: int) -> int:
+        os.lseek(dst_fd, copied, os.SEEK_SET)
+        return os.sendfile(dst_fd, src_fd, copied, want)
+
+    if hasattr(os, "copy_file_range") and until_done(by_copy_file_range):
         return copied
-    except OSError as exc:
-        if exc.errno not in _FALLBACK_ERRNOS:
-            raise
+    if until_done(by_sendfile):
+        return copied
     while (want := remaining()) > 0:
         data = os.pread(src_fd, min(want, 1024**2), copied)
         if not data:
