@@ -562,7 +562,8 @@ async def _pipe_both(
     never read (`_dial` pauses it), so its bytes can be spliced to the client.
     `forward_client`: the client's further bytes go upstream (a model call's body,
     a tunnel); a read's head was all it may send."""
-    if zero_copy and splice.AVAILABLE:
+    # Splicing writes past the client's transport: only when it holds nothing unsent.
+    if zero_copy and splice.AVAILABLE and client_writer.transport.get_write_buffer_size() == 0:
         down = _splice_down(upstream_writer, client_writer)
     else:
         if isinstance(upstream_writer.transport, asyncio.ReadTransport):
