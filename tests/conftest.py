@@ -12,6 +12,8 @@ import json
 import os
 import sqlite3
 import textwrap
+import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,10 +21,13 @@ from typing import Any
 import docker
 import pytest
 from docker import DockerClient
+from docker.models.containers import Container
 
 from sandbox.engine import images
 from sandbox.engine.containers import LABEL_MANAGED, LABEL_RUN_ROOT, LABEL_RUNNER_PID
 from sandbox.engine.gc import orphaned
+from sandbox.record import TestRunRecord
+from sandbox.run import RunOptions, TestRun
 
 
 @pytest.fixture(scope="session")
@@ -133,3 +138,53 @@ def tree_digest(root: Path, *, skip_test_runs: bool = True) -> dict[str, str]:
             with os.fdopen(fd, "rb") as handle:
                 out[rel] = hashlib.sha256(handle.read()).hexdigest() + f":{st.st_mode:o}"
     return out
+
+
+class ThreadedRun:
+    """One test run in a thread, so a test can act while it runs (kill its guard, read
+    its processes, let the step go on). Leaving the block waits for the run to end."""
+
+    def __init__(
+        self, workflow_dir: Path, options: RunOptions | None = None, *, join_s: float = 180
+    ) -> None:
+        self.workflow_dir = workflow_dir
+        self._join_s = join_s
+        self._result: list[TestRunRecord] = []
+        self._thread = threading.Thread(
+            target=lambda: self._result.append(TestRun(workflow_dir, "step1", options).execute())
+        )
+
+    def __enter__(self) -> ThreadedRun:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._thread.join(timeout=self._join_s)
+
+    def wait_for_file(self, pattern: str, deadline_s: float = 120) -> Path:
+        """The first path under the workflow's `runs/` matching `pattern`, once it exists."""
+        runs = self.workflow_dir / "runs"
+        end = time.monotonic() + deadline_s
+        while True:
+            found = next(runs.glob(pattern), None) if runs.exists() else None
+            if found is not None:
+                return found
+            assert time.monotonic() < end, f"{pattern} never appeared"
+            assert self._thread.is_alive(), f"the run ended before {pattern} appeared"
+            time.sleep(0.05)
+
+    @staticmethod
+    def guard(client: DockerClient, run_id: str) -> Container:
+        (guard,) = client.containers.list(
+            filters={"label": ["sandbox.role=guard", f"sandbox.run-id={run_id}"]}
+        )
+        return guard
+
+    @property
+    def finished(self) -> bool:
+        return not self._thread.is_alive()
+
+    @property
+    def record(self) -> TestRunRecord:
+        (record,) = self._result
+        return record

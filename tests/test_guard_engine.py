@@ -19,7 +19,7 @@ from sandbox.policy import stub_reply
 from sandbox.record import RunStatus, TestRunRecord
 from sandbox.run import RunOptions, TestRun
 from sandbox.wire import ActionLine
-from tests.conftest import WorkflowFactory, tree_digest
+from tests.conftest import ThreadedRun, WorkflowFactory, tree_digest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "job-board" / "fake_api"))
 from harness import FakeJobBoard, fake_jobboard
@@ -294,31 +294,11 @@ def test_killing_the_guard_stops_the_step_and_records_error(
         """
         )
     )
-    import threading
-
-    result: list[TestRunRecord] = []
-    thread = threading.Thread(
-        target=lambda: result.append(
-            TestRun(wf, "step1", RunOptions(upstream_networks=(fake.network,))).execute()
-        )
-    )
-    thread.start()
-    try:
-        deadline = time.monotonic() + 120
-        ready = None
-        while ready is None:
-            assert time.monotonic() < deadline and thread.is_alive(), "the step never got ready"
-            ready = next(iter(wf.glob("runs/test-*/g/ready")), None)
-            time.sleep(0.05)
-        run_id = ready.parent.parent.name
-        (guard,) = engine.containers.list(
-            filters={"label": ["sandbox.role=guard", f"sandbox.run-id={run_id}"]}
-        )
-        guard.kill()
-    finally:
-        thread.join(timeout=120)
-    assert not thread.is_alive(), "the run went on without its guard"
-    (record,) = result
+    with ThreadedRun(wf, RunOptions(upstream_networks=(fake.network,)), join_s=120) as run:
+        ready = run.wait_for_file("test-*/g/ready")
+        run.guard(engine, ready.parents[1].name).kill()
+    assert run.finished, "the run went on without its guard"
+    record = run.record
     assert record.status is RunStatus.ERROR and "guard stopped" in record.reason
     assert record.exit_code == 137  # killed, not finished
     assert "outlived" not in record.stdout.text
@@ -379,8 +359,6 @@ def test_the_running_guard_holds_no_capability_and_left_no_config(
 ) -> None:
     """NET_ADMIN is the entry script's only: every process of a live guard runs as the
     guard uid with all capability sets empty, and the config file (tokens) is gone."""
-    import threading
-
     wf = make_workflow(command=["python3", "/workflow/code/step.py"])
     (wf / "code" / "step.py").write_text(
         textwrap.dedent(
@@ -394,34 +372,23 @@ def test_the_running_guard_holds_no_capability_and_left_no_config(
         """
         )
     )
-    result: list[TestRunRecord] = []
-    thread = threading.Thread(target=lambda: result.append(TestRun(wf, "step1").execute()))
-    thread.start()
-    try:
-        deadline = time.monotonic() + 120
-        ready = None
-        while ready is None:
-            assert time.monotonic() < deadline and thread.is_alive(), "the step never got ready"
-            ready = next(iter(wf.glob("runs/test-*/g/ready")), None)
-            time.sleep(0.05)
-        run_root = ready.parent.parent
-        (guard,) = engine.containers.list(
-            filters={"label": ["sandbox.role=guard", f"sandbox.run-id={run_root.name}"]}
-        )
-        top = guard.top()
-        pid_column = top["Titles"].index("PID")
-        statuses = [_status_fields(int(row[pid_column])) for row in top["Processes"]]
-        assert len(statuses) >= 2, "tini and the guard"
-        for status in statuses:
-            assert status["Uid"].split() == [str(GUARD_UID)] * 4, status["Name"]
-            for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
-                assert int(status[field], 16) == 0, (status["Name"], field)
-            assert status["NoNewPrivs"].strip() == "1"
-        assert not (run_root / "guard" / "config.json").exists()
-        assert sorted(p.name for p in (run_root / "guard").iterdir()) == []
-    finally:
-        for group in wf.glob("runs/test-*/g"):
-            (group / "go").write_text("1")
-        thread.join(timeout=120)
-    (record,) = result
-    assert record.status is RunStatus.PASSED, record.reason
+    with ThreadedRun(wf, join_s=120) as run:
+        try:
+            ready = run.wait_for_file("test-*/g/ready")
+            run_root = ready.parents[1]
+            guard = run.guard(engine, run_root.name)
+            top = guard.top()
+            pid_column = top["Titles"].index("PID")
+            statuses = [_status_fields(int(row[pid_column])) for row in top["Processes"]]
+            assert len(statuses) >= 2, "tini and the guard"
+            for status in statuses:
+                assert status["Uid"].split() == [str(GUARD_UID)] * 4, status["Name"]
+                for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+                    assert int(status[field], 16) == 0, (status["Name"], field)
+                assert status["NoNewPrivs"].strip() == "1"
+            assert not (run_root / "guard" / "config.json").exists()
+            assert sorted(p.name for p in (run_root / "guard").iterdir()) == []
+        finally:
+            for group in wf.glob("runs/test-*/g"):
+                (group / "go").write_text("1")
+    assert run.record.status is RunStatus.PASSED, run.record.reason

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +34,7 @@ from sandbox.policy import stub_reply
 from sandbox.record import RunStatus, TestRunRecord
 from sandbox.run import RunOptions, TestRun
 from sandbox.wire import ActionLine
-from tests.conftest import WorkflowFactory, tree_digest
+from tests.conftest import ThreadedRun, WorkflowFactory, tree_digest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "job-board" / "fake_api"))
 from harness import FAKE_LABEL, FakeJobBoard, fake_jobboard
@@ -328,16 +327,6 @@ json.dump(out, open("out.json", "w"))
 """
 
 
-def _wait_for_file(root: Path, pattern: str, deadline_s: float = 120) -> Path:
-    end = time.monotonic() + deadline_s
-    while True:
-        found = next(root.glob(pattern), None) if root.exists() else None
-        if found is not None:
-            return found
-        assert time.monotonic() < end, f"{pattern} never appeared"
-        time.sleep(0.05)
-
-
 def _guard_exec(guard: Container, *cmd: str) -> str:
     code, output = guard.exec_run(list(cmd), user="10002:10002")
     assert code == 0, output
@@ -369,14 +358,9 @@ def test_server_that_hangs_or_dies_is_stubbed_and_the_step_goes_on(
     (wf / "memory").mkdir()
     (wf / "memory" / "graph.jsonl").write_text("".join(json.dumps(x) + "\n" for x in GRAPH))
 
-    result: list[TestRunRecord] = []
-    thread = threading.Thread(target=lambda: result.append(TestRun(wf, "step1").execute()))
-    thread.start()
-    try:
-        ready1 = _wait_for_file(wf / "runs", "test-*/g/ready1")
-        (guard,) = engine.containers.list(
-            filters={"label": ["sandbox.role=guard", f"sandbox.run-id={ready1.parents[1].name}"]}
-        )
+    with ThreadedRun(wf) as run:
+        ready1 = run.wait_for_file("test-*/g/ready1")
+        guard = run.guard(engine, ready1.parents[1].name)
         ps = _guard_exec(guard, "ps", "-eo", "pid=,args=")
         (pid,) = [ln.split()[0] for ln in ps.splitlines() if "mcp-server-memory" in ln]
         # The server's own environment: its credential, a minimal PATH, nothing of the guard's.
@@ -388,12 +372,10 @@ def test_server_that_hangs_or_dies_is_stubbed_and_the_step_goes_on(
         assert set(env) <= {*SERVER_ENV_KEYS, "MEMORY_FILE_PATH", "SANDBOX_TEST_MEMORY_TOKEN"}
         _guard_exec(guard, "kill", "-STOP", pid)  # the server hangs
         (ready1.parent / "go1").write_text("1")
-        ready2 = _wait_for_file(wf / "runs", "test-*/g/ready2")
+        ready2 = run.wait_for_file("test-*/g/ready2")
         _guard_exec(guard, "kill", "-KILL", pid)  # the server dies
         (ready2.parent / "go2").write_text("1")
-    finally:
-        thread.join(timeout=180)
-    (record,) = result
+    record = run.record
     assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text)
     out = json.loads((wf / "runs" / record.id / "g" / "out.json").read_text())
     lines = [ln for ln in _lines(record) if ln.category == "mcp"]
@@ -593,25 +575,17 @@ def test_http_server_tool_added_between_calls_is_judged_at_the_second_call(
         ),
     )
     (wf / "code" / "step.py").write_text(textwrap.dedent(HTTP_STEP))
-    result: list[TestRunRecord] = []
     with openapi_server(engine, fake, spec_dir) as address:
         (wf / "workflow.toml").write_text(
             (wf / "workflow.toml")
             .read_text()
             .replace('"/workflow/code/step.py"]', f'"/workflow/code/step.py", "{address}"]')
         )
-        options = RunOptions(upstream_networks=(fake.network,))
-        thread = threading.Thread(
-            target=lambda: result.append(TestRun(wf, "step1", options).execute())
-        )
-        thread.start()
-        try:
-            ready = _wait_for_file(wf / "runs", "test-*/g/ready")
+        with ThreadedRun(wf, RunOptions(upstream_networks=(fake.network,))) as run:
+            ready = run.wait_for_file("test-*/g/ready")
             _write_spec(spec_dir, 2)  # the API gains two operations: the server, two tools
             (ready.parent / "go").write_text("1")
-        finally:
-            thread.join(timeout=180)
-    (record,) = result
+    record = run.record
     assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text)
     out = json.loads((wf / "runs" / record.id / "g" / "out.json").read_text())
     lines = [ln for ln in _lines(record) if ln.category == "mcp"]
