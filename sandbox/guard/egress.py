@@ -213,14 +213,10 @@ class EgressProxy:
             reason = f"{url.hostname}:{port} is not on the egress allow list"
             await self._deny(writer, request, Denied(403, reason), started, body=body)
             return
-        if request.method not in READ_METHODS and not entry.model:
+        why_not = _not_a_read(request, entry)
+        if why_not is not None:
             body = await self._body_facts(request, reader)
-            reason = f"HTTP {request.method} can have effects; only GET and HEAD pass"
-            await self._deny(writer, request, Denied(403, reason), started, body=body)
-            return
-        if not entry.model and _declares_body(request):
-            body = await self._body_facts(request, reader)
-            await self._deny(writer, request, Denied(403, READ_WITH_BODY), started, body=body)
+            await self._deny(writer, request, Denied(403, why_not), started, body=body)
             return
         address, upstream_reader, upstream_writer = await self._dial(url.hostname, port)
         path = url.path or "/"
@@ -306,14 +302,10 @@ class EgressProxy:
                 writer, shown, refusal, started, body=await self._body_facts(inner, reader)
             )
             return
-        if inner.method not in READ_METHODS and not entry.model:
+        why_not = _not_a_read(inner, entry)
+        if why_not is not None:
             body = await self._body_facts(inner, reader)
-            reason = f"HTTP {inner.method} can have effects; only GET and HEAD pass"
-            await self._deny(writer, shown, Denied(403, reason), started, body=body)
-            return
-        if not entry.model and _declares_body(inner):
-            body = await self._body_facts(inner, reader)
-            await self._deny(writer, shown, Denied(403, READ_WITH_BODY), started, body=body)
+            await self._deny(writer, shown, Denied(403, why_not), started, body=body)
             return
         address, upstream_reader, upstream_writer = await self._dial(
             host, port, tls=self.upstream_tls, server_hostname=host
@@ -517,12 +509,19 @@ async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
                 dst.write_eof()
 
 
-READ_WITH_BODY = "a read (GET or HEAD) carries no body; one that does is not forwarded"
+def _not_a_read(request: _Request, entry: EgressEntry) -> str | None:
+    """Why an allow-listed request may not pass as a read, or None when it may.
 
-
-def _declares_body(request: _Request) -> bool:
+    A model endpoint takes any method. Anything else passes only as GET or HEAD
+    without a body (its head is all that is forwarded; see `_discard`)."""
+    if entry.model:
+        return None
+    if request.method not in READ_METHODS:
+        return f"HTTP {request.method} can have effects; only GET and HEAD pass"
     length = (request.header("content-length") or "0").strip()
-    return length != "0" or request.header("transfer-encoding") is not None
+    if length != "0" or request.header("transfer-encoding") is not None:
+        return "a read (GET or HEAD) carries no body; one that does is not forwarded"
+    return None
 
 
 async def _discard(src: asyncio.StreamReader, upstream: asyncio.StreamWriter) -> None:
