@@ -35,32 +35,34 @@ def _wait(fd: int, events: int, stop: threading.Event) -> bool:
     return False
 
 
+def _splice(
+    src: int, dst: int, count: int, wait_for: tuple[int, int], stop: threading.Event
+) -> int | None:
+    """One splice of up to `count` bytes, waiting on `wait_for` (fd, poll events) while
+    it is not ready; the bytes moved (0 at end of stream), or None once told to stop."""
+    while True:
+        try:
+            return os.splice(src, dst, count, flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)
+        except BlockingIOError:
+            if not _wait(*wait_for, stop):
+                return None
+
+
 def _relay(src_fd: int, dst_fd: int, stop: threading.Event) -> int:
     """Move everything `src_fd` sends to `dst_fd` until end of stream; bytes moved."""
     moved = 0
     pipe_r, pipe_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-    flags = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
     try:
         with contextlib.suppress(OSError):
             fcntl.fcntl(pipe_w, F_SETPIPE_SZ, PIPE_BYTES)
-        while True:
-            try:
-                got = os.splice(src_fd, pipe_w, PIPE_BYTES, flags=flags)
-            except BlockingIOError:
-                if not _wait(src_fd, select.POLLIN, stop):
-                    return moved
-                continue
-            if got == 0:
-                return moved
+        while got := _splice(src_fd, pipe_w, PIPE_BYTES, (src_fd, select.POLLIN), stop):
             while got:
-                try:
-                    sent = os.splice(pipe_r, dst_fd, got, flags=flags)
-                except BlockingIOError:
-                    if not _wait(dst_fd, select.POLLOUT, stop):
-                        return moved
-                    continue
+                sent = _splice(pipe_r, dst_fd, got, (dst_fd, select.POLLOUT), stop)
+                if sent is None:
+                    return moved
                 got -= sent
                 moved += sent
+        return moved
     except OSError:  # reset, broken pipe: the relay ends, as a copy loop would
         return moved
     finally:
