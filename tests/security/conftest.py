@@ -22,10 +22,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 from docker import DockerClient
 
 from sandbox.engine.containers import LABEL_RUN_ID
-from sandbox.record import TestRunRecord
+from sandbox.record import RunStatus, TestRunRecord
 from sandbox.run import RunOptions, TestRun
 from tests.conftest import DEFAULT_DB_SQL, tree_digest, write_workflow
 
@@ -217,6 +218,35 @@ def assert_left_no_trace(battery: Battery) -> None:
     assert not battery.record.stdout.truncated, (
         "the step's report was cut; keep attempt details short"
     )
+
+
+def assert_passed_without_trace(battery: Battery) -> None:
+    """A battery whose step survives all its attempts: the run passed, nothing changed,
+    and the step printed nothing but attempt reports."""
+    assert battery.record.status is RunStatus.PASSED, (
+        f"{battery.record.reason}; stderr: {battery.record.stderr.text[-800:]}"
+    )
+    assert_left_no_trace(battery)
+    assert battery.stray_stdout == [], battery.stray_stdout
+
+
+def assert_attempts_match(
+    battery: Battery, safe: dict[str, set[str]], optional: frozenset[str] = frozenset()
+) -> None:
+    """Every attempt the step reported has an expected outcome, and every expected one
+    was reported (`optional` ones may be missing from the report)."""
+    assert sorted(set(battery.attempts) - set(safe) - optional) == []
+    assert sorted(set(safe) - set(battery.attempts)) == []
+
+
+def attempt_params(safe: dict[str, set[str]], known_holes: dict[str, str]) -> list[object]:
+    """One test per attempt; a known hole is a strict xfail, so closing it is noticed."""
+    return [
+        pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=known_holes[name]))
+        if name in known_holes
+        else name
+        for name in safe
+    ]
 
 
 def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
