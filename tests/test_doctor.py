@@ -19,6 +19,7 @@ import pytest
 from docker import DockerClient
 
 from sandbox import doctor
+from sandbox.engine import images
 from sandbox.engine.containers import LABEL_ROLE
 
 EXPECTED_CHECKS = [
@@ -26,8 +27,8 @@ EXPECTED_CHECKS = [
     "cgroups",
     "seccomp support",
     "LSM",
-    "image sandbox-step:current",
-    "image sandbox-guard:current",
+    f"image {images.STEP_IMAGE}",
+    f"image {images.GUARD_IMAGE}",
     "seccomp profile",
     "user namespaces",
     "iptables in the run",

@@ -86,11 +86,18 @@ GATED_STEP = (
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Engine restarts last (it stops every container on the engine); soak only on request."""
-    if "soak" not in (config.getoption("markexpr", "") or ""):
-        for item in items:
-            if item.get_closest_marker("soak") is not None:
-                item.add_marker(pytest.mark.skip(reason="the 100-run soak runs with -m soak"))
+    """The soak and the engine restart run only on request (`-m soak`, `-m engine_restart`):
+    restarting the engine stops every container on it, everyone's on a shared host."""
+    markexpr = config.getoption("markexpr", "") or ""
+    for item in items:
+        if item.get_closest_marker("soak") is not None and "soak" not in markexpr:
+            item.add_marker(pytest.mark.skip(reason="the 100-run soak runs with -m soak"))
+        if item.get_closest_marker("engine_restart") is not None and (
+            "engine_restart" not in markexpr
+        ):
+            item.add_marker(
+                pytest.mark.skip(reason="restarts the host's dockerd; runs with -m engine_restart")
+            )
     items.sort(key=lambda item: item.get_closest_marker("engine_restart") is not None)
 
 

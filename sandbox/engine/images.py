@@ -3,7 +3,9 @@
 Three layers, each tagged by a hash of its inputs so an unchanged layer is
 never rebuilt: a base made by `mmdebstrap` from the host's apt sources (or any
 registry image given as BASE_IMAGE), the step image, and the guard image with
-Python wheels built on the host. The `:current` tags are what runs use.
+Python wheels built on the host. The `:current` tags are what runs use;
+`SANDBOX_IMAGE_TAG` names another tag instead, so several checkouts on one
+engine (parallel CI jobs, a developer beside CI) never run each other's images.
 Building needs the source checkout (the `images/` folder); running does not.
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,8 +31,9 @@ from sandbox.errors import EngineError, ImageMissingError
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGES_DIR = REPO_ROOT / "images"
 BUILD_DIR = REPO_ROOT / "build"
-STEP_IMAGE = "sandbox-step:current"
-GUARD_IMAGE = "sandbox-guard:current"
+IMAGE_TAG = os.environ.get("SANDBOX_IMAGE_TAG", "current")
+STEP_IMAGE = f"sandbox-step:{IMAGE_TAG}"
+GUARD_IMAGE = f"sandbox-guard:{IMAGE_TAG}"
 LABEL = "sandbox.image-inputs"
 # Stdlib-only modules installed in the step image, by the name steps import.
 STEP_MODULES = {
@@ -265,10 +269,16 @@ def build_all(client: DockerClient, base_image: str | None = None) -> BuiltImage
     return BuiltImages(base=base, step=step_tag, guard=guard_tag, rebuilt=rebuilt)
 
 
+_HASH_TAG = re.compile(r":[0-9a-f]{16}$")
+
+
 def _prune_stale_tags(client: DockerClient, keep: set[str]) -> None:
-    """Old hash tags of our images go; an image a container still uses stays."""
+    """Old hash tags of our images go; an image a container still uses stays, and so
+    does one that another checkout's named tag (`SANDBOX_IMAGE_TAG`) still points at."""
     for repository in ("sandbox-step", "sandbox-guard"):
         for image in client.images.list(name=repository):
+            if any(not _HASH_TAG.search(tag) for tag in image.tags if tag not in keep):
+                continue
             for tag in image.tags:
                 if tag not in keep:
                     with contextlib.suppress(docker.errors.APIError):

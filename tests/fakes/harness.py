@@ -15,6 +15,8 @@ from typing import Any
 import docker
 from docker import DockerClient
 
+from sandbox.engine.images import STEP_IMAGE
+
 SERVER = Path(__file__).resolve().parent / "outside_server.py"
 ALIAS = "outside.test"
 
@@ -98,7 +100,7 @@ def outside_server(client: DockerClient) -> Iterator[Outside]:
     container = None
     try:
         container = client.containers.create(
-            "sandbox-step:current",
+            STEP_IMAGE,
             ["python3", "/srv/outside_server.py"],
             name=f"sandbox-fake-outside-{suffix}",
             user="10001:10001",

@@ -21,6 +21,8 @@ from typing import Any
 import docker
 from docker import DockerClient
 
+from sandbox.engine.images import STEP_IMAGE
+
 SERVER = Path(__file__).resolve().parent / "server.py"
 FAKE_LABEL = "sandbox.fake"
 ALIAS = "jobboard"
@@ -44,9 +46,7 @@ class FakeJobBoard:
 
 
 @contextlib.contextmanager
-def fake_jobboard(
-    client: DockerClient, image: str = "sandbox-step:current"
-) -> Iterator[FakeJobBoard]:
+def fake_jobboard(client: DockerClient, image: str = STEP_IMAGE) -> Iterator[FakeJobBoard]:
     suffix = secrets.token_hex(4)
     network = client.networks.create(
         f"sandbox-fake-{suffix}", driver="bridge", internal=True, labels={FAKE_LABEL: "1"}
