@@ -40,12 +40,11 @@ from sandbox.layout import (
     C_CA_BUNDLE,
     C_DB_PATH,
     C_PROMPT,
-    C_WORKFLOW,
     GUARD_UID,
     STEP_UID,
     RunLayout,
 )
-from sandbox.mounts import step_mounts
+from sandbox.mounts import step_mounts, workflow_mounts
 from sandbox.preflight import ENV as PREFLIGHT_ENV
 from sandbox.record import RunnerInfo
 from sandbox.spec import ContainerSpec, Mount
@@ -167,7 +166,7 @@ def guard_spec(plan: RunPlan) -> ContainerSpec:
             Mount(source=str(layout.actions), target=ACTIONS_PATH, read_only=False),
             Mount(source=str(layout.guard_dir), target=DATA_DIR, read_only=False),
             # Stdio MCP servers run in the guard; their data is the workflow's, read-only.
-            Mount(source=str(plan.workflow_dir), target=C_WORKFLOW, read_only=True),
+            *workflow_mounts(layout),
         ],
         tmpfs={"/tmp": "rw,nosuid,nodev,noexec,size=16m"},
         labels=labels(plan, "guard"),

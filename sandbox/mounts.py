@@ -15,6 +15,12 @@ from sandbox.layout import C_CA_BUNDLE, C_CREW, C_DB_DIR, C_PROMPT, C_WORKFLOW, 
 from sandbox.spec import Mount
 
 
+def workflow_mounts(layout: RunLayout) -> list[Mount]:
+    """The real workflow folder at /workflow, read-only: the one view of it that every
+    container of a run gets (the step, and anything else that reads the workflow)."""
+    return [Mount(source=str(layout.workflow_dir), target=C_WORKFLOW, read_only=True)]
+
+
 def step_mounts(
     layout: RunLayout,
     crew_folders: dict[str, Path],
@@ -24,7 +30,7 @@ def step_mounts(
     has_ca_bundle: bool = False,
 ) -> list[Mount]:
     mounts = [
-        Mount(source=str(layout.workflow_dir), target=C_WORKFLOW, read_only=True),
+        *workflow_mounts(layout),
         Mount(source=str(layout.group_dir), target=layout.container_workdir, read_only=False),
     ]
     if has_db:
