@@ -5,8 +5,8 @@ its record; `workflow_run_lock` is the lock a controller takes (shared) for a
 normal run, so no test run starts beside it.
 
 Names are imported on first use (PEP 562): the guard, which imports
-`sandbox.guard`, must not pay for the runner's Docker client, psutil and
-watchdog at every start.
+`sandbox.guard`, must not pay for the runner's Docker client and psutil at
+every start.
 """
 
 from __future__ import annotations

@@ -168,10 +168,12 @@ class Limits(_Strict):
     memory_mb: int = Field(default=1024, ge=32, le=64 * 1024)
     pids: int = Field(default=256, ge=16, le=32768)
     cpus: float = Field(default=1.0, gt=0, le=64)
+    # Accepted and unused: the step's /tmp is a folder of its disk (disk_quota_mb).
     tmpfs_mb: int = Field(default=64, ge=1, le=4096)
     copy_cap_mb: int = Field(default=512, ge=0, le=512)
-    # The step's writable folders (group folder + DB copy) together; past it the
-    # step is stopped and the run recorded as `quota`.
+    # The size of the step's disk: its group folder, its DB copy and its /tmp
+    # together (the copies it starts with included); at the wall the step is stopped
+    # and the run recorded as `quota`.
     disk_quota_mb: int = Field(default=2048, ge=1, le=1024 * 1024)
 
 

@@ -1,8 +1,12 @@
-"""Copy a real run's ``execution/`` tree into a test run's group folder, capped and link-safe.
+"""Copy a tree capped and link-safe: a real run's ``execution/`` tree into a test run's group
+folder, and the step's folders off its disk into the run folder at the end.
 
 Guarantees: no symlink is ever followed (links are re-created from their text), special files
-are skipped, setuid/setgid/sticky bits are stripped, copied bytes never exceed the cap, and every
-left-out file or unreadable entry is listed in the report instead of raised. Not guaranteed:
+are skipped, setuid/setgid/sticky bits are stripped, holes stay holes (a file costs the cap what
+it occupies, not its apparent size), copied bytes never exceed the cap, at most ``max_entries``
+entries are looked at, a chain of folders of any depth is copied without recursion, and every
+left-out file or unreadable entry is reported instead of raised (lists capped at
+``MAX_LISTED``, counts exact). Not guaranteed:
 ownership, hard links, xattrs/ACLs, an atomic snapshot of a tree that changes while copied, and
 the path components above ``src`` (only ``src`` itself is opened without following).
 """
@@ -13,7 +17,7 @@ import contextlib
 import errno
 import os
 import stat
-from collections import deque
+from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Final
 
@@ -33,6 +37,8 @@ __all__ = [
 ]
 
 DEFAULT_CAP_BYTES: Final = 512 * 1024**2
+DEFAULT_MAX_ENTRIES: Final = 200_000
+MAX_LISTED: Final = 1000
 TEST_RUN_PREFIX: Final = "test-"
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -73,6 +79,18 @@ class CopyReport(BaseModel):
     left_out: list[LeftOut] = Field(default_factory=list)
     skipped_special: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)
+    # The lists above keep the first MAX_LISTED entries; the counts are exact.
+    symlinks_count: int = 0
+    left_out_count: int = 0
+    skipped_special_count: int = 0
+    errors_count: int = 0
+    # True when the tree had more entries than the copy's entry cap (the rest not copied).
+    entries_capped: bool = False
+
+    def note_error(self, text: str) -> None:
+        self.errors_count += 1
+        if len(self.errors) < MAX_LISTED:
+            self.errors.append(text[:1000])
 
 
 def _display(parts: tuple[str, ...]) -> str:
@@ -81,18 +99,39 @@ def _display(parts: tuple[str, ...]) -> str:
     return rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _open_dir(root_fd: int, parts: tuple[str, ...]) -> int:
-    """Open the directory ``parts`` under ``root_fd`` one component at a time, never following."""
-    fd = os.dup(root_fd)
-    try:
-        for name in parts:
-            nxt = os.open(name, _DIR_FLAGS, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+class _DirFds:
+    """Directories under one root opened one component at a time, never following, with
+    the most recent ones kept open: a folder's parent is usually still open, so a chain
+    thousands of folders deep costs one open per folder, not one per component."""
+
+    KEEP: Final = 64
+
+    def __init__(self, root_fd: int) -> None:
+        self._open: OrderedDict[tuple[str, ...], int] = OrderedDict({(): root_fd})
+
+    def open(self, parts: tuple[str, ...]) -> int:
+        """A new fd (the caller closes it) for the directory at ``parts``."""
+        depth = len(parts)
+        while parts[:depth] not in self._open:
+            depth -= 1
+        fd = self._open[parts[:depth]]
+        for i in range(depth, len(parts)):
+            fd = os.open(parts[i], _DIR_FLAGS, dir_fd=fd)
+            self._keep(parts[: i + 1], fd)
+        self._open.move_to_end(parts)
+        return os.dup(fd)
+
+    def _keep(self, parts: tuple[str, ...], fd: int) -> None:
+        self._open[parts] = fd
+        while len(self._open) > self.KEEP:
+            key = next(k for k in self._open if k)  # the root fd is the caller's
+            os.close(self._open.pop(key))
+
+    def close(self) -> None:
+        for key, fd in self._open.items():
+            if key:
+                os.close(fd)
+        self._open.clear()
 
 
 def _kind(mode: int) -> str:
@@ -107,6 +146,11 @@ def _kind(mode: int) -> str:
     return "unknown type"
 
 
+def _cost(st: os.stat_result) -> int:
+    """What copying a file costs: its data, not its holes (never more than its size)."""
+    return min(st.st_size, st.st_blocks * 512)
+
+
 def _why(exc: OSError) -> str:
     if exc.errno in (errno.ELOOP, errno.ENOTDIR):
         return "replaced by a symlink or not a directory while copying (not followed)"
@@ -116,24 +160,32 @@ def _why(exc: OSError) -> str:
 class _Walker:
     """One copy: state shared by the per-directory steps."""
 
-    def __init__(self, src_root: int, dst_root: int, report: CopyReport) -> None:
-        self.src_root = src_root
-        self.dst_root = dst_root
+    def __init__(self, src_root: int, dst_root: int, report: CopyReport, max_entries: int) -> None:
+        self.src = _DirFds(src_root)
+        self.dst = _DirFds(dst_root)
         self.r = report
+        self.entries_left = max_entries
         # (relative parts, mode, atime_ns, mtime_ns) of created dirs, applied after the walk.
         self.dir_meta: list[tuple[tuple[str, ...], int, int, int]] = []
 
     def run(self) -> None:
+        try:
+            self._run()
+        finally:
+            self.src.close()
+            self.dst.close()
+
+    def _run(self) -> None:
         queue: deque[tuple[str, ...]] = deque([()])
         while queue:
             rel = queue.popleft()
             try:
-                sfd = _open_dir(self.src_root, rel)
+                sfd = self.src.open(rel)
             except OSError as exc:
-                self.r.errors.append(f"{_display(rel)}: cannot open directory: {_why(exc)}")
+                self.r.note_error(f"{_display(rel)}: cannot open directory: {_why(exc)}")
                 continue
             try:
-                dfd = _open_dir(self.dst_root, rel)
+                dfd = self.dst.open(rel)
             except OSError as exc:
                 os.close(sfd)
                 raise CopyTreeError(f"cannot open destination {_display(rel)}: {exc}") from exc
@@ -146,18 +198,25 @@ class _Walker:
 
     def _copy_dir(self, sfd: int, dfd: int, rel: tuple[str, ...]) -> list[tuple[str, ...]]:
         try:
-            with os.scandir(sfd) as it:
-                names = sorted((e.name for e in it), key=os.fsencode)
+            names: list[str] = []
+            with os.scandir(os.dup(sfd)) as it:
+                for entry in it:
+                    if len(names) >= self.entries_left:
+                        self.r.entries_capped = True
+                        break
+                    names.append(entry.name)
+            names.sort(key=os.fsencode)
         except OSError as exc:
-            self.r.errors.append(f"{_display(rel)}: cannot list directory: {_why(exc)}")
+            self.r.note_error(f"{_display(rel)}: cannot list directory: {_why(exc)}")
             return []
+        self.entries_left -= len(names)
         subdirs: list[tuple[str, ...]] = []
         for name in names:
             parts = (*rel, name)
             try:
                 st = os.stat(name, dir_fd=sfd, follow_symlinks=False)
             except OSError as exc:
-                self.r.errors.append(f"{_display(parts)}: {_why(exc)}")
+                self.r.note_error(f"{_display(parts)}: {_why(exc)}")
                 continue
             mode = st.st_mode
             try:
@@ -169,11 +228,13 @@ class _Walker:
                 elif stat.S_ISLNK(mode):
                     self._copy_link(sfd, dfd, name, parts, st)
                 elif stat.S_ISREG(mode):
-                    self._copy_file(sfd, dfd, name, parts, st.st_size)
+                    self._copy_file(sfd, dfd, name, parts, _cost(st))
                 else:
-                    self.r.skipped_special.append(f"{_display(parts)} ({_kind(mode)})")
+                    self.r.skipped_special_count += 1
+                    if len(self.r.skipped_special) < MAX_LISTED:
+                        self.r.skipped_special.append(f"{_display(parts)} ({_kind(mode)})")
             except OSError as exc:
-                self.r.errors.append(f"{_display(parts)}: {_why(exc)}")
+                self.r.note_error(f"{_display(parts)}: {_why(exc)}")
         return subdirs
 
     def _copy_link(
@@ -184,12 +245,16 @@ class _Walker:
         with contextlib.suppress(OSError):  # link times are cosmetic; some file systems refuse
             os.utime(name, ns=(st.st_atime_ns, st.st_mtime_ns), dir_fd=dfd, follow_symlinks=False)
         shown = target.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-        self.r.symlinks.append(SymlinkEntry(path=_display(parts), target=shown))
+        self.r.symlinks_count += 1
+        if len(self.r.symlinks) < MAX_LISTED:
+            self.r.symlinks.append(SymlinkEntry(path=_display(parts), target=shown[:1000]))
 
     def _leave_out(self, parts: tuple[str, ...], size: int) -> bool:
         if self.r.bytes_copied + size <= self.r.cap_bytes:
             return False
-        self.r.left_out.append(LeftOut(path=_display(parts), size=size, reason="cap"))
+        self.r.left_out_count += 1
+        if len(self.r.left_out) < MAX_LISTED:
+            self.r.left_out.append(LeftOut(path=_display(parts), size=size, reason="cap"))
         return True
 
     def _copy_file(self, sfd: int, dfd: int, name: str, parts: tuple[str, ...], size: int) -> None:
@@ -199,9 +264,9 @@ class _Walker:
         try:
             st = os.fstat(src)
             if not stat.S_ISREG(st.st_mode):
-                self.r.errors.append(f"{_display(parts)}: changed type while copying; skipped")
+                self.r.note_error(f"{_display(parts)}: changed type while copying; skipped")
                 return
-            if self._leave_out(parts, st.st_size):  # grew since it was listed
+            if self._leave_out(parts, _cost(st)):  # grew since it was listed
                 return
             dst = os.open(name, _CREATE_FLAGS, 0o600, dir_fd=dfd)
             try:
@@ -223,15 +288,15 @@ class _Walker:
         # setting a child's times must not disturb the parent's mtime afterwards.
         for parts, mode, atime, mtime in reversed(self.dir_meta):
             try:
-                fd = _open_dir(self.dst_root, parts)
+                fd = self.dst.open(parts)
             except OSError as exc:
-                self.r.errors.append(f"{_display(parts)}: cannot set mode/mtime: {exc.strerror}")
+                self.r.note_error(f"{_display(parts)}: cannot set mode/mtime: {exc.strerror}")
                 continue
             try:
                 os.fchmod(fd, stat.S_IMODE(mode) & 0o777)
                 os.utime(fd, ns=(atime, mtime))
             except OSError as exc:
-                self.r.errors.append(f"{_display(parts)}: cannot set mode/mtime: {exc.strerror}")
+                self.r.note_error(f"{_display(parts)}: cannot set mode/mtime: {exc.strerror}")
             finally:
                 os.close(fd)
 
@@ -242,12 +307,19 @@ class _Walker:
 # so smaller files after it still fill the cap.
 
 
-def copy_execution_tree(src: Path, dst: Path, *, cap_bytes: int = DEFAULT_CAP_BYTES) -> CopyReport:
+def copy_execution_tree(
+    src: Path,
+    dst: Path,
+    *,
+    cap_bytes: int = DEFAULT_CAP_BYTES,
+    max_entries: int = DEFAULT_MAX_ENTRIES,
+) -> CopyReport:
     """Copy the tree at ``src`` into the existing empty directory ``dst`` (see module doc).
 
     A missing ``src`` gives ``source_missing=True`` and copies nothing; a ``src`` that is a
     symlink or not a directory is reported as an error, not followed. Raises
-    :class:`CopyTreeError` only when ``dst`` itself cannot be used.
+    :class:`CopyTreeError` only when ``dst`` itself cannot be used. At most
+    ``max_entries`` entries are looked at (``entries_capped`` says when more were there).
     """
     if cap_bytes < 0:
         raise ValueError("cap_bytes must be >= 0")
@@ -258,7 +330,7 @@ def copy_execution_tree(src: Path, dst: Path, *, cap_bytes: int = DEFAULT_CAP_BY
         report.source_missing = True
         return report
     except OSError as exc:
-        report.errors.append(f".: cannot open source directory: {_why(exc)}")
+        report.note_error(f".: cannot open source directory: {_why(exc)}")
         return report
     try:
         try:
@@ -266,7 +338,7 @@ def copy_execution_tree(src: Path, dst: Path, *, cap_bytes: int = DEFAULT_CAP_BY
         except OSError as exc:
             raise CopyTreeError(f"cannot open copy destination {dst}: {exc.strerror}") from exc
         try:
-            _Walker(src_root, dst_root, report).run()
+            _Walker(src_root, dst_root, report, max_entries).run()
         finally:
             os.close(dst_root)
     finally:

@@ -233,7 +233,6 @@ def step_spec(plan: RunPlan, guard_id: str, *, has_ca_bundle: bool) -> Container
             has_prompt=plan.has_prompt,
             has_ca_bundle=has_ca_bundle,
         ),
-        tmpfs={"/tmp": f"rw,nosuid,nodev,size={limits.tmpfs_mb}m,mode=1777"},
         labels=labels(plan, "step"),
         memory_bytes=limits.memory_mb * 1024**2,
         pids=limits.pids,

@@ -2,7 +2,10 @@
 
 One place names every path so no module builds one by hand. The run root
 (`runs/test-<id>/`) holds the record and the action log and is never mounted
-writable into the step; only the group folder and the DB folder are.
+writable into the step. While the step runs, its writable folders are folders of
+the run's own disk (`.disk/`, see `sandbox.disk`), and the workflow folder it sees
+is the run's view of it (`.view/`, see `sandbox.workflow_view`); after the run the
+group folder and the DB copy are in the run root (`<group>/`, `db/`).
 """
 
 from __future__ import annotations
@@ -16,12 +19,18 @@ from pathlib import Path
 from sandbox.record import ACTIONS_FILE, RECORD_FILE
 
 TEST_RUN_PREFIX = "test-"
+# In the run root, while the step runs (see RunLayout).
+DISK_IMAGE = ".disk.img"
+DISK_MOUNT = ".disk"
+WORKFLOW_VIEW = ".view"
+VIEW_LAYER = ".view-hidden"
 
 # Inside the step container.
 C_WORKFLOW = "/workflow"
 C_TEST = "/test"
 C_DB_DIR = "/test/db"
 C_DB_PATH = "/test/db/db.sqlite"
+C_TMP = "/tmp"
 C_PROMPT = "/test/prompt.md"
 C_CA_BUNDLE = "/test/ca-bundle.pem"
 C_CREW = "/crew"
@@ -90,6 +99,42 @@ class RunLayout:
     def guard_dir(self) -> Path:
         """The guard's own writable folder (logs, MCP servers' stderr)."""
         return self.root / "guard"
+
+    # -- while the step runs (mounts the runner makes and removes) ---------------
+
+    @property
+    def disk_image(self) -> Path:
+        """The sparse file holding the step's disk (as large as the disk quota)."""
+        return self.root / DISK_IMAGE
+
+    @property
+    def disk_mount(self) -> Path:
+        return self.root / DISK_MOUNT
+
+    @property
+    def disk_group(self) -> Path:
+        """The step's group folder on its disk (`/test/<group>` inside)."""
+        return self.disk_mount / "group"
+
+    @property
+    def disk_db(self) -> Path:
+        """The DB copy's folder on the step's disk (`/test/db` inside)."""
+        return self.disk_mount / "db"
+
+    @property
+    def disk_tmp(self) -> Path:
+        """The step's /tmp on its disk."""
+        return self.disk_mount / "tmp"
+
+    @property
+    def workflow_view(self) -> Path:
+        """The workflow folder as every container of the run sees it (`/workflow`)."""
+        return self.root / WORKFLOW_VIEW
+
+    @property
+    def view_layer(self) -> Path:
+        """What the view leaves out (`db/`, every `runs/test-*`), as overlay whiteouts."""
+        return self.root / VIEW_LAYER
 
     @property
     def container_workdir(self) -> str:

@@ -1,24 +1,28 @@
 """Which host folders a step sees, and how: the filesystem half of the sandbox.
 
-The step gets exactly two writable folders (its group folder and the DB copy's
-folder, both inside its own test run); the real workflow folder and every Crew
+The step gets exactly three writable folders (its group folder, the DB copy's
+folder and its /tmp), all folders of the run's own disk (`sandbox.disk`: its size
+is the quota, mounted `nosuid,nodev`, so every bind of it is too); the workflow
+folder (the run's view of it, without `db/` or any `runs/test-*`) and every Crew
 folder are read-only; the run root with the record and the action log is never
-mounted writable. The real `db/` is only ever seen through the read-only
-workflow mount.
+mounted into the step.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from sandbox.layout import C_CA_BUNDLE, C_CREW, C_DB_DIR, C_PROMPT, C_WORKFLOW, RunLayout
+from sandbox.layout import C_CA_BUNDLE, C_CREW, C_DB_DIR, C_PROMPT, C_TMP, C_WORKFLOW, RunLayout
 from sandbox.spec import Mount
 
 
 def workflow_mounts(layout: RunLayout) -> list[Mount]:
-    """The real workflow folder at /workflow, read-only: the one view of it that every
-    container of a run gets (the step, and anything else that reads the workflow)."""
-    return [Mount(source=str(layout.workflow_dir), target=C_WORKFLOW, read_only=True)]
+    """The workflow folder at /workflow, read-only: the one view of it that every
+    container of a run gets (the step, and anything else that reads the workflow).
+
+    It is the run's view (`sandbox.workflow_view`, mounted by the runner before any
+    container starts): the real folder without `db/` and without any `runs/test-*`."""
+    return [Mount(source=str(layout.workflow_view), target=C_WORKFLOW, read_only=True)]
 
 
 def step_mounts(
@@ -31,10 +35,11 @@ def step_mounts(
 ) -> list[Mount]:
     mounts = [
         *workflow_mounts(layout),
-        Mount(source=str(layout.group_dir), target=layout.container_workdir, read_only=False),
+        Mount(source=str(layout.disk_group), target=layout.container_workdir, read_only=False),
+        Mount(source=str(layout.disk_tmp), target=C_TMP, read_only=False),
     ]
     if has_db:
-        mounts.append(Mount(source=str(layout.db_dir), target=C_DB_DIR, read_only=False))
+        mounts.append(Mount(source=str(layout.disk_db), target=C_DB_DIR, read_only=False))
     if has_prompt:
         mounts.append(Mount(source=str(layout.prompt), target=C_PROMPT, read_only=True))
     if has_ca_bundle:

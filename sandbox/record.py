@@ -55,15 +55,14 @@ class OutputTail(BaseModel):
 
 
 class FileChanges(BaseModel):
-    """What the step did to its group folder (paths relative to it, posix).
-
-    `transient` are paths seen created during the run (watchdog) that were gone
-    again at the end."""
+    """What the step did to its group folder (paths relative to it, posix), from a
+    snapshot before the step and one after it: a file made and removed again during
+    the run is not listed. `truncated`: a list was cut, or the folder had more entries
+    than a snapshot looks at."""
 
     created: list[str] = Field(default_factory=list)
     changed: list[str] = Field(default_factory=list)
     deleted: list[str] = Field(default_factory=list)
-    transient: list[str] = Field(default_factory=list)
     truncated: bool = False
 
 
@@ -163,7 +162,12 @@ class TestRunRecord(BaseModel):
     files: FileChanges = Field(default_factory=FileChanges)
     resources: Resources = Field(default_factory=Resources)
     preflight: Preflight | None = None
+    # The most the step's disk held (its folders and /tmp, the copies it started with
+    # included), sampled while it ran and at the end.
     disk_used_bytes: int | None = None
+    # The copy of the group folder and the DB copy off the step's disk into the run
+    # folder: what was copied and what was left out (special files, the cap).
+    export_report: CopyReport | None = None
     phases: Phases = Field(default_factory=Phases)
     stubbed: list[StubbedAction] = Field(default_factory=list)
     actions: ActionCounts = Field(default_factory=ActionCounts)

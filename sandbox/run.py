@@ -12,9 +12,9 @@ runner died. Containers never outlive `execute()`.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import os
-import shutil
 import socket
 import time
 from dataclasses import dataclass
@@ -27,7 +27,7 @@ import requests
 from docker import DockerClient
 from docker.models.containers import Container
 
-from sandbox import actionsummary, dbdiff, firewall, launch
+from sandbox import actionsummary, dbdiff, fdtree, firewall, launch, stepfs
 from sandbox.config import (
     Step,
     Workflow,
@@ -39,6 +39,7 @@ from sandbox.dbcopy import DbCopyError, copy_db, find_workflow_db
 from sandbox.engine import containers, images
 from sandbox.engine.client import connect
 from sandbox.errors import ConfigError, LaunchError, PrepareError, SandboxError
+from sandbox.fdcopy import copy_fd
 from sandbox.guard.config import CONFIG_FILE_NAME, GuardConfig
 from sandbox.guard.config import READY_MARK as GUARD_READY_MARK
 from sandbox.guard.tls import CA_FILE as EGRESS_CA_FILE
@@ -54,7 +55,6 @@ from sandbox.preflight import FAILED_EXIT as PREFLIGHT_FAILED_EXIT
 from sandbox.preflight import MARK_FAILED as PREFLIGHT_FAILED
 from sandbox.preflight import MARK_OK as PREFLIGHT_OK
 from sandbox.prompt import with_test_mode_section
-from sandbox.quota import QuotaWatch
 from sandbox.record import (
     OutputTail,
     Preflight,
@@ -66,7 +66,6 @@ from sandbox.record import (
 )
 from sandbox.seccomp import step_profile
 from sandbox.step_exec import USAGE_MARK
-from sandbox.watch import FolderWatch
 
 
 class RunInterrupted(BaseException):
@@ -148,6 +147,7 @@ def _verdict(
     *,
     preflight: Preflight | None,
     quota_mb: int | None,
+    oom_mb: int | None = None,
 ) -> tuple[RunStatus, str]:
     """The run's status, most telling cause first: a step that never started, a fence it
     hit, a dead guard, a refused Crew call, and only then its own exit code."""
@@ -161,7 +161,8 @@ def _verdict(
         return RunStatus.ERROR, "the preflight failed without a report"
     if quota_mb is not None:
         return RunStatus.QUOTA, (
-            f"the step's folders passed their disk quota of {quota_mb} MB; the step was stopped"
+            f"the step's disk (group folder, DB copy and /tmp) reached its quota of "
+            f"{quota_mb} MB; the step was stopped"
         )
     if exit_code is None:
         return RunStatus.TIMEOUT, f"step exceeded its timeout of {timeout_s:g} s"
@@ -172,9 +173,28 @@ def _verdict(
         )
     if actions.fails_step:
         return RunStatus.FAILED, actions.fails_step
+    if oom_mb is not None:
+        return RunStatus.FAILED, (
+            f"memory limit of {oom_mb} MB reached: the kernel killed the step "
+            f"(exit code {exit_code})"
+        )
     if exit_code != 0:
         return RunStatus.FAILED, f"step exited with code {exit_code}"
     return RunStatus.PASSED, ""
+
+
+def _copy_file(src: Path, dst: Path) -> None:
+    """A runner-made file into a new file (holes kept); neither end is followed."""
+    flags = os.O_NOFOLLOW | os.O_CLOEXEC
+    src_fd = os.open(src, os.O_RDONLY | flags)
+    try:
+        dst_fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | flags, 0o644)
+        try:
+            copy_fd(src_fd, dst_fd)
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
 
 
 def _runner_info() -> RunnerInfo:
@@ -183,14 +203,16 @@ def _runner_info() -> RunnerInfo:
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    """Give the step its folder without following any link inside it."""
+    """Give the step its folder without following any link inside it (fd-based, any depth)."""
     if os.geteuid() != 0:
         return
-    os.chown(root, uid, gid, follow_symlinks=False)
-    for dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
-        del dirpath
-        for name in [*dirnames, *filenames]:
-            os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
+    fdtree.chown_tree(root, uid, gid)
+
+
+def _internal_reason(phase: str, exc: BaseException) -> str:
+    """One line for a record whose run ended on an error nobody planned for."""
+    text = str(exc).splitlines()[0][:300] if str(exc) else ""
+    return f"internal error during {phase}: {type(exc).__name__}" + (f": {text}" if text else "")
 
 
 GUARD_START_DEADLINE_S = 60.0
@@ -227,7 +249,24 @@ class TestRun:
         mcp_host_env = _mcp_host_env(workflow)  # a missing credential fails before any folder
         trusted_ca_pem = self._trusted_cas(workflow)
         seccomp_text = step_profile()
-        client = connect()
+        # One client per run, closed with it: its pooled connections to the engine must
+        # not outlive the run (a caller running many runs in one process would pile them up).
+        with contextlib.closing(connect()) as client:
+            return self._execute(
+                client, workflow, step, crew, prompt, mcp_host_env, trusted_ca_pem, seccomp_text
+            )
+
+    def _execute(
+        self,
+        client: DockerClient,
+        workflow: Workflow,
+        step: Step,
+        crew: dict[str, Path],
+        prompt: str | None,
+        mcp_host_env: dict[str, dict[str, str]],
+        trusted_ca_pem: str,
+        seccomp_text: str,
+    ) -> TestRunRecord:
         step_image = images.require(client, images.STEP_IMAGE)
 
         layout = RunLayout(self.workflow_dir, new_run_id(), step.group)
@@ -289,47 +328,43 @@ class TestRun:
     ) -> TestRunRecord:
         layout, workflow = plan.layout, plan.workflow
         owned = containers.OwnedContainers(client)
+        files = stepfs.StepFs(layout, workflow.limits.disk_quota_mb * 1024**2)
         step_started = False
-        watch: FolderWatch | None = None
-        quota: QuotaWatch | None = None
         guard_watch: containers.ExitWatch | None = None
         usage: containers.Usage | None = None
+        phase = "prepare"
         try:
             t0 = time.monotonic()
-            self._prepare(workflow, layout, record, real_db, prompt)
+            self._prepare(workflow, layout, record, real_db, prompt, files)
             record.phases.prepare_s = time.monotonic() - t0
 
+            phase = "launch"
             t0 = time.monotonic()
             guard, step_container = self._launch(client, plan, owned)
-            watch = FolderWatch(layout.group_dir)
-            watch.start()
-            quota = QuotaWatch(
-                [layout.group_dir, layout.db_dir],
-                workflow.limits.disk_quota_mb * 1024**2,
-                on_exceeded=lambda _used: containers.kill(step_container),
-            )
             step_container.start()
             step_started = True
             # Started after the step, so a guard already dead kills a step that runs.
             guard_watch = containers.ExitWatch(
                 guard, on_exit=lambda: containers.kill(step_container)
             )
-            quota.start()
+            files.watch(on_full=lambda _usage: containers.kill(step_container))
             usage = containers.watch_usage(step_container)
             record.phases.container_start_s = time.monotonic() - t0
 
+            phase = "the step"
             t0 = time.monotonic()
             timeout_s = self.options.timeout_s or plan.step.timeout_s
             exit_code = containers.wait(step_container, timeout_s)
             if exit_code is None:
                 containers.kill(step_container)
-            record.disk_used_bytes = quota.stop()
             record.exit_code = exit_code
             record.phases.step_s = time.monotonic() - t0
 
+            phase = "collect"
             t0 = time.monotonic()
             guard_watch.cancel()
             guard_running, guard_exit = containers.is_running(guard)
+            oom = containers.oom_killed(step_container)
             containers.stop(guard)
             record.guard_log = containers.output_tails(guard)[1]
             record.stdout, record.stderr = containers.output_tails(step_container)
@@ -337,7 +372,14 @@ class TestRun:
             containers.finish_usage(usage)
             record.resources = _resources(usage, record.stderr.text)
             record.stderr = _without_reports(record.stderr)
-            record.files = watch.changes()
+            # The step is dead: nothing writes its disk any more. Its folders move off the
+            # disk into the run folder, then the disk goes.
+            owned.remove_all()
+            collected = files.collect(has_db=not record.no_db)
+            files.close()
+            record.disk_used_bytes = collected.peak_bytes
+            record.files = collected.files
+            record.export_report = collected.export
             record.db_diff = self._db_diff(layout, record)
             actions = actionsummary.read(layout.actions)
             record.stubbed = actions.stubbed
@@ -351,12 +393,13 @@ class TestRun:
                 guard_exit,
                 actions,
                 preflight=record.preflight,
-                quota_mb=workflow.limits.disk_quota_mb if quota.exceeded else None,
+                quota_mb=workflow.limits.disk_quota_mb if collected.full else None,
+                oom_mb=workflow.limits.memory_mb if oom else None,
             )
             return self._finish(layout, record, status, reason)
         except SandboxError as exc:
             if not step_started:
-                self._discard_partial(layout)
+                self._discard_partial(layout, files)
             return self._finish(layout, record, RunStatus.ERROR, str(exc))
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             # The engine went away (stopped, restarted) mid-run: a record, never a traceback.
@@ -365,20 +408,30 @@ class TestRun:
             return self._finish(layout, record, RunStatus.ERROR, reason)
         except (RunInterrupted, KeyboardInterrupt):
             return self._finish(layout, record, RunStatus.KILLED, "the runner was stopped")
+        except Exception as exc:
+            # Whatever went wrong, the record ends with the phase and the error.
+            if not step_started:
+                self._discard_partial(layout, files)
+            return self._finish(layout, record, RunStatus.ERROR, _internal_reason(phase, exc))
         finally:
-            # On every way out, the watchers stop too (in-process callers would keep their
-            # threads and inotify descriptors otherwise).
+            # On every way out, the watchers stop and the containers go, then the mounts.
             if usage is not None:
                 containers.finish_usage(usage)
-            if quota is not None:
-                quota.cancel()
-            if watch is not None:
-                watch.stop()
             if guard_watch is not None:
                 guard_watch.cancel()
-            owned.remove_all()
+            with contextlib.suppress(Exception):
+                owned.remove_all()
             if guard_watch is not None:
                 guard_watch.join()
+            self._close_files(layout, record, files)
+
+    def _close_files(self, layout: RunLayout, record: TestRunRecord, files: stepfs.StepFs) -> None:
+        """Unmount the run's disk and view; a failure to is said in the record."""
+        try:
+            files.close()
+        except Exception as exc:
+            record.reason += ("; " if record.reason else "") + _internal_reason("clean-up", exc)
+            write_record(layout.root, record)
 
     # -- launch ----------------------------------------------------------------
 
@@ -483,38 +536,46 @@ class TestRun:
         record: TestRunRecord,
         real_db: Path | None,
         prompt: str | None,
+        files: stepfs.StepFs,
     ) -> None:
         uid, gid = launch.step_user()
-        make_private_dir(layout.group_dir)
         layout.actions.touch(mode=0o644)
         make_private_dir(layout.guard_dir, 0o700)
         if os.geteuid() == 0:
             os.chown(layout.actions, GUARD_UID, GUARD_UID, follow_symlinks=False)
             os.chown(layout.guard_dir, GUARD_UID, GUARD_UID, follow_symlinks=False)
+        disk = files.open()
         t0 = time.monotonic()
         source = newest_real_run(self.workflow_dir, layout.group)
         if source is None:
             record.no_earlier_run = True
         else:
             record.copy_report = copy_execution_tree(
-                source, layout.group_dir, cap_bytes=workflow.limits.copy_cap_mb * 1024**2
+                source, disk.group_dir, cap_bytes=workflow.limits.copy_cap_mb * 1024**2
             )
-        _chown_tree(layout.group_dir, uid, gid)
+        _chown_tree(disk.group_dir, uid, gid)
         record.phases.copy_s = time.monotonic() - t0
 
         t0 = time.monotonic()
         if real_db is None:
             record.no_db = True
         else:
-            make_private_dir(layout.db_dir)
+            # The pristine copy (for the diff) is made first, off the step's disk; the
+            # step's copy is a copy of it, on the disk.
+            make_private_dir(layout.baseline_db.parent, 0o700)
             try:
-                record.db_copy = copy_db(real_db, layout.db_path)
+                record.db_copy = copy_db(real_db, layout.baseline_db)
+                _copy_file(layout.baseline_db, disk.db_dir / layout.db_path.name)
             except DbCopyError as exc:
                 raise PrepareError(f"workflow DB cannot be copied: {exc}") from None
-            make_private_dir(layout.baseline_db.parent, 0o700)
-            shutil.copy2(layout.db_path, layout.baseline_db)
-            _chown_tree(layout.db_dir, uid, gid)
+            except OSError as exc:
+                raise PrepareError(
+                    f"workflow DB copy does not fit the step's disk: {exc}"
+                ) from None
+            record.db_copy = record.db_copy.model_copy(update={"dest": str(layout.db_path)})
+            _chown_tree(disk.db_dir, uid, gid)
         record.phases.db_copy_s = time.monotonic() - t0
+        files.snapshot_before()
 
         if prompt is not None:
             layout.prompt.write_text(with_test_mode_section(prompt), encoding="utf-8")
@@ -528,19 +589,19 @@ class TestRun:
             return None
         return dbdiff.diff_databases(layout.baseline_db, layout.db_path)
 
-    def _discard_partial(self, layout: RunLayout) -> None:
+    def _discard_partial(self, layout: RunLayout, files: stepfs.StepFs) -> None:
         """Leave only the record: nothing half-made survives a failed prepare."""
-        for path in (
-            layout.group_dir,
-            layout.db_dir,
-            layout.baseline_db.parent,
-            layout.prompt,
-            layout.guard_dir,
-        ):
-            if path.is_symlink() or path.is_file():
-                path.unlink()
-            elif path.is_dir():
-                shutil.rmtree(path, ignore_errors=True)
+        with contextlib.suppress(Exception):
+            files.close()
+        stepfs.discard(
+            [
+                layout.group_dir,
+                layout.db_dir,
+                layout.baseline_db.parent,
+                layout.prompt,
+                layout.guard_dir,
+            ]
+        )
 
     def _finish(
         self, layout: RunLayout, record: TestRunRecord, status: RunStatus, reason: str

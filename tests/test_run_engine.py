@@ -310,20 +310,25 @@ def test_symlink_in_execution_tree_is_copied_as_a_link_and_never_read(
 def test_copy_cap_leaves_out_what_does_not_fit(
     engine: DockerClient, make_workflow: WorkflowFactory
 ) -> None:
-    wf = make_workflow(command="true", earlier_files={})
+    wf = make_workflow(command="true", earlier_files={}, extra_toml="[limits]\ncopy_cap_mb = 5\n")
     execution = wf / "runs" / "run-1" / "g" / "execution"
-    for i in range(6):  # 6 x 100 MB = 600 MB, sparse so the test is quick
-        with (execution / f"blob{i}.bin").open("wb") as handle:
-            handle.truncate(100 * 1024**2)
+    for i in range(6):  # 6 x 1 MiB of data = 6 MiB, past the 5 MiB cap
+        (execution / f"blob{i}.bin").write_bytes(bytes([i]) * 1024**2)
+    # A hole costs the cap nothing: 1 GiB of it is copied, as a hole.
+    with (execution / "hole.bin").open("wb") as handle:
+        handle.truncate(1024**3)
     record = execute_step(wf, "step1")
     assert record.status is RunStatus.PASSED
     report = record.copy_report
     assert report is not None
-    assert report.bytes_copied <= 512 * 1024**2
-    assert report.files_copied == 5
+    assert report.bytes_copied <= 5 * 1024**2
+    assert report.files_copied == 6
     assert [entry.path for entry in report.left_out] == ["blob5.bin"]
-    copied = sum(p.stat().st_size for p in (run_dir(record) / "g").iterdir())
+    group = run_dir(record) / "g"
+    copied = sum(p.stat().st_size for p in group.iterdir() if p.name != "hole.bin")
     assert copied == report.bytes_copied
+    assert (group / "hole.bin").stat().st_size == 1024**3
+    assert (group / "hole.bin").stat().st_blocks == 0
 
 
 def test_no_earlier_run_and_no_db(engine: DockerClient, make_workflow: WorkflowFactory) -> None:

@@ -422,6 +422,15 @@ def is_running(container: Container) -> tuple[bool, int | None]:
     return bool(state.get("Running")), state.get("ExitCode")
 
 
+def oom_killed(container: Container) -> bool:
+    """Whether the kernel's OOM killer hit the container (the engine's State.OOMKilled)."""
+    try:
+        container.reload()
+    except docker.errors.NotFound:
+        return False
+    return bool((container.attrs.get("State") or {}).get("OOMKilled"))
+
+
 def stop(container: Container, grace_s: int = 5) -> None:
     """SIGTERM, then SIGKILL after the grace period; gone is fine."""
     with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
