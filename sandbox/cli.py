@@ -8,6 +8,7 @@ on stderr; no traceback reaches the user.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 from pathlib import Path
@@ -15,6 +16,13 @@ from types import FrameType
 
 from sandbox.errors import SandboxError
 from sandbox.record import RunStatus, TestRunRecord, read_record
+from sandbox.termsafe import clean
+
+
+def say(text: str = "", *, err: bool = False) -> None:
+    """Every line the CLI prints goes through here: control characters escaped."""
+    print(clean(text), file=sys.stderr if err else sys.stdout)
+
 
 EXIT_BY_STATUS = {
     RunStatus.PASSED: 0,
@@ -30,18 +38,19 @@ EXIT_BY_STATUS = {
 
 def _print_record(record: TestRunRecord, as_json: bool) -> None:
     if as_json:
-        print(record.model_dump_json(indent=2))
+        # JSON escapes every control character itself (ensure_ascii-free text is safe).
+        say(record.model_dump_json(indent=2))
         return
     for line in record.summary_lines():
-        print(line)
+        say(clean(line, keep_newlines=False))
     run_root = Path(record.workflow_dir) / "runs" / record.id
-    print(f"record: {run_root / 'test_mode.json'}")
+    say(f"record: {run_root / 'test_mode.json'}")
     if record.stdout.text:
-        print("--- stdout (tail) ---")
-        print(record.stdout.text.rstrip())
+        say("--- stdout (tail) ---")
+        say(record.stdout.text.rstrip())
     if record.stderr.text:
-        print("--- stderr (tail) ---")
-        print(record.stderr.text.rstrip())
+        say("--- stderr (tail) ---")
+        say(record.stderr.text.rstrip())
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -82,6 +91,17 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _listed_status(record: TestRunRecord) -> str:
+    """`running` only while its runner lives; else what `sandbox gc` will record."""
+    from sandbox.engine.gc import runner_alive
+
+    if record.status is RunStatus.RUNNING and (
+        record.runner is None or not runner_alive(record.runner.pid, record.runner.create_time)
+    ):
+        return "killed (its runner is gone; `sandbox gc` records it)"
+    return record.status.value
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from sandbox.errors import ConfigError
 
@@ -92,11 +112,11 @@ def cmd_list(args: argparse.Namespace) -> int:
         if path.name.startswith("test-"):
             try:
                 record = read_record(path)
-                print(f"{path.name}  [test run]  {record.step_id}  {record.status.value}")
+                say(f"{path.name}  [test run]  {record.step_id}  {_listed_status(record)}")
             except (OSError, ValueError):
-                print(f"{path.name}  [test run]  (no readable record)")
+                say(f"{path.name}  [test run]  (no readable record)")
         else:
-            print(f"{path.name}  [real run]")
+            say(f"{path.name}  [real run]")
     return 0
 
 
@@ -104,8 +124,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     from sandbox.engine import gc
     from sandbox.engine.client import connect
 
-    report = gc.collect(connect(), [Path(p) for p in args.workflow_dir])
-    print(report.model_dump_json(indent=2))
+    dirs = [Path(p) for p in args.workflow_dir]
+    with contextlib.closing(connect()) as client:
+        report = gc.collect(client, dirs, remove_runs=args.remove_runs)
+    say(report.model_dump_json(indent=2))
     return 0
 
 
@@ -115,9 +137,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     checks = run_checks()
     for check in checks:
         mark = "FAIL" if not check.ok else ("warn" if check.warn else "ok  ")
-        print(f"[{mark}] {check.name}: {check.detail}")
+        say(f"[{mark}] {check.name}: {check.detail}")
         if not check.ok and check.fix:
-            print(f"       fix: {check.fix}")
+            say(f"       fix: {check.fix}")
     return 0 if all(c.ok for c in checks) else 2
 
 
@@ -125,8 +147,9 @@ def cmd_images(args: argparse.Namespace) -> int:
     from sandbox.engine.client import connect
     from sandbox.engine.images import build_all
 
-    built = build_all(connect(), base_image=args.base_image or None)
-    print(built.model_dump_json(indent=2))
+    with contextlib.closing(connect()) as client:
+        built = build_all(client, base_image=args.base_image or None)
+    say(built.model_dump_json(indent=2))
     return 0
 
 
@@ -170,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     gcp = sub.add_parser("gc", help="remove what crashed runs left behind")
     gcp.add_argument("workflow_dir", nargs="*", help="also mark orphaned records here killed")
+    gcp.add_argument(
+        "--remove-runs",
+        action="store_true",
+        help="also delete the folders of these workflows' finished test runs",
+    )
     gcp.set_defaults(func=cmd_gc)
 
     doctor = sub.add_parser("doctor", help="check this host's isolation posture")
@@ -195,11 +223,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         code: int = args.func(args)
     except SandboxError as exc:
-        print(f"sandbox: error: {exc}", file=sys.stderr)
+        say(f"sandbox: error: {clean(str(exc), keep_newlines=False)}", err=True)
         return exc.exit_code
     except KeyboardInterrupt:
-        print("sandbox: interrupted", file=sys.stderr)
+        say("sandbox: interrupted", err=True)
         return 1
+    except Exception as exc:
+        # Never a traceback: one line a user can report.
+        detail = clean(str(exc).splitlines()[0][:300] if str(exc) else "", keep_newlines=False)
+        say(f"sandbox: internal error: {type(exc).__name__}: {detail}", err=True)
+        return 2
     return code
 
 

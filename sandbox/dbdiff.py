@@ -72,6 +72,10 @@ class DbDiff(BaseModel):
     schema_changed: list[str] = Field(default_factory=list)
     other_schema_changes: list[str] = Field(default_factory=list)
     tables_compared: int = 0
+    # Database-wide settings after the run, and the ones the step changed (old, new).
+    # journal_mode is read from the file's header: "wal" or "rollback".
+    pragmas: dict[str, JsonValue] = Field(default_factory=dict)
+    pragmas_changed: dict[str, tuple[JsonValue, JsonValue]] = Field(default_factory=dict)
     notes: list[str] = Field(default_factory=list)
     error: str | None = None
 
@@ -83,6 +87,7 @@ class DbDiff(BaseModel):
             or self.tables_dropped
             or self.schema_changed
             or self.other_schema_changes
+            or self.pragmas_changed
         )
 
     def summary_lines(self) -> list[str]:
@@ -105,6 +110,10 @@ class DbDiff(BaseModel):
         if self.schema_changed:
             lines.append("schema changed: " + ", ".join(_clean(n) for n in self.schema_changed))
         lines.extend(_clean(c) for c in self.other_schema_changes)
+        lines.extend(
+            f"pragma {name}: {_fmt(old)} -> {_fmt(new)}"
+            for name, (old, new) in sorted(self.pragmas_changed.items())
+        )
         return lines or ["no database changes"]
 
 
@@ -148,7 +157,8 @@ def _kind_part(t: TableDiff, kind: Literal["inserted", "updated", "deleted"]) ->
         ]
         sep = "; "
     else:
-        shown = [_fmt_key(r.key) for r in rows]
+        # A table without a primary key names its rows by their content.
+        shown = [_fmt_key(r.key or r.row or {}) for r in rows]
         sep = ", "
     if count > len(shown):
         shown.append(f"+{count - len(shown)} more")
@@ -193,12 +203,13 @@ class _Table(BaseModel):
 
 
 def _tables(conn: sqlite3.Connection, schema: str) -> dict[str, _Table]:
+    """Every table the schema lists, SQLite's own and hidden ones included."""
     out: dict[str, _Table] = {}
     rows = conn.execute(
         f"SELECT name, sql FROM {schema}.sqlite_master WHERE type = 'table' ORDER BY name"
     ).fetchall()
     for name, sql in rows:
-        if not isinstance(name, str) or name.lower().startswith("sqlite_"):
+        if not isinstance(name, str) or name in out:
             continue
         virtual = isinstance(sql, str) and sql.lstrip()[:21].upper().startswith("CREATE VIRTUAL")
         cols: list[str] = []
@@ -219,72 +230,91 @@ def _tables(conn: sqlite3.Connection, schema: str) -> dict[str, _Table]:
     return out
 
 
-def _other_objects(conn: sqlite3.Connection, schema: str) -> dict[tuple[str, str], str | None]:
+def _schema_objects(conn: sqlite3.Connection, schema: str) -> list[tuple[str, str, str, str]]:
+    """(type, name, tbl_name, sql) of every schema row (rootpage aside: VACUUM moves it)."""
     rows = conn.execute(
-        f"SELECT type, name, sql FROM {schema}.sqlite_master WHERE type IN ('index', 'view',"
-        " 'trigger')"
+        f"SELECT quote(type), quote(name), quote(tbl_name), quote(sql) FROM {schema}.sqlite_master"
     ).fetchall()
-    return {(str(t), str(n)): (s if isinstance(s, str) else None) for t, n, s in rows}
+    return sorted((str(t), str(n), str(tn), str(q)) for t, n, tn, q in rows)
 
 
-def _rowid_alias(*tables: _Table) -> str | None:
-    used = {c.lower() for t in tables for c in t.columns}
-    for alias in ("rowid", "_rowid_", "oid"):
-        if alias not in used:
-            return alias
-    return None
+def _canon(expr: str) -> str:
+    """SQL giving one text that is equal for two values exactly when SQLite stores them the
+    same: the storage class and the bytes (text by its bytes, never by a collation; a real
+    by its round-trip rendering)."""
+    return (
+        f"CASE typeof({expr}) WHEN 'integer' THEN 'i' || {expr}"
+        f" WHEN 'real' THEN 'r' || quote({expr}) WHEN 'text' THEN 't' || hex({expr})"
+        f" WHEN 'blob' THEN 'b' || hex({expr}) ELSE 'n' END"
+    )
+
+
+def _canon_row(alias: str, columns: list[str]) -> str:
+    return " || ',' || ".join(_canon(f"{alias}.{_q(c)}") for c in columns) or "''"
 
 
 class _Differ:
+    """One table's rows, before (``b``) and after (``a``), identified by primary key (its
+    values as stored), else by their whole content (a multiset: VACUUM and reused rowids
+    cannot mislabel a row). Each side is first indexed in a temp table of (key, row)."""
+
     def __init__(self, conn: sqlite3.Connection, max_rows: int) -> None:
         self.conn = conn
         self.max_rows = max_rows
 
     def _count(self, sql: str) -> int:
         row = self.conn.execute(sql).fetchone()
-        return int(row[0])
+        return int(row[0] or 0)
+
+    def _index(
+        self, side: str, schema: str, t: _Table, columns: list[str], keys: list[str]
+    ) -> None:
+        """temp.<side>(k, r, nk): canonical key, canonical row, key has a NULL."""
+        self.conn.execute(f"DROP TABLE IF EXISTS temp.{side}")
+        key = _canon_row("s", keys) if keys else "NULL"
+        nulls = " OR ".join(f"s.{_q(c)} IS NULL" for c in keys) or "1"
+        self.conn.execute(
+            f"CREATE TEMP TABLE {side} AS SELECT {key} AS k, {_canon_row('s', columns)} AS r,"
+            f" ({nulls}) AS nk FROM {schema}.{_q(t.name)} AS s"
+        )
+        self.conn.execute(f"CREATE INDEX temp.{side}_k ON {side} (k)")
+        self.conn.execute(f"CREATE INDEX temp.{side}_r ON {side} (r)")
+
+    def _rows(
+        self, schema: str, t: _Table, columns: list[str], what: str, match: str, limit: int
+    ) -> list[dict[str, JsonValue]]:
+        """Rows of ``schema.t`` whose canonical ``what`` (k or r) is in ``match``, rendered."""
+        keys = t.pk if what == "k" else columns
+        canon = _canon_row("s", keys) if keys else "NULL"
+        sel = ", ".join(_render_sql(f"s.{_q(c)}") for c in columns)
+        order = ", ".join(f"s.{_q(c)}" for c in keys) or "1"
+        rows = self.conn.execute(
+            f"SELECT {sel} FROM {schema}.{_q(t.name)} AS s WHERE {canon} IN ({match})"
+            f" ORDER BY {order} LIMIT ?",
+            (limit,),
+        ).fetchall()
+        return [{c: _render(v) for c, v in zip(columns, r, strict=True)} for r in rows]
 
     def one_sided(self, t: _Table, schema: str, status: Literal["added", "dropped"]) -> TableDiff:
         """Every row of a table that exists on one side only."""
         kind: Literal["inserted", "deleted"] = "inserted" if status == "added" else "deleted"
-        d = TableDiff(name=t.name, status=status)
+        d = TableDiff(name=t.name, status=status, key_columns=list(t.pk))
         if t.virtual:
             d.error = "virtual table: rows not compared"
             return d
-        keys, key_exprs = self._key(t, t)
-        if keys is None:
-            d.error = "no usable row key (columns shadow rowid, _rowid_ and oid)"
-            return d
-        d.key_columns = keys
         src = f"{schema}.{_q(t.name)}"
-        count = self._count(f"SELECT count(*) FROM {src} AS n")
+        count = self._count(f"SELECT count(*) FROM {src}")
         setattr(d, kind, count)
-        cols = [f"n.{_q(c)}" for c in t.columns]
-        sel = ", ".join(_render_sql(e) for e in [*(f"n.{e}" for e in key_exprs), *cols])
-        order = ", ".join(f"n.{e}" for e in key_exprs)
+        sel = ", ".join(_render_sql(f"s.{_q(c)}") for c in t.columns)
+        order = ", ".join(f"s.{_q(c)}" for c in (t.pk or t.columns)) or "1"
         rows = self.conn.execute(
-            f"SELECT {sel} FROM {src} AS n ORDER BY {order} LIMIT ?", (self.max_rows,)
+            f"SELECT {sel} FROM {src} AS s ORDER BY {order} LIMIT ?", (self.max_rows,)
         ).fetchall()
-        nk = len(keys)
         for r in rows:
-            d.rows.append(
-                RowChange(
-                    kind=kind,
-                    key={k: _render(v) for k, v in zip(keys, r[:nk], strict=True)},
-                    row={c: _render(v) for c, v in zip(t.columns, r[nk:], strict=True)},
-                )
-            )
+            row = {c: _render(v) for c, v in zip(t.columns, r, strict=True)}
+            d.rows.append(RowChange(kind=kind, key={k: row[k] for k in t.pk}, row=row))
         d.truncated = count > len(d.rows)
         return d
-
-    def _key(self, a: _Table, b: _Table) -> tuple[list[str] | None, list[str]]:
-        """Key column names and their quoted SQL (PK, else a free rowid alias)."""
-        if a.pk:
-            return list(a.pk), [_q(c) for c in a.pk]
-        alias = _rowid_alias(a, b)
-        if alias is None:
-            return None, []
-        return [alias], [alias]
 
     def both(self, b: _Table, a: _Table) -> TableDiff:
         """Rows inserted, updated and deleted between ``b.t`` (before) and ``a.t`` (after)."""
@@ -295,83 +325,117 @@ class _Differ:
         if a.pk != b.pk:
             d.error = f"primary key changed ({b.pk} -> {a.pk}); rows not compared"
             return d
-        keys, key_exprs = self._key(a, b)
-        if keys is None:
-            d.error = "no usable row key (columns shadow rowid, _rowid_ and oid)"
-            return d
+        keys = list(a.pk)
         d.key_columns = keys
-        ta, tb = f"a.{_q(a.name)}", f"b.{_q(b.name)}"
-        join = " AND ".join(f"n.{e} IS o.{e}" for e in key_exprs)
         bcols = set(b.columns)
-        common = [c for c in a.columns if c in bcols and c not in set(a.pk)]
-        ins_from = f"FROM {ta} AS n WHERE NOT EXISTS (SELECT 1 FROM {tb} AS o WHERE {join})"
-        del_from = f"FROM {tb} AS o WHERE NOT EXISTS (SELECT 1 FROM {ta} AS n WHERE {join})"
-        diff = " OR ".join(f"n.{_q(c)} IS NOT o.{_q(c)}" for c in common)
-        upd_from = f"FROM {ta} AS n JOIN {tb} AS o ON {join} WHERE {diff}" if common else ""
-        d.inserted = self._count(f"SELECT count(*) {ins_from}")
-        d.deleted = self._count(f"SELECT count(*) {del_from}")
-        d.updated = self._count(f"SELECT count(*) {upd_from}") if upd_from else 0
+        common = [c for c in a.columns if c in bcols]
+        # A column added or dropped is a schema change; rows are compared on the others.
+        self._index("_b", "b", b, common, keys)
+        self._index("_a", "a", a, common, keys)
+        keyed = "nk = 0" if keys else "0"
+        # Keyed rows: by key. Rows without a key (no primary key, or a NULL in it): by
+        # content, as a multiset.
+        d.inserted = self._count(
+            f"SELECT count(*) FROM _a WHERE {keyed} AND k NOT IN (SELECT k FROM _b WHERE {keyed})"
+        )
+        d.deleted = self._count(
+            f"SELECT count(*) FROM _b WHERE {keyed} AND k NOT IN (SELECT k FROM _a WHERE {keyed})"
+        )
+        d.updated = (
+            self._count(
+                f"SELECT count(*) FROM _a JOIN _b ON _a.k = _b.k WHERE _a.{keyed} AND _b.{keyed}"
+                " AND _a.r <> _b.r"
+            )
+            if keys
+            else 0
+        )
+        unkeyed = "nk = 1" if keys else "1"
+        surplus = (
+            "SELECT x.r AS r, x.c - coalesce(y.c, 0) AS extra FROM"
+            " (SELECT r, count(*) AS c FROM {this} WHERE {u} GROUP BY r) AS x LEFT JOIN"
+            " (SELECT r, count(*) AS c FROM {that} WHERE {u} GROUP BY r) AS y ON x.r = y.r"
+            " WHERE x.c > coalesce(y.c, 0)"
+        )
+        more_a = surplus.format(this="_a", that="_b", u=unkeyed)
+        more_b = surplus.format(this="_b", that="_a", u=unkeyed)
+        d.inserted += self._count(f"SELECT sum(extra) FROM ({more_a})")
+        d.deleted += self._count(f"SELECT sum(extra) FROM ({more_b})")
         total = d.inserted + d.updated + d.deleted
-        if total == 0:
-            return d
-        nk = len(keys)
         budget = self.max_rows
-        if d.inserted and budget > 0:
-            sel = [f"n.{e}" for e in key_exprs] + [f"n.{_q(c)}" for c in a.columns]
-            order = ", ".join(f"n.{e}" for e in key_exprs)
-            rows = self.conn.execute(
-                f"SELECT {', '.join(map(_render_sql, sel))} {ins_from} ORDER BY {order} LIMIT ?",
-                (budget,),
-            ).fetchall()
-            for r in rows:
-                d.rows.append(
-                    RowChange(
-                        kind="inserted",
-                        key={k: _render(v) for k, v in zip(keys, r[:nk], strict=True)},
-                        row={c: _render(v) for c, v in zip(a.columns, r[nk:], strict=True)},
-                    )
-                )
-            budget -= len(rows)
-        if d.updated and budget > 0:
-            sel = [_render_sql(f"n.{e}") for e in key_exprs]
-            for c in common:
-                qc = _q(c)
-                sel += [f"n.{qc} IS NOT o.{qc}", _render_sql(f"o.{qc}"), _render_sql(f"n.{qc}")]
-            order = ", ".join(f"n.{e}" for e in key_exprs)
-            rows = self.conn.execute(
-                f"SELECT {', '.join(sel)} {upd_from} ORDER BY {order} LIMIT ?", (budget,)
-            ).fetchall()
-            for r in rows:
-                changes: dict[str, tuple[JsonValue, JsonValue]] = {}
-                for i, c in enumerate(common):
-                    flag, old, new = r[nk + 3 * i : nk + 3 * i + 3]
-                    if flag:
-                        changes[c] = (_render(old), _render(new))
-                d.rows.append(
-                    RowChange(
-                        kind="updated",
-                        key={k: _render(v) for k, v in zip(keys, r[:nk], strict=True)},
-                        changes=changes,
-                    )
-                )
-            budget -= len(rows)
-        if d.deleted and budget > 0:
-            sel = [f"o.{e}" for e in key_exprs] + [f"o.{_q(c)}" for c in b.columns]
-            order = ", ".join(f"o.{e}" for e in key_exprs)
-            rows = self.conn.execute(
-                f"SELECT {', '.join(map(_render_sql, sel))} {del_from} ORDER BY {order} LIMIT ?",
-                (budget,),
-            ).fetchall()
-            for r in rows:
-                d.rows.append(
-                    RowChange(
-                        kind="deleted",
-                        key={k: _render(v) for k, v in zip(keys, r[:nk], strict=True)},
-                        row={c: _render(v) for c, v in zip(b.columns, r[nk:], strict=True)},
-                    )
-                )
+        if total == 0 or budget <= 0:
+            d.truncated = total > 0
+            return d
+
+        def key_of(row: dict[str, JsonValue]) -> dict[str, JsonValue]:
+            return {k: row[k] for k in keys}
+
+        ins_k = f"SELECT k FROM _a WHERE {keyed} AND k NOT IN (SELECT k FROM _b WHERE {keyed})"
+        for row in self._rows("a", a, common, "k", ins_k, budget) if keys else []:
+            d.rows.append(RowChange(kind="inserted", key=key_of(row), row=row))
+        for row in self._rows("a", a, common, "r", f"SELECT r FROM ({more_a})", budget):
+            if len(d.rows) < budget:
+                d.rows.append(RowChange(kind="inserted", key=key_of(row) if keys else {}, row=row))
+        if d.updated and len(d.rows) < budget:
+            self._updates(d, a, b, common, keys, keyed, budget - len(d.rows))
+        del_k = f"SELECT k FROM _b WHERE {keyed} AND k NOT IN (SELECT k FROM _a WHERE {keyed})"
+        for row in self._rows("b", b, common, "k", del_k, budget) if keys else []:
+            if len(d.rows) < budget:
+                d.rows.append(RowChange(kind="deleted", key=key_of(row), row=row))
+        for row in self._rows("b", b, common, "r", f"SELECT r FROM ({more_b})", budget):
+            if len(d.rows) < budget:
+                d.rows.append(RowChange(kind="deleted", key=key_of(row) if keys else {}, row=row))
         d.truncated = total > len(d.rows)
         return d
+
+    def _updates(
+        self,
+        d: TableDiff,
+        a: _Table,
+        b: _Table,
+        common: list[str],
+        keys: list[str],
+        keyed: str,
+        limit: int,
+    ) -> None:
+        """The first updated rows by key, with each changed column's old and new value."""
+        # Natural equality first (the primary key's index serves it), then as stored.
+        on = " AND ".join(
+            f"n.{_q(k)} = o.{_q(k)} AND {_canon(f'n.{_q(k)}')} = {_canon(f'o.{_q(k)}')}"
+            for k in keys
+        )
+        sel = [_render_sql(f"n.{_q(k)}") for k in keys]
+        for c in common:
+            qc = _q(c)
+            sel += [
+                f"{_canon(f'n.{qc}')} <> {_canon(f'o.{qc}')}",
+                _render_sql(f"o.{qc}"),
+                _render_sql(f"n.{qc}"),
+            ]
+        changed = (
+            f"SELECT _a.k FROM _a JOIN _b ON _a.k = _b.k WHERE _a.{keyed} AND _b.{keyed}"
+            " AND _a.r <> _b.r"
+        )
+        kn = _canon_row("n", keys)
+        order = ", ".join(f"n.{_q(k)}" for k in keys)
+        rows = self.conn.execute(
+            f"SELECT {', '.join(sel)} FROM a.{_q(a.name)} AS n JOIN b.{_q(b.name)} AS o ON {on}"
+            f" WHERE {kn} IN ({changed}) ORDER BY {order} LIMIT ?",
+            (limit,),
+        ).fetchall()
+        nk = len(keys)
+        for r in rows:
+            changes: dict[str, tuple[JsonValue, JsonValue]] = {}
+            for i, c in enumerate(common):
+                flag, old, new = r[nk + 3 * i : nk + 3 * i + 3]
+                if flag and c not in keys:
+                    changes[c] = (_render(old), _render(new))
+            d.rows.append(
+                RowChange(
+                    kind="updated",
+                    key={k: _render(v) for k, v in zip(keys, r[:nk], strict=True)},
+                    changes=changes,
+                )
+            )
 
 
 # --- private copies ---------------------------------------------------------------------------
@@ -424,6 +488,16 @@ def _private_copy(path: Path, dest_dir: Path, label: str, max_bytes: int, notes:
     return dest
 
 
+def _journal_mode(path: Path) -> str:
+    """The journal mode a database file says it is in: its header's format versions."""
+    fd = os.open(path, _OPEN_FLAGS)
+    try:
+        header = os.pread(fd, 100, 0)
+    finally:
+        os.close(fd)
+    return "wal" if len(header) >= 20 and header[18] == 2 and header[19] == 2 else "rollback"
+
+
 def _settle(path: Path, label: str, check: bool, deadline: float) -> None:
     """Open a private copy read-write once: roll back a hot journal, fold in the WAL, check it."""
     conn = sqlite3.connect(path, isolation_level=None)
@@ -467,6 +541,7 @@ def diff_databases(
     max_rows_per_table: int = 200,
     max_bytes: int = 4 * 1024**3,
     timeout_s: float = 120.0,
+    work_dir: Path | None = None,
 ) -> DbDiff:
     """Diff ``after`` against ``before`` (see the module doc). Never raises for bad inputs.
 
@@ -474,17 +549,20 @@ def diff_databases(
     run in a process holding SQLite connections to those same files (POSIX record locks are per
     process, and closing any fd on the file drops them).
 
-    ``max_bytes`` refuses inputs larger than that (each file); ``timeout_s`` bounds the work
-    (a huge or pathological ``after`` becomes an error, not a hang).
+    ``max_bytes`` refuses inputs larger than that (each file; holes are copied as holes);
+    ``timeout_s`` bounds the work (a huge or pathological ``after`` becomes an error, not a
+    hang). The private copies (and SQLite's temp files) live in a folder made in
+    ``work_dir`` (the system's temp dir by default), removed before it returns.
     """
     result = DbDiff(before=str(before), after=str(after))
     deadline = time.monotonic() + timeout_s
-    tmp = Path(tempfile.mkdtemp(prefix="sandbox-dbdiff-"))
+    tmp = Path(tempfile.mkdtemp(prefix=".dbdiff-", dir=work_dir))
     try:
         (tmp / "b").mkdir()
         (tmp / "a").mkdir()
         pb = _private_copy(Path(before), tmp / "b", "before", max_bytes, result.notes)
         pa = _private_copy(Path(after), tmp / "a", "after", max_bytes, result.notes)
+        journal = (_journal_mode(pb), _journal_mode(pa))
         _settle(pb, "before", check=False, deadline=deadline)
         _settle(pa, "after", check=True, deadline=deadline)
         conn = sqlite3.connect("file::memory:", uri=True, isolation_level=None)
@@ -492,8 +570,11 @@ def diff_databases(
             _harden(conn, deadline)
             conn.execute("ATTACH DATABASE ? AS b", (_uri(pb),))
             conn.execute("ATTACH DATABASE ? AS a", (_uri(pa),))
-            conn.execute("PRAGMA query_only = ON")
+            # Both inputs are attached read-only (mode=ro); only temp tables are written.
             _diff(conn, result, max(0, max_rows_per_table))
+            result.pragmas["journal_mode"] = journal[1]
+            if journal[0] != journal[1]:
+                result.pragmas_changed["journal_mode"] = journal
         finally:
             conn.close()
     except _InputError as exc:
@@ -549,12 +630,45 @@ def _diff(conn: sqlite3.Connection, result: DbDiff, max_rows: int) -> None:
         result.tables.append(
             _guarded(partial(differ.one_sided, b, "b", "dropped"), name, "dropped")
         )
-    ob, oa = _other_objects(conn, "b"), _other_objects(conn, "a")
-    for key in sorted(set(ob) | set(oa)):
-        kind, name = key
-        if key not in ob:
-            result.other_schema_changes.append(f"{kind} added: {name}")
-        elif key not in oa:
-            result.other_schema_changes.append(f"{kind} dropped: {name}")
-        elif ob[key] != oa[key]:
-            result.other_schema_changes.append(f"{kind} changed: {name}")
+    result.other_schema_changes = _schema_changes(conn, set(before) | set(after))
+    result.pragmas = {name: _pragma(conn, "a", name) for name in _PRAGMAS}
+    for name in _PRAGMAS:
+        old, new = _pragma(conn, "b", name), result.pragmas[name]
+        if old != new:
+            result.pragmas_changed[name] = (old, new)
+
+
+_PRAGMAS: Final = ("user_version", "application_id", "page_size", "auto_vacuum", "encoding")
+
+
+def _pragma(conn: sqlite3.Connection, schema: str, name: str) -> JsonValue:
+    row = conn.execute(f"PRAGMA {schema}.{name}").fetchone()
+    return _render(row[0]) if row else None
+
+
+def _schema_changes(conn: sqlite3.Connection, tables: set[str]) -> list[str]:
+    """Every schema row added, dropped or changed that is not a table listed above (indexes,
+    views, triggers, rows of an unknown type, hidden ones made through writable_schema)."""
+    ob, oa = _schema_objects(conn, "b"), _schema_objects(conn, "a")
+    by_b = {(t, n): sql for t, n, _tn, sql in ob}
+    by_a = {(t, n): sql for t, n, _tn, sql in oa}
+    out: list[str] = []
+    for key in sorted(set(by_b) | set(by_a)):
+        kind, name = (_unquote(key[0]), _unquote(key[1]))
+        if kind == "table" and name in tables:
+            continue
+        if key not in by_b:
+            out.append(f"{kind} added: {name}")
+        elif key not in by_a:
+            out.append(f"{kind} dropped: {name}")
+        elif by_b[key] != by_a[key]:
+            out.append(f"{kind} changed: {name}")
+    if len(ob) != len(by_b) or len(oa) != len(by_a):
+        out.append("schema has duplicate entries (written through writable_schema)")
+    return out
+
+
+def _unquote(quoted: str) -> str:
+    if len(quoted) >= 2 and quoted[0] == quoted[-1] == "'":
+        return quoted[1:-1].replace("''", "'")
+    return quoted

@@ -17,6 +17,8 @@ from sandbox.layout import GUARD_UID
 
 # Docker's embedded resolver lives on loopback and would resolve outside names.
 ENGINE_DNS_V4 = "127.0.0.11"
+LOOPBACK_LOCAL = "-A OUTPUT -o lo -m addrtype --dst-type LOCAL -j ACCEPT"
+LOOPBACK_SOURCE = "127.0.0.2"
 
 
 def rules(guard_uid: int = GUARD_UID) -> dict[str, list[str]]:
@@ -32,15 +34,17 @@ def rules(guard_uid: int = GUARD_UID) -> dict[str, list[str]]:
         "iptables": [
             *common_head,
             f"-A OUTPUT -d {ENGINE_DNS_V4}/32 -j REJECT --reject-with icmp-port-unreachable",
-            # All loopback, so the kernel's own TCP resets and ICMP errors for a
-            # rejected connect reach the step at once instead of being dropped.
-            "-A OUTPUT -o lo -j ACCEPT",
+            # Loopback to the namespace's own addresses, so the kernel's own TCP resets
+            # and ICMP errors for a rejected connect reach the step at once. A packet
+            # forced onto lo towards any other address (SO_BINDTODEVICE) would be
+            # dropped at lo's far end and hang the client: it is reset here instead.
+            LOOPBACK_LOCAL,
             *common_tail,
             "-A OUTPUT -j REJECT --reject-with icmp-port-unreachable",
         ],
         "ip6tables": [
             *common_head,
-            "-A OUTPUT -o lo -j ACCEPT",
+            LOOPBACK_LOCAL,
             *common_tail,
             "-A OUTPUT -j REJECT --reject-with icmp6-port-unreachable",
         ],
@@ -77,6 +81,12 @@ def guard_entry_script(
     `install=False` exists only so tests can prove the preflight catches an open
     namespace; a real run always installs."""
     lines = ["set -eu"]
+    if install:
+        # A socket bound to lo (SO_BINDTODEVICE) connecting to an address not on lo gets
+        # a source address of lo's link scope: with only 127.0.0.1 (host scope) there is
+        # none, and the reset the rules send to 0.0.0.0 never arrives (the connect would
+        # hang for its timeout). This address is the source such packets get instead.
+        lines.append(f"ip -4 addr add {LOOPBACK_SOURCE}/32 dev lo scope link")
     for tool, args in rules(guard_uid).items() if install else ():
         lines.append(f"{tool}-restore -w <<'RULES'")
         lines.append(restore_input(args))

@@ -423,11 +423,21 @@ class TestRun:
                 owned.remove_all()
             if guard_watch is not None:
                 guard_watch.join()
-            self._close_files(layout, record, files)
+            self._close_files(layout, record, files, export=step_started)
 
-    def _close_files(self, layout: RunLayout, record: TestRunRecord, files: stepfs.StepFs) -> None:
-        """Unmount the run's disk and view; a failure to is said in the record."""
+    def _close_files(
+        self, layout: RunLayout, record: TestRunRecord, files: stepfs.StepFs, *, export: bool
+    ) -> None:
+        """Unmount the run's disk and view; a failure to is said in the record.
+
+        A run that ended early after its step started still gets what the step left
+        copied into the run folder first (best effort: the copy is capped and link-safe
+        whatever state the step left the disk in)."""
         try:
+            if export and files.disk is not None and not files.collected:
+                with contextlib.suppress(Exception):
+                    record.export_report = files.collect(has_db=not record.no_db).export
+                    write_record(layout.root, record)
             files.close()
         except Exception as exc:
             record.reason += ("; " if record.reason else "") + _internal_reason("clean-up", exc)

@@ -41,6 +41,7 @@ class StepFs:
         self.disk: StepDisk | None = None
         self._watch: DiskWatch | None = None
         self._files = watch.FolderWatch(layout.disk_group)
+        self.collected = False
 
     def open(self) -> StepDisk:
         """Mount the view and make the disk (PrepareError, nothing left, if it cannot)."""
@@ -69,6 +70,7 @@ class StepFs:
     def collect(self, *, has_db: bool) -> Collected:
         """Call after the step stopped: the figures, the changes, the copy off the disk."""
         assert self.disk is not None
+        self.collected = True
         if self._watch is None:
             self._watch = DiskWatch(self.disk, lambda _usage: None)
         used = self._watch.stop()

@@ -162,7 +162,9 @@ class ThreadedRun:
         self._thread.join(timeout=self._join_s)
 
     def wait_for_file(self, pattern: str, deadline_s: float = 120) -> Path:
-        """The first path under the workflow's `runs/` matching `pattern`, once it exists."""
+        """The first path under the workflow's `runs/` matching `pattern`, once it exists.
+
+        While the step runs, its group folder is `test-<id>/.disk/group/` (its disk)."""
         runs = self.workflow_dir / "runs"
         end = time.monotonic() + deadline_s
         while True:

@@ -34,7 +34,7 @@ def _pair(tmp_path: Path) -> tuple[Path, Path]:
         "CREATE TABLE proposals (id INTEGER PRIMARY KEY, status TEXT, title TEXT)",
         "INSERT INTO proposals VALUES (3, 'open', 'three'), (7, 'open', 'seven'),"
         " (8, 'done', 'eight')",
-        "CREATE TABLE notes (body TEXT, n INTEGER)",  # no PK: keyed by rowid
+        "CREATE TABLE notes (body TEXT, n INTEGER)",  # no PK: rows by content
         "INSERT INTO notes VALUES ('first', 1), ('second', 2), ('third', 3)",
         "CREATE TABLE kv (k TEXT PRIMARY KEY, v) WITHOUT ROWID",
         "INSERT INTO kv VALUES ('a', 1), ('b', 2)",
@@ -86,15 +86,17 @@ def test_inserted_updated_deleted_by_pk_rowid_and_without_rowid(tmp_path: Path) 
         RowChange(kind="updated", key={"id": 7}, changes={"status": ("open", "claimed")}),
         RowChange(kind="deleted", key={"id": 3}, row={"id": 3, "status": "open", "title": "three"}),
     ]
+    # No primary key: rows are their content (a multiset), so an UPDATE is a delete
+    # of the old content and an insert of the new one.
     n = _table(d, "notes")
-    assert n.key_columns == ["rowid"]
-    assert (n.inserted, n.updated, n.deleted) == (1, 1, 1)
-    assert [(r.kind, r.key) for r in n.rows] == [
-        ("inserted", {"rowid": 4}),
-        ("updated", {"rowid": 2}),
-        ("deleted", {"rowid": 1}),
+    assert n.key_columns == []
+    assert (n.inserted, n.updated, n.deleted) == (2, 0, 2)
+    assert [(r.kind, r.key, r.row) for r in n.rows] == [
+        ("inserted", {}, {"body": "fourth", "n": 4}),
+        ("inserted", {}, {"body": "second", "n": 20}),
+        ("deleted", {}, {"body": "first", "n": 1}),
+        ("deleted", {}, {"body": "second", "n": 2}),
     ]
-    assert n.rows[1].changes == {"n": (2, 20)}
     kv = _table(d, "kv")
     assert (kv.inserted, kv.updated, kv.deleted) == (1, 1, 0)
     assert kv.rows[0].row == {"k": "c", "v": "x'00ff'"}
@@ -111,8 +113,9 @@ def test_inserted_updated_deleted_by_pk_rowid_and_without_rowid(tmp_path: Path) 
         " 1 deleted (id=3)"
     ) in lines
     assert (
-        "notes: 1 inserted (rowid=4), 1 updated (rowid=2: n 2 -> 20), 1 deleted (rowid=1)" in lines
-    )
+        "notes: 2 inserted (body='fourth' n=4, body='second' n=20),"
+        " 2 deleted (body='first' n=1, body='second' n=2)"
+    ) in lines
     d.model_dump_json()
     # Both inputs were only read.
     assert hashlib.sha256(before.read_bytes()).hexdigest() == before_hash

@@ -528,7 +528,7 @@ def test_twenty_runs_at_once_one_per_workflow_runs_the_others_are_refused(
         wait_for(all_accounted, 240, "10 refusals and 10 running steps")
         for wf in workflows:
             (live,) = [d for d in run_dirs(wf) if read_record(d).status is RunStatus.RUNNING]
-            (live / "g" / "go").write_text("go")
+            (live / ".disk" / "group" / "go").write_text("go")  # its disk
         codes = {r.pid: r.finish(120) for r in everyone}
     finally:
         for pair in runners.values():

@@ -17,7 +17,7 @@ def test_only_the_guard_uid_leaves_and_everything_else_is_rejected() -> None:
 def test_engine_dns_is_rejected_before_loopback_is_accepted() -> None:
     v4 = rules()["iptables"]
     dns = v4.index("-A OUTPUT -d 127.0.0.11/32 -j REJECT --reject-with icmp-port-unreachable")
-    assert dns < v4.index("-A OUTPUT -o lo -j ACCEPT")
+    assert dns < v4.index("-A OUTPUT -o lo -m addrtype --dst-type LOCAL -j ACCEPT")
 
 
 def test_script_installs_reads_back_then_drops_to_the_guard() -> None:

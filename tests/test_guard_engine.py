@@ -295,8 +295,8 @@ def test_killing_the_guard_stops_the_step_and_records_error(
         )
     )
     with ThreadedRun(wf, RunOptions(upstream_networks=(fake.network,)), join_s=120) as run:
-        ready = run.wait_for_file("test-*/g/ready")
-        run.guard(engine, ready.parents[1].name).kill()
+        ready = run.wait_for_file("test-*/.disk/group/ready")
+        run.guard(engine, ready.parents[2].name).kill()
     assert run.finished, "the run went on without its guard"
     record = run.record
     assert record.status is RunStatus.ERROR and "guard stopped" in record.reason
@@ -374,8 +374,8 @@ def test_the_running_guard_holds_no_capability_and_left_no_config(
     )
     with ThreadedRun(wf, join_s=120) as run:
         try:
-            ready = run.wait_for_file("test-*/g/ready")
-            run_root = ready.parents[1]
+            ready = run.wait_for_file("test-*/.disk/group/ready")
+            run_root = ready.parents[2]
             guard = run.guard(engine, run_root.name)
             top = guard.top()
             pid_column = top["Titles"].index("PID")

@@ -359,8 +359,8 @@ def test_server_that_hangs_or_dies_is_stubbed_and_the_step_goes_on(
     (wf / "memory" / "graph.jsonl").write_text("".join(json.dumps(x) + "\n" for x in GRAPH))
 
     with ThreadedRun(wf) as run:
-        ready1 = run.wait_for_file("test-*/g/ready1")
-        guard = run.guard(engine, ready1.parents[1].name)
+        ready1 = run.wait_for_file("test-*/.disk/group/ready1")
+        guard = run.guard(engine, ready1.parents[2].name)
         ps = _guard_exec(guard, "ps", "-eo", "pid=,args=")
         (pid,) = [ln.split()[0] for ln in ps.splitlines() if "mcp-server-memory" in ln]
         # The server's own environment: its credential, a minimal PATH, nothing of the guard's.
@@ -372,7 +372,7 @@ def test_server_that_hangs_or_dies_is_stubbed_and_the_step_goes_on(
         assert set(env) <= {*SERVER_ENV_KEYS, "MEMORY_FILE_PATH", "SANDBOX_TEST_MEMORY_TOKEN"}
         _guard_exec(guard, "kill", "-STOP", pid)  # the server hangs
         (ready1.parent / "go1").write_text("1")
-        ready2 = run.wait_for_file("test-*/g/ready2")
+        ready2 = run.wait_for_file("test-*/.disk/group/ready2")
         _guard_exec(guard, "kill", "-KILL", pid)  # the server dies
         (ready2.parent / "go2").write_text("1")
     record = run.record
@@ -582,7 +582,7 @@ def test_http_server_tool_added_between_calls_is_judged_at_the_second_call(
             .replace('"/workflow/code/step.py"]', f'"/workflow/code/step.py", "{address}"]')
         )
         with ThreadedRun(wf, RunOptions(upstream_networks=(fake.network,))) as run:
-            ready = run.wait_for_file("test-*/g/ready")
+            ready = run.wait_for_file("test-*/.disk/group/ready")
             _write_spec(spec_dir, 2)  # the API gains two operations: the server, two tools
             (ready.parent / "go").write_text("1")
     record = run.record

@@ -1,14 +1,19 @@
-"""Removing what a crashed runner left: containers, networks, and `running` records.
+"""Removing what a crashed runner left: containers, networks, mounts, and `running` records.
 
 A resource belongs to a live run only while the runner process named in its
-labels (pid and start time, so a reused pid does not count) is alive. Anything
-else labelled `sandbox.managed` is removed, and its run's record, if it still
-says `running`, is rewritten as `killed`.
+labels or record (pid and start time, so a reused pid does not count) is alive.
+Anything else labelled `sandbox.managed` is removed; a dead run's mounts (its disk,
+whose loop device goes with it, and its workflow view) are unmounted and its disk
+image deleted, wherever its run root is (they are found in the mount table); and
+its record, if it still says `running`, is rewritten as `killed`. With
+`remove_runs`, the folders of finished test runs of the named workflows are deleted
+too, whatever the step left in them (fd-based, any depth, any names or modes).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from pathlib import Path
 
 import docker.errors
@@ -16,19 +21,56 @@ import psutil
 from docker import DockerClient
 from pydantic import BaseModel
 
+from sandbox import disk, fdtree, hostmount
 from sandbox.engine.containers import (
     LABEL_MANAGED,
     LABEL_RUN_ROOT,
     LABEL_RUNNER_PID,
     LABEL_RUNNER_START,
 )
+from sandbox.layout import DISK_MOUNT, TEST_RUN_PREFIX, VIEW_LAYER, WORKFLOW_VIEW
 from sandbox.record import RECORD_FILE, RunStatus, read_record, utcnow, write_record
 
 
 class GcReport(BaseModel):
     containers_removed: list[str] = []
     networks_removed: list[str] = []
+    mounts_removed: list[str] = []
     records_marked_killed: list[str] = []
+    runs_removed: list[str] = []
+    errors: list[str] = []
+
+
+def runner_of_run_alive(run_root: Path) -> bool:
+    """True while the runner named in the run's record is alive (an unreadable record: no)."""
+    try:
+        record = read_record(run_root)
+    except (OSError, ValueError):
+        return False
+    return record.runner is not None and runner_alive(record.runner.pid, record.runner.create_time)
+
+
+def run_ended(run_root: Path) -> bool:
+    """True when the run's record has a final status, or says `running` for a dead runner."""
+    try:
+        record = read_record(run_root)
+    except (OSError, ValueError):
+        return not runner_of_run_alive(run_root)
+    return record.status is not RunStatus.RUNNING or not runner_of_run_alive(run_root)
+
+
+def roots_with_mounts() -> set[Path]:
+    """Run roots (`.../runs/test-<id>`) that have a disk or view mounted below them."""
+    roots = set()
+    for point in hostmount.mount_points():
+        path = Path(point)
+        if (
+            path.name in (DISK_MOUNT, WORKFLOW_VIEW, VIEW_LAYER)
+            and path.parent.name.startswith(TEST_RUN_PREFIX)
+            and path.parent.parent.name == "runs"
+        ):
+            roots.add(path.parent)
+    return roots
 
 
 def runner_alive(pid: int, create_time: float) -> bool:
@@ -67,7 +109,9 @@ def mark_killed(run_root: Path) -> bool:
     return True
 
 
-def collect(client: DockerClient, workflow_dirs: list[Path] | None = None) -> GcReport:
+def collect(
+    client: DockerClient, workflow_dirs: list[Path] | None = None, *, remove_runs: bool = False
+) -> GcReport:
     report = GcReport()
     roots: set[Path] = set()
     for container in client.containers.list(all=True, filters={"label": LABEL_MANAGED}):
@@ -90,7 +134,39 @@ def collect(client: DockerClient, workflow_dirs: list[Path] | None = None) -> Gc
         runs = workflow_dir / "runs"
         if runs.is_dir() and not runs.is_symlink():
             roots.update(p for p in runs.glob("test-*") if p.is_dir() and not p.is_symlink())
+    roots |= roots_with_mounts()
     for root in sorted(roots):
+        if runner_of_run_alive(root):
+            continue
+        try:
+            report.mounts_removed += disk.reap(root)
+        except OSError as exc:
+            report.errors.append(f"{root}: {exc}")
         if mark_killed(root):
             report.records_marked_killed.append(str(root))
+    if remove_runs:
+        for workflow_dir in workflow_dirs or []:
+            _remove_finished_runs(workflow_dir / "runs", report)
     return report
+
+
+def _remove_finished_runs(runs: Path, report: GcReport) -> None:
+    """Delete every test run folder whose run has ended (its runner is gone)."""
+    try:
+        fd = fdtree.open_root(runs)
+    except OSError:
+        return
+    try:
+        with os.scandir(fd) as it:
+            names = [e.name for e in it if e.name.startswith(TEST_RUN_PREFIX)]
+    finally:
+        os.close(fd)
+    for name in sorted(names):
+        root = runs / name
+        if not run_ended(root) or hostmount.mounts_below(root):
+            continue
+        problems = fdtree.remove_tree(root)
+        if problems:
+            report.errors.extend(problems[:10])
+        else:
+            report.runs_removed.append(str(root))
