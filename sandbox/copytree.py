@@ -199,7 +199,7 @@ class _Walker:
     def _copy_dir(self, sfd: int, dfd: int, rel: tuple[str, ...]) -> list[tuple[str, ...]]:
         try:
             names: list[str] = []
-            with os.scandir(os.dup(sfd)) as it:
+            with os.scandir(sfd) as it:
                 for entry in it:
                     if len(names) >= self.entries_left:
                         self.r.entries_capped = True

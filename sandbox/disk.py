@@ -16,9 +16,11 @@ loop device outlives the run (`sandbox gc` removes a dead runner's, `reap_orphan
 A workflow chain keeps one `StepDisk` mounted across its steps and exports once.
 
 Limits: it needs a root runner (loop devices and mounts); a non-root runner is refused
-with a clear message. A step that fills the disk and frees it again within one 20 ms
-interval is not recorded as `quota` (the disk still never grew past the quota). The file
-system's own metadata takes a little of the quota (about 2%).
+with a clear message. "Full" is less than 2% of the quota (at least 1 MiB) left: ext4
+refuses a large write before its last blocks are used. A step that fills the disk and
+frees it again within one 20 ms interval is not recorded as `quota` (the disk still
+never grew past the quota). The file system's own metadata takes a little of the quota
+(about 2-5% on small disks).
 """
 
 from __future__ import annotations
@@ -54,8 +56,11 @@ from sandbox.layout import DISK_IMAGE, RunLayout
 # folders is then bounded by the file system itself.
 MAX_INODES: Final = 200_000
 POLL_S: Final = 0.02
-# Full means: less than this is left (ext4 keeps a few blocks of slack for itself).
-FULL_SLACK_BYTES: Final = 256 * 1024
+# Full means: less than 2% of the quota (at least 1 MiB) is left. ext4 refuses a write
+# it cannot place whole before the last blocks are used (delayed allocation keeps a
+# reserve), so a writer meets ENOSPC with a little space still shown free.
+FULL_SLACK_FRACTION: Final = 0.02
+FULL_SLACK_MIN_BYTES: Final = 1024 * 1024
 
 _LOOP_CTL_GET_FREE: Final = 0x4C82
 _LOOP_CONFIGURE: Final = 0x4C0A
@@ -139,10 +144,11 @@ class DiskUsage:
     used_bytes: int
     free_bytes: int
     free_inodes: int
+    slack_bytes: int
 
     @property
     def full(self) -> bool:
-        return self.free_bytes < FULL_SLACK_BYTES or self.free_inodes == 0
+        return self.free_bytes < self.slack_bytes or self.free_inodes == 0
 
 
 class StepDisk:
@@ -215,6 +221,7 @@ class StepDisk:
             used_bytes=max(0, used),
             free_bytes=st.f_bavail * st.f_frsize,
             free_inodes=st.f_favail,
+            slack_bytes=max(FULL_SLACK_MIN_BYTES, int(self.quota_bytes * FULL_SLACK_FRACTION)),
         )
 
     def export(self, group_dest: Path, db_dest: Path | None) -> CopyReport:
@@ -233,13 +240,20 @@ class StepDisk:
 
     def close(self) -> None:
         """Unmount, detach and delete; safe to call at any point, and twice."""
+        busy = False
         if self._mounted or is_mount_point(self.mount_point):
-            unmount(self.mount_point)
+            busy = not unmount(self.mount_point)
             self._mounted = False
         with contextlib.suppress(FileNotFoundError, OSError):
             os.rmdir(self.mount_point)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.image)
+        if busy:
+            raise OSError(
+                errno.EBUSY,
+                "the step's disk was still in use when unmounted; it was detached and goes "
+                "with its last user",
+            )
 
 
 def reap(run_root: Path) -> list[str]:

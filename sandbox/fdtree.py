@@ -74,7 +74,7 @@ def _names(fd: int, budget: int) -> tuple[list[str], bool]:
     """The folder's names in byte order, at most ``budget`` of them (True: more were left)."""
     names: list[str] = []
     more = False
-    with os.scandir(os.dup(fd)) as it:
+    with os.scandir(fd) as it:
         for item in it:
             if len(names) >= budget:
                 more = True

@@ -33,19 +33,20 @@ def mount(source: str, target: Path, fstype: str, flags: int, data: str) -> None
         raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
 
 
-def unmount(target: Path) -> None:
-    """Unmount ``target``; a busy mount is detached lazily (it goes once unused); a path
-    that is no mount point is fine."""
+def unmount(target: Path) -> bool:
+    """Unmount ``target``; a path that is no mount point is fine. A busy mount is
+    detached lazily (it goes once its last user does): False says so."""
     path = str(target).encode()
     if _libc.umount2(path, 0) == 0:
-        return
+        return True
     err = ctypes.get_errno()
     if err in (errno.EINVAL, errno.ENOENT):
-        return
+        return True
     if _libc.umount2(path, _MNT_DETACH) != 0:
         err = ctypes.get_errno()
         if err not in (errno.EINVAL, errno.ENOENT):
             raise OSError(err, f"umount {target}: {os.strerror(err)}")
+    return False
 
 
 def _unescape(field: str) -> str:

@@ -161,7 +161,7 @@ def _verdict(
         return RunStatus.ERROR, "the preflight failed without a report"
     if quota_mb is not None:
         return RunStatus.QUOTA, (
-            f"the step's disk (group folder, DB copy and /tmp) reached its quota of "
+            f"the step's disk (group folder, DB copy and /tmp) reached its disk quota of "
             f"{quota_mb} MB; the step was stopped"
         )
     if exit_code is None:

@@ -583,17 +583,20 @@ class Executor:
             raise ToolError("command contains a NUL byte")
         timeout = _timeout_arg(args)
         try:
-            proc = subprocess.Popen(
-                ["/bin/sh", "-c", command],
-                cwd=self.root,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+            # Started and registered under the reaper's lock: a command that exits at
+            # once must not be reaped as a stranger (its exit code would be lost).
+            with _CHILDREN_LOCK:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", command],
+                    cwd=self.root,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+                _OWN_CHILDREN.add(proc.pid)
         except OSError as exc:
             raise ToolError(f"cannot start /bin/sh: {_os_reason(exc)}") from None
-        _OWN_CHILDREN.add(proc.pid)
         assert proc.stdout is not None
         tail = _Tail(SHELL_TAIL_CHARS)
         deadline = time.monotonic() + timeout
@@ -1032,6 +1035,7 @@ def _report_usage() -> None:
 
 # Children that a tool thread waits for itself; the reaper leaves them alone.
 _OWN_CHILDREN: set[int] = set()
+_CHILDREN_LOCK = threading.Lock()
 
 
 def _reap_until_exit(step_pid: int) -> None:
@@ -1053,11 +1057,12 @@ def _reap_until_exit(step_pid: int) -> None:
             continue
         if info.si_pid == step_pid:
             return
-        if info.si_pid in _OWN_CHILDREN:
-            time.sleep(0.01)  # its tool thread is about to reap it
-            continue
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(info.si_pid, 0)
+        with _CHILDREN_LOCK:
+            if info.si_pid not in _OWN_CHILDREN:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(info.si_pid, 0)
+                continue
+        time.sleep(0.01)  # its tool thread is about to reap it
 
 
 if __name__ == "__main__":

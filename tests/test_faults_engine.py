@@ -302,6 +302,9 @@ def test_runner_sigkilled_mid_run_gc_and_the_next_run_recover(
     removed_of_run = [name for name in report["containers_removed"] if run_id in name]
     assert sorted(removed_of_run) == sorted([f"sandbox-{run_id}-guard", f"sandbox-{run_id}-step"])
     assert report["records_marked_killed"] == [str(run_dir)]
+    # The run's disk (its loop device goes with it) and its view of the workflow folder.
+    mounts = {Path(p).name for p in report["mounts_removed"] if p.startswith(str(run_dir) + "/")}
+    assert mounts == {".disk", ".view", ".view-hidden", ".disk.img"}, report["mounts_removed"]
     record = read_record(run_dir)
     assert record.status is RunStatus.KILLED and "sandbox gc" in record.reason
     assert record.finished_at is not None
@@ -309,7 +312,14 @@ def test_runner_sigkilled_mid_run_gc_and_the_next_run_recover(
     assert_lock_free(wf)
     assert tree_digest(wf) == before
     again = json.loads(sandbox_cli("gc", str(wf)).stdout)
-    assert again == {"containers_removed": [], "networks_removed": [], "records_marked_killed": []}
+    assert again == {
+        "containers_removed": [],
+        "networks_removed": [],
+        "mounts_removed": [],
+        "records_marked_killed": [],
+        "runs_removed": [],
+        "errors": [],
+    }
 
     text = (wf / "workflow.toml").read_text().replace('"sleep 300"', '"true"')
     (wf / "workflow.toml").write_text(text)
@@ -631,7 +641,18 @@ def host_state(engine: DockerClient) -> HostState:
     )
 
 
-def leftovers(base: HostState) -> dict[str, Any]:
+def loop_devices_of(root: Path) -> list[str]:
+    """Loop devices backed by a file below ``root``."""
+    found = []
+    for entry in Path("/sys/block").glob("loop*"):
+        with contextlib.suppress(OSError):
+            backing = (entry / "loop" / "backing_file").read_text().strip()
+            if backing.startswith(str(root) + "/"):
+                found.append(f"/dev/{entry.name} -> {backing}")
+    return found
+
+
+def leftovers(base: HostState, workflow: Path | None = None) -> dict[str, Any]:
     """What is on the host now that was not at `base` and is not someone else's live work.
 
     Other sessions may run containers on a shared engine meanwhile: a process or mount of
@@ -656,7 +677,15 @@ def leftovers(base: HostState) -> dict[str, Any]:
             foreign_mounts.update(str(p) for p in (merged, key) if p)
     found: dict[str, Any] = {
         "processes": sorted(p for p in now.processes - base.processes if p[2] not in foreign),
-        "mounts": sorted(now.mounts - base.mounts - foreign_mounts),
+        # The runner's own mounts (each run's disk and view) are below the workflow; the
+        # engine's follow its containers (checked below). On a shared engine, the engine
+        # mounts of other users' containers come and go meanwhile.
+        "mounts": sorted(
+            m
+            for m in now.mounts - base.mounts - foreign_mounts
+            if workflow is None or m.startswith(str(workflow) + "/")
+        ),
+        "loop devices": loop_devices_of(workflow) if workflow is not None else [],
         "tmp entries": sorted(now.tmp_entries - base.tmp_entries),
         "containers": sorted(now.containers - base.containers),
         "networks": sorted(now.networks - base.networks),
@@ -697,7 +726,7 @@ def soak(engine: DockerClient, make_workflow: WorkflowFactory, runs: int) -> Non
     last: list[dict[str, Any]] = []
 
     def clean() -> bool:
-        last.append(leftovers(base))
+        last.append(leftovers(base, wf))
         return not last[-1]
 
     with contextlib.suppress(AssertionError):

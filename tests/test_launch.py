@@ -35,10 +35,18 @@ def plan(tmp_path: Path, **overrides: object) -> launch.RunPlan:
     return launch.RunPlan(**values)  # type: ignore[arg-type]
 
 
-def test_only_the_group_folder_and_db_copy_are_writable(tmp_path: Path) -> None:
-    spec = launch.step_spec(plan(tmp_path), "guard-id", has_ca_bundle=False)
-    writable = sorted(m.target for m in spec.mounts if not m.read_only)
-    assert writable == ["/test/db", "/test/g"]
+def test_only_the_group_folder_db_copy_and_tmp_are_writable(tmp_path: Path) -> None:
+    p = plan(tmp_path)
+    spec = launch.step_spec(p, "guard-id", has_ca_bundle=False)
+    writable = sorted((m.target, m.source) for m in spec.mounts if not m.read_only)
+    # All three are folders of the run's own disk (its size is the quota).
+    disk = p.layout.disk_mount
+    assert writable == [
+        ("/test/db", str(disk / "db")),
+        ("/test/g", str(disk / "group")),
+        ("/tmp", str(disk / "tmp")),
+    ]
+    assert spec.tmpfs == {}
     assert {m.target for m in spec.mounts if m.read_only} == {"/workflow", "/crew/sales"}
     assert spec.network_mode == "container:guard-id"
     assert spec.cap_add == [] and spec.read_only_rootfs and spec.seccomp_profile == "{}"

@@ -292,7 +292,8 @@ def test_real_servers_reads_pass_writes_are_stubbed_and_data_is_unchanged(
     # the step saw no server process, no guard folder, no MCP install
     assert not [c for c in out["cmdlines"] if "mcp" in c or "node" in c]
     assert out["seen_paths"] == []
-    assert out["guard_dir"] == ["PermissionError", "PermissionError"]
+    # The step's view of the workflow folder has no test run folder at all.
+    assert out["guard_dir"] == ["FileNotFoundError", "FileNotFoundError"]
     # each stdio server's stderr is in the guard's own folder, private
     for name in ("files", "memory", "git", "time", "everything"):
         stderr = run_root / "guard" / f"mcp-{name}.stderr"

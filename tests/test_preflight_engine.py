@@ -91,4 +91,5 @@ def test_disk_quota_stops_the_step(engine: DockerClient, make_workflow: Workflow
     assert "disk quota of 20 MB" in record.reason
     assert "wrote everything" not in record.stdout.text
     assert record.disk_used_bytes is not None
-    assert 20 * 1024**2 < record.disk_used_bytes < 1500 * 1024**2
+    # The kernel holds the wall: the step's disk never holds more than the quota.
+    assert 18 * 1024**2 < record.disk_used_bytes <= 20 * 1024**2

@@ -362,9 +362,15 @@ class OutputFollower:
 
     def __exit__(self, *exc_info: object) -> None:
         with contextlib.suppress(Exception):
-            self._stream.close()
+            self._stream.close()  # shuts the socket down: the reader sees the end
         if self._thread is not None:
             self._thread.join(timeout=5)
+        # docker-py's close() leaves the socket's file object open, and with it the fd
+        # (until a garbage collection): close it, and the response, here.
+        with contextlib.suppress(Exception):
+            response = self._stream._response
+            response.raw._fp.fp.close()
+            response.close()
 
     def _read(self) -> None:
         try:

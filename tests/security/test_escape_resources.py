@@ -159,7 +159,6 @@ attempt("fork after the fork bomb", fork_after_bomb)
 attempt("thread bomb (up to 2000 threads)", thread_bomb)
 attempt("memory bomb in a child", memory_bomb)
 attempt("parent alive after the memory bomb", lambda: "alive")
-attempt("fill /tmp", fill("/tmp/fill.bin", TMPFS_MB))
 attempt("fill /dev/shm", fill("/dev/shm/fill.bin", SHM_MB))
 attempt("two busy processes for 1 s", cpu_hogs)
 attempt("the guard still answers after the bombs", guard_answers("after the bombs"))
@@ -178,7 +177,6 @@ SAFE: dict[str, set[str]] = {
     "thread bomb (up to 2000 threads)": {"RuntimeError"},
     "memory bomb in a child": {"SIGKILL"},
     "parent alive after the memory bomb": {"alive"},
-    "fill /tmp": {"ENOSPC"},
     "fill /dev/shm": {"ENOSPC"},
     "two busy processes for 1 s": {"measured"},
     "the guard still answers after the bombs": {"stub"},
@@ -237,10 +235,10 @@ def test_memory_stayed_under_the_limit(battery: Battery) -> None:
     assert peak is None or peak <= MEMORY_MB * 1024**2, f"peak {peak} over {MEMORY_MB} MiB"
 
 
-def test_tmpfs_filled_below_its_cap(battery: Battery) -> None:
-    tmp = battery.outcome("fill /tmp").data["mib"]
+def test_shm_filled_below_its_cap(battery: Battery) -> None:
+    # /tmp is a folder of the step's disk: filling it is a quota run
+    # (tests/test_host_side_engine.py writes past the quota through it).
     shm = battery.outcome("fill /dev/shm").data["mib"]
-    assert 0 < tmp <= TMPFS_MB, f"/tmp took {tmp} MiB with tmpfs_mb={TMPFS_MB}"
     assert 0 < shm <= SHM_MB, f"/dev/shm took {shm} MiB"
 
 
