@@ -18,6 +18,7 @@ container runs them (root, NET_ADMIN only).
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import shutil
@@ -110,6 +111,7 @@ def run_checks() -> list[Check]:
     checks.append(_seccomp_profile(probe, images_ok))
     checks.append(_user_namespaces(security, probe))
     checks.append(_run_iptables(client) if images_ok else _needs_images("iptables in the run"))
+    checks.append(_step_disk())
     iptables = shutil.which("iptables") is not None
     checks.append(
         Check(
@@ -357,6 +359,34 @@ def _run_iptables(client: DockerClient) -> Check:
         else "load the kernel's netfilter modules (modprobe nf_tables ip6_tables) or use a "
         "kernel with nf_tables and IPv6",
     )
+
+
+def _step_disk() -> Check:
+    """Each run's disk (a loop-mounted ext4 image) and view (an overlay) need root."""
+    name = "step disk and view"
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("the runner is not root")
+    if shutil.which("mkfs.ext4") is None:
+        missing.append("mkfs.ext4 is absent")
+    if not os.path.exists("/dev/loop-control"):
+        missing.append("/dev/loop-control is absent")
+    try:
+        filesystems = Path("/proc/filesystems").read_text()
+    except OSError:
+        filesystems = ""
+    for fs in ("ext4", "overlay", "tmpfs"):
+        if fs not in filesystems:
+            missing.append(f"the kernel lists no {fs} file system")
+    if missing:
+        return Check(
+            name=name,
+            ok=False,
+            detail="; ".join(missing),
+            fix="run sandbox as root on a host with loop devices, e2fsprogs (mkfs.ext4), "
+            "and ext4 and overlay in the kernel",
+        )
+    return Check(name=name, ok=True, detail="root, mkfs.ext4, loop devices, ext4 and overlay")
 
 
 def _needs_images(name: str) -> Check:

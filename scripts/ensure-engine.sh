@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Make sure a Docker engine answers, installing and starting one if needed.
 # Fresh Debian machines of our kind have the docker client but no engine:
-# install docker.io (and the image-building tools), start dockerd as root,
+# install docker.io (and the image-building tools, and mkfs.ext4 for each run's
+# disk), start dockerd as root,
 # and wait for it with a deadline. Idempotent: quick when all is in place.
 set -euo pipefail
 
@@ -13,6 +14,7 @@ command -v dockerd >/dev/null 2>&1 || need_pkgs+=(docker.io)
 command -v mmdebstrap >/dev/null 2>&1 || need_pkgs+=(mmdebstrap)
 command -v sqlite3 >/dev/null 2>&1 || need_pkgs+=(sqlite3)
 command -v iptables >/dev/null 2>&1 || need_pkgs+=(iptables)
+command -v mkfs.ext4 >/dev/null 2>&1 || need_pkgs+=(e2fsprogs)   # each run's disk
 command -v npm >/dev/null 2>&1 || need_pkgs+=(npm)   # fetches the guard's MCP servers on the host
 if [ "${#need_pkgs[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
