@@ -1385,11 +1385,12 @@ def held_run(b: Bench, run: TestRun) -> Iterator[Held]:
         if runner.done():
             record = runner.join(1)
             raise BenchError(f"the held run ended early: {record.status.value}: {record.reason}")
-        return next(iter(wf.glob("runs/test-*/g/ready")), None)
+        # While the step runs, its group folder is a folder of its disk.
+        return next(iter(wf.glob("runs/test-*/.disk/group/ready")), None)
 
     try:
         ready_file: Path = _wait_for("the held run's step to be ready", ready, 180)
-        run_root = ready_file.parent.parent
+        run_root = ready_file.parents[2]
         live = b.run_containers(run_root)
         env = dict(e.split("=", 1) for e in live["step"]["Config"]["Env"])
         held = Held(
@@ -1400,7 +1401,7 @@ def held_run(b: Bench, run: TestRun) -> Iterator[Held]:
         )
         yield held
     finally:
-        for group in wf.glob("runs/test-*/g"):
+        for group in wf.glob("runs/test-*/.disk/group"):
             with contextlib.suppress(OSError):
                 (group / "release").touch()
         try:

@@ -6,7 +6,9 @@ execution tree, VACUUM INTO copy of the DB, prompt with its TEST MODE
 section), runs the step in a hardened container, collects what happened, and
 writes the record. A record exists from the moment the run folder does; it
 says `running` until the end, and `sandbox gc` turns it into `killed` if the
-runner died. Containers never outlive `execute()`.
+runner died. Containers, the step's disk and its view of the workflow folder
+(`sandbox.stepfs`) never outlive `execute()`; any error on the way still ends the
+record with a final status and a reason naming the phase.
 """
 
 from __future__ import annotations
@@ -594,10 +596,12 @@ class TestRun:
     # -- collect / record --------------------------------------------------------
 
     def _db_diff(self, layout: RunLayout, record: TestRunRecord) -> dbdiff.DbDiff | None:
-        """dbdiff reads both files into private copies without following links."""
+        """dbdiff reads both files into private copies (holes kept, size-capped) without
+        following links."""
         if record.no_db:
             return None
-        return dbdiff.diff_databases(layout.baseline_db, layout.db_path)
+        # Its private copies live in the run root: on the workflow's disk, gone after.
+        return dbdiff.diff_databases(layout.baseline_db, layout.db_path, work_dir=layout.root)
 
     def _discard_partial(self, layout: RunLayout, files: stepfs.StepFs) -> None:
         """Leave only the record: nothing half-made survives a failed prepare."""
