@@ -389,6 +389,6 @@ def test_the_running_guard_holds_no_capability_and_left_no_config(
             assert not (run_root / "guard" / "config.json").exists()
             assert sorted(p.name for p in (run_root / "guard").iterdir()) == []
         finally:
-            for group in wf.glob("runs/test-*/g"):
+            for group in wf.glob("runs/test-*/.disk/group"):
                 (group / "go").write_text("1")
     assert run.record.status is RunStatus.PASSED, run.record.reason
