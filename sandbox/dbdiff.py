@@ -13,7 +13,6 @@ from __future__ import annotations
 import errno
 import math
 import os
-import shutil
 import sqlite3
 import stat
 import tempfile
@@ -27,6 +26,7 @@ from urllib.parse import quote
 from pydantic import BaseModel, Field
 
 from sandbox.fdcopy import copy_fd
+from sandbox.fdtree import remove_tree
 
 __all__ = ["DbDiff", "JsonValue", "RowChange", "TableDiff", "diff_databases"]
 
@@ -587,7 +587,7 @@ def diff_databases(
     except (OSError, ValueError, MemoryError, RecursionError) as exc:
         result.error = f"cannot diff databases: {type(exc).__name__}: {exc}"
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove_tree(tmp)  # fd-based: whatever SQLite or a planted name left in it
     if result.error:
         result.tables = []
     return result
