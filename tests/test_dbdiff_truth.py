@@ -295,7 +295,10 @@ def _ours(d: DbDiff, table: str) -> dict[str, Any]:
 
 
 @settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60,
+    deadline=None,
+    database=None,  # no example database in the checkout
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(seed=ops, change=ops)
 def test_the_diff_agrees_with_the_session_extension(
