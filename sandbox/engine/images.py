@@ -177,6 +177,7 @@ def _wheels(into: Path) -> None:
     deps_dir = BUILD_DIR / "wheels" / ("deps-" + _hash_files([REPO_ROOT / "pyproject.toml"]))
     if not deps_dir.is_dir():
         _log("building dependency wheels on the host")
+        BUILD_DIR.mkdir(exist_ok=True)  # a fresh clone has none when the base image exists
         tmp = Path(tempfile.mkdtemp(dir=BUILD_DIR))
         _pip(["wheel", "--quiet", "--wheel-dir", str(tmp), str(REPO_ROOT)])
         for wheel in tmp.glob("sandbox-*.whl"):
