@@ -174,10 +174,12 @@ def _q(name: str) -> str:
 
 
 def _render_sql(expr: str) -> str:
-    """SQL that yields a bounded value: text cut after TEXT_LIMIT+1 chars, blobs BLOB_LIMIT+1."""
+    """SQL that yields a bounded value: text cut after TEXT_LIMIT+1 chars, blobs BLOB_LIMIT+1
+    (an empty blob stays one: substr() of it is NULL)."""
     return (
         f"CASE typeof({expr}) WHEN 'text' THEN substr({expr}, 1, {TEXT_LIMIT + 1})"
-        f" WHEN 'blob' THEN substr({expr}, 1, {BLOB_LIMIT + 1}) ELSE {expr} END"
+        f" WHEN 'blob' THEN CASE length({expr}) WHEN 0 THEN x'' ELSE"
+        f" substr({expr}, 1, {BLOB_LIMIT + 1}) END ELSE {expr} END"
     )
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import apsw
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sandbox.dbdiff import DbDiff, TableDiff, diff_databases
@@ -301,6 +301,7 @@ def _ours(d: DbDiff, table: str) -> dict[str, Any]:
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(seed=ops, change=ops)
+@example(seed=[("r-put", 1, None, None)], change=[("r-put", 1, None, b"")])  # an empty blob
 def test_the_diff_agrees_with_the_session_extension(
     tmp_path_factory: Any, seed: list[tuple[Any, ...]], change: list[tuple[Any, ...]]
 ) -> None:

@@ -56,6 +56,7 @@ from sandbox.engine.containers import (
     LABEL_MANAGED,
     LABEL_ROLE,
     LABEL_RUN_ID,
+    LABEL_RUN_ROOT,
     LABEL_RUNNER_PID,
 )
 from sandbox.engine.gc import orphaned
@@ -661,6 +662,12 @@ def leftovers(base: HostState, workflow: Path | None = None) -> dict[str, Any]:
     open in its pool, and a container may vanish between listing and inspecting it.)"""
     with contextlib.closing(docker.from_env(timeout=60)) as engine:
         now = host_state(engine)
+        prefix = f"{workflow}/" if workflow is not None else ""
+        now_of_workflow = {
+            c.name
+            for c in listing(engine, label=LABEL_MANAGED)
+            if c.labels.get(LABEL_RUN_ROOT, "").startswith(prefix)
+        }
         foreign: set[str] = set()
         foreign_mounts: set[str] = set()
         for container in listing(engine):
@@ -686,8 +693,14 @@ def leftovers(base: HostState, workflow: Path | None = None) -> dict[str, Any]:
             if workflow is None or m.startswith(str(workflow) + "/")
         ),
         "loop devices": loop_devices_of(workflow) if workflow is not None else [],
-        "tmp entries": sorted(now.tmp_entries - base.tmp_entries),
-        "containers": sorted(now.containers - base.containers),
+        # Other suites on the same machine make their own fakes' temp folders and leave
+        # their own orphans meanwhile: a run of this workflow is named by its run root.
+        "tmp entries": sorted(
+            t for t in now.tmp_entries - base.tmp_entries if not t.startswith("sandbox-fake-")
+        ),
+        "containers": sorted(
+            c for c in now.containers - base.containers if workflow is None or c in now_of_workflow
+        ),
         "networks": sorted(now.networks - base.networks),
     }
     if now.threads > base.threads + 1:
