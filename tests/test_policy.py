@@ -815,3 +815,61 @@ def test_mcp_stub_reply() -> None:
         "TEST MODE: gmail.send_message was NOT run (the server does not mark this tool "
         "read-only). Continue as if it succeeded; do not look for another way to perform it."
     )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "get url; click #x",
+        "get url;click #x",
+        "get url; eval document.title",
+        "get url && click #x",
+        "get url || click #x",
+        "get url | click #x",
+        "snapshot & click #x",
+        "get url\nclick #x",
+        "get url\r\nclick #x",
+        "get url\tclick",
+        "get text $(click #x)",
+        "get text `click #x`",
+        'get text "${x}"',
+        "get text (click)",
+        "screenshot > /tmp/x",
+        "open 'unbalanced",
+        'get text "unbalanced',
+        "get text \\",
+        "open https://example.com/?a=1&b=2",
+    ],
+)
+def test_browser_command_that_is_not_exactly_one_command_is_stubbed(command: str) -> None:
+    v = _browser(command)
+    assert (v.decision, v.route, v.category) == (STUB, NONE, "browser")
+    assert v.reason == "the browser command is not exactly one allowed command"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        'get text "a;b && c | d"',
+        "get text 'x > y'",
+        "open 'https://example.com/?a=1&b=2'",
+        'is visible "#submit"',
+        "get text a\\;b",
+    ],
+)
+def test_browser_quoted_operators_are_argument_text(command: str) -> None:
+    assert _browser(command).decision is ALLOW
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "open url=javascript:alert(1)",
+        "open --url=JAVASCRIPT:alert(1)",
+        "open vbscript:msgbox",
+        "open \"data:text/html,<script>x</script>\"",
+    ],
+)
+def test_browser_script_urls_anywhere_are_stubbed(command: str) -> None:
+    v = _browser(command)
+    assert (v.decision, v.reason) == (STUB, "JavaScript cannot be classified")
