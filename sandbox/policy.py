@@ -440,7 +440,8 @@ def _decide_browser(row: Row, command: object) -> Verdict:
         return _stub(row.category, f"browser command {verb!r} can have effects")
     # ``wait --fn <js>`` runs the agent's own JavaScript, which can submit a form as
     # easily as read a title.
-    if verb == "wait" and any(w.lower() == "--fn" or w.lower().startswith("--fn=") for w in words[1:]):
+    options = [w.lower() for w in words[1:]]
+    if verb == "wait" and any(w == "--fn" or w.startswith("--fn=") for w in options):
         return _stub(row.category, "JavaScript cannot be classified")
     return _verdict(row, reason=f"read-only browser command {verb!r}")
 

@@ -867,7 +867,7 @@ def test_browser_quoted_operators_are_argument_text(command: str) -> None:
         "open url=javascript:alert(1)",
         "open --url=JAVASCRIPT:alert(1)",
         "open vbscript:msgbox",
-        "open \"data:text/html,<script>x</script>\"",
+        'open "data:text/html,<script>x</script>"',
     ],
 )
 def test_browser_script_urls_anywhere_are_stubbed(command: str) -> None:
