@@ -122,6 +122,23 @@ except ImportError:  # inside the step image, where the sandbox package is absen
     )
 
 try:
+    from sandbox.toolargs import (
+        DB_BUSY_TIMEOUT_S,
+        DB_STATEMENT_DEADLINE_S,
+        SEARCH_DEADLINE_S,
+        SHELL_KILL_GRACE_S,
+        shell_timeout_s,
+    )
+except ImportError:  # inside the step image
+    from agentworks_toolargs import (  # type: ignore[no-redef]
+        DB_BUSY_TIMEOUT_S,
+        DB_STATEMENT_DEADLINE_S,
+        SEARCH_DEADLINE_S,
+        SHELL_KILL_GRACE_S,
+        shell_timeout_s,
+    )
+
+try:
     from sandbox.preflight import gate as preflight_gate
 except ImportError:  # inside the step image
     from agentworks_preflight import gate as preflight_gate  # type: ignore[no-redef]
@@ -149,16 +166,9 @@ SEARCH_MAX_MATCHES: Final = 500
 SEARCH_MAX_FILE_BYTES: Final = 2 * 1024 * 1024
 SEARCH_MAX_LINE_CHARS: Final = 300
 SEARCH_MAX_PATTERN_CHARS: Final = 1000
-SEARCH_DEADLINE_S: Final = 60.0
 BINARY_SNIFF_BYTES: Final = 8192
-SHELL_DEFAULT_TIMEOUT_S: Final = 120.0
-SHELL_MIN_TIMEOUT_S: Final = 1.0
-SHELL_MAX_TIMEOUT_S: Final = 600.0
 SHELL_TAIL_CHARS: Final = 8000
-SHELL_KILL_GRACE_S: Final = 2.0
 DB_MAX_ROWS: Final = 1000
-DB_BUSY_TIMEOUT_S: Final = 10.0
-DB_STATEMENT_DEADLINE_S: Final = 60.0
 DB_TEXT_ROWS: Final = 20
 DB_TEXT_CELL_CHARS: Final = 60
 
@@ -207,19 +217,10 @@ def _int_arg(args: dict[str, Any], name: str, default: int, minimum: int) -> int
 
 
 def _timeout_arg(args: dict[str, Any]) -> float:
-    value = args.get("timeout_s")
-    if value is None:
-        return SHELL_DEFAULT_TIMEOUT_S
-    if isinstance(value, bool):
-        raise ToolError("argument 'timeout_s' must be a number of seconds")
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            raise ToolError("argument 'timeout_s' must be a number of seconds") from None
-    if not isinstance(value, int | float) or math.isnan(value):
-        raise ToolError("argument 'timeout_s' must be a number of seconds")
-    return min(max(float(value), SHELL_MIN_TIMEOUT_S), SHELL_MAX_TIMEOUT_S)
+    try:
+        return shell_timeout_s(args.get("timeout_s"))
+    except ValueError as exc:
+        raise ToolError(str(exc)) from None
 
 
 def _params_arg(args: dict[str, Any]) -> list[Any] | dict[str, Any]:

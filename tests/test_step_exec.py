@@ -578,9 +578,10 @@ def test_runs_standalone_in_the_step_image_layout(tmp_path: Path) -> None:
     """Copied as agentworks_exec.py with its stdlib siblings, without the sandbox package."""
     lib = tmp_path / "lib"
     lib.mkdir()
-    shutil.copy(REPO / "sandbox" / "step_exec.py", lib / "agentworks_exec.py")
-    shutil.copy(REPO / "sandbox" / "pathsafety.py", lib / "agentworks_pathsafety.py")
-    shutil.copy(REPO / "sandbox" / "preflight.py", lib / "agentworks_preflight.py")
+    from sandbox.engine.images import STEP_MODULES
+
+    for source, name in STEP_MODULES.items():  # exactly what the step image installs
+        shutil.copy(source, lib / name)
     root = tmp_path / "group"
     root.mkdir()
     port = free_port()

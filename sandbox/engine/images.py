@@ -42,6 +42,7 @@ STEP_MODULES = {
     REPO_ROOT / "sandbox" / "pathsafety.py": "agentworks_pathsafety.py",
     REPO_ROOT / "sandbox" / "preflight.py": "agentworks_preflight.py",
     REPO_ROOT / "sandbox" / "mcp_client.py": "agentworks_mcp.py",
+    REPO_ROOT / "sandbox" / "toolargs.py": "agentworks_toolargs.py",
 }
 
 
