@@ -18,25 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field
 RUN_KIND_HEADER = "X-Agentworks-Run-Kind"
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
-# Argument keys that name who is calling. The step never controls them: the
-# guard deletes whatever the step put there and sets its own after the policy
-# decision (the seed's server-side bindings).
-IDENTITY_KEYS = frozenset(
-    {
-        "run_id",
-        "test_run_id",
-        "session",
-        "session_id",
-        "parent_session",
-        "workflow",
-        "workflow_id",
-        "workflow_name",
-        "step",
-        "step_id",
-        "run_kind",
-    }
-)
-
 
 class ToolCall(BaseModel):
     """What a step sends: a tool, its arguments, optionally its session."""

@@ -149,18 +149,23 @@ def test_every_row_of_the_effects_table(
 def test_forged_identity_never_reaches_upstream(
     engine: DockerClient, make_workflow: WorkflowFactory, fake: FakeJobBoard
 ) -> None:
+    """The envelope is the guard's; the tool's bound paths hold the guard's values; an
+    argument the table does not bind (a top-level run_id here) is the step's own."""
     forged = {
         "prompt": "hi",
-        "run_id": "forged-run",
         "session": "forged",
-        "workflow": "other",
-        "step_id": "evil",
-        "run_kind": "real",
+        "metadata": {"run_id": "forged-run", "run_kind": "real"},
+        "run_id": "the-steps-own-argument",
     }
     record, replies, lines = run_calls(make_workflow, fake, [("generate_text_llm", forged)])
     assert replies[0]["decision"] == "allow"
     (call,) = fake.state()["calls"]
-    assert call["arguments"] == {"prompt": "hi"}
+    assert call["arguments"] == {
+        "prompt": "hi",
+        "session": "root",
+        "metadata": {"run_id": record.id, "run_kind": "test"},
+        "run_id": "the-steps-own-argument",
+    }
     assert (call["run_id"], call["session"], call["workflow"], call["step"], call["run_kind"]) == (
         record.id,
         "root",
@@ -169,7 +174,8 @@ def test_forged_identity_never_reaches_upstream(
         "test",
     )
     assert "forged" not in json.dumps(call)
-    assert lines[0].arguments == {"prompt": "hi"}
+    assert lines[0].arguments == {"prompt": "hi", "run_id": "the-steps-own-argument"}
+    assert lines[0].detail["overwrote"] == ["session", "metadata.run_id", "metadata.run_kind"]
 
 
 def test_bad_requests_and_upstream_faults_fail_closed(

@@ -1,19 +1,22 @@
 """The bridge API the step calls: every tool call is checked, logged, then answered.
 
-Flow of one call: authenticate -> parse -> strip identity fields -> policy
-decision -> execute by route (stub, refuse, upstream, executor, session) ->
-one action-log line -> reply. Nothing raises out of a call: a refusal, a stub,
+Flow of one call: authenticate -> parse -> policy decision (on the arguments
+the step controls) -> bind the tool's identity paths (`sandbox.bindings`) ->
+execute by route (stub, refuse, upstream, executor, session) -> one action-log
+line -> reply. Nothing raises out of a call: a refusal, a stub,
 an upstream failure or a malformed request is a reply the agent can read and a
 log line. Only a wrong token or a malformed body gets an HTTP error status.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
 import secrets
 import socket
+import ssl
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,16 +29,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 from starlette.routing import Route as HttpRoute
 
-from sandbox import policy
+from sandbox import bindings, policy
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.config import MCP_PATH, GuardConfig
-from sandbox.guard.upstream import UpstreamClient, UpstreamError
 from sandbox.pathsafety import check_tool_path
+from sandbox.toolargs import executor_deadline_s
 
 if TYPE_CHECKING:
     from sandbox.guard.egress import EgressProxy
 from sandbox.wire import (
-    IDENTITY_KEYS,
     MAX_REQUEST_BYTES,
     RUN_KIND_HEADER,
     ExecRequest,
@@ -49,7 +51,7 @@ from sandbox.wire import (
 
 ROOT_SESSION = "root"
 PATH_ARGUMENTS = ("path",)
-SHELL_TIMEOUT_MAX_S = 600.0
+MAX_UPSTREAM_REPLY_BYTES = 32 * 1024 * 1024
 
 
 class Sessions:
@@ -81,7 +83,7 @@ class Guard:
         self._inflight: dict[int, str] = {}
         self.egress: EgressProxy | None = None  # set while the app runs
         self._next_call = 0
-        self._upstream = UpstreamClient(config.upstream) if config.upstream else None
+        self._upstream = upstream_client(config.upstream) if config.upstream else None
         self._executor = httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{config.exec_port}",
             headers={"Authorization": f"Bearer {config.exec_token}"},
@@ -158,7 +160,7 @@ class Guard:
             decision=reply.decision,
             reason=reply.reason,
             category=category,
-            arguments=_without_identity(call.arguments),
+            arguments=bindings.without_bound(call.tool, call.arguments),
             duration_ms=(time.perf_counter() - started) * 1000,
             detail=detail,
         )
@@ -198,8 +200,11 @@ class Guard:
         if not self.sessions.known(session):
             reason = f"unknown session {session!r}; create one with POST /v1/sessions"
             return _refusal(call.tool, ROOT_SESSION, reason), {}, "session"
-        arguments = _without_identity(call.arguments)
-        verdict = policy.decide(call.tool, arguments, has_db_copy=self.config.has_db)
+        verdict = policy.decide(
+            call.tool,
+            bindings.without_bound(call.tool, call.arguments),
+            has_db_copy=self.config.has_db,
+        )
         detail: dict[str, Any] = {}
         if verdict.fails_step:
             detail["fails_step"] = True
@@ -217,6 +222,18 @@ class Guard:
         if verdict.decision is policy.Decision.REFUSE:
             return _refusal(call.tool, session, verdict.reason), detail, verdict.category
 
+        # After the verdict, before anything runs: the tool's bound paths hold the guard's
+        # values, whatever the step put there; every other argument is the step's own.
+        try:
+            arguments = bindings.bind(call.tool, call.arguments, self._identity(session))
+        except bindings.UnboundIdentity as exc:
+            return _refusal(call.tool, session, str(exc)), detail, verdict.category
+        bound = [".".join(path) for path in bindings.IDENTITY_BINDINGS.get(call.tool, {})]
+        if bound:
+            detail["bound"] = bound
+            overwritten = bindings.overwritten(call.tool, call.arguments)
+            if overwritten:
+                detail["overwrote"] = overwritten
         route = verdict.route
         if route is policy.Route.SESSION:
             child = self.sessions.child(session)
@@ -253,6 +270,15 @@ class Guard:
         )
         return reply, detail, verdict.category
 
+    def _identity(self, session: str) -> dict[bindings.Bound, str]:
+        return {
+            bindings.Bound.RUN_ID: self.config.run_id,
+            bindings.Bound.SESSION: session,
+            bindings.Bound.WORKFLOW: self.config.workflow,
+            bindings.Bound.STEP: self.config.step,
+            bindings.Bound.RUN_KIND: "test",
+        }
+
     async def _execute_in_step(self, tool: str, arguments: dict[str, Any]) -> ToolResult:
         """Local and DB tools run in the step's container, as the step, via its executor."""
         for key in PATH_ARGUMENTS:
@@ -260,11 +286,7 @@ class Guard:
                 problem = check_tool_path(arguments[key])
                 if problem is not None:
                     return ToolResult(text=f"refused: {problem}", is_error=True)
-        timeout = 60.0
-        if tool == "execute_shell_command":
-            asked = arguments.get("timeout_s", 120)
-            asked = asked if isinstance(asked, int | float) else 120
-            timeout = min(max(float(asked), 1.0), SHELL_TIMEOUT_MAX_S) + self.config.grace_s
+        timeout = exec_wait_s(tool, arguments, self.config.grace_s)
         request = ExecRequest(tool=tool, arguments=arguments)
         try:
             response = await self._executor.post(
@@ -302,38 +324,80 @@ class Guard:
             step=self.config.step,
         )
         try:
-            reply = await self._upstream.post(
-                "/v1/tools/call",
-                call.model_dump_json().encode(),
-                {RUN_KIND_HEADER: "test", "Content-Type": "application/json"},
-                timeout=budget,
-            )
-        except TimeoutError:
+            # The whole exchange within the budget; the client retries a connection that
+            # could not be made, never a request once its bytes were written.
+            async with asyncio.timeout(budget):
+                status, body = await _post_capped(
+                    self._upstream,
+                    "v1/tools/call",
+                    call.model_dump_json().encode(),
+                    {RUN_KIND_HEADER: "test", "Content-Type": "application/json"},
+                    budget,
+                )
+        except (TimeoutError, httpx.TimeoutException):
             detail["timed_out"] = True
             return ToolResult(
                 text=f"{tool} exceeded its time budget of {budget:g} s and was abandoned",
                 is_error=True,
             )
-        except UpstreamError as exc:
+        except (httpx.ConnectError, httpx.UnsupportedProtocol) as exc:
+            detail["upstream_error"] = type(exc).__name__
             return ToolResult(text=f"upstream bridge unreachable: {exc}", is_error=True)
-        detail["upstream_status"] = reply.status
-        if reply.status != 200:
-            text = reply.body[:300].decode("utf-8", errors="replace")
+        except httpx.HTTPError as exc:
+            detail["upstream_error"] = type(exc).__name__
             return ToolResult(
-                text=f"upstream bridge answered {reply.status}: {text}", is_error=True
+                text=f"upstream bridge failed: {exc or type(exc).__name__}; the call may or may "
+                "not have run upstream and was not repeated",
+                is_error=True,
             )
+        detail["upstream_status"] = status
+        if body is None:
+            return ToolResult(
+                text=f"upstream bridge reply larger than {MAX_UPSTREAM_REPLY_BYTES} bytes",
+                is_error=True,
+            )
+        if status != 200:
+            text = body[:300].decode("utf-8", errors="replace")
+            return ToolResult(text=f"upstream bridge answered {status}: {text}", is_error=True)
         try:
-            return ToolResult.model_validate_json(reply.body)
+            return ToolResult.model_validate_json(body)
         except ValidationError:
             try:
-                return ToolResult(text=json.dumps(json.loads(reply.body))[:100_000])
+                return ToolResult(text=json.dumps(json.loads(body))[:100_000])
             except ValueError:
                 return ToolResult(text="upstream bridge sent a malformed reply", is_error=True)
 
 
-def _without_identity(arguments: dict[str, Any]) -> dict[str, Any]:
-    """Whatever the step put in identity fields is discarded, before anything else."""
-    return {k: v for k, v in arguments.items() if k not in IDENTITY_KEYS}
+def upstream_client(base_url: str) -> httpx.AsyncClient:
+    """The guard's one client for the real bridge: kept-alive connections, the system's
+    CAs, no proxy from the environment, and retries only of a connection that could
+    not be made (httpcore's `retries`), so a call whose bytes went out is never sent
+    again, even when its kept-alive connection turns out closed."""
+    return httpx.AsyncClient(
+        base_url=base_url.rstrip("/") + "/",
+        transport=httpx.AsyncHTTPTransport(retries=1, verify=ssl.create_default_context()),
+        trust_env=False,
+        follow_redirects=False,
+    )
+
+
+async def _post_capped(
+    client: httpx.AsyncClient, path: str, body: bytes, headers: dict[str, str], timeout: float
+) -> tuple[int, bytes | None]:
+    """POST once; the status and the reply body (None past MAX_UPSTREAM_REPLY_BYTES)."""
+    async with client.stream("POST", path, content=body, headers=headers, timeout=timeout) as r:
+        data = bytearray()
+        async for chunk in r.aiter_bytes():
+            data += chunk
+            if len(data) > MAX_UPSTREAM_REPLY_BYTES:
+                return r.status_code, None
+        return r.status_code, bytes(data)
+
+
+def exec_wait_s(tool: str, arguments: dict[str, Any], grace_s: float) -> float:
+    """How long the guard waits for the executor: the executor's own deadline for the
+    call (`sandbox.toolargs`, the function the executor uses) plus the grace window."""
+    return executor_deadline_s(tool, arguments) + grace_s
 
 
 def _refusal(tool: str, session: str, reason: str) -> ToolReply:
