@@ -117,6 +117,9 @@ class EgressEntry(_Strict):
     # a CONNECT tunnel to a plain-HTTP port would carry methods the proxy cannot see.
     tls: bool = False
     model: bool = False
+    # TLS to this host is inspected unless this says false (then the tunnel is blind
+    # and every line for it says "method not seen"); unset follows `egress.inspect_tls`.
+    inspect: bool | None = None
 
     @field_validator("host")
     @classmethod
@@ -127,13 +130,28 @@ class EgressEntry(_Strict):
 
 
 class Egress(_Strict):
-    """Allow list for the egress proxy; empty means no egress at all."""
+    """Allow list for the egress proxy; empty means no egress at all.
+
+    `inspect_tls` is the default for entries that do not set `inspect`: true (TLS is
+    inspected, so the method inside HTTPS is judged) unless the file says false,
+    which keeps the whole list's tunnels blind as it did before inspection was the
+    default. A per-host `inspect = false` is the narrower opt-out."""
 
     allow: list[EgressEntry] = Field(default_factory=list)
-    inspect_tls: bool = False
+    inspect_tls: bool = True
     # PEM files (relative to the workflow folder) of CAs the guard trusts for the
     # real hosts when it inspects TLS, besides the system's.
     trust_ca_files: list[str] = Field(default_factory=list)
+
+    def inspects(self, entry: EgressEntry) -> bool:
+        """Whether the proxy opens this entry's TLS and judges the requests inside."""
+        return self.inspect_tls if entry.inspect is None else entry.inspect
+
+    def needs_ca(self) -> bool:
+        """Some entry admits CONNECT and is inspected: the run needs its own CA."""
+        return any(
+            (entry.port is None or entry.tls) and self.inspects(entry) for entry in self.allow
+        )
 
     @field_validator("allow", mode="before")
     @classmethod
