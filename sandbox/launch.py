@@ -69,6 +69,14 @@ class Tokens:
 
 
 @dataclass(frozen=True)
+class EgressCA:
+    """The run's TLS-inspection CA as PEM text (made by the runner; see sandbox.guard.tls)."""
+
+    cert_pem: str
+    key_pem: str = field(repr=False)
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """Everything the specs depend on, resolved before any container exists."""
 
@@ -91,6 +99,7 @@ class RunPlan:
     install_firewall: bool = True
     fsync_action_log: bool = True
     tokens: Tokens = field(default_factory=Tokens)
+    egress_ca: EgressCA | None = None  # set when some allow-list entry is inspected
 
 
 def egress_for_run(workflow: Workflow, extra_hosts: tuple[str, ...]) -> Egress:
@@ -134,6 +143,8 @@ def guard_config(plan: RunPlan) -> GuardConfig:
         mcp_host_env=plan.mcp_host_env,
         egress=plan.egress,
         egress_trust_pem=plan.trusted_ca_pem,
+        egress_ca_pem=plan.egress_ca.cert_pem if plan.egress_ca else "",
+        egress_ca_key_pem=plan.egress_ca.key_pem if plan.egress_ca else "",
         fsync_each=plan.fsync_action_log,
     )
 

@@ -83,7 +83,7 @@ class RunLayout:
 
     @property
     def ca_bundle(self) -> Path:
-        """System CAs plus this run's egress CA (only with egress.inspect_tls)."""
+        """System CAs plus this run's egress CA (when some allow-list entry is inspected)."""
         return self.root / "ca-bundle.pem"
 
     @property

@@ -40,9 +40,8 @@ from sandbox.engine import containers, images
 from sandbox.engine.client import connect
 from sandbox.errors import ConfigError, LaunchError, PrepareError, SandboxError
 from sandbox.guard.config import CONFIG_FILE_NAME, GuardConfig
-from sandbox.guard.config import READY_MARK as GUARD_READY_MARK
-from sandbox.guard.tls import CA_FILE as EGRESS_CA_FILE
-from sandbox.launch import RunPlan, egress_for_run
+from sandbox.guard.tls import RunCA
+from sandbox.launch import EgressCA, RunPlan, egress_for_run
 from sandbox.layout import (
     GUARD_UID,
     RunLayout,
@@ -177,6 +176,12 @@ def _verdict(
     return RunStatus.PASSED, ""
 
 
+def _egress_ca(run_id: str) -> EgressCA:
+    """This run's TLS-inspection CA (about a millisecond; see sandbox.guard.tls)."""
+    ca = RunCA.new(run_id)
+    return EgressCA(cert_pem=ca.cert_pem().decode("ascii"), key_pem=ca.key_pem().decode("ascii"))
+
+
 def _runner_info() -> RunnerInfo:
     me = psutil.Process()
     return RunnerInfo(pid=me.pid, create_time=me.create_time(), hostname=socket.gethostname())
@@ -257,6 +262,7 @@ class TestRun:
             real_db = find_workflow_db(self.workflow_dir)
             self._make_run_root(layout)
             write_record(layout.root, record)
+            egress = egress_for_run(workflow, self.options.allow_hosts)
             plan = RunPlan(
                 workflow_dir=self.workflow_dir,
                 workflow=workflow,
@@ -269,7 +275,8 @@ class TestRun:
                 seccomp_profile=seccomp_text,
                 upstream=self.options.upstream_bridge or workflow.bridge.upstream,
                 networks=[*workflow.bridge.networks, *self.options.upstream_networks],
-                egress=egress_for_run(workflow, self.options.allow_hosts),
+                egress=egress,
+                egress_ca=_egress_ca(layout.run_id) if egress.needs_ca() else None,
                 trusted_ca_pem=trusted_ca_pem,
                 mcp_host_env=mcp_host_env,
                 canary=self.options.canary,
@@ -392,57 +399,38 @@ class TestRun:
                 raise ConfigError(f"egress.trust_ca_files: {path} unreadable: {exc}") from None
         return "\n".join(texts)
 
-    def _trust_egress_ca(self, layout: RunLayout) -> None:
-        """With TLS inspection, the step trusts this run's CA (its certificate only)."""
-        try:
-            fd = os.open(layout.guard_dir / EGRESS_CA_FILE, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as handle:
-                ca_pem = handle.read(64 * 1024)
-        except OSError as exc:
-            raise LaunchError(f"the guard made no egress CA: {exc}") from None
-        if b"PRIVATE KEY" in ca_pem or b"BEGIN CERTIFICATE" not in ca_pem:
-            raise LaunchError("the guard's egress CA file is not a certificate")
+    def _trust_egress_ca(self, layout: RunLayout, ca: EgressCA) -> None:
+        """The step trusts this run's CA (its certificate only) beside the system's."""
         system = Path("/etc/ssl/certs/ca-certificates.crt")
-        bundle = (system.read_bytes() if system.is_file() else b"") + b"\n" + ca_pem
-        layout.ca_bundle.write_bytes(bundle)
-        layout.ca_bundle.chmod(0o644)
+        bundle = (system.read_bytes() if system.is_file() else b"") + b"\n" + ca.cert_pem.encode()
+        fd = os.open(layout.ca_bundle, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(bundle)
 
     def _launch(
         self, client: DockerClient, plan: RunPlan, owned: containers.OwnedContainers
     ) -> tuple[Container, Container]:
         """The guard up with its firewall in, and the step created but not started.
 
-        The step is started while the guard is still importing (its executor waits
-        for the guard to listen), so the guard's start-up and the step container's
-        overlap; only the firewall must be in first."""
+        The step is created beside the guard's start and started while the guard is
+        still importing (its executor waits for the guard to listen), so the guard's
+        start-up and the step container's overlap; only the firewall must be in first.
+        The step's CA bundle (with TLS inspection) holds the CA the runner made, so
+        nothing waits for the guard."""
         write_guard_config(plan.layout, launch.guard_config(plan))
         guard = owned.create(launch.guard_spec(plan))
         containers.connect_networks(client, guard, plan.networks[1:])
-        inspect_tls = plan.workflow.egress.inspect_tls
-        step_container = None
-        # The step is created beside the guard's start. Leaving the pool waits for the
-        # creation on every way out, so an interrupted launch never leaves a container
-        # that `owned` does not hold.
+        if plan.egress_ca is not None:
+            self._trust_egress_ca(plan.layout, plan.egress_ca)
+        spec = launch.step_spec(plan, str(guard.id), has_ca_bundle=plan.egress_ca is not None)
+        # Leaving the pool waits for the creation on every way out, so an interrupted
+        # launch never leaves a container that `owned` does not hold.
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            early_step = None
-            if not inspect_tls:
-                spec = launch.step_spec(plan, str(guard.id), has_ca_bundle=False)
-                early_step = pool.submit(owned.create, spec)
+            early_step = pool.submit(owned.create, spec)
             with containers.OutputFollower(guard, deadline_s=GUARD_START_DEADLINE_S) as output:
                 guard.start()
                 self._await_firewall(plan, output)
-                if inspect_tls:
-                    # The step must trust the CA the guard makes at start-up: wait for it.
-                    if not output.wait_for_line(GUARD_READY_MARK):
-                        raise LaunchError(f"the guard did not come up: {output.tail()}")
-                    self._trust_egress_ca(plan.layout)
-                    step_container = owned.create(
-                        launch.step_spec(plan, str(guard.id), has_ca_bundle=True)
-                    )
-            if early_step is not None:
-                step_container = early_step.result()
-        if step_container is None:  # unreachable: one of the two branches made it
-            raise LaunchError("the step container was not created")
+            step_container = early_step.result()
         return guard, step_container
 
     def _await_firewall(self, plan: RunPlan, output: containers.OutputFollower) -> None:
