@@ -16,7 +16,6 @@ import hmac
 import json
 import secrets
 import socket
-import ssl
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -32,6 +31,7 @@ from starlette.routing import Route as HttpRoute
 from sandbox import bindings, policy
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.config import MCP_PATH, GuardConfig
+from sandbox.guard.upstream import UpstreamClient, UpstreamError
 from sandbox.pathsafety import check_tool_path
 from sandbox.toolargs import executor_deadline_s
 
@@ -51,7 +51,6 @@ from sandbox.wire import (
 
 ROOT_SESSION = "root"
 PATH_ARGUMENTS = ("path",)
-MAX_UPSTREAM_REPLY_BYTES = 32 * 1024 * 1024
 
 
 class Sessions:
@@ -83,7 +82,7 @@ class Guard:
         self._inflight: dict[int, str] = {}
         self.egress: EgressProxy | None = None  # set while the app runs
         self._next_call = 0
-        self._upstream = upstream_client(config.upstream) if config.upstream else None
+        self._upstream = UpstreamClient(config.upstream) if config.upstream else None
         self._executor = httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{config.exec_port}",
             headers={"Authorization": f"Bearer {config.exec_token}"},
@@ -324,41 +323,36 @@ class Guard:
             step=self.config.step,
         )
         try:
-            # The whole exchange within the budget; the client retries a connection that
-            # could not be made, never a request once its bytes were written.
+            # The whole exchange within the budget. A call whose bytes went out is never
+            # sent again (sandbox.guard.upstream): the upstream may have run it.
             async with asyncio.timeout(budget):
-                status, body = await _post_capped(
-                    self._upstream,
-                    "v1/tools/call",
+                reply = await self._upstream.post(
+                    "/v1/tools/call",
                     call.model_dump_json().encode(),
                     {RUN_KIND_HEADER: "test", "Content-Type": "application/json"},
-                    budget,
                 )
-        except (TimeoutError, httpx.TimeoutException):
+        except TimeoutError:
             detail["timed_out"] = True
             return ToolResult(
                 text=f"{tool} exceeded its time budget of {budget:g} s and was abandoned",
                 is_error=True,
             )
-        except (httpx.ConnectError, httpx.UnsupportedProtocol) as exc:
-            detail["upstream_error"] = type(exc).__name__
-            return ToolResult(text=f"upstream bridge unreachable: {exc}", is_error=True)
-        except httpx.HTTPError as exc:
-            detail["upstream_error"] = type(exc).__name__
+        except UpstreamError as exc:
+            detail["upstream_error"] = str(exc)
+            if not exc.sent:
+                return ToolResult(text=f"upstream bridge unreachable: {exc}", is_error=True)
             return ToolResult(
-                text=f"upstream bridge failed: {exc or type(exc).__name__}; the call may or may "
-                "not have run upstream and was not repeated",
+                text=f"upstream bridge failed: {exc}; the call may or may not have run "
+                "upstream and was not repeated",
                 is_error=True,
             )
-        detail["upstream_status"] = status
-        if body is None:
-            return ToolResult(
-                text=f"upstream bridge reply larger than {MAX_UPSTREAM_REPLY_BYTES} bytes",
-                is_error=True,
-            )
-        if status != 200:
+        detail["upstream_status"] = reply.status
+        body = reply.body
+        if reply.status != 200:
             text = body[:300].decode("utf-8", errors="replace")
-            return ToolResult(text=f"upstream bridge answered {status}: {text}", is_error=True)
+            return ToolResult(
+                text=f"upstream bridge answered {reply.status}: {text}", is_error=True
+            )
         try:
             return ToolResult.model_validate_json(body)
         except ValidationError:
@@ -366,32 +360,6 @@ class Guard:
                 return ToolResult(text=json.dumps(json.loads(body))[:100_000])
             except ValueError:
                 return ToolResult(text="upstream bridge sent a malformed reply", is_error=True)
-
-
-def upstream_client(base_url: str) -> httpx.AsyncClient:
-    """The guard's one client for the real bridge: kept-alive connections, the system's
-    CAs, no proxy from the environment, and retries only of a connection that could
-    not be made (httpcore's `retries`), so a call whose bytes went out is never sent
-    again, even when its kept-alive connection turns out closed."""
-    return httpx.AsyncClient(
-        base_url=base_url.rstrip("/") + "/",
-        transport=httpx.AsyncHTTPTransport(retries=1, verify=ssl.create_default_context()),
-        trust_env=False,
-        follow_redirects=False,
-    )
-
-
-async def _post_capped(
-    client: httpx.AsyncClient, path: str, body: bytes, headers: dict[str, str], timeout: float
-) -> tuple[int, bytes | None]:
-    """POST once; the status and the reply body (None past MAX_UPSTREAM_REPLY_BYTES)."""
-    async with client.stream("POST", path, content=body, headers=headers, timeout=timeout) as r:
-        data = bytearray()
-        async for chunk in r.aiter_bytes():
-            data += chunk
-            if len(data) > MAX_UPSTREAM_REPLY_BYTES:
-                return r.status_code, None
-        return r.status_code, bytes(data)
 
 
 def exec_wait_s(tool: str, arguments: dict[str, Any], grace_s: float) -> float:
