@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 
 MAX_HASHED_BODY_BYTES = 16 * 1024 * 1024
 CHUNK = 256 * 1024
+SPLICE_MIN_BYTES = 64 * 1024  # a smaller rest of a body is cheaper to copy than to splice
 CONNECT_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 60.0  # a kept-alive client connection with no request in it
 READ_TIMEOUT_S = 30.0  # a request head or body that stops arriving
@@ -205,12 +206,11 @@ class _Upstream:
             await self._streams[1].drain()
 
     async def recv(self) -> bytes:
-        if self.sock is not None:
-            read = asyncio.get_running_loop().sock_recv(self.sock, CHUNK)
-        else:
+        async with asyncio.timeout(REPLY_TIMEOUT_S):
+            if self.sock is not None:
+                return await asyncio.get_running_loop().sock_recv(self.sock, CHUNK)
             assert self._streams is not None
-            read = self._streams[0].read(CHUNK)
-        return await asyncio.wait_for(read, REPLY_TIMEOUT_S)
+            return await self._streams[0].read(CHUNK)
 
     def shutdown_write(self) -> None:
         with contextlib.suppress(OSError):
@@ -310,7 +310,8 @@ class EgressProxy:
             self.open_connections -= 1
         try:
             timeout = IDLE_TIMEOUT_S if idle else READ_TIMEOUT_S
-            return await asyncio.wait_for(client.reader.read(CHUNK), timeout)
+            async with asyncio.timeout(timeout):
+                return await client.reader.read(CHUNK)
         finally:
             if idle:
                 self.open_connections += 1
@@ -775,7 +776,8 @@ async def _relay_counted(
     if remaining == 0:
         return True
     target = client.splice_socket()
-    if upstream.sock is not None and target is not None:
+    small = remaining is not None and remaining <= SPLICE_MIN_BYTES
+    if upstream.sock is not None and target is not None and not small:
         moved = await splice.relay(upstream.sock, target, remaining)
         return remaining is not None and moved == remaining
     while remaining is None or remaining > 0:
