@@ -313,9 +313,9 @@ print(json.dumps(out))
 def test_a_read_forwards_only_its_head_never_a_pipelined_request(
     engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
 ) -> None:
-    """After an allowed GET, nothing more from the step reaches the outside: a second,
-    pipelined request (a POST) would otherwise pass unjudged to any server that keeps
-    reading despite `Connection: close`. A read that carries a body is stubbed."""
+    """After an allowed GET, nothing unjudged reaches the outside: a second, pipelined
+    request (a POST) is parsed and judged on its own (stubbed), never relayed to a
+    server that keeps reading despite `Connection: close`. A read with a body is stubbed."""
     toml = '[egress]\nallow = [{ host = "outside.test", port = 8081 }]\n'
     record, out, lines = run_step(make_workflow, outside, PIPELINED, toml)
     assert record.status is RunStatus.PASSED, record.stderr.text
