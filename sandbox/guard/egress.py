@@ -166,6 +166,9 @@ class _Client:
         self.tls = False
         self.replying = False  # a reply head went out: no error reply can follow it
         self.denied = False  # the last answer was a denial: linger before closing
+        # Every write waits until the kernel has all of it: nothing stays queued in
+        # Python, so a reply body can always be spliced straight after its head.
+        writer.transport.set_write_buffer_limits(high=0)
 
     async def write(self, data: bytes) -> None:
         self.writer.write(data)
