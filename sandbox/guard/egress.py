@@ -338,8 +338,8 @@ class EgressProxy:
                 return None
             client.buffer += data
         head, rest = bytes(client.buffer[:end]), bytes(client.buffer[end:])
+        conn, request = http1.parse_request(head)  # a refusal leaves the head for the log
         client.buffer.clear()
-        conn, request = http1.parse_request(head)
         conn.receive_data(rest)
         return _Incoming(conn, request, head)
 
