@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 from sandbox.config import Egress, EgressEntry
 from sandbox.guard import splice
-from sandbox.guard.actionlog import ActionLog
+from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.config import GuardConfig
 from sandbox.policy import stub_reply
 
@@ -161,6 +161,8 @@ class EgressProxy:
     ca: RunCA | None = None  # set when egress.inspect_tls: CONNECTs are opened and inspected
     upstream_tls: ssl.SSLContext | None = None
     open_connections: int = 0  # the guard exits at once on SIGTERM only when this is 0
+    # Added to every line's detail: whose proxy this is (an MCP server's, by name).
+    label: dict[str, object] = field(default_factory=dict)
 
     # -- one client connection -------------------------------------------------
 
@@ -223,17 +225,17 @@ class EgressProxy:
         if url.query:
             path += "?" + url.query
         host_header = url.hostname if url.port is None else f"{url.hostname}:{url.port}"
-        upstream_writer.write(_origin_head(request, path, host_header))
         kind = "model call" if entry.model else "read"
-        self._record(
+        logged = self._begin(
             request,
-            "allow",
             f"allow-listed {kind}",
-            started,
             category=("model" if entry.model else "egress"),
             detail={"resolved": address},
+            upstream=upstream_writer,
         )
-        await _pipe_both(
+        upstream_writer.write(_origin_head(request, path, host_header))
+        await self._relay(
+            logged,
             reader,
             writer,
             upstream_reader,
@@ -263,17 +265,16 @@ class EgressProxy:
             await self._inspect(request, host, port, entry, reader, writer, started)
             return
         address, upstream_reader, upstream_writer = await self._dial(host, port)
-        self._record(
+        logged = self._begin(
             request,
-            "allow",
             "allow-listed CONNECT; the method inside TLS was not seen",
-            started,
             category="model" if entry.model else "egress",
             detail={"resolved": address, "tls": "method not seen"},
+            upstream=upstream_writer,
         )
         writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
         await writer.drain()
-        await _pipe_both(reader, writer, upstream_reader, upstream_writer, zero_copy=True)
+        await self._relay(logged, reader, writer, upstream_reader, upstream_writer, zero_copy=True)
 
     async def _inspect(
         self,
@@ -310,18 +311,17 @@ class EgressProxy:
         address, upstream_reader, upstream_writer = await self._dial(
             host, port, tls=self.upstream_tls, server_hostname=host
         )
-        upstream_writer.write(_origin_head(inner, inner.target, authority))
         kind = "model call" if entry.model else "read"
-        self._record(
+        logged = self._begin(
             shown,
-            "allow",
             f"allow-listed {kind} (inspected inside TLS)",
-            started,
             category="model" if entry.model else "egress",
             detail={"resolved": address, "tls": "inspected"},
+            upstream=upstream_writer,
         )
-        await _pipe_both(
-            reader, writer, upstream_reader, upstream_writer, forward_client=entry.model
+        upstream_writer.write(_origin_head(inner, inner.target, authority))
+        await self._relay(
+            logged, reader, writer, upstream_reader, upstream_writer, forward_client=entry.model
         )
 
     async def _dial(
@@ -375,6 +375,60 @@ class EgressProxy:
                     f"{address}: {getattr(exc, 'strerror', None) or type(exc).__name__}"
                 )
         raise Denied(502, f"cannot connect to {host}:{port} ({'; '.join(failures)})")
+
+    # -- forwarding: a start line before the first byte leaves, an outcome after ----
+
+    def _begin(
+        self,
+        request: _Request,
+        reason: str,
+        *,
+        category: str,
+        detail: dict[str, object],
+        upstream: asyncio.StreamWriter,
+    ) -> Started:
+        """The start line; with the log full, the request is denied (the upstream closed)."""
+        arguments, detail = self._facts(request, None, detail)
+        try:
+            return self.log.begin(
+                session="egress",
+                tool="http",
+                decision="allow",
+                reason=reason,
+                category=category,
+                arguments=arguments,
+                detail=detail,
+            )
+        except LogFull as full:
+            upstream.close()
+            raise Denied(403, str(full)) from None
+
+    async def _relay(
+        self,
+        logged: Started,
+        client_reader: asyncio.StreamReader,
+        client_writer: asyncio.StreamWriter,
+        upstream_reader: asyncio.StreamReader,
+        upstream_writer: asyncio.StreamWriter,
+        *,
+        zero_copy: bool = False,
+        forward_client: bool = True,
+    ) -> None:
+        error = ""
+        try:
+            await _pipe_both(
+                client_reader,
+                client_writer,
+                upstream_reader,
+                upstream_writer,
+                zero_copy=zero_copy,
+                forward_client=forward_client,
+            )
+        except BaseException as exc:  # a cancelled relay (the guard stopping) included
+            error = f"{type(exc).__name__}: {exc}"[:300]
+            raise
+        finally:
+            self.log.outcome(logged, ok=not error, detail={"error": error} if error else {})
 
     # -- denial and records -------------------------------------------------------
 
@@ -453,22 +507,7 @@ class EgressProxy:
         detail: dict[str, object] | None = None,
         body: dict[str, object] | None = None,
     ) -> None:
-        arguments: dict[str, object] = {}
-        if request is not None:
-            arguments = {"method": request.method, "url": request.target}
-        if body:
-            arguments.update(body)
-        detail = dict(detail or {})
-        active = self.active_calls()
-        if active:
-            detail["active_tool_calls"] = active
-        host = ""
-        if request is not None:
-            if request.method == "CONNECT":
-                host = request.target.rpartition(":")[0].strip("[]")
-            else:
-                host = urlsplit(request.target).hostname or ""
-        detail["host"] = host
+        arguments, detail = self._facts(request, body, detail)
         self.log.write(
             session="egress",
             tool="http",
@@ -479,6 +518,31 @@ class EgressProxy:
             duration_ms=(time.perf_counter() - started) * 1000,
             detail=detail,
         )
+
+    def _facts(
+        self,
+        request: _Request | None,
+        body: dict[str, object] | None,
+        detail: dict[str, object] | None,
+    ) -> tuple[dict[str, object], dict[str, object]]:
+        """A line's arguments (method, URL, body facts) and detail (host, calls in flight)."""
+        arguments: dict[str, object] = {}
+        if request is not None:
+            arguments = {"method": request.method, "url": request.target}
+        if body:
+            arguments.update(body)
+        detail = {**self.label, **(detail or {})}
+        active = self.active_calls()
+        if active:
+            detail["active_tool_calls"] = active
+        host = ""
+        if request is not None:
+            if request.method == "CONNECT":
+                host = request.target.rpartition(":")[0].strip("[]")
+            else:
+                host = urlsplit(request.target).hostname or ""
+        detail["host"] = host
+        return arguments, detail
 
 
 def _origin_head(request: _Request, target: str, host: str) -> bytes:

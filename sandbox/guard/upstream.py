@@ -17,13 +17,19 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from sandbox.guard.caps import MAX_UPSTREAM_REPLY_BYTES
+
 MAX_HEAD_BYTES = 64 * 1024
-MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_BODY_BYTES = MAX_UPSTREAM_REPLY_BYTES
 MAX_IDLE = 8
 
 
 class UpstreamError(Exception):
     """The exchange failed (unreachable, malformed reply, too large)."""
+
+
+class ReplyTooLarge(UpstreamError):
+    """The reply's body is larger than MAX_BODY_BYTES (never read whole)."""
 
 
 @dataclass(frozen=True)
@@ -141,19 +147,19 @@ async def _read_body(reader: asyncio.StreamReader, fields: dict[str, str]) -> tu
                     await reader.readuntil(b"\r\n")  # the (empty) trailer
                     return bytes(chunks), keep
                 if len(chunks) + size > MAX_BODY_BYTES:
-                    raise UpstreamError("reply body too large")
+                    raise ReplyTooLarge("reply body too large")
                 chunks += await reader.readexactly(size)
                 await reader.readexactly(2)
         if "content-length" in fields:
             length = int(fields["content-length"])
             if not 0 <= length <= MAX_BODY_BYTES:
-                raise UpstreamError("reply body too large")
+                raise ReplyTooLarge("reply body too large")
             return await reader.readexactly(length), keep
         data = bytearray()  # no framing: the body runs to EOF
         while chunk := await reader.read(256 * 1024):
             data += chunk
             if len(data) > MAX_BODY_BYTES:
-                raise UpstreamError("reply body too large")
+                raise ReplyTooLarge("reply body too large")
         return bytes(data), False
     except (ValueError, asyncio.IncompleteReadError, asyncio.LimitOverrunError) as exc:
         raise UpstreamError("malformed reply body") from exc
