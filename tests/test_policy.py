@@ -728,7 +728,9 @@ def test_mcp_read_only_and_not_destructive_is_allowed() -> None:
     v = decide_mcp({"readOnlyHint": True, "destructiveHint": False, "title": "x"}, listed=True)
     assert v.decision is ALLOW
     # Non-standard keys are not annotations, in either direction.
-    assert decide_mcp({"readOnlyHint": True, "read_only_hint": False}, listed=True).decision is ALLOW
+    assert (
+        decide_mcp({"readOnlyHint": True, "read_only_hint": False}, listed=True).decision is ALLOW
+    )
 
 
 @pytest.mark.parametrize(

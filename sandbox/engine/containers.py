@@ -9,6 +9,7 @@ applied here; what varies per run comes in a `ContainerSpec`.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -34,6 +35,7 @@ LABEL_RUN_ROOT = "sandbox.run-root"
 LABEL_ROLE = "sandbox.role"
 LABEL_RUNNER_PID = "sandbox.runner-pid"
 LABEL_RUNNER_START = "sandbox.runner-start"
+LABEL_MCP_SERVER = "sandbox.mcp-server"
 
 TAIL_CHARS = 8000
 
@@ -306,6 +308,23 @@ def _stream_tail(chunks: Iterator[bytes]) -> OutputTail:
     text = keep.decode("utf-8", errors="replace")
     truncated = total > len(keep) or len(text) > TAIL_CHARS
     return OutputTail(text=text[-TAIL_CHARS:], total_bytes=total, truncated=truncated)
+
+
+def save_output(container: Container, fd: int, cap_bytes: int) -> tuple[int, bool]:
+    """Write the container's output (stdout and stderr, as the engine kept it) to `fd`,
+    at most `cap_bytes`; the bytes written and whether more was cut."""
+    written = 0
+    try:
+        for chunk in container.logs(stdout=True, stderr=True, stream=True):
+            room = cap_bytes - written
+            if len(chunk) > room:
+                os.write(fd, chunk[:room])
+                return cap_bytes, True
+            os.write(fd, chunk)
+            written += len(chunk)
+    except (docker.errors.APIError, requests.exceptions.RequestException):
+        pass
+    return written, False
 
 
 def output_tails(container: Container) -> tuple[OutputTail, OutputTail]:
