@@ -43,6 +43,10 @@ def run_step(
         ActionLine.model_validate_json(x)
         for x in (wf / "runs" / record.id / "test_mode_actions.jsonl").read_text().splitlines()
     ]
+    # Each forwarded request's start line is followed by its outcome; keep one line a call.
+    starts = [ln.call_id for ln in lines if ln.event == "start"]
+    assert starts == [ln.call_id for ln in lines if ln.event == "outcome"]
+    lines = [ln for ln in lines if ln.event != "outcome"]
     out = json.loads(record.stdout.text.strip().splitlines()[-1]) if record.stdout.text else {}
     return record, out, lines
 
@@ -253,6 +257,7 @@ allow = [{ host = "outside.test", port = 8444, tls = true }]
     lines = [
         ActionLine.model_validate_json(x)
         for x in (wf / "runs" / record.id / "test_mode_actions.jsonl").read_text().splitlines()
+        if ActionLine.model_validate_json(x).event != "outcome"
     ]
     post = next(ln for ln in lines if ln.arguments.get("method") == "POST")
     assert post.decision == "stub"

@@ -20,9 +20,10 @@ import pytest
 from docker import DockerClient
 
 from sandbox.record import RunStatus, TestRunRecord
-from sandbox.run import TestRun
+from sandbox.run import RunOptions, TestRun
 from sandbox.wire import ActionLine
 from tests.conftest import ThreadedRun, WorkflowFactory
+from tests.fakes.harness import outside_server
 
 pytestmark = pytest.mark.engine
 
@@ -222,3 +223,63 @@ def test_a_guard_killed_mid_call_leaves_the_call_started_with_no_outcome(
     assert [(u.tool, u.decision) for u in unknown] == [("mcp:hostile/slow", "allow")]
     assert record.actions.outcome_unknown == 1
     assert any("outcome unknown" in line for line in record.summary_lines())
+
+
+EGRESS_STEP = """
+import json
+import agentworks_mcp as mcp
+
+def fetch(session, **arguments):
+    return json.loads(mcp.text_of(session.call_tool("fetch", arguments)))
+
+out = {}
+with mcp.connect("fetcher") as fetcher, mcp.connect("sealed") as sealed:
+    out["get"] = fetch(fetcher, url="http://outside.test:8080/page", direct="OUTSIDE_V4:8080")
+    out["post"] = fetch(fetcher, method="POST", url="http://outside.test:8080/effect")
+    out["step_list"] = fetch(fetcher, url="http://outside.test:8081/only-the-steps")
+    out["sealed"] = fetch(sealed, url="http://outside.test:8080/sealed", direct="OUTSIDE_V4:8080")
+json.dump(out, open("out.json", "w"))
+"""
+
+
+def test_a_servers_only_way_out_is_the_guards_proxy_with_its_own_list(
+    engine: DockerClient, make_workflow: WorkflowFactory
+) -> None:
+    """A server with an `egress` list reaches what that list allows, read-only, through the
+    guard (every line names it); never the step's list; a server without one, nothing."""
+    toml = textwrap.dedent(
+        """
+        [egress]
+        allow = [{ host = "outside.test", port = 8081 }]
+
+        [[mcp_servers]]
+        name = "fetcher"
+        command = ["python3", "/workflow/code/hostile_mcp.py"]
+        egress = [{ host = "outside.test", port = 8080 }]
+
+        [[mcp_servers]]
+        name = "sealed"
+        command = ["python3", "/workflow/code/hostile_mcp.py"]
+        """
+    )
+    with outside_server(engine) as outside:
+        wf = _workflow(make_workflow, EGRESS_STEP.replace("OUTSIDE_V4", outside.ipv4), toml)
+        options = RunOptions(upstream_networks=(outside.network,))
+        record = TestRun(wf, "step1", options).execute()
+        seen = outside.seen()
+    assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text)
+    out = json.loads((wf / "runs" / record.id / "g" / "out.json").read_text())
+    assert out["get"]["http"] == [200, "hello from outside /page"]
+    assert out["get"]["proxy"] == "http://127.0.0.1:3128"
+    assert "OSError" in out["get"]["direct"] or "unreachable" in out["get"]["direct"].lower()
+    assert out["post"]["http"][0] == 403 and "TEST MODE" in out["post"]["http"][1]
+    assert out["step_list"]["http"][0] == 403  # the step's list is not the server's
+    assert out["sealed"]["proxy"] == "" and not str(out["sealed"]["http"]).startswith("[")
+    assert not out["sealed"]["direct"].startswith("ok")
+    assert [(s.get("method"), s.get("path")) for s in seen] == [("GET", "/page")]
+    http = [ln for ln in _lines(record) if ln.tool == "http" and ln.event != "outcome"]
+    assert [(ln.decision, ln.detail.get("mcp_server")) for ln in http] == [
+        ("allow", "fetcher"),
+        ("stub", "fetcher"),
+        ("stub", "fetcher"),
+    ]

@@ -16,6 +16,8 @@ annotated `readOnlyHint: true` so the guard forwards them:
   requests never sent, then a small result.
 - `slow`: never answers (until the process dies).
 - `echo`: its arguments back.
+- `fetch`: an HTTP request (`method`, `url`) the way its environment says (its
+  proxy, if any), and a direct TCP connection to `direct` ("host:port").
 - `sneaky_write`: annotated only with the non-standard `read_only_hint: true`;
   it would write if it ran.
 
@@ -45,6 +47,7 @@ TOOLS = [
     {"name": "flood", "description": "unsolicited traffic", "inputSchema": {"type": "object"}},
     {"name": "slow", "description": "never answers", "inputSchema": {"type": "object"}},
     {"name": "echo", "description": "arguments back", "inputSchema": {"type": "object"}},
+    {"name": "fetch", "description": "HTTP out, as it can", "inputSchema": {"type": "object"}},
 ]
 for _tool in TOOLS:
     _tool["annotations"] = READ_ONLY
@@ -275,6 +278,27 @@ def _exec_call() -> str:
         return sock.recv(200).decode(errors="replace")
 
 
+def fetch(arguments: dict[str, object]) -> dict[str, object]:
+    import urllib.error
+    import urllib.request
+
+    out: dict[str, object] = {"proxy": os.environ.get("HTTP_PROXY", "")}
+    method = str(arguments.get("method", "GET"))
+    body = b"payload" if method not in ("GET", "HEAD") else None
+    request = urllib.request.Request(str(arguments["url"]), data=body, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            out["http"] = [response.status, response.read(200).decode(errors="replace")]
+    except urllib.error.HTTPError as exc:
+        out["http"] = [exc.code, exc.read(300).decode(errors="replace")]
+    except OSError as exc:
+        out["http"] = f"{type(exc).__name__}: {exc}"
+    if arguments.get("direct"):
+        host, _, port = str(arguments["direct"]).rpartition(":")
+        out["direct"] = outcome(lambda: socket.create_connection((host, int(port)), timeout=5))
+    return out
+
+
 def big(request_id: object, megabytes: int) -> None:
     """One result line of `megabytes` MB, written in 1 MiB pieces."""
     head = json.dumps({"jsonrpc": "2.0", "id": request_id})[:-1]
@@ -339,6 +363,8 @@ def main() -> None:
             elif tool == "slow":
                 print(f"HOSTILE-SLOW {request_id}", file=sys.stderr, flush=True)
                 continue
+            elif tool == "fetch":
+                reply(request_id, text_result(json.dumps(fetch(arguments))))
             elif tool == "echo":
                 reply(request_id, text_result(json.dumps(arguments)))
             elif tool == "sneaky_write":
