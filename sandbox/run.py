@@ -302,13 +302,20 @@ class TestRun:
         guard_watch: containers.ExitWatch | None = None
         usage: containers.Usage | None = None
         mcp: dict[str, Container] = {}
+        servers = launch.stdio_servers(workflow)
+        # The MCP servers' containers are created and started in these threads, beside
+        # the guard's and the step's start; the run waits for them only once the step runs.
+        mcp_pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(servers)))
+        mcp_jobs: dict[str, concurrent.futures.Future[Container]] = {}
         try:
             t0 = time.monotonic()
             self._prepare(workflow, layout, record, real_db, prompt)
             record.phases.prepare_s = time.monotonic() - t0
 
             t0 = time.monotonic()
-            guard, step_container = self._launch(client, plan, owned, mcp)
+            for index, server in servers:
+                mcp_jobs[server.name] = mcp_pool.submit(self._start_mcp, owned, plan, index, server)
+            guard, step_container = self._launch(client, plan, owned)
             watch = FolderWatch(layout.group_dir)
             watch.start()
             quota = QuotaWatch(
@@ -324,6 +331,8 @@ class TestRun:
             )
             quota.start()
             usage = containers.watch_usage(step_container)
+            for name, job in mcp_jobs.items():
+                mcp[name] = job.result()
             record.phases.container_start_s = time.monotonic() - t0
 
             t0 = time.monotonic()
@@ -353,7 +362,6 @@ class TestRun:
             record.egress = actions.egress
             record.outcome_unknown = actions.outcome_unknown
             record.mcp_servers = self._collect_mcp(layout, mcp)
-            mcp = {}
             record.phases.collect_s = time.monotonic() - t0
             status, reason = _verdict(
                 exit_code,
@@ -387,9 +395,17 @@ class TestRun:
                 watch.stop()
             if guard_watch is not None:
                 guard_watch.cancel()
-            if mcp:  # a run that ended early still keeps what its servers said
-                record.mcp_servers = self._collect_mcp(layout, mcp)
-                write_record(layout.root, record)
+            # Every creation has returned before the clean-up, so none outlives the run.
+            mcp_pool.shutdown(wait=True)
+            if not record.mcp_servers:  # a run that ended early keeps what its servers said
+                started = {
+                    name: job.result()
+                    for name, job in mcp_jobs.items()
+                    if job.done() and job.exception() is None
+                }
+                if started:
+                    record.mcp_servers = self._collect_mcp(layout, started)
+                    write_record(layout.root, record)
             owned.remove_all()
             if guard_watch is not None:
                 guard_watch.join()
@@ -422,33 +438,23 @@ class TestRun:
         layout.ca_bundle.chmod(0o644)
 
     def _launch(
-        self,
-        client: DockerClient,
-        plan: RunPlan,
-        owned: containers.OwnedContainers,
-        mcp: dict[str, Container],
+        self, client: DockerClient, plan: RunPlan, owned: containers.OwnedContainers
     ) -> tuple[Container, Container]:
-        """The guard up with its firewall in, each stdio MCP server started (into `mcp`),
-        and the step created but not started.
+        """The guard up with its firewall in, and the step created but not started.
 
         The step is started while the guard is still importing (its executor waits
         for the guard to listen), so the guard's start-up and the step container's
-        overlap; only the firewall must be in first. The MCP servers' containers are
-        created and started beside all of it (each relay waits for its socket)."""
+        overlap; only the firewall must be in first. (The MCP servers' containers
+        start beside all of it; each relay waits for its socket.)"""
         write_guard_config(plan.layout, launch.guard_config(plan))
-        servers = launch.stdio_servers(plan.workflow)
+        guard = owned.create(launch.guard_spec(plan))
+        containers.connect_networks(client, guard, plan.networks[1:])
+        inspect_tls = plan.workflow.egress.inspect_tls
         step_container = None
-        # The step and the servers are created beside the guard's start. Leaving the
-        # pool waits for every creation on every way out, so an interrupted launch
-        # never leaves a container that `owned` does not hold.
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1 + len(servers)) as pool:
-            started = {
-                server.name: pool.submit(self._start_mcp, owned, plan, index, server)
-                for index, server in servers
-            }
-            guard = owned.create(launch.guard_spec(plan))
-            containers.connect_networks(client, guard, plan.networks[1:])
-            inspect_tls = plan.workflow.egress.inspect_tls
+        # The step is created beside the guard's start. Leaving the pool waits for the
+        # creation on every way out, so an interrupted launch never leaves a container
+        # that `owned` does not hold.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
             early_step = None
             if not inspect_tls:
                 spec = launch.step_spec(plan, str(guard.id), has_ca_bundle=False)
@@ -466,8 +472,6 @@ class TestRun:
                     )
             if early_step is not None:
                 step_container = early_step.result()
-            for name, job in started.items():
-                mcp[name] = job.result()
         if step_container is None:  # unreachable: one of the two branches made it
             raise LaunchError("the step container was not created")
         return guard, step_container
@@ -475,7 +479,7 @@ class TestRun:
     def _start_mcp(
         self, owned: containers.OwnedContainers, plan: RunPlan, index: int, server: McpServer
     ) -> Container:
-        container = owned.create(launch.mcp_server_spec(plan, index, server))
+        container = owned.create(launch.mcp_server_spec(plan, index, server), independent=True)
         container.start()
         return container
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -296,3 +298,91 @@ def test_oversized_requests_get_an_http_error_and_a_line(tmp_path: Path) -> None
         ("notify_user", "stub", "messaging"),
     ]
     assert "headers larger than 16 KiB" in lines[2].reason
+
+
+class _HugeReplies(BaseHTTPRequestHandler):
+    """A streamable-HTTP MCP server (JSON replies) whose one tool answers past the cap."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+    def do_GET(self) -> None:  # no standalone event stream
+        self.send_response(405)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_DELETE(self) -> None:
+        self.do_GET()
+
+    def do_POST(self) -> None:
+        message = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        rid, method = message.get("id"), message.get("method")
+        if rid is None:
+            self.send_response(202)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if method == "initialize":
+            result: dict[str, Any] = {
+                "protocolVersion": message["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "huge", "version": "1"},
+            }
+        elif method == "tools/list":
+            tool = {"name": "huge", "inputSchema": {"type": "object"}}
+            result = {"tools": [{**tool, "annotations": {"readOnlyHint": True}}]}
+        elif method == "tools/call":
+            text = "h" * (caps.MAX_MCP_MESSAGE_BYTES + 1024)
+            result = {"content": [{"type": "text", "text": text}]}
+        else:
+            body = {"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "no"}}
+            return self._json(body)
+        self._json({"jsonrpc": "2.0", "id": rid, "result": result})
+
+    def _json(self, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Mcp-Session-Id", "s1")
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_a_url_servers_reply_past_the_cap_is_a_tool_error(tmp_path: Path) -> None:
+    http = ThreadingHTTPServer(("127.0.0.1", 0), _HugeReplies)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{http.server_address[1]}/mcp"
+        app, actions = _app(tmp_path, [McpServer(name="huge", url=url)])
+        headers = {
+            "Authorization": "Bearer " + "b" * 24,
+            "Accept": "application/json, text/event-stream",
+        }
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+        with TestClient(app, base_url="http://127.0.0.1:8790") as client:
+            reply = client.post("/mcp/huge", json=init, headers=headers)
+            session = {**headers, "Mcp-Session-Id": reply.headers["mcp-session-id"]}
+            call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "huge"}}
+            result = client.post("/mcp/huge", json=call, headers=session).json()["result"]
+    finally:
+        http.shutdown()
+    assert result["isError"] is True
+    assert "larger than the guard's cap of 8 MiB" in result["content"][0]["text"]
+    start, outcome = [ActionLine.model_validate_json(x) for x in actions.read_text().splitlines()]
+    assert (start.event, start.decision, outcome.event, outcome.outcome) == (
+        "start",
+        "allow",
+        "outcome",
+        "error",
+    )
+    assert outcome.detail["reply_too_large"] is True

@@ -125,6 +125,10 @@ class ReplyTooLarge(UpstreamError):
     """The server's reply passed its cap and was dropped unread."""
 
 
+class SlotTimeout(Exception):
+    """No forward slot came free within the call's budget."""
+
+
 def _describe(exc: BaseException) -> str:
     """One line for an exception, unwrapping anyio's exception groups."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
@@ -491,7 +495,28 @@ class Endpoint:
     async def _call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> HandlerResult:
+        """One call, inside one of the guard's forward slots: its tool listing and its
+        result are what the guard holds for it (see caps)."""
         started = time.perf_counter()
+        budget = self.proxy.config.budget_for(f"mcp:{self.name}/{params.name}")
+        try:
+            async with self.proxy.forward_slot(budget):
+                return await self._judged_call(params, started, budget)
+        except SlotTimeout:
+            reason = f"the guard had no free forward slot within {budget:g} s"
+            self.proxy.log_line(
+                tool=f"mcp:{self.name}/{params.name}",
+                decision="stub",
+                reason=reason,
+                arguments=dict(params.arguments or {}),
+                started=started,
+                detail={"server": self.name, "tool": params.name},
+            )
+            return stub_result(params.name, reason, None)[0]
+
+    async def _judged_call(
+        self, params: types.CallToolRequestParams, started: float, budget: float
+    ) -> HandlerResult:
         tool = params.name
         arguments = dict(params.arguments or {})
         override = self.upstream.server.read_only_overrides.get(tool)
@@ -504,6 +529,7 @@ class Endpoint:
         try:
             tools = await self.upstream.list_tools(LOOKUP_DEADLINE_S)
             listed_tool = next((t for t in tools if t.get("name") == tool), None)
+            del tools  # only this tool's entry is kept while the call runs
         except TimeoutError:
             lookup_error = f"tools/list did not answer within {LOOKUP_DEADLINE_S:g} s"
         except UpstreamError as exc:
@@ -537,7 +563,6 @@ class Endpoint:
             )
             return result
 
-        budget = self.proxy.config.budget_for(f"mcp:{self.name}/{tool}")
         call = types.CallToolRequest(
             params=types.CallToolRequestParams(name=tool, arguments=params.arguments)
         )
@@ -558,8 +583,7 @@ class Endpoint:
         t1 = time.perf_counter()
         error: MCPError | None = None
         try:
-            async with self.proxy.forward_slot(budget):
-                result = await self.upstream.request(call, budget, retry=False)
+            result = await self.upstream.request(call, budget, retry=False)
         except ReplyTooLarge as exc:
             result = _error_result(f"{tool}: {exc.reason}")
             outcome["error"] = exc.reason
@@ -593,11 +617,17 @@ class Endpoint:
             ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams
         ) -> HandlerResult:
             request = _LIST_REQUESTS[method](types.PaginatedRequestParams(cursor=params.cursor))
+            deadline = LOOKUP_DEADLINE_S * 2
             try:
-                result = await self.upstream.request(request, LOOKUP_DEADLINE_S * 2)
+                async with self.proxy.forward_slot(deadline):
+                    result = await self.upstream.request(request, deadline)
             except UpstreamError as exc:
                 raise MCPError(
                     code=types.INTERNAL_ERROR, message=f"{self.name}: {exc.reason}"
+                ) from None
+            except SlotTimeout:
+                raise MCPError(
+                    code=types.INTERNAL_ERROR, message=f"{self.name}: the guard is busy"
                 ) from None
             return _never_cached(result)
 
@@ -641,7 +671,7 @@ class Endpoint:
                 result = await self.upstream.request(request, budget)
         except UpstreamError as exc:
             failure = MCPError(code=types.INTERNAL_ERROR, message=f"{self.name}: {exc.reason}")
-        except TimeoutError:
+        except (TimeoutError, SlotTimeout):
             reason = f"no answer within {budget:g} s"
             failure = MCPError(code=types.INTERNAL_ERROR, message=f"{self.name}: {reason}")
         except MCPError as exc:
@@ -709,9 +739,13 @@ class McpProxy:
 
     @contextlib.asynccontextmanager
     async def forward_slot(self, budget_s: float) -> AsyncIterator[None]:
-        """One of the guard's forward slots, waited for within the call's own budget."""
-        with anyio.fail_after(budget_s):
-            await self._slots.acquire()
+        """One of the guard's forward slots, waited for within the call's own budget
+        (SlotTimeout past it)."""
+        try:
+            with anyio.fail_after(budget_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise SlotTimeout() from None
         try:
             yield
         finally:
