@@ -123,6 +123,7 @@ def test_a_hostile_stdio_server_reaches_nothing_and_the_record_is_the_guards(
     # Nothing of the run's record can be written, nor the guard's folders, nor its socket.
     assert report["append_action_log"], report
     assert all(not v.startswith("ok") for v in report["append_action_log"].values()), report
+    assert all(not v.startswith("ok") for v in report["read_action_log"].values()), report
     writes = {k: v for k, v in report["write"].items() if k != "/tmp"}
     assert writes and all(not v.startswith("ok") for v in writes.values()), writes
     assert report["write"]["/tmp"].startswith("ok")  # its own small tmpfs

@@ -84,8 +84,8 @@ def main() -> int:
     except OSError as exc:
         print(f"guard: cannot listen: {exc}", file=sys.stderr)
         return 2
-    # Right after the ports listen (the step waits for them), before the tokens are
-    # parsed out of the config text or anything else starts.
+    # Right after the ports listen (the step waits for them), before the web stack
+    # comes in or anything else starts.
     if not make_undumpable():
         print("guard: cannot make itself non-dumpable", file=sys.stderr)
         return 2
