@@ -30,6 +30,19 @@ C_CREW = "/crew"
 # guard's traffic from the step's by uid.
 STEP_UID = 10001
 GUARD_UID = 10002
+# Each stdio MCP server runs as its own uid (and gid): MCP_UID_BASE + its index.
+MCP_UID_BASE = 10100
+
+# Inside a stdio MCP server's container: its own folder of the run (read-only),
+# holding the guard's sockets for it.
+C_MCP_DIR = "/run/mcp"
+MCP_SOCKET = "mcp.sock"  # the server's stdio
+MCP_EGRESS_SOCKET = "egress.sock"  # its egress proxy (only with an egress allow list)
+MCP_PROXY_PORT = 3128  # where the relay listens for it, on the server's own loopback
+
+
+def mcp_uid(index: int) -> int:
+    return MCP_UID_BASE + index
 
 
 def new_run_id(now: datetime | None = None) -> str:
@@ -90,6 +103,19 @@ class RunLayout:
     def guard_dir(self) -> Path:
         """The guard's own writable folder (logs, MCP servers' stderr)."""
         return self.root / "guard"
+
+    @property
+    def mcp_dir(self) -> Path:
+        """The guard's sockets for stdio MCP servers, one folder per server (guard uid)."""
+        return self.root / "mcp"
+
+    def mcp_server_dir(self, name: str) -> Path:
+        return self.mcp_dir / name
+
+    @property
+    def mcp_stderr_dir(self) -> Path:
+        """The servers' stderr, as the host read it back at the end (root only)."""
+        return self.root / "mcp-stderr"
 
     @property
     def container_workdir(self) -> str:

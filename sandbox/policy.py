@@ -475,10 +475,6 @@ def _decide_db(tool: str, row: Row, args: Mapping[str, Any], *, has_db_copy: boo
 # --------------------------------------------------------------------------- MCP
 
 
-def _hint_values(annotations: Mapping[str, Any], *keys: str) -> list[Any]:
-    return [annotations[k] for k in keys if k in annotations]
-
-
 def _clip(text: str, limit: int = 200) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
@@ -495,10 +491,11 @@ def decide_mcp(
 
     Order: an unlisted tool or a failed lookup stubs; then the owner's
     per-connection override, if set, wins over the server's annotations; then
-    the tool runs only if it is annotated ``readOnlyHint: true`` (or
-    ``read_only_hint``; absent means false; only the boolean ``True`` counts) and
-    not also ``destructiveHint: true``. MCP defines ``destructiveHint`` only for
-    non-read-only tools, so a tool claiming both is contradictory and stubbed.
+    the tool runs only if it is annotated ``readOnlyHint`` with the JSON boolean
+    ``true`` (the MCP spelling only: ``read_only_hint`` or any other key is not an
+    annotation; absent means false) and not also ``destructiveHint: true``. MCP
+    defines ``destructiveHint`` only for non-read-only tools, so a tool claiming
+    both is contradictory and stubbed.
     """
     if lookup_error is not None:
         return _stub("mcp", f"annotation lookup failed: {_clip(lookup_error)}")
@@ -514,11 +511,10 @@ def decide_mcp(
     if override_read_only is False:
         return _stub("mcp", "owner override marks it not read-only")
     ann: Mapping[str, Any] = annotations if isinstance(annotations, Mapping) else {}
-    read_only = _hint_values(ann, "readOnlyHint", "read_only_hint")
-    if not read_only or any(v is not True for v in read_only):
+    if ann.get("readOnlyHint") is not True:
         return _stub("mcp", "the server does not mark this tool read-only")
-    destructive = _hint_values(ann, "destructiveHint", "destructive_hint")
-    if any(v is not None and v is not False for v in destructive):
+    destructive = ann.get("destructiveHint")
+    if destructive is not None and destructive is not False:
         return _stub("mcp", "the server marks this tool both read-only and destructive")
     return Verdict(
         decision=Decision.ALLOW,

@@ -29,6 +29,7 @@ from docker.models.containers import Container
 
 from sandbox import actionsummary, dbdiff, firewall, launch
 from sandbox.config import (
+    McpServer,
     Step,
     Workflow,
     load_workflow,
@@ -46,6 +47,7 @@ from sandbox.layout import (
     GUARD_UID,
     RunLayout,
     make_private_dir,
+    mcp_uid,
     new_run_id,
 )
 from sandbox.lock import LockHeldError, workflow_run_lock
@@ -55,6 +57,7 @@ from sandbox.preflight import MARK_OK as PREFLIGHT_OK
 from sandbox.prompt import with_test_mode_section
 from sandbox.quota import QuotaWatch
 from sandbox.record import (
+    McpServerReport,
     OutputTail,
     Preflight,
     Resources,
@@ -199,6 +202,7 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
 
 
 GUARD_START_DEADLINE_S = 60.0
+MCP_STDERR_CAP_BYTES = 2 * launch.MCP_LOG_BYTES  # the engine keeps about MCP_LOG_BYTES
 
 
 def write_guard_config(layout: RunLayout, config: GuardConfig) -> None:
@@ -234,6 +238,9 @@ class TestRun:
         seccomp_text = step_profile()
         client = connect()
         step_image = images.require(client, images.STEP_IMAGE)
+        used_images = {"step": step_image}
+        if launch.stdio_servers(workflow):
+            used_images["mcp"] = images.require(client, images.MCP_IMAGE)
 
         layout = RunLayout(self.workflow_dir, new_run_id(), step.group)
         runner = _runner_info()
@@ -247,7 +254,7 @@ class TestRun:
             status=RunStatus.RUNNING,
             started_at=datetime.now(UTC),
             runner=runner,
-            images={"step": step_image},
+            images=used_images,
         )
         try:
             lock = workflow_run_lock(
@@ -301,12 +308,20 @@ class TestRun:
         quota: QuotaWatch | None = None
         guard_watch: containers.ExitWatch | None = None
         usage: containers.Usage | None = None
+        mcp: dict[str, Container] = {}
+        servers = launch.stdio_servers(workflow)
+        # The MCP servers' containers are created and started in these threads, beside
+        # the guard's and the step's start; the run waits for them only once the step runs.
+        mcp_pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(servers)))
+        mcp_jobs: dict[str, concurrent.futures.Future[Container]] = {}
         try:
             t0 = time.monotonic()
             self._prepare(workflow, layout, record, real_db, prompt)
             record.phases.prepare_s = time.monotonic() - t0
 
             t0 = time.monotonic()
+            for index, server in servers:
+                mcp_jobs[server.name] = mcp_pool.submit(self._start_mcp, owned, plan, index, server)
             guard, step_container = self._launch(client, plan, owned)
             watch = FolderWatch(layout.group_dir)
             watch.start()
@@ -323,6 +338,8 @@ class TestRun:
             )
             quota.start()
             usage = containers.watch_usage(step_container)
+            for name, job in mcp_jobs.items():
+                mcp[name] = job.result()
             record.phases.container_start_s = time.monotonic() - t0
 
             t0 = time.monotonic()
@@ -350,6 +367,8 @@ class TestRun:
             record.stubbed = actions.stubbed
             record.actions = actions.counts
             record.egress = actions.egress
+            record.outcome_unknown = actions.outcome_unknown
+            record.mcp_servers = self._collect_mcp(layout, mcp)
             record.phases.collect_s = time.monotonic() - t0
             status, reason = _verdict(
                 exit_code,
@@ -383,6 +402,17 @@ class TestRun:
                 watch.stop()
             if guard_watch is not None:
                 guard_watch.cancel()
+            # Every creation has returned before the clean-up, so none outlives the run.
+            mcp_pool.shutdown(wait=True)
+            if not record.mcp_servers:  # a run that ended early keeps what its servers said
+                started = {
+                    name: job.result()
+                    for name, job in mcp_jobs.items()
+                    if job.done() and job.exception() is None
+                }
+                if started:
+                    record.mcp_servers = self._collect_mcp(layout, started)
+                    write_record(layout.root, record)
             owned.remove_all()
             if guard_watch is not None:
                 guard_watch.join()
@@ -416,7 +446,8 @@ class TestRun:
         still importing (its executor waits for the guard to listen), so the guard's
         start-up and the step container's overlap; only the firewall must be in first.
         The step's CA bundle (with TLS inspection) holds the CA the runner made, so
-        nothing waits for the guard."""
+        nothing waits for the guard. (The MCP servers' containers start beside all of
+        it; each relay waits for its socket.)"""
         write_guard_config(plan.layout, launch.guard_config(plan))
         guard = owned.create(launch.guard_spec(plan))
         containers.connect_networks(client, guard, plan.networks[1:])
@@ -432,6 +463,46 @@ class TestRun:
                 self._await_firewall(plan, output)
             step_container = early_step.result()
         return guard, step_container
+
+    def _start_mcp(
+        self, owned: containers.OwnedContainers, plan: RunPlan, index: int, server: McpServer
+    ) -> Container:
+        container = owned.create(launch.mcp_server_spec(plan, index, server), independent=True)
+        container.start()
+        return container
+
+    def _collect_mcp(
+        self, layout: RunLayout, mcp: dict[str, Container]
+    ) -> dict[str, McpServerReport]:
+        """Each server's exit and its output, saved by the host into mcp-stderr/ (root
+        only; written with O_EXCL | O_NOFOLLOW into a folder no container sees)."""
+        reports: dict[str, McpServerReport] = {}
+        for index, (name, container) in enumerate(sorted(mcp.items())):
+            running, code = containers.is_running(container)
+            uid_text = str(container.attrs.get("Config", {}).get("User", "")).partition(":")[0]
+            report = McpServerReport(
+                uid=int(uid_text) if uid_text.isdigit() else -1,
+                exit_code=None if running else code,
+            )
+            relative = f"{layout.mcp_stderr_dir.name}/{name}.log"
+            try:
+                fd = os.open(
+                    layout.mcp_stderr_dir / f"{name}.log",
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600,
+                )
+            except OSError:
+                reports[name] = report
+                continue
+            try:
+                size, cut = containers.save_output(container, fd, MCP_STDERR_CAP_BYTES)
+            finally:
+                os.close(fd)
+            reports[name] = report.model_copy(
+                update={"stderr_file": relative, "stderr_bytes": size, "stderr_truncated": cut}
+            )
+            del index
+        return reports
 
     def _await_firewall(self, plan: RunPlan, output: containers.OutputFollower) -> None:
         """The guard's entry script printed the rules back; they must be exactly ours."""
@@ -474,11 +545,13 @@ class TestRun:
     ) -> None:
         uid, gid = launch.step_user()
         make_private_dir(layout.group_dir)
-        layout.actions.touch(mode=0o644)
+        # The guard's alone: no other uid of the run may write (or read) it.
+        layout.actions.touch(mode=0o600)
         make_private_dir(layout.guard_dir, 0o700)
         if os.geteuid() == 0:
             os.chown(layout.actions, GUARD_UID, GUARD_UID, follow_symlinks=False)
             os.chown(layout.guard_dir, GUARD_UID, GUARD_UID, follow_symlinks=False)
+        self._prepare_mcp(workflow, layout)
         t0 = time.monotonic()
         source = newest_real_run(self.workflow_dir, layout.group)
         if source is None:
@@ -508,6 +581,25 @@ class TestRun:
             layout.prompt.write_text(with_test_mode_section(prompt), encoding="utf-8")
             layout.prompt.chmod(0o644)
 
+    def _prepare_mcp(self, workflow: Workflow, layout: RunLayout) -> None:
+        """Per stdio server, a folder for the guard's sockets: the guard's, and only that
+        server's group may pass (setgid, so the sockets are that group's); the step and
+        the other servers cannot. Their stderr goes to a root-only folder at the end."""
+        servers = launch.stdio_servers(workflow)
+        if not servers:
+            return
+        make_private_dir(layout.mcp_dir, 0o700)
+        make_private_dir(layout.mcp_stderr_dir, 0o700)
+        root = os.geteuid() == 0
+        if root:
+            os.chown(layout.mcp_dir, GUARD_UID, GUARD_UID, follow_symlinks=False)
+        for index, server in servers:
+            folder = layout.mcp_server_dir(server.name)
+            make_private_dir(folder, 0o700)
+            if root:
+                os.chown(folder, GUARD_UID, mcp_uid(index), follow_symlinks=False)
+                os.chmod(folder, 0o2710, follow_symlinks=False)
+
     # -- collect / record --------------------------------------------------------
 
     def _db_diff(self, layout: RunLayout, record: TestRunRecord) -> dbdiff.DbDiff | None:
@@ -524,6 +616,8 @@ class TestRun:
             layout.baseline_db.parent,
             layout.prompt,
             layout.guard_dir,
+            layout.mcp_dir,
+            layout.mcp_stderr_dir,
         ):
             if path.is_symlink() or path.is_file():
                 path.unlink()

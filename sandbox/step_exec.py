@@ -583,18 +583,21 @@ class Executor:
         if "\x00" in command:
             raise ToolError("command contains a NUL byte")
         timeout = _timeout_arg(args)
-        try:
-            proc = subprocess.Popen(
-                ["/bin/sh", "-c", command],
-                cwd=self.root,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            raise ToolError(f"cannot start /bin/sh: {_os_reason(exc)}") from None
-        _OWN_CHILDREN.add(proc.pid)
+        # Held from the fork until the pid is registered: a command that exits at once
+        # must not be reaped as a stranger (its `wait()` would then report exit 0).
+        with _SPAWN_LOCK:
+            try:
+                proc = subprocess.Popen(
+                    ["/bin/sh", "-c", command],
+                    cwd=self.root,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise ToolError(f"cannot start /bin/sh: {_os_reason(exc)}") from None
+            _OWN_CHILDREN.add(proc.pid)
         assert proc.stdout is not None
         tail = _Tail(SHELL_TAIL_CHARS)
         deadline = time.monotonic() + timeout
@@ -1031,8 +1034,10 @@ def _report_usage() -> None:
         os.write(2, f"{USAGE_MARK} {json.dumps(report)}\n".encode())
 
 
-# Children that a tool thread waits for itself; the reaper leaves them alone.
+# Children that a tool thread waits for itself; the reaper leaves them alone. A tool
+# thread holds the lock from fork to registration, the reaper while it decides.
 _OWN_CHILDREN: set[int] = set()
+_SPAWN_LOCK = threading.Lock()
 
 
 def _reap_until_exit(step_pid: int) -> None:
@@ -1054,11 +1059,13 @@ def _reap_until_exit(step_pid: int) -> None:
             continue
         if info.si_pid == step_pid:
             return
-        if info.si_pid in _OWN_CHILDREN:
+        with _SPAWN_LOCK:
+            ours = info.si_pid in _OWN_CHILDREN
+            if not ours:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(info.si_pid, 0)
+        if ours:
             time.sleep(0.01)  # its tool thread is about to reap it
-            continue
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(info.si_pid, 0)
 
 
 if __name__ == "__main__":

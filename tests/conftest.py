@@ -28,6 +28,7 @@ from sandbox.engine.containers import LABEL_MANAGED, LABEL_RUN_ROOT, LABEL_RUNNE
 from sandbox.engine.gc import orphaned
 from sandbox.record import TestRunRecord
 from sandbox.run import RunOptions, TestRun
+from sandbox.wire import ActionLine
 
 
 @pytest.fixture(scope="session")
@@ -188,3 +189,24 @@ class ThreadedRun:
     def record(self) -> TestRunRecord:
         (record,) = self._result
         return record
+
+
+def call_lines(path: Path) -> list[ActionLine]:
+    """One line per call (a forwarded call's `start` line, or its one `call` line), each
+    start's `outcome` checked to come after it, exactly once; the outcome's detail is
+    merged into its call's line (its status, error, sizes)."""
+    lines = [ActionLine.model_validate_json(raw) for raw in path.read_text().splitlines()]
+    calls: list[ActionLine] = []
+    open_calls: dict[str, ActionLine] = {}
+    for line in lines:
+        if line.event == "outcome":
+            assert line.call_id in open_calls, f"an outcome without its start: {line}"
+            start = open_calls.pop(line.call_id or "")
+            start.detail.update(line.detail)
+        else:
+            calls.append(line)
+            if line.event == "start":
+                assert line.call_id not in open_calls, f"call id used twice: {line}"
+                open_calls[line.call_id or ""] = line
+    assert not open_calls, f"calls without an outcome: {list(open_calls)}"
+    return calls

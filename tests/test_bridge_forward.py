@@ -21,6 +21,7 @@ from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app
 from sandbox.guard.config import GuardConfig
 from sandbox.wire import ActionLine
+from tests.conftest import call_lines
 
 TOKEN = "b" * 24
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -138,7 +139,8 @@ def call_all(guard: Guard, calls: list[tuple[str, dict[str, Any]]]) -> list[dict
 
 
 def lines_of(actions: Path) -> list[ActionLine]:
-    return [ActionLine.model_validate_json(x) for x in actions.read_text().splitlines()]
+    """One line a call; a forwarded call's outcome (checked to follow its start) merged in."""
+    return call_lines(actions)
 
 
 def test_a_call_whose_bytes_were_written_is_never_sent_again(
@@ -279,11 +281,12 @@ def test_the_guard_waits_as_long_as_the_executor_may_run_the_command(
 
     def record(request: httpx.Request) -> httpx.Response:
         seen.append(request.extensions["timeout"]["read"])
-        return httpx.Response(200, json={"text": "ran"})
+        # A body that streams, as the executor's does (the guard reads it in capped chunks).
+        return httpx.Response(200, stream=httpx.ByteStream(b'{"text": "ran"}'))
 
     guard._executor = httpx.AsyncClient(transport=httpx.MockTransport(record), base_url="http://e")
     arguments = {"command": "sleep 1"} if asked is None else {"command": "x", "timeout_s": asked}
-    asyncio.run(guard._execute_in_step("execute_shell_command", arguments))
+    asyncio.run(guard._execute_in_step("execute_shell_command", arguments, {}))
     try:
         executor_s = shell_timeout_s(asked)
     except ValueError:

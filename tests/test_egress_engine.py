@@ -16,7 +16,7 @@ from sandbox.policy import stub_reply
 from sandbox.record import RunStatus, TestRunRecord
 from sandbox.run import RunOptions, TestRun
 from sandbox.wire import ActionLine
-from tests.conftest import WorkflowFactory, tree_digest
+from tests.conftest import WorkflowFactory, call_lines, tree_digest
 from tests.fakes.harness import ALIAS, Outside, outside_server
 
 pytestmark = pytest.mark.engine
@@ -39,10 +39,8 @@ def run_step(
     before = tree_digest(wf)
     record = TestRun(wf, "step1", RunOptions(upstream_networks=(outside.network,))).execute()
     assert tree_digest(wf) == before
-    lines = [
-        ActionLine.model_validate_json(x)
-        for x in (wf / "runs" / record.id / "test_mode_actions.jsonl").read_text().splitlines()
-    ]
+    # One line a call; each forwarded request's start line has its outcome after it.
+    lines = call_lines(wf / "runs" / record.id / "test_mode_actions.jsonl")
     out = json.loads(record.stdout.text.strip().splitlines()[-1]) if record.stdout.text else {}
     return record, out, lines
 
@@ -257,10 +255,7 @@ allow = [{ host = "outside.test", port = 8444, tls = true }]
     assert out["private_keys"] == []
     seen = [(s["method"], s["path"]) for s in outside.seen() if s["proto"] == "http"]
     assert seen == [("GET", "/page")]
-    lines = [
-        ActionLine.model_validate_json(x)
-        for x in (wf / "runs" / record.id / "test_mode_actions.jsonl").read_text().splitlines()
-    ]
+    lines = call_lines(wf / "runs" / record.id / "test_mode_actions.jsonl")
     post = next(ln for ln in lines if ln.arguments.get("method") == "POST")
     assert post.decision == "stub"
     assert post.arguments["url"] == "https://outside.test:8444/effect"

@@ -21,8 +21,7 @@ from docker import DockerClient
 
 from sandbox.record import RunStatus
 from sandbox.run import RunOptions, TestRun
-from sandbox.wire import ActionLine
-from tests.conftest import WorkflowFactory, tree_digest
+from tests.conftest import WorkflowFactory, call_lines, tree_digest
 from tests.fakes.harness import Outside, outside_server
 
 pytestmark = pytest.mark.engine
@@ -250,10 +249,8 @@ allow = [{ host = "outside.test", port = 8082 }, { host = "outside.test", port =
         if "TEST MODE" in tail and "refused" in tail:
             assert "Continue as if it succeeded" not in tail, name  # errors read as errors
 
-    lines = [
-        ActionLine.model_validate_json(x)
-        for x in (run_root / "test_mode_actions.jsonl").read_text().splitlines()
-    ]
+    # One line a request (call or start); every start has its outcome.
+    lines = call_lines(run_root / "test_mode_actions.jsonl")
     egress = [ln for ln in lines if ln.tool == "http"]
     # One line per request the step sent (a pipelined pair is two), nothing silent.
     assert len(egress) == sum(len(status) for *_, status in cases)
@@ -261,6 +258,7 @@ allow = [{ host = "outside.test", port = 8082 }, { host = "outside.test", port =
     # Allowed: in each mode the pipelined GET and the plain allowed GET.
     assert len(allowed) == 4
     assert all(ln.detail["host"] == "outside.test" for ln in allowed)
+    assert all(ln.detail["status"] == 200 for ln in allowed)  # from each one's outcome line
     assert {ln.detail.get("tls", "") for ln in allowed} == {"", "inspected"}
     for ln in egress:
         assert "http://" not in ln.arguments.get("url", "")[8:], ln.arguments  # never glued

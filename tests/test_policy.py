@@ -713,14 +713,24 @@ def test_mcp_read_only_is_allowed() -> None:
     assert (v.decision, v.route, v.category, v.fails_step) == (ALLOW, UP, "mcp", False)
 
 
-def test_mcp_snake_case_key_is_accepted() -> None:
-    v = decide_mcp({"read_only_hint": True}, listed=True)
-    assert (v.decision, v.route) == (ALLOW, UP)
+@pytest.mark.parametrize(
+    "annotations",
+    [{"read_only_hint": True}, {"readonlyhint": True}, {"read_only_hint": True, "readOnlyHint": 1}],
+)
+def test_mcp_only_the_standard_read_only_hint_counts(annotations: Any) -> None:
+    """A tool annotated only with a non-standard spelling is a write for the guard."""
+    v = decide_mcp(annotations, listed=True)
+    assert (v.decision, v.route) == (STUB, NONE)
+    assert v.reason == "the server does not mark this tool read-only"
 
 
 def test_mcp_read_only_and_not_destructive_is_allowed() -> None:
     v = decide_mcp({"readOnlyHint": True, "destructiveHint": False, "title": "x"}, listed=True)
     assert v.decision is ALLOW
+    # Non-standard keys are not annotations, in either direction.
+    assert (
+        decide_mcp({"readOnlyHint": True, "read_only_hint": False}, listed=True).decision is ALLOW
+    )
 
 
 @pytest.mark.parametrize(
@@ -734,7 +744,6 @@ def test_mcp_read_only_and_not_destructive_is_allowed() -> None:
         {"readOnlyHint": "true"},
         {"readOnlyHint": 1},
         {"destructiveHint": False},
-        {"readOnlyHint": True, "read_only_hint": False},
         {"readOnlyHint": False, "destructiveHint": False},
         {"ReadOnlyHint": True},
     ],
@@ -749,8 +758,8 @@ def test_mcp_without_a_true_read_only_hint_is_stubbed(annotations: Any) -> None:
     "annotations",
     [
         {"readOnlyHint": True, "destructiveHint": True},
-        {"read_only_hint": True, "destructive_hint": True},
         {"readOnlyHint": True, "destructiveHint": "yes"},
+        {"readOnlyHint": True, "destructiveHint": 0},
     ],
 )
 def test_mcp_read_only_and_destructive_is_stubbed(annotations: Any) -> None:

@@ -9,10 +9,15 @@ the list, gets a 403 whose body is the stub reply. Anything the parser finds
 ambiguous (bare CR or LF, obs-fold, duplicate or conflicting Content-Length,
 Transfer-Encoding on a read, a target with userinfo or naming another host, a
 Host header that disagrees with the target, an oversized head) is refused with
-400, 431 or 505 and an error text, never the stub sentence. Every request is
-one action-log line (method, URL, body size and hash, never the body; for an
-allowed one the forwarded head with credentials masked and the SHA-256 of its
-exact bytes), written before anything is sent.
+400, 431 or 505 and an error text, never the stub sentence. A request that is
+not forwarded is one action-log line (method, URL, body size and hash, never
+the body). A forwarded one gets its `start` line (with the forwarded head,
+credentials masked, and the SHA-256 of its exact bytes) on disk before its
+first byte leaves, and its `outcome` line once the reply has been relayed or
+the exchange failed; with the action log full it is refused, never forwarded
+unlogged. The proxy that an MCP server's relay reaches runs this same code with
+that server's own allow list, and every line it writes names the server
+(`detail.mcp_server`, from `label`).
 
 HTTPS: a CONNECT to an allow-listed TLS port is inspected by default: the proxy
 terminates TLS with this run's CA (`sandbox.guard.tls`) and judges each request
@@ -56,7 +61,7 @@ import h11
 
 from sandbox.config import Egress, EgressEntry
 from sandbox.guard import http1, splice
-from sandbox.guard.actionlog import ActionLog
+from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.config import GuardConfig
 from sandbox.guard.http1 import Refused
 from sandbox.policy import stub_reply
@@ -153,7 +158,7 @@ class _Seen:
     url: str = ""
     host: str = ""
     tls: str = ""  # "inspected" | "method not seen" | "" (plain HTTP)
-    forwarded: bool = False  # its allow line is written and its bytes went out
+    forwarded: bool = False  # its start line is written and its bytes went out
 
 
 class _Client:
@@ -251,6 +256,8 @@ class EgressProxy:
     # Connections with a request (or a tunnel) in progress; the guard exits at once on
     # SIGTERM only when this is 0. A kept-alive connection waiting idle is not counted.
     open_connections: int = 0
+    # Added to every line's detail: whose proxy this is (an MCP server's, by name).
+    label: dict[str, object] = field(default_factory=dict)
     _ca: RunCA | None = field(default=None, repr=False)
     _upstream_tls: ssl.SSLContext | None = field(default=None, repr=False)
 
@@ -469,32 +476,45 @@ class EgressProxy:
             assert head is not None
             kind = "model call" if entry.model else "read"
             where = " (inspected inside TLS)" if seen.tls else ""
-            self._record(
+            logged = self._begin(
                 seen,
-                "allow",
                 f"allow-listed {kind}{where}",
-                started,
                 category="model" if entry.model else "egress",
-                status=None,
                 extra_detail={"resolved": upstream.address, "forwarded_sha256": _sha(head)},
                 extra_arguments={"forwarded_head": _shown_head(head)},
             )
             seen.forwarded = True
-            await upstream.send(head)
-            if entry.model and b"100-continue" in (http1.header(request, b"expect") or b""):
-                await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            async for chunk in self._body(client, incoming):  # empty for a read
-                await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
-            await upstream.send(outgoing.send(h11.EndOfMessage()) or b"")
-            return await self._relay_reply(client, upstream, outgoing, request)
+            outcome: dict[str, Any] = {}
+            try:
+                await upstream.send(head)
+                if entry.model and b"100-continue" in (http1.header(request, b"expect") or b""):
+                    await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                async for chunk in self._body(client, incoming):  # empty for a read
+                    await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
+                await upstream.send(outgoing.send(h11.EndOfMessage()) or b"")
+                return await self._relay_reply(client, upstream, outgoing, request, outcome)
+            except BaseException as exc:  # a cancelled exchange (the guard stopping) too
+                outcome["error"] = _failure(exc)
+                raise
+            finally:
+                ok = "error" not in outcome and not outcome.get("reply_cut")
+                self.log.outcome(logged, ok=ok, detail=outcome)
         finally:
             upstream.close()
 
     async def _relay_reply(
-        self, client: _Client, upstream: _Upstream, outgoing: h11.Connection, request: h11.Request
+        self,
+        client: _Client,
+        upstream: _Upstream,
+        outgoing: h11.Connection,
+        request: h11.Request,
+        outcome: dict[str, Any],
     ) -> bool:
+        """Relay the reply; `outcome` gets its status (and `reply_cut` when the upstream
+        ended the body early). Whether the client's connection carries another request."""
         response = await _reply_head(upstream, outgoing)
         status = response.status_code
+        outcome["status"] = status
         if request.method == b"HEAD" or status in (204, 304):
             framing, length = "none", 0
         elif http1.header(response, b"transfer-encoding") is not None:
@@ -529,6 +549,8 @@ class EgressProxy:
             complete = await _relay_counted(
                 client, upstream, outgoing, head, length if framing == "length" else None
             )
+            if not complete:
+                outcome["reply_cut"] = True
             keep = keep and complete
         client.replying = False
         return keep
@@ -540,20 +562,26 @@ class EgressProxy:
         upstream = await self._dial(host, port)
         seen.tls = "method not seen"
         try:
-            self._record(
+            logged = self._begin(
                 seen,
-                "allow",
                 "allow-listed CONNECT to a host with inspect = false; "
                 "the method inside TLS was not seen",
-                started,
                 category="model" if entry.model else "egress",
-                status=None,
                 extra_detail={"resolved": upstream.address},
             )
-            await client.write(ESTABLISHED)
-            early, client.buffer = bytes(client.buffer), bytearray()
-            await upstream.send(early)
-            await asyncio.gather(_pump_up(client, upstream), _pump_down(upstream, client))
+            seen.forwarded = True
+            outcome: dict[str, Any] = {}
+            try:
+                await client.write(ESTABLISHED)
+                client.replying = True
+                early, client.buffer = bytes(client.buffer), bytearray()
+                await upstream.send(early)
+                await asyncio.gather(_pump_up(client, upstream), _pump_down(upstream, client))
+            except BaseException as exc:  # a cancelled tunnel (the guard stopping) too
+                outcome["error"] = _failure(exc)
+                raise
+            finally:
+                self.log.outcome(logged, ok="error" not in outcome, detail=outcome)
         finally:
             upstream.close()
 
@@ -666,8 +694,9 @@ class EgressProxy:
     ) -> None:
         """Record the denial, then answer it (stub reply or error) and close."""
         if seen.forwarded:
-            # The request went out and its line says so; what became of it is not a
-            # second decision. The step gets an error if no reply has started.
+            # The request went out: its start line says so and its outcome line (written
+            # where it was forwarded) says how it failed; that is not a second decision.
+            # The step gets an error if no reply has started.
             if not client.replying:
                 with contextlib.suppress(ConnectionError, RuntimeError):
                     await client.write(_error_reply(denied, seen))
@@ -696,22 +725,9 @@ class EgressProxy:
         status: int | None,
         category: str = "egress",
         body: dict[str, Any] | None = None,
-        extra_detail: dict[str, Any] | None = None,
-        extra_arguments: dict[str, Any] | None = None,
     ) -> None:
-        """Every action-log line of the egress proxy is written here."""
-        arguments: dict[str, Any] = {"method": seen.method, "url": seen.url}
-        arguments.update(body or {})
-        arguments.update(extra_arguments or {})
-        detail: dict[str, Any] = {"host": seen.host}
-        if status is not None:
-            detail["status"] = status
-        if seen.tls:
-            detail["tls"] = seen.tls
-        detail.update(extra_detail or {})
-        active = self.active_calls()
-        if active:
-            detail["active_tool_calls"] = active
+        """The one line of a request that was not forwarded (a denial)."""
+        arguments, detail = self._facts(seen, status=status, body=body)
         self.log.write(
             session="egress",
             tool="http",
@@ -722,6 +738,58 @@ class EgressProxy:
             duration_ms=(time.perf_counter() - started) * 1000,
             detail=detail,
         )
+
+    def _begin(
+        self,
+        seen: _Seen,
+        reason: str,
+        *,
+        category: str,
+        extra_detail: dict[str, Any],
+        extra_arguments: dict[str, Any] | None = None,
+    ) -> Started:
+        """The start line of a request about to be forwarded, on disk before its first
+        byte leaves. With the log full the request is refused instead (Denied)."""
+        arguments, detail = self._facts(
+            seen, status=None, extra_detail=extra_detail, extra_arguments=extra_arguments
+        )
+        try:
+            return self.log.begin(
+                session="egress",
+                tool="http",
+                decision="allow",
+                reason=reason,
+                category=category,
+                arguments=arguments,
+                detail=detail,
+            )
+        except LogFull as full:
+            raise Denied(403, str(full)) from None
+
+    def _facts(
+        self,
+        seen: _Seen,
+        *,
+        status: int | None,
+        body: dict[str, Any] | None = None,
+        extra_detail: dict[str, Any] | None = None,
+        extra_arguments: dict[str, Any] | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A line's arguments (method, URL, body facts, forwarded head) and detail (whose
+        proxy, host, status, TLS, calls in flight): every egress line is made here."""
+        arguments: dict[str, Any] = {"method": seen.method, "url": seen.url}
+        arguments.update(body or {})
+        arguments.update(extra_arguments or {})
+        detail: dict[str, Any] = {**self.label, "host": seen.host}
+        if status is not None:
+            detail["status"] = status
+        if seen.tls:
+            detail["tls"] = seen.tls
+        detail.update(extra_detail or {})
+        active = self.active_calls()
+        if active:
+            detail["active_tool_calls"] = active
+        return arguments, detail
 
 
 def _judge_read(incoming: _Incoming, entry: EgressEntry) -> None:
@@ -890,6 +958,13 @@ def _error_reply(denied: Denied, seen: _Seen) -> bytes:
     )
 
 
+def _failure(exc: BaseException) -> str:
+    """How a forwarded exchange failed, for its outcome line."""
+    if isinstance(exc, Denied | Refused):
+        return exc.reason
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -905,6 +980,15 @@ def _shown_head(head: bytes) -> list[str]:
     return shown
 
 
+async def listen(proxy: EgressProxy, listener: socket.socket) -> asyncio.Server:
+    """Serve `proxy` on a socket that already listens: the step's port on loopback, or
+    the unix socket an MCP server's relay reaches."""
+    limit = http1.MAX_HEAD_BYTES
+    if listener.family == socket.AF_UNIX:
+        return await asyncio.start_unix_server(proxy.handle, sock=listener, limit=limit)
+    return await asyncio.start_server(proxy.handle, sock=listener, limit=limit)
+
+
 @contextlib.asynccontextmanager
 async def running(
     config: GuardConfig,
@@ -914,12 +998,11 @@ async def running(
 ) -> AsyncIterator[EgressProxy]:
     """Serve the proxy on loopback for the guard's lifetime (on `listener` when given)."""
     proxy = EgressProxy(config, log, active_calls or (lambda: []))
-    limit = http1.MAX_HEAD_BYTES
     if listener is not None:
-        server = await asyncio.start_server(proxy.handle, sock=listener, limit=limit)
+        server = await listen(proxy, listener)
     else:
         server = await asyncio.start_server(
-            proxy.handle, "127.0.0.1", config.egress_port, limit=limit
+            proxy.handle, "127.0.0.1", config.egress_port, limit=http1.MAX_HEAD_BYTES
         )
     try:
         yield proxy

@@ -13,7 +13,8 @@ Why not httpx here: it is on every allowed call's path, and on this machine
 httpx cost 1.5 ms more CPU per call than this (httpcore alone 0.8 ms), against
 a per-call budget for the guard of under 1 ms. h11 does all the framing (the
 same parser the egress proxy uses); what is here is the I/O around it.
-Limits: replies over 32 MiB are refused; at most 8 idle connections are kept;
+Limits: replies over `caps.MAX_UPSTREAM_REPLY_BYTES` (8 MiB) are refused
+(`ReplyTooLarge`, never read whole); at most 8 idle connections are kept;
 no redirects, no proxies from the environment.
 """
 
@@ -28,8 +29,10 @@ from urllib.parse import urlsplit
 
 import h11
 
+from sandbox.guard.caps import MAX_UPSTREAM_REPLY_BYTES
+
 MAX_HEAD_BYTES = 64 * 1024
-MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_BODY_BYTES = MAX_UPSTREAM_REPLY_BYTES
 MAX_IDLE = 8
 CHUNK = 256 * 1024
 
@@ -41,6 +44,14 @@ class UpstreamError(Exception):
     def __init__(self, reason: str, *, sent: bool) -> None:
         super().__init__(reason)
         self.sent = sent
+
+
+class ReplyTooLarge(UpstreamError):
+    """The reply's body is larger than MAX_BODY_BYTES (never read whole). The request
+    went out, so this is always `sent=True`."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason, sent=True)
 
 
 @dataclass(frozen=True)
@@ -158,10 +169,13 @@ async def _read_reply(conn: _Connection) -> Reply:
             conn.h11.receive_data(await conn.reader.read(CHUNK))
         elif isinstance(event, h11.Response):
             status = event.status_code
+            declared = dict(event.headers).get(b"content-length", b"")
+            if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+                raise ReplyTooLarge(f"reply of {int(declared)} bytes, over {MAX_BODY_BYTES}")
         elif isinstance(event, h11.Data):
             body += event.data
             if len(body) > MAX_BODY_BYTES:
-                raise UpstreamError(f"reply larger than {MAX_BODY_BYTES} bytes", sent=True)
+                raise ReplyTooLarge(f"reply larger than {MAX_BODY_BYTES} bytes")
         elif isinstance(event, h11.EndOfMessage):
             return Reply(status, bytes(body))
         elif isinstance(event, h11.ConnectionClosed):
