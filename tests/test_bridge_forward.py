@@ -7,6 +7,7 @@ servers that record every request they receive, byte for byte.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -57,7 +58,8 @@ class Upstream:
     def _serve(self, conn: socket.socket) -> None:
         buffer = b""
         n = 0
-        with conn:
+        # A reset is the guard dropping a reply past its cap: the exchange is over.
+        with conn, contextlib.suppress(ConnectionError):
             while True:
                 while b"\r\n\r\n" not in buffer:
                     chunk = conn.recv(65536)
@@ -166,6 +168,40 @@ def test_a_call_whose_bytes_were_written_is_never_sent_again(
     assert "TEST MODE" not in replies[1]["result"]["text"]
     assert [ln.decision for ln in lines_of(actions)] == ["allow", "allow"]
     assert lines_of(actions)[1].detail["error"].startswith("upstream bridge failed")
+
+
+@pytest.mark.parametrize("framing", ["declared", "chunked"])
+def test_an_upstream_reply_past_its_cap_is_a_tool_error_and_the_guard_goes_on(
+    guard_at: Callable[[str | None], tuple[Guard, Path]], framing: str
+) -> None:
+    """A reply larger than caps.MAX_UPSTREAM_REPLY_BYTES (declared up front, or chunked
+    with no length) is dropped: the step gets an error naming the cap, the call's outcome
+    line says so, it is not sent again, and the next call is answered."""
+    from sandbox.guard import caps
+
+    cap = caps.MAX_UPSTREAM_REPLY_BYTES
+    piece = b"x" * (1024 * 1024)
+    if framing == "declared":
+        big = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (cap + 1) + piece
+    else:
+        chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
+        big = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 9 + b"0\r\n\r\n"
+    upstream = Upstream(lambda n, body: big if b"/big" in body else ok())
+    try:
+        guard, actions = guard_at(upstream.url)
+        replies = call_all(
+            guard, [("web_fetch", {"url": "https://a/big"}), ("web_fetch", {"url": "https://a/2"})]
+        )
+    finally:
+        upstream.close()
+    assert len(upstream.requests) == 2  # the big one once, then the next call
+    assert replies[0]["ok"] is False
+    assert "larger than 8 MiB (the guard's cap)" in replies[0]["result"]["text"]
+    assert replies[1]["ok"] is True and replies[1]["result"]["text"] == "done"
+    first, second = lines_of(actions)
+    assert first.decision == "allow" and first.detail["reply_bytes"] == f"more than {cap}"
+    assert "the guard's cap" in first.detail["error"]
+    assert second.detail["upstream_status"] == 200
 
 
 def test_a_kept_alive_connection_the_upstream_closed_is_replaced_before_sending(
