@@ -204,6 +204,37 @@ def test_an_upstream_reply_past_its_cap_is_a_tool_error_and_the_guard_goes_on(
     assert second.detail["upstream_status"] == 200
 
 
+def test_with_the_action_log_full_a_call_is_stubbed_not_forwarded_and_counted_once(
+    guard_at: Callable[[str | None], tuple[Guard, Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox.actionsummary import read
+    from sandbox.guard import actionlog
+
+    monkeypatch.setattr(actionlog, "MAX_LOG_BYTES", 1200)
+    upstream = Upstream(lambda n, body: ok())
+    try:
+        guard, actions = guard_at(upstream.url)
+        while not guard.log.full:
+            guard.log.write(
+                session="root",
+                tool="filler",
+                decision="stub",
+                reason="fill",
+                category="test",
+                arguments={"x": "x" * 200},
+                duration_ms=0.0,
+            )
+        replies = call_all(guard, [("web_fetch", {"url": "https://a/1"})])
+        guard.log.close()
+    finally:
+        upstream.close()
+    assert upstream.requests == []
+    assert replies[0]["decision"] == "stub"
+    assert "action log reached its cap" in replies[0]["result"]["text"]
+    # The filler that found the log full, and the call: each counted once.
+    assert read(actions).counts.stubbed_unlogged == 2
+
+
 def test_a_kept_alive_connection_the_upstream_closed_is_replaced_before_sending(
     guard_at: Callable[[str | None], tuple[Guard, Path]],
 ) -> None:

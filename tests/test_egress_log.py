@@ -2,8 +2,9 @@
 
 A forwarded request's `start` line is on disk before its first byte reaches the
 host (so a guard killed mid-request leaves "started, outcome unknown"), its
-`outcome` line follows the reply (an error when the reply is cut short); an MCP
-server's proxy names the server on every line.
+`outcome` line follows the reply (an error when the reply is cut short); a full
+log refuses the request instead of forwarding it unlogged, and counts it once;
+an MCP server's proxy names the server on every line.
 The upstreams stand in for the outside world: real TCP servers that record what
 they receive and what the action log held at that moment.
 """
@@ -17,8 +18,11 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from sandbox.actionsummary import read
 from sandbox.config import Egress
+from sandbox.guard import actionlog
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.config import GuardConfig
 from sandbox.guard.egress import EgressProxy
@@ -179,6 +183,54 @@ def test_a_blind_tunnel_is_started_before_any_byte_and_has_its_outcome(tmp_path:
     assert [(ln.event, ln.detail["tls"]) for ln in at_receipt] == [("start", "method not seen")]
     (line,) = call_lines(actions)
     assert line.arguments["method"] == "CONNECT" and line.decision == "allow"
+
+
+@pytest.mark.parametrize("when", ["already full", "full at its start line"])
+def test_a_full_log_refuses_the_request_and_nothing_leaves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """Already full: the host is not even dialled. Filled by the request's own start
+    line: the host was dialled but gets no byte. Either way a refusal, counted once."""
+    monkeypatch.setattr(actionlog, "MAX_LOG_BYTES", 1500)
+    filler = {
+        "session": "root",
+        "tool": "filler",
+        "decision": "stub",
+        "reason": "fill the log",
+        "category": "test",
+        "arguments": {"x": "x" * 200},
+        "duration_ms": 0.0,
+    }
+    with _actions(tmp_path) as actions:
+        host = Host(actions, OK)
+        try:
+            egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
+            log = ActionLog(str(actions), secrets=(), fsync_each=False)
+            if when == "already full":
+                while not log.full:
+                    log.write(**filler)  # type: ignore[arg-type]
+            else:  # room for fillers, not for the request's start line
+                while actions.stat().st_size + 400 < actionlog.MAX_LOG_BYTES:
+                    log.write(**filler)  # type: ignore[arg-type]
+                assert not log.full
+            proxy = EgressProxy(_config(actions, egress), log)
+            authority = f"127.0.0.1:{host.port}"
+            request = (
+                f"GET http://{authority}/p HTTP/1.1\r\nHost: {authority}\r\n"
+                "Connection: close\r\n\r\n"
+            )
+            reply = asyncio.run(_through(proxy, request.encode()))
+            log.close()
+        finally:
+            host.close()
+    assert host.received == ([] if when == "already full" else [b""])  # no byte left
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 403") and b"X-Agentworks-Test-Mode: refused" in head
+    assert b"action log reached its cap" in body and b"nothing was sent" in body
+    assert b"Continue as if" not in body
+    # Unlogged: the request, counted once (and, already full, the filler that found it so).
+    assert read(actions).counts.stubbed_unlogged == (2 if when == "already full" else 1)
+    assert not [ln for ln in call_lines(actions) if ln.tool == "http"]
 
 
 def test_an_mcp_servers_proxy_names_the_server_on_every_line(tmp_path: Path) -> None:

@@ -54,6 +54,13 @@ class LogFull(Exception):
     """The log reached its cap: the call must be stubbed, not forwarded unlogged."""
 
 
+def _full_reason() -> str:
+    return (
+        f"the action log reached its cap of {MAX_LOG_BYTES // 2**20} MiB, "
+        "so no further call is forwarded"
+    )
+
+
 def _digest(data: str) -> str:
     return hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -124,6 +131,13 @@ class ActionLog:
     def full(self) -> bool:
         return self._full
 
+    def check_room(self) -> None:
+        """Raise LogFull when the log is already full: a caller about to prepare a
+        forwarded call (dial its host) stops before anything happens. Counts nothing:
+        the caller's own line for the refusal is the one counted."""
+        if self._full:
+            raise LogFull(_full_reason())
+
     # -- one-line decisions --------------------------------------------------------
 
     def write(
@@ -190,10 +204,7 @@ class ActionLog:
         )
         if not self._room_for(len(line), reserve=False):
             self._unlogged += 1
-            raise LogFull(
-                f"the action log reached its cap of {MAX_LOG_BYTES // 2**20} MiB, "
-                "so no further call is forwarded"
-            )
+            raise LogFull(_full_reason())
         self._append(line)
         return Started(call_id, session, tool, decision, reason, category, time.perf_counter())
 

@@ -157,10 +157,11 @@ class Guard:
         call_id = self._next_call
         self._inflight[call_id] = f"{call.tool} (session {call.session or ROOT_SESSION})"
         try:
-            reply, detail, category, forwarded = await self._handle(call, len(body))
+            reply, detail, category, logged = await self._handle(call, len(body))
         finally:
             del self._inflight[call_id]
-        if not forwarded:  # a forwarded call has its start and outcome lines already
+        if not logged:  # a forwarded call has its start and outcome lines already;
+            # a call the full log refused is counted there (as the MCP proxy does)
             self.log.write(
                 session=reply.session,
                 tool=call.tool,
@@ -205,8 +206,9 @@ class Guard:
     async def _handle(
         self, call: ToolCall, request_bytes: int
     ) -> tuple[ToolReply, dict[str, Any], str, bool]:
-        """The reply, the one-line detail, the category, and whether the call was
-        forwarded (then its start and outcome lines are written here)."""
+        """The reply, the one-line detail, the category, and whether the call's lines
+        are taken care of here (a forwarded call's start and outcome; a call the full
+        log refused, which the log has counted) rather than by the caller's one line."""
         session = call.session or ROOT_SESSION
         if not self.sessions.known(session):
             reason = f"unknown session {session!r}; create one with POST /v1/sessions"
@@ -274,8 +276,8 @@ class Guard:
                 arguments=bindings.without_bound(call.tool, call.arguments),
                 detail=detail,
             )
-        except LogFull as full:
-            return _stub(call.tool, session, str(full)), {}, verdict.category, False
+        except LogFull as full:  # stubbed, never forwarded unlogged; the log counted it
+            return _stub(call.tool, session, str(full)), {}, verdict.category, True
         outcome: dict[str, Any] = {}
         if route is policy.Route.UPSTREAM:
             result = await self._forward(call.tool, arguments, session, outcome)

@@ -141,13 +141,17 @@ def match(egress: Egress, host: str, port: int, *, tunnel: bool) -> EgressEntry 
 
 class Denied(Exception):
     """A request that is not forwarded. `stub`: a would-be effect, answered with the stub
-    reply; otherwise a refusal, answered with an error."""
+    reply; otherwise a refusal, answered with an error. `unlogged`: the action log is
+    full and has counted it already, so no line is tried."""
 
-    def __init__(self, status: int, reason: str, *, stub: bool = False) -> None:
+    def __init__(
+        self, status: int, reason: str, *, stub: bool = False, unlogged: bool = False
+    ) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
         self.stub = stub
+        self.unlogged = unlogged
 
 
 @dataclass
@@ -596,7 +600,12 @@ class EgressProxy:
         """Resolve once, here, and dial exactly the addresses resolved (no rebinding window).
 
         Addresses are tried in the resolver's order; link-local, loopback and metadata
-        addresses are skipped unless the allow list named the host as an address."""
+        addresses are skipped unless the allow list named the host as an address. With
+        the action log full nothing is dialled: the request is refused."""
+        try:
+            self.log.check_room()
+        except LogFull as full:
+            raise Denied(403, str(full)) from None
         loop = asyncio.get_running_loop()
         if _is_address(host):
             candidates = [host.strip("[]")]
@@ -708,7 +717,8 @@ class EgressProxy:
             first = bytes(client.buffer[:200]).split(b"\n", 1)[0]
             body["first_line"] = first.decode("latin-1")
         decision = "stub" if denied.stub else "refuse"
-        self._record(seen, decision, denied.reason, started, status=denied.status, body=body)
+        if not denied.unlogged:
+            self._record(seen, decision, denied.reason, started, status=denied.status, body=body)
         if client.replying:
             return  # a reply is under way: ending the connection is the only honest answer
         with contextlib.suppress(ConnectionError, RuntimeError):
@@ -764,7 +774,7 @@ class EgressProxy:
                 detail=detail,
             )
         except LogFull as full:
-            raise Denied(403, str(full)) from None
+            raise Denied(403, str(full), unlogged=True) from None
 
     def _facts(
         self,
