@@ -126,7 +126,9 @@ class Egress(_Strict):
     `inspect_tls` is the default for entries that do not set `inspect`: true (TLS is
     inspected, so the method inside HTTPS is judged) unless the file says false,
     which makes the tunnels of every entry without its own `inspect` blind. A
-    per-host `inspect = false` is the narrower opt-out."""
+    per-host `inspect = false` is the narrower opt-out. A stdio MCP server's own
+    list is an Egress of its entries alone (`McpServer.own_egress`): inspected
+    unless an entry opts out."""
 
     allow: list[EgressEntry] = Field(default_factory=list)
     inspect_tls: bool = True
@@ -177,10 +179,9 @@ class McpServer(_Strict):
         return _entries_from_strings(value)
 
     def own_egress(self) -> Egress:
-        """This server's allow list as its egress proxy judges it: the step's rules, never
-        the step's list. Its CONNECTs are blind tunnels, recorded as "method not seen":
-        the server's container does not trust the run's CA."""
-        return Egress(allow=self.egress, inspect_tls=False)
+        """This server's allow list as its egress proxy judges it: the step's rules
+        (TLS inspected unless an entry says `inspect = false`), never the step's list."""
+        return Egress(allow=self.egress)
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServer:

@@ -42,6 +42,7 @@ from sandbox.guard.config import (
 from sandbox.layout import (
     C_CA_BUNDLE,
     C_DB_PATH,
+    C_MCP_CA_BUNDLE,
     C_MCP_DIR,
     C_PROMPT,
     GUARD_UID,
@@ -114,6 +115,19 @@ def egress_for_run(workflow: Workflow, extra_hosts: tuple[str, ...]) -> Egress:
     """The workflow's allow list plus the hosts added for this run only."""
     extra = [EgressEntry(host=host) for host in extra_hosts]
     return workflow.egress.model_copy(update={"allow": [*workflow.egress.allow, *extra]})
+
+
+def needs_egress_ca(workflow: Workflow, egress: Egress) -> bool:
+    """Whether the run needs its TLS-inspection CA: the step's list (`egress`) or a
+    stdio server's own list has an entry whose TLS the guard opens."""
+    return egress.needs_ca() or any(
+        server.own_egress().needs_ca() for _, server in stdio_servers(workflow)
+    )
+
+
+def mcp_trusts_run_ca(plan: RunPlan, server: McpServer) -> bool:
+    """The server's own egress is inspected somewhere, so it must trust the run's CA."""
+    return plan.egress_ca is not None and server.own_egress().needs_ca()
 
 
 def step_user() -> tuple[int, int]:
@@ -282,7 +296,8 @@ MCP_LOG_BYTES = 1024**2  # its stderr, kept by the engine, read back by the host
 
 def mcp_server_env(plan: RunPlan, server: McpServer) -> dict[str, str]:
     """A stdio server's whole environment: a minimal PATH and HOME, its own `env`, its
-    `env_from_host` values, and (with an egress allow list) its proxy. Nothing else."""
+    `env_from_host` values, and (with an egress allow list) its proxy, and (when that
+    list is inspected) the CA bundle that trusts the run's CA. Nothing else."""
     env = {
         "PATH": MCP_SERVER_PATH,
         "HOME": MCP_HOME,
@@ -293,6 +308,8 @@ def mcp_server_env(plan: RunPlan, server: McpServer) -> dict[str, str]:
     if server.egress:
         proxy = f"http://127.0.0.1:{MCP_PROXY_PORT}"
         env.update(dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"), proxy))
+    if mcp_trusts_run_ca(plan, server):
+        env.update(dict.fromkeys(CA_BUNDLE_VARIABLES, C_MCP_CA_BUNDLE))
     return {**env, **server.env, **plan.mcp_host_env.get(server.name, {})}
 
 
@@ -305,7 +322,9 @@ def mcp_server_spec(plan: RunPlan, index: int, server: McpServer) -> ContainerSp
     (its only way out, with an allow list, is its relay to the guard's egress
     socket), the workflow folder read-only, and its own folder of the run
     read-only: the guard's sockets for it, which it can connect to but neither
-    replace nor add to. Its stderr is the container's log: only the host reads it.
+    replace nor add to; with an inspected egress list, the run's CA bundle
+    (certificates only) read-only. Its stderr is the container's log: only the
+    host reads it.
     """
     assert server.command is not None
     uid = mcp_uid(index)
@@ -328,6 +347,11 @@ def mcp_server_spec(plan: RunPlan, index: int, server: McpServer) -> ContainerSp
         mounts=[
             *workflow_mounts(plan.layout),
             Mount(source=str(plan.layout.mcp_server_dir(server.name)), target=C_MCP_DIR),
+            *(
+                [Mount(source=str(plan.layout.ca_bundle), target=C_MCP_CA_BUNDLE)]
+                if mcp_trusts_run_ca(plan, server)
+                else []
+            ),
         ],
         tmpfs={"/tmp": f"rw,nosuid,nodev,size={MCP_TMPFS_MB}m,mode=1777"},
         labels={**labels(plan, "mcp"), LABEL_MCP_SERVER: server.name},

@@ -39,6 +39,7 @@ C_MCP_DIR = "/run/mcp"
 MCP_SOCKET = "mcp.sock"  # the server's stdio
 MCP_EGRESS_SOCKET = "egress.sock"  # its egress proxy (only with an egress allow list)
 MCP_PROXY_PORT = 3128  # where the relay listens for it, on the server's own loopback
+C_MCP_CA_BUNDLE = "/run/ca-bundle.pem"  # system CAs plus the run's (TLS inspection)
 
 
 def mcp_uid(index: int) -> int:

@@ -283,7 +283,9 @@ class TestRun:
                 upstream=self.options.upstream_bridge or workflow.bridge.upstream,
                 networks=[*workflow.bridge.networks, *self.options.upstream_networks],
                 egress=egress,
-                egress_ca=_egress_ca(layout.run_id) if egress.needs_ca() else None,
+                egress_ca=(
+                    _egress_ca(layout.run_id) if launch.needs_egress_ca(workflow, egress) else None
+                ),
                 trusted_ca_pem=trusted_ca_pem,
                 mcp_host_env=mcp_host_env,
                 canary=self.options.canary,
@@ -320,6 +322,8 @@ class TestRun:
             record.phases.prepare_s = time.monotonic() - t0
 
             t0 = time.monotonic()
+            if plan.egress_ca is not None:  # before any container that trusts it exists
+                self._trust_egress_ca(layout, plan.egress_ca)
             for index, server in servers:
                 mcp_jobs[server.name] = mcp_pool.submit(self._start_mcp, owned, plan, index, server)
             guard, step_container = self._launch(client, plan, owned)
@@ -430,7 +434,8 @@ class TestRun:
         return "\n".join(texts)
 
     def _trust_egress_ca(self, layout: RunLayout, ca: EgressCA) -> None:
-        """The step trusts this run's CA (its certificate only) beside the system's."""
+        """The step (and any MCP server whose egress is inspected) trusts this run's CA
+        (its certificate only) beside the system's."""
         system = Path("/etc/ssl/certs/ca-certificates.crt")
         bundle = (system.read_bytes() if system.is_file() else b"") + b"\n" + ca.cert_pem.encode()
         fd = os.open(layout.ca_bundle, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
@@ -451,8 +456,6 @@ class TestRun:
         write_guard_config(plan.layout, launch.guard_config(plan))
         guard = owned.create(launch.guard_spec(plan))
         containers.connect_networks(client, guard, plan.networks[1:])
-        if plan.egress_ca is not None:
-            self._trust_egress_ca(plan.layout, plan.egress_ca)
         spec = launch.step_spec(plan, str(guard.id), has_ca_bundle=plan.egress_ca is not None)
         # Leaving the pool waits for the creation on every way out, so an interrupted
         # launch never leaves a container that `owned` does not hold.

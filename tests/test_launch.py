@@ -166,6 +166,42 @@ def test_each_stdio_mcp_server_is_a_container_of_its_own(tmp_path: Path) -> None
     assert "/workflow" not in {m.target for m in guard.mounts}
 
 
+def test_a_server_whose_egress_is_inspected_trusts_the_run_ca(tmp_path: Path) -> None:
+    """The run's CA (certificate only) in the server's trust when its own list is
+    inspected; never for a server without a list or one that opted out."""
+    servers: list[dict[str, object]] = [
+        {"name": "files", "command": ["srv"]},
+        {"name": "api", "command": ["api-srv"], "egress": ["api.example.org"]},
+        {"name": "pinned", "command": ["p"], "egress": [{"host": "p.org", "inspect": False}]},
+    ]
+    p = _with_servers(tmp_path, servers)
+    step_only = Workflow.model_validate(
+        {"name": "wf", "steps": [{"id": "s", "group": "g", "command": "true"}]}
+    )
+    assert not launch.needs_egress_ca(step_only, step_only.egress)
+    # A server's own inspected list needs the run's CA even when the step's list is empty.
+    assert launch.needs_egress_ca(p.workflow, step_only.egress)
+    p = plan(
+        tmp_path,
+        workflow=p.workflow,
+        step=p.step,
+        egress=p.egress,
+        egress_ca=launch.EgressCA(cert_pem="CERT", key_pem="KEY-secret"),
+    )
+    files, api, pinned = (
+        launch.mcp_server_spec(p, i, s) for i, s in launch.stdio_servers(p.workflow)
+    )
+    (bundle,) = [m for m in api.mounts if m.target == "/run/ca-bundle.pem"]
+    assert bundle.source == str(p.layout.ca_bundle) and bundle.read_only
+    assert all(api.env[name] == "/run/ca-bundle.pem" for name in launch.CA_BUNDLE_VARIABLES)
+    for spec in (files, pinned):
+        assert "/run/ca-bundle.pem" not in {m.target for m in spec.mounts}
+        assert "SSL_CERT_FILE" not in spec.env
+    for spec in (files, api, pinned):
+        assert "KEY-secret" not in repr(spec)
+    assert launch.guard_config(p).egress_ca_key_pem == "KEY-secret"
+
+
 def test_the_guard_memory_limit_follows_the_caps_not_the_servers(tmp_path: Path) -> None:
     one = launch.guard_spec(_with_servers(tmp_path, [{"name": "a", "command": ["x"]}]))
     many = launch.guard_spec(

@@ -238,6 +238,8 @@ with mcp.connect("fetcher") as fetcher, mcp.connect("sealed") as sealed:
     out["get"] = fetch(fetcher, url="http://outside.test:8080/page", direct="OUTSIDE_V4:8080")
     out["post"] = fetch(fetcher, method="POST", url="http://outside.test:8080/effect")
     out["step_list"] = fetch(fetcher, url="http://outside.test:8081/only-the-steps")
+    out["tls_get"] = fetch(fetcher, url="https://outside.test:8444/tls-page")
+    out["tls_post"] = fetch(fetcher, method="POST", url="https://outside.test:8444/tls-effect")
     out["sealed"] = fetch(sealed, url="http://outside.test:8080/sealed", direct="OUTSIDE_V4:8080")
 json.dump(out, open("out.json", "w"))
 """
@@ -247,16 +249,21 @@ def test_a_servers_only_way_out_is_the_guards_proxy_with_its_own_list(
     engine: DockerClient, make_workflow: WorkflowFactory
 ) -> None:
     """A server with an `egress` list reaches what that list allows, read-only, through the
-    guard (every line names it); never the step's list; a server without one, nothing."""
+    guard (every line names it; its HTTPS inspected like the step's, with the run's CA in
+    its trust); never the step's list; a server without one, nothing."""
     toml = textwrap.dedent(
         """
         [egress]
         allow = [{ host = "outside.test", port = 8081 }]
+        trust_ca_files = ["outside-ca.pem"]
 
         [[mcp_servers]]
         name = "fetcher"
         command = ["python3", "/workflow/code/hostile_mcp.py"]
-        egress = [{ host = "outside.test", port = 8080 }]
+        egress = [
+            { host = "outside.test", port = 8080 },
+            { host = "outside.test", port = 8444, tls = true },
+        ]
 
         [[mcp_servers]]
         name = "sealed"
@@ -265,6 +272,7 @@ def test_a_servers_only_way_out_is_the_guards_proxy_with_its_own_list(
     )
     with outside_server(engine) as outside:
         wf = _workflow(make_workflow, EGRESS_STEP.replace("OUTSIDE_V4", outside.ipv4), toml)
+        (wf / "outside-ca.pem").write_text(outside.ca_pem)
         options = RunOptions(upstream_networks=(outside.network,))
         record = TestRun(wf, "step1", options).execute()
         seen = outside.seen()
@@ -275,13 +283,21 @@ def test_a_servers_only_way_out_is_the_guards_proxy_with_its_own_list(
     assert "OSError" in out["get"]["direct"] or "unreachable" in out["get"]["direct"].lower()
     assert out["post"]["http"][0] == 403 and "TEST MODE" in out["post"]["http"][1]
     assert out["step_list"]["http"][0] == 403  # the step's list is not the server's
+    assert out["tls_get"]["http"] == [200, "hello from outside /tls-page"]
+    assert out["tls_post"]["http"][0] == 403 and "TEST MODE" in out["tls_post"]["http"][1]
     assert out["sealed"]["proxy"] == "" and not str(out["sealed"]["http"]).startswith("[")
     assert not out["sealed"]["direct"].startswith("ok")
-    assert [(s.get("method"), s.get("path")) for s in seen] == [("GET", "/page")]
+    assert [(s.get("method"), s.get("path")) for s in seen] == [
+        ("GET", "/page"),
+        ("GET", "/tls-page"),
+    ]
     actions = Path(record.workflow_dir) / "runs" / record.id / "test_mode_actions.jsonl"
     http = [ln for ln in call_lines(actions) if ln.tool == "http"]  # each start has its outcome
-    assert [(ln.decision, ln.detail.get("mcp_server")) for ln in http] == [
-        ("allow", "fetcher"),
-        ("stub", "fetcher"),
-        ("stub", "fetcher"),
+    assert [(ln.decision, ln.detail.get("mcp_server"), ln.detail.get("tls")) for ln in http] == [
+        ("allow", "fetcher", None),
+        ("stub", "fetcher", None),
+        ("stub", "fetcher", None),
+        ("allow", "fetcher", "inspected"),
+        ("stub", "fetcher", "inspected"),
     ]
+    assert [ln.detail.get("status") for ln in http if ln.decision == "allow"] == [200, 200]

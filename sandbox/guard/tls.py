@@ -4,12 +4,13 @@ Inspection is on by default for every allow-listed host that admits CONNECT
 (see `sandbox.config.Egress.inspects`). The runner makes the run's CA before any
 container exists (`RunCA.new`, about a millisecond) and puts its certificate
 into the step's trust (a CA bundle and the usual environment variables) when it
-creates the step's container, so no run waits for the guard to make one. The
+creates the step's container, and into the trust of each stdio MCP server whose
+own egress list is inspected, so no run waits for the guard to make one. The
 CA's key goes to the guard in its 0600 config file, which the guard reads and
 deletes before it starts anything (as it does the tokens); it then lives only
-in the guard process's memory, never in the step's container, and dies with
-the run (the CA is valid for two days at most and trusted by that run's step
-only). For an inspected CONNECT the proxy terminates TLS with a leaf
+in the guard process's memory, never in the step's or a server's container,
+and dies with the run (the CA is valid for two days at most and trusted by
+that run's containers only). For an inspected CONNECT the proxy terminates TLS with a leaf
 certificate for that host, judges the request inside like plain HTTP, and sends
 allowed requests on over a verified TLS connection to the real host.
 """
