@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?=
 
-.PHONY: demo test venv engine images lint typecheck bench clean
+.PHONY: demo test test-kubernetes venv engine images lint typecheck bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ demo: images
 test: images lint
 	$(BIN)/python examples/setup.py
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The same run shape as Pods on a real local cluster (tests/kubernetes/README.md).
+# The first run builds the Kubernetes binaries from Debian's source (minutes, cached
+# in build/kubernetes/); the cluster lives only as long as the session.
+test-kubernetes: images
+	bash scripts/kubernetes-build.sh >/dev/null
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m kubernetes tests/kubernetes
 
 lint: venv
 	$(BIN)/ruff check sandbox tests examples seccomp

@@ -80,29 +80,6 @@ class CrewFolder(_Strict):
     path: str
 
 
-class McpServer(_Strict):
-    """An MCP server the step may reach through the guard (stdio command or HTTP URL)."""
-
-    name: Ident
-    command: list[str] | None = None
-    url: str | None = None
-    # Literal values here are readable by the step (the workflow folder is mounted
-    # read-only into it); put credentials in `env_from_host` instead.
-    env: dict[str, str] = Field(default_factory=dict)
-    # Names of runner-environment variables handed to this server only.
-    env_from_host: list[str] = Field(default_factory=list)
-    # Per-connection owner overrides: tool name -> read-only (true) or not (false).
-    read_only_overrides: dict[str, bool] = Field(default_factory=dict)
-
-    @model_validator(mode="after")
-    def _one_transport(self) -> McpServer:
-        if (self.command is None) == (self.url is None):
-            raise ValueError("give exactly one of command (stdio) or url (streamable HTTP)")
-        if self.command is not None and not self.command:
-            raise ValueError("command is empty")
-        return self
-
-
 _HOST_RE = re.compile(r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$|^\[[0-9A-Fa-f:.]+\]$")
 
 
@@ -117,6 +94,9 @@ class EgressEntry(_Strict):
     # a CONNECT tunnel to a plain-HTTP port would carry methods the proxy cannot see.
     tls: bool = False
     model: bool = False
+    # TLS to this host is inspected unless this says false (then the tunnel is blind
+    # and every line for it says "method not seen"); unset follows `egress.inspect_tls`.
+    inspect: bool | None = None
 
     @field_validator("host")
     @classmethod
@@ -126,29 +106,92 @@ class EgressEntry(_Strict):
         return value.lower()
 
 
+def _entries_from_strings(value: Any) -> Any:
+    """Allow-list entries: `"host"` and `"host:port"` shorthands beside full tables."""
+    if not isinstance(value, list):
+        return value
+    out: list[Any] = []
+    for item in value:
+        if isinstance(item, str):
+            host, _, port = item.rpartition(":") if ":" in item else (item, "", "")
+            out.append({"host": host, "port": int(port)} if port.isdigit() else {"host": item})
+        else:
+            out.append(item)
+    return out
+
+
 class Egress(_Strict):
-    """Allow list for the egress proxy; empty means no egress at all."""
+    """Allow list for the egress proxy; empty means no egress at all.
+
+    `inspect_tls` is the default for entries that do not set `inspect`: true (TLS is
+    inspected, so the method inside HTTPS is judged) unless the file says false,
+    which makes the tunnels of every entry without its own `inspect` blind. A
+    per-host `inspect = false` is the narrower opt-out. A stdio MCP server's own
+    list is an Egress of its entries alone (`McpServer.own_egress`): inspected
+    unless an entry opts out."""
 
     allow: list[EgressEntry] = Field(default_factory=list)
-    inspect_tls: bool = False
+    inspect_tls: bool = True
     # PEM files (relative to the workflow folder) of CAs the guard trusts for the
     # real hosts when it inspects TLS, besides the system's.
     trust_ca_files: list[str] = Field(default_factory=list)
 
+    def inspects(self, entry: EgressEntry) -> bool:
+        """Whether the proxy opens this entry's TLS and judges the requests inside."""
+        return self.inspect_tls if entry.inspect is None else entry.inspect
+
+    def needs_ca(self) -> bool:
+        """Some entry admits CONNECT and is inspected: the run needs its own CA."""
+        return any(
+            (entry.port is None or entry.tls) and self.inspects(entry) for entry in self.allow
+        )
+
     @field_validator("allow", mode="before")
     @classmethod
-    def _entries_from_strings(cls, value: Any) -> Any:
-        """Accept `"host"` and `"host:port"` shorthands beside full tables."""
-        if not isinstance(value, list):
-            return value
-        out: list[Any] = []
-        for item in value:
-            if isinstance(item, str):
-                host, _, port = item.rpartition(":") if ":" in item else (item, "", "")
-                out.append({"host": host, "port": int(port)} if port.isdigit() else {"host": item})
-            else:
-                out.append(item)
-        return out
+    def _allow_shorthands(cls, value: Any) -> Any:
+        return _entries_from_strings(value)
+
+
+class McpServer(_Strict):
+    """An MCP server the step may reach through the guard (stdio command or HTTP URL).
+
+    A stdio server runs in a container of its own, with only its own `env` and
+    `env_from_host` values; its only way out is the guard's egress proxy with its
+    own `egress` allow list (empty: no network at all)."""
+
+    name: Ident
+    command: list[str] | None = None
+    url: str | None = None
+    # Literal values here are readable by the step (the workflow folder is mounted
+    # read-only into it); put credentials in `env_from_host` instead.
+    env: dict[str, str] = Field(default_factory=dict)
+    # Names of runner-environment variables handed to this server only.
+    env_from_host: list[str] = Field(default_factory=list)
+    # Per-connection owner overrides: tool name -> read-only (true) or not (false).
+    read_only_overrides: dict[str, bool] = Field(default_factory=dict)
+    # What a stdio server may reach, through the guard's egress proxy (the same
+    # entry shapes as [egress] allow, judged by the same rules); never the step's list.
+    egress: list[EgressEntry] = Field(default_factory=list)
+
+    @field_validator("egress", mode="before")
+    @classmethod
+    def _egress_shorthands(cls, value: Any) -> Any:
+        return _entries_from_strings(value)
+
+    def own_egress(self) -> Egress:
+        """This server's allow list as its egress proxy judges it: the step's rules
+        (TLS inspected unless an entry says `inspect = false`), never the step's list."""
+        return Egress(allow=self.egress)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServer:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of command (stdio) or url (streamable HTTP)")
+        if self.command is not None and not self.command:
+            raise ValueError("command is empty")
+        if self.url is not None and self.egress:
+            raise ValueError("egress is for stdio servers (the guard reaches a url server itself)")
+        return self
 
 
 class Bridge(_Strict):

@@ -98,7 +98,7 @@ def run_checks() -> list[Check]:
         _lsm(security),
     ]
     images_ok = True
-    for ref in (images.STEP_IMAGE, images.GUARD_IMAGE):
+    for ref in (images.STEP_IMAGE, images.GUARD_IMAGE, images.MCP_IMAGE):
         try:
             image_id = images.require(client, ref)
             checks.append(Check(name=f"image {ref}", ok=True, detail=image_id[:19]))

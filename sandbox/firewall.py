@@ -44,6 +44,11 @@ def rules(guard_uid: int = GUARD_UID) -> dict[str, list[str]]:
         ],
         "ip6tables": [
             *common_head,
+            # Neighbour discovery is sent by the kernel, not by any uid: without these
+            # the guard's every IPv6 connect waits 3 s for a neighbour and fails. The
+            # step cannot send them (no raw sockets; ICMP sockets are closed to it).
+            "-A OUTPUT -p ipv6-icmp -m icmp6 --icmpv6-type 135 -j ACCEPT",
+            "-A OUTPUT -p ipv6-icmp -m icmp6 --icmpv6-type 136 -j ACCEPT",
             LOOPBACK_LOCAL,
             *common_tail,
             "-A OUTPUT -j REJECT --reject-with icmp6-port-unreachable",

@@ -1,10 +1,10 @@
-"""The two containers of one test run, as data: the guard and the step.
+"""The containers of one test run, as data: the guard, the step, each stdio MCP server.
 
 Pure: this module decides users, mounts, environment, limits and networks from
 a `RunPlan` and makes no engine calls (it only borrows the engine layer's
 image and label names); `sandbox.engine` turns the specs into API calls and
-`sandbox.run` decides when. Reading it top to bottom answers
-"what does the step see, and what does the guard hold?".
+`sandbox.run` decides when. Reading it top to bottom answers "what does the
+step see, what does the guard hold, and what does an MCP server get?".
 """
 
 from __future__ import annotations
@@ -16,15 +16,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox import firewall
-from sandbox.config import Egress, EgressEntry, Step, Workflow
+from sandbox.config import Egress, EgressEntry, McpServer, Step, Workflow
 from sandbox.engine import images
 from sandbox.engine.containers import (
+    LABEL_MCP_SERVER,
     LABEL_ROLE,
     LABEL_RUN_ID,
     LABEL_RUN_ROOT,
     LABEL_RUNNER_PID,
     LABEL_RUNNER_START,
 )
+from sandbox.guard.caps import GUARD_MEMORY_BYTES
 from sandbox.guard.config import (
     ACTIONS_PATH,
     BRIDGE_PORT,
@@ -33,16 +35,23 @@ from sandbox.guard.config import (
     DATA_DIR,
     EGRESS_PORT,
     EXEC_PORT,
+    MCP_DIR,
     MCP_PATH,
     GuardConfig,
 )
 from sandbox.layout import (
     C_CA_BUNDLE,
     C_DB_PATH,
+    C_MCP_CA_BUNDLE,
+    C_MCP_DIR,
     C_PROMPT,
     GUARD_UID,
+    MCP_EGRESS_SOCKET,
+    MCP_PROXY_PORT,
+    MCP_SOCKET,
     STEP_UID,
     RunLayout,
+    mcp_uid,
 )
 from sandbox.mounts import step_mounts, workflow_mounts
 from sandbox.preflight import ENV as PREFLIGHT_ENV
@@ -69,6 +78,14 @@ class Tokens:
 
 
 @dataclass(frozen=True)
+class EgressCA:
+    """The run's TLS-inspection CA as PEM text (made by the runner; see sandbox.guard.tls)."""
+
+    cert_pem: str
+    key_pem: str = field(repr=False)
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """Everything the specs depend on, resolved before any container exists."""
 
@@ -91,12 +108,26 @@ class RunPlan:
     install_firewall: bool = True
     fsync_action_log: bool = True
     tokens: Tokens = field(default_factory=Tokens)
+    egress_ca: EgressCA | None = None  # set when some allow-list entry is inspected
 
 
 def egress_for_run(workflow: Workflow, extra_hosts: tuple[str, ...]) -> Egress:
     """The workflow's allow list plus the hosts added for this run only."""
     extra = [EgressEntry(host=host) for host in extra_hosts]
     return workflow.egress.model_copy(update={"allow": [*workflow.egress.allow, *extra]})
+
+
+def needs_egress_ca(workflow: Workflow, egress: Egress) -> bool:
+    """Whether the run needs its TLS-inspection CA: the step's list (`egress`) or a
+    stdio server's own list has an entry whose TLS the guard opens."""
+    return egress.needs_ca() or any(
+        server.own_egress().needs_ca() for _, server in stdio_servers(workflow)
+    )
+
+
+def mcp_trusts_run_ca(plan: RunPlan, server: McpServer) -> bool:
+    """The server's own egress is inspected somewhere, so it must trust the run's CA."""
+    return plan.egress_ca is not None and server.own_egress().needs_ca()
 
 
 def step_user() -> tuple[int, int]:
@@ -117,6 +148,11 @@ def labels(plan: RunPlan, role: str) -> dict[str, str]:
     }
 
 
+def stdio_servers(workflow: Workflow) -> list[tuple[int, McpServer]]:
+    """The workflow's stdio MCP servers with their index (which names their uid)."""
+    return [(i, s) for i, s in enumerate(workflow.mcp_servers) if s.command is not None]
+
+
 def guard_config(plan: RunPlan) -> GuardConfig:
     bridge = plan.workflow.bridge
     return GuardConfig(
@@ -131,9 +167,12 @@ def guard_config(plan: RunPlan) -> GuardConfig:
         grace_s=bridge.grace_s,
         budgets=bridge.budgets,
         mcp_servers=plan.workflow.mcp_servers,
-        mcp_host_env=plan.mcp_host_env,
+        mcp_dir=MCP_DIR,
+        mcp_uids={server.name: mcp_uid(i) for i, server in stdio_servers(plan.workflow)},
         egress=plan.egress,
         egress_trust_pem=plan.trusted_ca_pem,
+        egress_ca_pem=plan.egress_ca.cert_pem if plan.egress_ca else "",
+        egress_ca_key_pem=plan.egress_ca.key_pem if plan.egress_ca else "",
         fsync_each=plan.fsync_action_log,
     )
 
@@ -151,8 +190,8 @@ def guard_spec(plan: RunPlan) -> ContainerSpec:
     runs as the guard uid with no capability in any set (see firewall.guard_entry_script).
     """
     layout = plan.layout
-    stdio_servers = sum(1 for server in plan.workflow.mcp_servers if server.command is not None)
     script = firewall.guard_entry_script(GUARD_COMMAND, GUARD_UID, install=plan.install_firewall)
+    mcp = [Mount(source=str(layout.mcp_dir), target=MCP_DIR, read_only=False)]
     return ContainerSpec(
         name=f"sandbox-{layout.run_id}-guard",
         image=images.GUARD_IMAGE,
@@ -165,14 +204,14 @@ def guard_spec(plan: RunPlan) -> ContainerSpec:
         mounts=[
             Mount(source=str(layout.actions), target=ACTIONS_PATH, read_only=False),
             Mount(source=str(layout.guard_dir), target=DATA_DIR, read_only=False),
-            # Stdio MCP servers run in the guard; their data is the workflow's, read-only.
-            *workflow_mounts(layout),
+            # The sockets of the stdio MCP servers (each in its own container).
+            *(mcp if stdio_servers(plan.workflow) else []),
         ],
         tmpfs={"/tmp": "rw,nosuid,nodev,noexec,size=16m"},
         labels=labels(plan, "guard"),
-        # Each stdio MCP server (node or Python, ~70 MB, ~12 threads) runs in here too.
-        memory_bytes=(256 + 128 * stdio_servers) * 1024**2,
-        pids=128 + 32 * stdio_servers,
+        # The guard's own code only: what its caps let it hold (sandbox.guard.caps).
+        memory_bytes=GUARD_MEMORY_BYTES,
+        pids=128,
         cpus=1.0,
         network_mode=plan.networks[0] if plan.networks else "none",
         sysctls={"net.ipv4.ping_group_range": "1 0"},
@@ -239,4 +278,86 @@ def step_spec(plan: RunPlan, guard_id: str, *, has_ca_bundle: bool) -> Container
         cpus=limits.cpus,
         seccomp_profile=plan.seccomp_profile,
         network_mode=f"container:{guard_id}",
+    )
+
+
+# --------------------------------------------------------------------------- MCP servers
+
+# What a stdio server finds on its PATH: the MCP image's servers, then the system.
+MCP_SERVER_PATH = "/opt/mcp/py/bin:/opt/mcp/node/node_modules/.bin:/usr/local/bin:/usr/bin:/bin"
+MCP_RELAY = ["python3", "/opt/mcp/relay.py"]
+MCP_HOME = "/tmp"  # its own small tmpfs
+MCP_MEMORY_BYTES = 512 * 1024**2  # node or Python servers take ~70 MB
+MCP_PIDS = 64
+MCP_TMPFS_MB = 64
+MCP_LOG_BYTES = 1024**2  # its stderr, kept by the engine, read back by the host
+
+
+def mcp_server_env(plan: RunPlan, server: McpServer) -> dict[str, str]:
+    """A stdio server's whole environment: a minimal PATH and HOME, its own `env`, its
+    `env_from_host` values, and (with an egress allow list) its proxy, and (when that
+    list is inspected) the CA bundle that trusts the run's CA. Nothing else."""
+    env = {
+        "PATH": MCP_SERVER_PATH,
+        "HOME": MCP_HOME,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if server.egress:
+        proxy = f"http://127.0.0.1:{MCP_PROXY_PORT}"
+        env.update(dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"), proxy))
+    if mcp_trusts_run_ca(plan, server):
+        env.update(dict.fromkeys(CA_BUNDLE_VARIABLES, C_MCP_CA_BUNDLE))
+    return {**env, **server.env, **plan.mcp_host_env.get(server.name, {})}
+
+
+def mcp_server_spec(plan: RunPlan, index: int, server: McpServer) -> ContainerSpec:
+    """One stdio MCP server in a container of its own (the ToolHive way).
+
+    Its own uid and gid, no capability, no-new-privileges, the run's seccomp
+    profile, a read-only root with a small tmpfs, memory and pids limits, a
+    private PID namespace (it sees no process but its own), no network at all
+    (its only way out, with an allow list, is its relay to the guard's egress
+    socket), the workflow folder read-only, and its own folder of the run
+    read-only: the guard's sockets for it, which it can connect to but neither
+    replace nor add to; with an inspected egress list, the run's CA bundle
+    (certificates only) read-only. Its stderr is the container's log: only the
+    host reads it.
+    """
+    assert server.command is not None
+    uid = mcp_uid(index)
+    relay = ["--socket", f"{C_MCP_DIR}/{MCP_SOCKET}"]
+    if server.egress:
+        relay += [
+            "--egress-socket",
+            f"{C_MCP_DIR}/{MCP_EGRESS_SOCKET}",
+            "--proxy-port",
+            str(MCP_PROXY_PORT),
+        ]
+    return ContainerSpec(
+        name=f"sandbox-{plan.layout.run_id}-mcp-{server.name}",
+        image=images.MCP_IMAGE,
+        entrypoint=MCP_RELAY,
+        command=[*relay, "--", *server.command],
+        user=f"{uid}:{uid}",
+        workdir=MCP_HOME,
+        env=mcp_server_env(plan, server),
+        mounts=[
+            *workflow_mounts(plan.layout),
+            Mount(source=str(plan.layout.mcp_server_dir(server.name)), target=C_MCP_DIR),
+            *(
+                [Mount(source=str(plan.layout.ca_bundle), target=C_MCP_CA_BUNDLE)]
+                if mcp_trusts_run_ca(plan, server)
+                else []
+            ),
+        ],
+        tmpfs={"/tmp": f"rw,nosuid,nodev,size={MCP_TMPFS_MB}m,mode=1777"},
+        labels={**labels(plan, "mcp"), LABEL_MCP_SERVER: server.name},
+        memory_bytes=MCP_MEMORY_BYTES,
+        pids=MCP_PIDS,
+        cpus=1.0,
+        seccomp_profile=plan.seccomp_profile,
+        network_mode="none",
+        log_max_bytes=MCP_LOG_BYTES,
     )

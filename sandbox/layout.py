@@ -39,6 +39,20 @@ C_CREW = "/crew"
 # guard's traffic from the step's by uid.
 STEP_UID = 10001
 GUARD_UID = 10002
+# Each stdio MCP server runs as its own uid (and gid): MCP_UID_BASE + its index.
+MCP_UID_BASE = 10100
+
+# Inside a stdio MCP server's container: its own folder of the run (read-only),
+# holding the guard's sockets for it.
+C_MCP_DIR = "/run/mcp"
+MCP_SOCKET = "mcp.sock"  # the server's stdio
+MCP_EGRESS_SOCKET = "egress.sock"  # its egress proxy (only with an egress allow list)
+MCP_PROXY_PORT = 3128  # where the relay listens for it, on the server's own loopback
+C_MCP_CA_BUNDLE = "/run/ca-bundle.pem"  # system CAs plus the run's (TLS inspection)
+
+
+def mcp_uid(index: int) -> int:
+    return MCP_UID_BASE + index
 
 
 def new_run_id(now: datetime | None = None) -> str:
@@ -92,7 +106,7 @@ class RunLayout:
 
     @property
     def ca_bundle(self) -> Path:
-        """System CAs plus this run's egress CA (only with egress.inspect_tls)."""
+        """System CAs plus this run's egress CA (when some allow-list entry is inspected)."""
         return self.root / "ca-bundle.pem"
 
     @property
@@ -135,6 +149,19 @@ class RunLayout:
     def view_layer(self) -> Path:
         """What the view leaves out (`db/`, every `runs/test-*`), as overlay whiteouts."""
         return self.root / VIEW_LAYER
+
+    @property
+    def mcp_dir(self) -> Path:
+        """The guard's sockets for stdio MCP servers, one folder per server (guard uid)."""
+        return self.root / "mcp"
+
+    def mcp_server_dir(self, name: str) -> Path:
+        return self.mcp_dir / name
+
+    @property
+    def mcp_stderr_dir(self) -> Path:
+        """The servers' stderr, as the host read it back at the end (root only)."""
+        return self.root / "mcp-stderr"
 
     @property
     def container_workdir(self) -> str:

@@ -37,6 +37,8 @@ Adding a tool to the allow list is one line in ``_EFFECTS_ROWS``.
 
 from __future__ import annotations
 
+import re
+import shlex
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -325,7 +327,8 @@ BROWSER_ALLOWED_COMMANDS: Final[frozenset[str]] = frozenset(
         "scroll",
     }
 )
-"""First words of ``agent_browser`` commands that run; every other command is stubbed."""
+"""Commands of ``agent_browser`` that run, when the whole command is one of them
+(no chaining, no JavaScript); every other command is stubbed."""
 
 # --------------------------------------------------------------------------- decide
 
@@ -370,25 +373,75 @@ def decide(tool: str, arguments: Mapping[str, Any], *, has_db_copy: bool) -> Ver
     return _stub("unknown", UNKNOWN_REASON)  # pragma: no cover - every Handling is matched
 
 
-# Browser commands that run JavaScript, and URL schemes that carry it.
-_SCRIPT_URL_SCHEMES: Final = ("javascript:", "data:")
+# URL schemes that carry the agent's own JavaScript (or markup that runs it), as a
+# word or an option's value (``--url=javascript:...``).
+_SCRIPT_URL: Final = re.compile(r"(?:^|=)(?:javascript|data|vbscript):")
+# Outside quotes, these chain, pipe, redirect, background or group a second command.
+_SHELL_OPERATORS: Final = frozenset(";&|<>()")
+# Substitutions run a command inside an argument, even inside double quotes.
+_SUBSTITUTIONS: Final = ("`", "$(", "${")
+NOT_ONE_COMMAND_REASON: Final = "the browser command is not exactly one allowed command"
+
+
+def _one_browser_command(command: str) -> list[str] | None:
+    """The command's words when it is exactly one command, else None.
+
+    One command: one line of printable characters (no newline, tab or other
+    control character), no substitution, no shell operator outside quotes, and
+    quotes that balance. Quoted operators are argument text (``get text "a;b"``).
+    Anything this cannot parse is not one command."""
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in command):
+        return None
+    if any(marker in command for marker in _SUBSTITUTIONS):
+        return None
+    quote = ""
+    i = 0
+    while i < len(command):
+        c = command[i]
+        if quote == "'":
+            quote = "" if c == "'" else quote
+        elif c == "\\":
+            i += 1  # the next character is literal, in double quotes and out
+        elif quote == '"':
+            quote = "" if c == '"' else quote
+        elif c in "'\"":
+            quote = c
+        elif c in _SHELL_OPERATORS:
+            return None
+        i += 1
+    if quote:
+        return None
+    try:
+        words = shlex.split(command, comments=False, posix=True)
+    except ValueError:
+        return None
+    return words or None
+
+
+def _runs_script(words: Iterable[str]) -> bool:
+    return any(_SCRIPT_URL.search(w.strip("'\" ").lower()) for w in words)
 
 
 def _decide_browser(row: Row, command: object) -> Verdict:
+    """Allowed only when the whole command is one allowed command without JavaScript."""
     if not isinstance(command, str) or not command.split():
         return _stub(row.category, "missing or empty browser command")
-    words = command.split()
+    # JavaScript first, on the rough words, so its reason names it even in a chain.
+    rough = command.split()
+    if rough[0].lower() == "eval" or _runs_script(rough):
+        return _stub(row.category, "JavaScript cannot be classified")
+    words = _one_browser_command(command)
+    if words is None:
+        return _stub(row.category, NOT_ONE_COMMAND_REASON)
     verb = words[0].lower()
-    if verb == "eval":
+    if verb == "eval" or _runs_script(words):
         return _stub(row.category, "JavaScript cannot be classified")
     if verb not in BROWSER_ALLOWED_COMMANDS:
         return _stub(row.category, f"browser command {verb!r} can have effects")
-    lowered = [w.strip("'\"").lower() for w in words[1:]]
-    # ``wait --fn <js>`` and javascript:/data: URLs run the agent's own JavaScript,
-    # which can submit a form as easily as read a title.
-    if verb == "wait" and any(w == "--fn" or w.startswith("--fn=") for w in lowered):
-        return _stub(row.category, "JavaScript cannot be classified")
-    if any(w.startswith(_SCRIPT_URL_SCHEMES) for w in lowered):
+    # ``wait --fn <js>`` runs the agent's own JavaScript, which can submit a form as
+    # easily as read a title.
+    options = [w.lower() for w in words[1:]]
+    if verb == "wait" and any(w == "--fn" or w.startswith("--fn=") for w in options):
         return _stub(row.category, "JavaScript cannot be classified")
     return _verdict(row, reason=f"read-only browser command {verb!r}")
 
@@ -422,10 +475,6 @@ def _decide_db(tool: str, row: Row, args: Mapping[str, Any], *, has_db_copy: boo
 # --------------------------------------------------------------------------- MCP
 
 
-def _hint_values(annotations: Mapping[str, Any], *keys: str) -> list[Any]:
-    return [annotations[k] for k in keys if k in annotations]
-
-
 def _clip(text: str, limit: int = 200) -> str:
     flat = " ".join(text.split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
@@ -442,10 +491,11 @@ def decide_mcp(
 
     Order: an unlisted tool or a failed lookup stubs; then the owner's
     per-connection override, if set, wins over the server's annotations; then
-    the tool runs only if it is annotated ``readOnlyHint: true`` (or
-    ``read_only_hint``; absent means false; only the boolean ``True`` counts) and
-    not also ``destructiveHint: true``. MCP defines ``destructiveHint`` only for
-    non-read-only tools, so a tool claiming both is contradictory and stubbed.
+    the tool runs only if it is annotated ``readOnlyHint`` with the JSON boolean
+    ``true`` (the MCP spelling only: ``read_only_hint`` or any other key is not an
+    annotation; absent means false) and not also ``destructiveHint: true``. MCP
+    defines ``destructiveHint`` only for non-read-only tools, so a tool claiming
+    both is contradictory and stubbed.
     """
     if lookup_error is not None:
         return _stub("mcp", f"annotation lookup failed: {_clip(lookup_error)}")
@@ -461,11 +511,10 @@ def decide_mcp(
     if override_read_only is False:
         return _stub("mcp", "owner override marks it not read-only")
     ann: Mapping[str, Any] = annotations if isinstance(annotations, Mapping) else {}
-    read_only = _hint_values(ann, "readOnlyHint", "read_only_hint")
-    if not read_only or any(v is not True for v in read_only):
+    if ann.get("readOnlyHint") is not True:
         return _stub("mcp", "the server does not mark this tool read-only")
-    destructive = _hint_values(ann, "destructiveHint", "destructive_hint")
-    if any(v is not None and v is not False for v in destructive):
+    destructive = ann.get("destructiveHint")
+    if destructive is not None and destructive is not False:
         return _stub("mcp", "the server marks this tool both read-only and destructive")
     return Verdict(
         decision=Decision.ALLOW,

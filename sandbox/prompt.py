@@ -25,9 +25,21 @@ real-world side effects.
 """
 
 
+def has_test_mode_section(prompt: str) -> bool:
+    """The prompt carries this project's section, word for word, starting on a line of its own.
+
+    Mentioning the heading, or a section of the same name with other words, is not it."""
+    at = prompt.find(TEST_MODE_SECTION)
+    while at >= 0:
+        if at == 0 or prompt[at - 1] == "\n":
+            return True
+        at = prompt.find(TEST_MODE_SECTION, at + 1)
+    return False
+
+
 def with_test_mode_section(prompt: str) -> str:
-    """The step's prompt with the section appended once."""
-    if "## TEST MODE" in prompt:
+    """The step's prompt with the section appended, unless it already carries it."""
+    if has_test_mode_section(prompt):
         return prompt
     separator = "" if prompt.endswith("\n\n") else ("\n" if prompt.endswith("\n") else "\n\n")
     return prompt + separator + TEST_MODE_SECTION

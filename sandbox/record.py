@@ -109,7 +109,14 @@ class StubbedAction(BaseModel):
 
 
 class ActionCounts(BaseModel):
-    """How many guarded calls got each decision (from the action log)."""
+    """How many guarded calls got each decision (from the action log).
+
+    Each call counts once (a forwarded call's `start` line, or its one line).
+    `outcome_error`: forwarded calls whose outcome was an error;
+    `outcome_unknown`: forwarded calls with no outcome line (the guard stopped
+    mid-call). `log_full`: the log reached its cap, and the guard stubbed every
+    later call without a line; `stubbed_unlogged` says how many, when the guard
+    lived to write it."""
 
     allow: int = 0
     stub: int = 0
@@ -117,10 +124,39 @@ class ActionCounts(BaseModel):
     refuse: int = 0
     malformed: int = 0
     truncated: bool = False
+    outcome_error: int = 0
+    outcome_unknown: int = 0
+    log_full: bool = False
+    stubbed_unlogged: int | None = None
 
     def add(self, decision: str) -> None:
         if decision in {"allow", "stub", "redirect", "refuse"}:
             setattr(self, decision, getattr(self, decision) + 1)
+
+
+class UnfinishedCall(BaseModel):
+    """A call the guard forwarded (its `start` line) but never wrote an outcome for:
+    started, outcome unknown."""
+
+    call_id: str
+    tool: str
+    decision: str
+    reason: str
+    started_at: datetime
+    detail: str = ""
+
+
+class McpServerReport(BaseModel):
+    """A stdio MCP server's container at the end of the run (it ran as `uid`).
+
+    `stderr_file` (relative to the run root) is its stderr as the host read it
+    back from the engine, capped at `stderr_bytes`."""
+
+    uid: int
+    exit_code: int | None = None  # None: it was still running when the run ended
+    stderr_file: str = ""
+    stderr_bytes: int = 0
+    stderr_truncated: bool = False
 
 
 class EgressCounts(BaseModel):
@@ -171,6 +207,8 @@ class TestRunRecord(BaseModel):
     phases: Phases = Field(default_factory=Phases)
     stubbed: list[StubbedAction] = Field(default_factory=list)
     actions: ActionCounts = Field(default_factory=ActionCounts)
+    outcome_unknown: list[UnfinishedCall] = Field(default_factory=list)
+    mcp_servers: dict[str, McpServerReport] = Field(default_factory=dict)
     egress: dict[str, EgressCounts] = Field(default_factory=dict)
     actions_log: str = ACTIONS_FILE
     runner: RunnerInfo | None = None
@@ -197,6 +235,21 @@ class TestRunRecord(BaseModel):
             lines.append(
                 f"guarded calls: {counts.allow} allowed, {counts.redirect} redirected, "
                 f"{counts.stub} stubbed, {counts.refuse} refused"
+            )
+        if self.outcome_unknown:
+            lines.append(
+                f"{len(self.outcome_unknown)} call(s) started, outcome unknown "
+                "(the guard stopped before it wrote their outcome):"
+            )
+            lines.extend(
+                f"  - {c.tool}" + (f" [{c.detail}]" if c.detail else "")
+                for c in self.outcome_unknown
+            )
+        if counts.log_full:
+            unlogged = counts.stubbed_unlogged
+            lines.append(
+                "action log full: every later call was stubbed without a line"
+                + (f" ({unlogged})" if unlogged is not None else "")
             )
         for host, n in sorted(self.egress.items()):
             lines.append(

@@ -31,6 +31,7 @@ from docker.models.containers import Container
 
 from sandbox import actionsummary, dbdiff, fdtree, firewall, launch, stepfs
 from sandbox.config import (
+    McpServer,
     Step,
     Workflow,
     load_workflow,
@@ -43,13 +44,13 @@ from sandbox.engine.client import connect
 from sandbox.errors import ConfigError, LaunchError, PrepareError, SandboxError
 from sandbox.fdcopy import copy_fd
 from sandbox.guard.config import CONFIG_FILE_NAME, GuardConfig
-from sandbox.guard.config import READY_MARK as GUARD_READY_MARK
-from sandbox.guard.tls import CA_FILE as EGRESS_CA_FILE
-from sandbox.launch import RunPlan, egress_for_run
+from sandbox.guard.tls import RunCA
+from sandbox.launch import EgressCA, RunPlan, egress_for_run
 from sandbox.layout import (
     GUARD_UID,
     RunLayout,
     make_private_dir,
+    mcp_uid,
     new_run_id,
 )
 from sandbox.lock import LockHeldError, workflow_run_lock
@@ -58,6 +59,7 @@ from sandbox.preflight import MARK_FAILED as PREFLIGHT_FAILED
 from sandbox.preflight import MARK_OK as PREFLIGHT_OK
 from sandbox.prompt import with_test_mode_section
 from sandbox.record import (
+    McpServerReport,
     OutputTail,
     Preflight,
     Resources,
@@ -199,6 +201,12 @@ def _copy_file(src: Path, dst: Path) -> None:
         os.close(src_fd)
 
 
+def _egress_ca(run_id: str) -> EgressCA:
+    """This run's TLS-inspection CA (about a millisecond; see sandbox.guard.tls)."""
+    ca = RunCA.new(run_id)
+    return EgressCA(cert_pem=ca.cert_pem().decode("ascii"), key_pem=ca.key_pem().decode("ascii"))
+
+
 def _runner_info() -> RunnerInfo:
     me = psutil.Process()
     return RunnerInfo(pid=me.pid, create_time=me.create_time(), hostname=socket.gethostname())
@@ -218,6 +226,7 @@ def _internal_reason(phase: str, exc: BaseException) -> str:
 
 
 GUARD_START_DEADLINE_S = 60.0
+MCP_STDERR_CAP_BYTES = 2 * launch.MCP_LOG_BYTES  # the engine keeps about MCP_LOG_BYTES
 
 
 def write_guard_config(layout: RunLayout, config: GuardConfig) -> None:
@@ -270,6 +279,9 @@ class TestRun:
         seccomp_text: str,
     ) -> TestRunRecord:
         step_image = images.require(client, images.STEP_IMAGE)
+        used_images = {"step": step_image}
+        if launch.stdio_servers(workflow):
+            used_images["mcp"] = images.require(client, images.MCP_IMAGE)
 
         layout = RunLayout(self.workflow_dir, new_run_id(), step.group)
         runner = _runner_info()
@@ -283,7 +295,7 @@ class TestRun:
             status=RunStatus.RUNNING,
             started_at=datetime.now(UTC),
             runner=runner,
-            images={"step": step_image},
+            images=used_images,
         )
         try:
             lock = workflow_run_lock(
@@ -298,6 +310,7 @@ class TestRun:
             real_db = find_workflow_db(self.workflow_dir)
             self._make_run_root(layout)
             write_record(layout.root, record)
+            egress = egress_for_run(workflow, self.options.allow_hosts)
             plan = RunPlan(
                 workflow_dir=self.workflow_dir,
                 workflow=workflow,
@@ -310,7 +323,10 @@ class TestRun:
                 seccomp_profile=seccomp_text,
                 upstream=self.options.upstream_bridge or workflow.bridge.upstream,
                 networks=[*workflow.bridge.networks, *self.options.upstream_networks],
-                egress=egress_for_run(workflow, self.options.allow_hosts),
+                egress=egress,
+                egress_ca=(
+                    _egress_ca(layout.run_id) if launch.needs_egress_ca(workflow, egress) else None
+                ),
                 trusted_ca_pem=trusted_ca_pem,
                 mcp_host_env=mcp_host_env,
                 canary=self.options.canary,
@@ -332,8 +348,15 @@ class TestRun:
         owned = containers.OwnedContainers(client)
         files = stepfs.StepFs(layout, workflow.limits.disk_quota_mb * 1024**2)
         step_started = False
+        discard = False  # a run that failed before its step started leaves only its record
         guard_watch: containers.ExitWatch | None = None
         usage: containers.Usage | None = None
+        mcp: dict[str, Container] = {}
+        servers = launch.stdio_servers(workflow)
+        # The MCP servers' containers are created and started in these threads, beside
+        # the guard's and the step's start; the run waits for them only once the step runs.
+        mcp_pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(servers)))
+        mcp_jobs: dict[str, concurrent.futures.Future[Container]] = {}
         phase = "prepare"
         try:
             t0 = time.monotonic()
@@ -342,6 +365,10 @@ class TestRun:
 
             phase = "launch"
             t0 = time.monotonic()
+            if plan.egress_ca is not None:  # before any container that trusts it exists
+                self._trust_egress_ca(layout, plan.egress_ca)
+            for index, server in servers:
+                mcp_jobs[server.name] = mcp_pool.submit(self._start_mcp, owned, plan, index, server)
             guard, step_container = self._launch(client, plan, owned)
             step_container.start()
             step_started = True
@@ -351,6 +378,8 @@ class TestRun:
             )
             files.watch(on_full=lambda _usage: containers.kill(step_container))
             usage = containers.watch_usage(step_container)
+            for name, job in mcp_jobs.items():
+                mcp[name] = job.result()
             record.phases.container_start_s = time.monotonic() - t0
 
             phase = "the step"
@@ -374,6 +403,8 @@ class TestRun:
             containers.finish_usage(usage)
             record.resources = _resources(usage, record.stderr.text)
             record.stderr = _without_reports(record.stderr)
+            # What the servers said is read from the engine before their containers go.
+            record.mcp_servers = self._collect_mcp(layout, mcp)
             # The step is dead: nothing writes its disk any more. Its folders move off the
             # disk into the run folder, then the disk goes.
             owned.remove_all()
@@ -387,6 +418,7 @@ class TestRun:
             record.stubbed = actions.stubbed
             record.actions = actions.counts
             record.egress = actions.egress
+            record.outcome_unknown = actions.outcome_unknown
             record.phases.collect_s = time.monotonic() - t0
             status, reason = _verdict(
                 exit_code,
@@ -400,8 +432,7 @@ class TestRun:
             )
             return self._finish(layout, record, status, reason)
         except SandboxError as exc:
-            if not step_started:
-                self._discard_partial(layout, files)
+            discard = not step_started
             return self._finish(layout, record, RunStatus.ERROR, str(exc))
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             # The engine went away (stopped, restarted) mid-run: a record, never a traceback.
@@ -412,8 +443,7 @@ class TestRun:
             return self._finish(layout, record, RunStatus.KILLED, "the runner was stopped")
         except Exception as exc:
             # Whatever went wrong, the record ends with the phase and the error.
-            if not step_started:
-                self._discard_partial(layout, files)
+            discard = not step_started
             return self._finish(layout, record, RunStatus.ERROR, _internal_reason(phase, exc))
         finally:
             # On every way out, the watchers stop and the containers go, then the mounts.
@@ -421,11 +451,27 @@ class TestRun:
                 containers.finish_usage(usage)
             if guard_watch is not None:
                 guard_watch.cancel()
+            # Every creation has returned before the clean-up, so none outlives the run.
+            mcp_pool.shutdown(wait=True)
+            if not record.mcp_servers:  # a run that ended early keeps what its servers said
+                started = {
+                    name: job.result()
+                    for name, job in mcp_jobs.items()
+                    if job.done() and job.exception() is None
+                }
+                if started:
+                    # Best effort: the clean-up below must run whatever the engine says.
+                    with contextlib.suppress(Exception):
+                        record.mcp_servers = self._collect_mcp(layout, started)
+                        write_record(layout.root, record)
             with contextlib.suppress(Exception):
                 owned.remove_all()
             if guard_watch is not None:
                 guard_watch.join()
             self._close_files(layout, record, files, export=step_started)
+            if discard:  # after the containers that mounted any of it are gone
+                with contextlib.suppress(Exception):
+                    self._discard_partial(layout, record)
 
     def _close_files(
         self, layout: RunLayout, record: TestRunRecord, files: stepfs.StepFs, *, export: bool
@@ -457,58 +503,93 @@ class TestRun:
                 raise ConfigError(f"egress.trust_ca_files: {path} unreadable: {exc}") from None
         return "\n".join(texts)
 
-    def _trust_egress_ca(self, layout: RunLayout) -> None:
-        """With TLS inspection, the step trusts this run's CA (its certificate only)."""
-        try:
-            fd = os.open(layout.guard_dir / EGRESS_CA_FILE, os.O_RDONLY | os.O_NOFOLLOW)
-            with os.fdopen(fd, "rb") as handle:
-                ca_pem = handle.read(64 * 1024)
-        except OSError as exc:
-            raise LaunchError(f"the guard made no egress CA: {exc}") from None
-        if b"PRIVATE KEY" in ca_pem or b"BEGIN CERTIFICATE" not in ca_pem:
-            raise LaunchError("the guard's egress CA file is not a certificate")
+    def _trust_egress_ca(self, layout: RunLayout, ca: EgressCA) -> None:
+        """The step (and any MCP server whose egress is inspected) trusts this run's CA
+        (its certificate only) beside the system's."""
         system = Path("/etc/ssl/certs/ca-certificates.crt")
-        bundle = (system.read_bytes() if system.is_file() else b"") + b"\n" + ca_pem
-        layout.ca_bundle.write_bytes(bundle)
-        layout.ca_bundle.chmod(0o644)
+        bundle = (system.read_bytes() if system.is_file() else b"") + b"\n" + ca.cert_pem.encode()
+        fd = os.open(layout.ca_bundle, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(bundle)
 
     def _launch(
         self, client: DockerClient, plan: RunPlan, owned: containers.OwnedContainers
     ) -> tuple[Container, Container]:
         """The guard up with its firewall in, and the step created but not started.
 
-        The step is started while the guard is still importing (its executor waits
-        for the guard to listen), so the guard's start-up and the step container's
-        overlap; only the firewall must be in first."""
+        The step is created beside the guard's start and started while the guard is
+        still importing (its executor waits for the guard to listen), so the guard's
+        start-up and the step container's overlap; only the firewall must be in first.
+        The step's CA bundle (with TLS inspection) holds the CA the runner made, so
+        nothing waits for the guard. (The MCP servers' containers start beside all of
+        it; each relay waits for its socket.)"""
         write_guard_config(plan.layout, launch.guard_config(plan))
         guard = owned.create(launch.guard_spec(plan))
         containers.connect_networks(client, guard, plan.networks[1:])
-        inspect_tls = plan.workflow.egress.inspect_tls
-        step_container = None
-        # The step is created beside the guard's start. Leaving the pool waits for the
-        # creation on every way out, so an interrupted launch never leaves a container
-        # that `owned` does not hold.
+        spec = launch.step_spec(plan, str(guard.id), has_ca_bundle=plan.egress_ca is not None)
+        # Leaving the pool waits for the creation on every way out, so an interrupted
+        # launch never leaves a container that `owned` does not hold.
         with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            early_step = None
-            if not inspect_tls:
-                spec = launch.step_spec(plan, str(guard.id), has_ca_bundle=False)
-                early_step = pool.submit(owned.create, spec)
+            early_step = pool.submit(owned.create, spec)
             with containers.OutputFollower(guard, deadline_s=GUARD_START_DEADLINE_S) as output:
                 guard.start()
                 self._await_firewall(plan, output)
-                if inspect_tls:
-                    # The step must trust the CA the guard makes at start-up: wait for it.
-                    if not output.wait_for_line(GUARD_READY_MARK):
-                        raise LaunchError(f"the guard did not come up: {output.tail()}")
-                    self._trust_egress_ca(plan.layout)
-                    step_container = owned.create(
-                        launch.step_spec(plan, str(guard.id), has_ca_bundle=True)
-                    )
-            if early_step is not None:
-                step_container = early_step.result()
-        if step_container is None:  # unreachable: one of the two branches made it
-            raise LaunchError("the step container was not created")
+            step_container = early_step.result()
         return guard, step_container
+
+    def _start_mcp(
+        self, owned: containers.OwnedContainers, plan: RunPlan, index: int, server: McpServer
+    ) -> Container:
+        container = owned.create(launch.mcp_server_spec(plan, index, server), independent=True)
+        container.start()
+        return container
+
+    def _collect_mcp(
+        self, layout: RunLayout, mcp: dict[str, Container]
+    ) -> dict[str, McpServerReport]:
+        """Each server's exit and its output, saved by the host into mcp-stderr/ (root
+        only, a folder no container sees): the folder is opened once without following a
+        link, and each file is made in it with O_EXCL | O_NOFOLLOW, never through a path."""
+        reports: dict[str, McpServerReport] = {}
+        try:
+            folder_fd: int | None = fdtree.open_root(layout.mcp_stderr_dir)
+        except OSError:
+            folder_fd = None
+        try:
+            for name, container in sorted(mcp.items()):
+                running, code = containers.is_running(container)
+                user = str(container.attrs.get("Config", {}).get("User", "")).partition(":")[0]
+                report = McpServerReport(
+                    uid=int(user) if user.isdigit() else -1,
+                    exit_code=None if running else code,
+                )
+                reports[name] = report
+                if folder_fd is None:
+                    continue
+                try:
+                    fd = os.open(
+                        f"{name}.log",
+                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        0o600,
+                        dir_fd=folder_fd,
+                    )
+                except OSError:
+                    continue
+                try:
+                    size, cut = containers.save_output(container, fd, MCP_STDERR_CAP_BYTES)
+                finally:
+                    os.close(fd)
+                reports[name] = report.model_copy(
+                    update={
+                        "stderr_file": f"{layout.mcp_stderr_dir.name}/{name}.log",
+                        "stderr_bytes": size,
+                        "stderr_truncated": cut,
+                    }
+                )
+        finally:
+            if folder_fd is not None:
+                os.close(folder_fd)
+        return reports
 
     def _await_firewall(self, plan: RunPlan, output: containers.OutputFollower) -> None:
         """The guard's entry script printed the rules back; they must be exactly ours."""
@@ -551,11 +632,13 @@ class TestRun:
         files: stepfs.StepFs,
     ) -> None:
         uid, gid = launch.step_user()
-        layout.actions.touch(mode=0o644)
+        # The guard's alone: no other uid of the run may write (or read) it.
+        layout.actions.touch(mode=0o600)
         make_private_dir(layout.guard_dir, 0o700)
         if os.geteuid() == 0:
             os.chown(layout.actions, GUARD_UID, GUARD_UID, follow_symlinks=False)
             os.chown(layout.guard_dir, GUARD_UID, GUARD_UID, follow_symlinks=False)
+        self._prepare_mcp(workflow, layout)
         disk = files.open()
         t0 = time.monotonic()
         source = newest_real_run(self.workflow_dir, layout.group)
@@ -593,6 +676,25 @@ class TestRun:
             layout.prompt.write_text(with_test_mode_section(prompt), encoding="utf-8")
             layout.prompt.chmod(0o644)
 
+    def _prepare_mcp(self, workflow: Workflow, layout: RunLayout) -> None:
+        """Per stdio server, a folder for the guard's sockets: the guard's, and only that
+        server's group may pass (setgid, so the sockets are that group's); the step and
+        the other servers cannot. Their stderr goes to a root-only folder at the end."""
+        servers = launch.stdio_servers(workflow)
+        if not servers:
+            return
+        make_private_dir(layout.mcp_dir, 0o700)
+        make_private_dir(layout.mcp_stderr_dir, 0o700)
+        root = os.geteuid() == 0
+        if root:
+            os.chown(layout.mcp_dir, GUARD_UID, GUARD_UID, follow_symlinks=False)
+        for index, server in servers:
+            folder = layout.mcp_server_dir(server.name)
+            make_private_dir(folder, 0o700)
+            if root:
+                os.chown(folder, GUARD_UID, mcp_uid(index), follow_symlinks=False)
+                os.chmod(folder, 0o2710, follow_symlinks=False)
+
     # -- collect / record --------------------------------------------------------
 
     def _db_diff(self, layout: RunLayout, record: TestRunRecord) -> dbdiff.DbDiff | None:
@@ -603,10 +705,11 @@ class TestRun:
         # Its private copies live in the run root: on the workflow's disk, gone after.
         return dbdiff.diff_databases(layout.baseline_db, layout.db_path, work_dir=layout.root)
 
-    def _discard_partial(self, layout: RunLayout, files: stepfs.StepFs) -> None:
-        """Leave only the record: nothing half-made survives a failed prepare."""
-        with contextlib.suppress(Exception):
-            files.close()
+    def _discard_partial(self, layout: RunLayout, record: TestRunRecord) -> None:
+        """Leave only the record: nothing half-made survives a failed prepare or launch
+        (fd-based, any depth: whatever the guard left in its folders is deleted too).
+        The servers' stderr files stay when the record names them."""
+        said = any(report.stderr_file for report in record.mcp_servers.values())
         stepfs.discard(
             [
                 layout.group_dir,
@@ -614,6 +717,8 @@ class TestRun:
                 layout.baseline_db.parent,
                 layout.prompt,
                 layout.guard_dir,
+                layout.mcp_dir,
+                *([] if said else [layout.mcp_stderr_dir]),
             ]
         )
 

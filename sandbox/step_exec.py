@@ -122,6 +122,23 @@ except ImportError:  # inside the step image, where the sandbox package is absen
     )
 
 try:
+    from sandbox.toolargs import (
+        DB_BUSY_TIMEOUT_S,
+        DB_STATEMENT_DEADLINE_S,
+        SEARCH_DEADLINE_S,
+        SHELL_KILL_GRACE_S,
+        shell_timeout_s,
+    )
+except ImportError:  # inside the step image
+    from agentworks_toolargs import (  # type: ignore[no-redef]
+        DB_BUSY_TIMEOUT_S,
+        DB_STATEMENT_DEADLINE_S,
+        SEARCH_DEADLINE_S,
+        SHELL_KILL_GRACE_S,
+        shell_timeout_s,
+    )
+
+try:
     from sandbox.preflight import gate as preflight_gate
 except ImportError:  # inside the step image
     from agentworks_preflight import gate as preflight_gate  # type: ignore[no-redef]
@@ -149,16 +166,9 @@ SEARCH_MAX_MATCHES: Final = 500
 SEARCH_MAX_FILE_BYTES: Final = 2 * 1024 * 1024
 SEARCH_MAX_LINE_CHARS: Final = 300
 SEARCH_MAX_PATTERN_CHARS: Final = 1000
-SEARCH_DEADLINE_S: Final = 60.0
 BINARY_SNIFF_BYTES: Final = 8192
-SHELL_DEFAULT_TIMEOUT_S: Final = 120.0
-SHELL_MIN_TIMEOUT_S: Final = 1.0
-SHELL_MAX_TIMEOUT_S: Final = 600.0
 SHELL_TAIL_CHARS: Final = 8000
-SHELL_KILL_GRACE_S: Final = 2.0
 DB_MAX_ROWS: Final = 1000
-DB_BUSY_TIMEOUT_S: Final = 10.0
-DB_STATEMENT_DEADLINE_S: Final = 60.0
 DB_TEXT_ROWS: Final = 20
 DB_TEXT_CELL_CHARS: Final = 60
 
@@ -207,19 +217,10 @@ def _int_arg(args: dict[str, Any], name: str, default: int, minimum: int) -> int
 
 
 def _timeout_arg(args: dict[str, Any]) -> float:
-    value = args.get("timeout_s")
-    if value is None:
-        return SHELL_DEFAULT_TIMEOUT_S
-    if isinstance(value, bool):
-        raise ToolError("argument 'timeout_s' must be a number of seconds")
-    if isinstance(value, str):
-        try:
-            value = float(value.strip())
-        except ValueError:
-            raise ToolError("argument 'timeout_s' must be a number of seconds") from None
-    if not isinstance(value, int | float) or math.isnan(value):
-        raise ToolError("argument 'timeout_s' must be a number of seconds")
-    return min(max(float(value), SHELL_MIN_TIMEOUT_S), SHELL_MAX_TIMEOUT_S)
+    try:
+        return shell_timeout_s(args.get("timeout_s"))
+    except ValueError as exc:
+        raise ToolError(str(exc)) from None
 
 
 def _params_arg(args: dict[str, Any]) -> list[Any] | dict[str, Any]:
@@ -582,10 +583,10 @@ class Executor:
         if "\x00" in command:
             raise ToolError("command contains a NUL byte")
         timeout = _timeout_arg(args)
-        try:
-            # Started and registered under the reaper's lock: a command that exits at
-            # once must not be reaped as a stranger (its exit code would be lost).
-            with _CHILDREN_LOCK:
+        # Held from the fork until the pid is registered: a command that exits at once
+        # must not be reaped as a stranger (its `wait()` would then report exit 0).
+        with _SPAWN_LOCK:
+            try:
                 proc = subprocess.Popen(
                     ["/bin/sh", "-c", command],
                     cwd=self.root,
@@ -594,9 +595,9 @@ class Executor:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-                _OWN_CHILDREN.add(proc.pid)
-        except OSError as exc:
-            raise ToolError(f"cannot start /bin/sh: {_os_reason(exc)}") from None
+            except OSError as exc:
+                raise ToolError(f"cannot start /bin/sh: {_os_reason(exc)}") from None
+            _OWN_CHILDREN.add(proc.pid)
         assert proc.stdout is not None
         tail = _Tail(SHELL_TAIL_CHARS)
         deadline = time.monotonic() + timeout
@@ -1033,9 +1034,10 @@ def _report_usage() -> None:
         os.write(2, f"{USAGE_MARK} {json.dumps(report)}\n".encode())
 
 
-# Children that a tool thread waits for itself; the reaper leaves them alone.
+# Children that a tool thread waits for itself; the reaper leaves them alone. A tool
+# thread holds the lock from fork to registration, the reaper while it decides.
 _OWN_CHILDREN: set[int] = set()
-_CHILDREN_LOCK = threading.Lock()
+_SPAWN_LOCK = threading.Lock()
 
 
 def _reap_until_exit(step_pid: int) -> None:
@@ -1057,12 +1059,13 @@ def _reap_until_exit(step_pid: int) -> None:
             continue
         if info.si_pid == step_pid:
             return
-        with _CHILDREN_LOCK:
-            if info.si_pid not in _OWN_CHILDREN:
+        with _SPAWN_LOCK:
+            ours = info.si_pid in _OWN_CHILDREN
+            if not ours:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(info.si_pid, 0)
-                continue
-        time.sleep(0.01)  # its tool thread is about to reap it
+        if ours:
+            time.sleep(0.01)  # its tool thread is about to reap it
 
 
 if __name__ == "__main__":

@@ -18,25 +18,6 @@ from pydantic import BaseModel, ConfigDict, Field
 RUN_KIND_HEADER = "X-Agentworks-Run-Kind"
 MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
-# Argument keys that name who is calling. The step never controls them: the
-# guard deletes whatever the step put there and sets its own after the policy
-# decision (the seed's server-side bindings).
-IDENTITY_KEYS = frozenset(
-    {
-        "run_id",
-        "test_run_id",
-        "session",
-        "session_id",
-        "parent_session",
-        "workflow",
-        "workflow_id",
-        "workflow_name",
-        "step",
-        "step_id",
-        "run_kind",
-    }
-)
-
 
 class ToolCall(BaseModel):
     """What a step sends: a tool, its arguments, optionally its session."""
@@ -103,7 +84,14 @@ class ErrorReply(BaseModel):
 
 
 class ActionLine(BaseModel):
-    """One guarded call in `test_mode_actions.jsonl`, written before the reply."""
+    """One entry of `test_mode_actions.jsonl` (written by the guard alone).
+
+    `event` says which: `call` is a whole call answered inside the guard (stub,
+    refusal, session), written before the reply; `start` is a forwarded call's
+    line before any of it leaves the guard (what was asked, the decision), and
+    `outcome` its second line after (`outcome` ok or error, `duration_ms`, sizes
+    in `detail`), both carrying the same `call_id`; `log_full` marks the point
+    where the log reached its cap (later calls are stubbed without a line)."""
 
     time: datetime
     session: str
@@ -114,3 +102,6 @@ class ActionLine(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
     duration_ms: float | None = None
     detail: dict[str, Any] = Field(default_factory=dict)
+    event: Literal["call", "start", "outcome", "log_full"] = "call"
+    call_id: str | None = Field(default=None, max_length=40)
+    outcome: Literal["ok", "error"] | None = None

@@ -23,11 +23,14 @@ import pytest
 from docker import DockerClient
 from docker.models.containers import Container
 
+from sandbox.config import load_workflow
 from sandbox.engine import images
 from sandbox.engine.containers import LABEL_MANAGED, LABEL_RUN_ROOT, LABEL_RUNNER_PID
 from sandbox.engine.gc import orphaned
+from sandbox.layout import TEST_RUN_PREFIX, RunLayout
 from sandbox.record import TestRunRecord
 from sandbox.run import RunOptions, TestRun
+from sandbox.wire import ActionLine
 
 
 @pytest.fixture(scope="session")
@@ -148,6 +151,7 @@ class ThreadedRun:
         self, workflow_dir: Path, options: RunOptions | None = None, *, join_s: float = 180
     ) -> None:
         self.workflow_dir = workflow_dir
+        self._layout: RunLayout | None = None
         self._join_s = join_s
         self._result: list[TestRunRecord] = []
         self._thread = threading.Thread(
@@ -162,9 +166,8 @@ class ThreadedRun:
         self._thread.join(timeout=self._join_s)
 
     def wait_for_file(self, pattern: str, deadline_s: float = 120) -> Path:
-        """The first path under the workflow's `runs/` matching `pattern`, once it exists.
-
-        While the step runs, its group folder is `test-<id>/.disk/group/` (its disk)."""
+        """The first path under the workflow's `runs/` matching `pattern`, once it exists
+        (for the step's group folder, `wait_for_in_group`)."""
         runs = self.workflow_dir / "runs"
         end = time.monotonic() + deadline_s
         while True:
@@ -174,6 +177,30 @@ class ThreadedRun:
             assert time.monotonic() < end, f"{pattern} never appeared"
             assert self._thread.is_alive(), f"the run ended before {pattern} appeared"
             time.sleep(0.05)
+
+    def wait_for_in_group(self, name: str, deadline_s: float = 120) -> Path:
+        """`name` in the step's group folder, once the running step made it.
+
+        While the step runs its group folder is on the run's disk (`RunLayout.disk_group`);
+        the run's layout is `self.layout` from then on."""
+        group = load_workflow(self.workflow_dir).step("step1").group
+        runs = self.workflow_dir / "runs"
+        end = time.monotonic() + deadline_s
+        while True:
+            for root in sorted(runs.glob(f"{TEST_RUN_PREFIX}*")) if runs.exists() else []:
+                layout = RunLayout(self.workflow_dir, root.name, group)
+                if (layout.disk_group / name).exists():
+                    self._layout = layout
+                    return layout.disk_group / name
+            assert time.monotonic() < end, f"{name} never appeared in the group folder"
+            assert self._thread.is_alive(), f"the run ended before {name} appeared"
+            time.sleep(0.05)
+
+    @property
+    def layout(self) -> RunLayout:
+        """The run's layout (its run folder found by `wait_for_in_group`)."""
+        assert self._layout is not None, "wait_for_in_group first"
+        return self._layout
 
     @staticmethod
     def guard(client: DockerClient, run_id: str) -> Container:
@@ -190,3 +217,24 @@ class ThreadedRun:
     def record(self) -> TestRunRecord:
         (record,) = self._result
         return record
+
+
+def call_lines(path: Path) -> list[ActionLine]:
+    """One line per call (a forwarded call's `start` line, or its one `call` line), each
+    start's `outcome` checked to come after it, exactly once; the outcome's detail is
+    merged into its call's line (its status, error, sizes)."""
+    lines = [ActionLine.model_validate_json(raw) for raw in path.read_text().splitlines()]
+    calls: list[ActionLine] = []
+    open_calls: dict[str, ActionLine] = {}
+    for line in lines:
+        if line.event == "outcome":
+            assert line.call_id in open_calls, f"an outcome without its start: {line}"
+            start = open_calls.pop(line.call_id or "")
+            start.detail.update(line.detail)
+        else:
+            calls.append(line)
+            if line.event == "start":
+                assert line.call_id not in open_calls, f"call id used twice: {line}"
+                open_calls[line.call_id or ""] = line
+    assert not open_calls, f"calls without an outcome: {list(open_calls)}"
+    return calls

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from sandbox.config import load_workflow
+from sandbox.config import Egress, load_workflow
 from sandbox.errors import ConfigError
 
 GOOD = """
@@ -92,3 +93,36 @@ def test_unknown_step_lists_the_known_ones(tmp_path: Path) -> None:
     wf = load_workflow(write(tmp_path, GOOD))
     with pytest.raises(ConfigError, match=r"unknown step 'nope' \(this workflow has: bid-submit\)"):
         wf.step("nope")
+
+
+def _egress(text: str) -> Egress:
+    return Egress.model_validate(tomllib.loads(text)["egress"])
+
+
+def test_tls_is_inspected_by_default_with_a_per_host_opt_out() -> None:
+    egress = _egress(
+        """
+[egress]
+allow = ["a.example.org", { host = "b.example.org", inspect = false },
+         { host = "c.example.org", port = 8443, tls = true }]
+"""
+    )
+    assert [egress.inspects(e) for e in egress.allow] == [True, False, True]
+    assert egress.needs_ca()
+
+
+def test_an_old_inspect_tls_false_still_loads_and_keeps_its_tunnels_blind() -> None:
+    egress = _egress(
+        """
+[egress]
+inspect_tls = false
+allow = ["a.example.org", { host = "b.example.org", inspect = true }]
+"""
+    )
+    assert [egress.inspects(e) for e in egress.allow] == [False, True]
+    assert _egress('[egress]\ninspect_tls = false\nallow = ["a.example.org"]').needs_ca() is False
+
+
+def test_no_ca_when_no_entry_admits_an_inspected_connect() -> None:
+    assert not _egress('[egress]\nallow = [{ host = "a.example.org", port = 8080 }]').needs_ca()
+    assert not _egress("[egress]\nallow = []").needs_ca()

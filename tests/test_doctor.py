@@ -29,6 +29,7 @@ EXPECTED_CHECKS = [
     "LSM",
     f"image {images.STEP_IMAGE}",
     f"image {images.GUARD_IMAGE}",
+    f"image {images.MCP_IMAGE}",
     "seccomp profile",
     "user namespaces",
     "iptables in the run",

@@ -16,7 +16,7 @@ from sandbox.policy import stub_reply
 from sandbox.record import RunStatus, TestRunRecord
 from sandbox.run import RunOptions, TestRun
 from sandbox.wire import ActionLine
-from tests.conftest import WorkflowFactory, tree_digest
+from tests.conftest import WorkflowFactory, call_lines, tree_digest
 from tests.fakes.harness import ALIAS, Outside, outside_server
 
 pytestmark = pytest.mark.engine
@@ -39,10 +39,8 @@ def run_step(
     before = tree_digest(wf)
     record = TestRun(wf, "step1", RunOptions(upstream_networks=(outside.network,))).execute()
     assert tree_digest(wf) == before
-    lines = [
-        ActionLine.model_validate_json(x)
-        for x in (wf / "runs" / record.id / "test_mode_actions.jsonl").read_text().splitlines()
-    ]
+    # One line a call; each forwarded request's start line has its outcome after it.
+    lines = call_lines(wf / "runs" / record.id / "test_mode_actions.jsonl")
     out = json.loads(record.stdout.text.strip().splitlines()[-1]) if record.stdout.text else {}
     return record, out, lines
 
@@ -75,7 +73,10 @@ print(json.dumps(out))
 
 EGRESS_TOML = """
 [egress]
-allow = [{ host = "outside.test", port = 8080 }, { host = "outside.test", port = 8443, tls = true }]
+allow = [
+  { host = "outside.test", port = 8080 },
+  { host = "outside.test", port = 8443, tls = true, inspect = false },
+]
 """
 
 
@@ -122,10 +123,15 @@ def test_proxy_passes_reads_and_stubs_everything_else(
     connect = next(
         ln for ln in egress if ln.arguments["method"] == "CONNECT" and ln.decision == "allow"
     )
-    assert connect.detail["tls"] == "method not seen"
+    assert connect.detail["tls"] == "method not seen"  # the host opted out of inspection
+    assert "method inside TLS was not seen" in connect.reason
     counts = record.egress[ALIAS]
-    assert (counts.passed, counts.stubbed) == (3, 7)  # 4 methods, a port, an upgrade, a CONNECT
+    # Stubbed: 4 methods and a port not on the list; refused: an upgrade and a CONNECT
+    # to a plain-HTTP port, which cannot be inspected.
+    assert (counts.passed, counts.stubbed, counts.refused) == (3, 5, 2)
     assert record.egress["not-allowed.test"].stubbed == 1
+    refusals = [ln for ln in egress if ln.decision == "refuse"]
+    assert all("Continue as if" not in ln.reason for ln in refusals)
 
 
 DIRECT = """
@@ -230,7 +236,6 @@ def test_tls_inspection_sees_methods_inside_https(
 ) -> None:
     toml = """
 [egress]
-inspect_tls = true
 trust_ca_files = ["outside-ca.pem"]
 allow = [{ host = "outside.test", port = 8444, tls = true }]
 """
@@ -250,10 +255,7 @@ allow = [{ host = "outside.test", port = 8444, tls = true }]
     assert out["private_keys"] == []
     seen = [(s["method"], s["path"]) for s in outside.seen() if s["proto"] == "http"]
     assert seen == [("GET", "/page")]
-    lines = [
-        ActionLine.model_validate_json(x)
-        for x in (wf / "runs" / record.id / "test_mode_actions.jsonl").read_text().splitlines()
-    ]
+    lines = call_lines(wf / "runs" / record.id / "test_mode_actions.jsonl")
     post = next(ln for ln in lines if ln.arguments.get("method") == "POST")
     assert post.decision == "stub"
     assert post.arguments["url"] == "https://outside.test:8444/effect"
@@ -306,15 +308,163 @@ print(json.dumps(out))
 def test_a_read_forwards_only_its_head_never_a_pipelined_request(
     engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
 ) -> None:
-    """After an allowed GET, nothing more from the step reaches the outside: a second,
-    pipelined request (a POST) would otherwise pass unjudged to any server that keeps
-    reading despite `Connection: close`. A read that carries a body is stubbed."""
+    """After an allowed GET, nothing unjudged reaches the outside: a second, pipelined
+    request (a POST) is parsed and judged on its own (stubbed), never relayed to a
+    server that keeps reading despite `Connection: close`. A read with a body is stubbed."""
     toml = '[egress]\nallow = [{ host = "outside.test", port = 8081 }]\n'
     record, out, lines = run_step(make_workflow, outside, PIPELINED, toml)
     assert record.status is RunStatus.PASSED, record.stderr.text
-    assert out["pipelined"].startswith("HTTP/1.1 200") and out["pipelined"].endswith("sloppy")
+    # The GET's reply, then the pipelined POST judged on its own: stubbed.
+    assert out["pipelined"].startswith("HTTP/1.1 200")
+    _, _, second = out["pipelined"].partition("sloppy")
+    assert second.startswith("HTTP/1.1 403") and "X-Agentworks-Test-Mode: stubbed" in second
     assert out["get_with_body"].startswith("HTTP/1.1 403")
     sloppy = [(s["method"], s["path"]) for s in outside.seen() if s["proto"] == "sloppy"]
     assert sloppy == [("GET", "/first")]
+    smuggled = next(ln for ln in lines if ln.arguments.get("url", "").endswith("/smuggled"))
+    assert smuggled.decision == "stub"
     with_body = next(ln for ln in lines if ln.arguments.get("url", "").endswith("/with-body"))
     assert with_body.decision == "stub" and "body" in with_body.reason
+
+
+HTTPS_DEFAULT = """
+import json, subprocess
+def curl(*args):
+    done = subprocess.run(["curl", "-s", "-w", "\\n%{http_code}", "--max-time", "10", *args],
+                          capture_output=True, text=True)
+    body, _, code = done.stdout.rpartition("\\n")
+    return [code, body]
+print(json.dumps({
+    "get": curl("https://outside.test:8444/page"),
+    "post": curl("-X", "POST", "--data", "inside-https", "https://outside.test:8444/effect"),
+}))
+"""
+
+
+def test_https_to_an_allowed_host_is_inspected_by_default(
+    engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
+) -> None:
+    """No inspect setting at all: a POST inside HTTPS is seen and stubbed, not tunnelled."""
+    toml = """
+[egress]
+trust_ca_files = ["outside-ca.pem"]
+allow = [{ host = "outside.test", port = 8444, tls = true }]
+"""
+    wf = make_workflow(command=["python3", "/workflow/code/step.py"], extra_toml=toml, db_sql=None)
+    (wf / "outside-ca.pem").write_text(outside.ca_pem)
+    (wf / "code" / "step.py").write_text(HTTPS_DEFAULT)
+    record = TestRun(wf, "step1", RunOptions(upstream_networks=(outside.network,))).execute()
+    assert record.status is RunStatus.PASSED, record.stderr.text + record.guard_log.text
+    out = json.loads(record.stdout.text.strip().splitlines()[-1])
+    assert out["get"] == ["200", "hello from outside /page"]
+    assert out["post"][0] == "403" and "was NOT run" in out["post"][1]
+    assert [(s["method"], s["path"]) for s in outside.seen() if s["proto"] == "http"] == [
+        ("GET", "/page")
+    ]
+    assert [s.tool for s in record.stubbed] == ["http"]
+
+
+def test_a_host_that_opts_out_of_inspection_is_recorded_as_method_not_seen(
+    engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
+) -> None:
+    toml = """
+[egress]
+allow = [{ host = "outside.test", port = 8444, tls = true, inspect = false }]
+"""
+    source = HTTPS_DEFAULT.replace('"--max-time"', '"-k", "--max-time"')
+    record, out, lines = run_step(make_workflow, outside, source, toml)
+    assert record.status is RunStatus.PASSED, record.stderr.text
+    assert out["post"][0] == "200"  # blind: the POST went out, as the workflow chose
+    tunnels = [ln for ln in lines if ln.tool == "http"]
+    assert len(tunnels) == 2 and all(ln.arguments["method"] == "CONNECT" for ln in tunnels)
+    assert all(ln.detail["tls"] == "method not seen" for ln in tunnels)
+    assert all("inspect = false" in ln.reason for ln in tunnels)
+
+
+ERRORS = """
+import json, socket
+def exchange(payload):
+    with socket.create_connection(("127.0.0.1", 8792), timeout=20) as s:
+        s.sendall(payload)
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return data.decode("latin-1")
+print(json.dumps({
+    "connect_refused": exchange(b"CONNECT outside.test:8080 HTTP/1.1\\r\\nHost: outside.test:8080\\r\\n\\r\\n"),
+    "connect_unlisted": exchange(b"CONNECT elsewhere.test:443 HTTP/1.1\\r\\nHost: elsewhere.test:443\\r\\n\\r\\n"),
+    "origin_form": exchange(b"GET /x HTTP/1.1\\r\\nHost: outside.test:8080\\r\\n\\r\\n"),
+    "version": exchange(b"GET http://outside.test:8080/x HTTP/1.2\\r\\nHost: outside.test:8080\\r\\n\\r\\n"),
+    "too_large": exchange(b"GET http://outside.test:8080/x HTTP/1.1\\r\\nX: " + b"a" * 70000 + b"\\r\\n\\r\\n"),
+    "stub": exchange(b"DELETE http://outside.test:8080/x HTTP/1.1\\r\\nHost: outside.test:8080\\r\\n\\r\\n"),
+}))
+"""
+
+
+def test_error_replies_read_as_errors_and_only_stubs_say_continue(
+    engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
+) -> None:
+    record, out, lines = run_step(make_workflow, outside, ERRORS, EGRESS_TOML)
+    assert record.status is RunStatus.PASSED, record.stderr.text
+    expected = {
+        "connect_refused": "403",
+        "connect_unlisted": "403",
+        "origin_form": "400",
+        "version": "505",
+        "too_large": "431",
+    }
+    for name, status in expected.items():
+        reply = out[name]
+        assert reply.startswith(f"HTTP/1.1 {status} "), (name, reply[:200])
+        assert "Connection: close\r\n" in reply
+        assert "X-Agentworks-Test-Mode: refused" in reply
+        assert "was refused" in reply and "Continue as if it succeeded" not in reply, name
+    assert out["stub"].startswith("HTTP/1.1 403 ")
+    assert "X-Agentworks-Test-Mode: stubbed" in out["stub"]
+    assert out["stub"].endswith(
+        stub_reply("HTTP DELETE", "HTTP DELETE can have effects; only GET and HEAD pass") + "\n"
+    )
+    decisions = [ln.decision for ln in lines if ln.tool == "http"]
+    assert decisions == ["refuse"] * 5 + ["stub"]
+    assert outside.seen() == []
+
+
+KEEP_ALIVE = """
+import json, httpx, requests
+base = "http://outside.test:8080/page-"
+failures = {"httpx": [], "requests": []}
+with httpx.Client(timeout=20) as client:  # the proxy from HTTPS_PROXY/HTTP_PROXY
+    for i in range(N):
+        try:
+            r = client.get(base + f"h{i}")
+            assert r.status_code == 200 and r.text == f"hello from outside /page-h{i}", r.text
+        except Exception as exc:
+            failures["httpx"].append(f"{i}: {type(exc).__name__}: {exc}")
+with requests.Session() as session:
+    for i in range(N):
+        try:
+            r = session.get(base + f"r{i}", timeout=20)
+            assert r.status_code == 200 and r.text == f"hello from outside /page-r{i}", r.text
+        except Exception as exc:
+            failures["requests"].append(f"{i}: {type(exc).__name__}: {exc}")
+print(json.dumps({k: v[:5] + [len(v)] for k, v in failures.items()}))
+"""
+
+
+def test_keep_alive_clients_through_the_guard_never_fail(
+    engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
+) -> None:
+    """The upstream (Python's http.server in HTTP/1.1 mode) closes after each reply
+    without saying so; clients that reuse their connection to the proxy see no failure."""
+    n = 1000
+    record, out, lines = run_step(
+        make_workflow, outside, KEEP_ALIVE.replace("range(N)", f"range({n})"), EGRESS_TOML
+    )
+    assert record.status is RunStatus.PASSED, record.stderr.text
+    assert out == {"httpx": [0], "requests": [0]}
+    got = [s["path"] for s in outside.seen() if s["proto"] == "http"]
+    assert sorted(got) == sorted(
+        [f"/page-h{i}" for i in range(n)] + [f"/page-r{i}" for i in range(n)]
+    )  # every request exactly once
+    assert [ln.decision for ln in lines if ln.tool == "http"] == ["allow"] * (2 * n)

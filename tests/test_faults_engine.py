@@ -60,6 +60,7 @@ from sandbox.engine.containers import (
     LABEL_RUNNER_PID,
 )
 from sandbox.engine.gc import orphaned
+from sandbox.layout import RunLayout
 from sandbox.lock import INFO_DIR_NAME, holders, lock_home, workflow_run_lock
 from sandbox.record import RECORD_FILE, RunStatus, TestRunRecord, read_record
 from sandbox.run import TestRun
@@ -539,7 +540,7 @@ def test_twenty_runs_at_once_one_per_workflow_runs_the_others_are_refused(
         wait_for(all_accounted, 240, "10 refusals and 10 running steps")
         for wf in workflows:
             (live,) = [d for d in run_dirs(wf) if read_record(d).status is RunStatus.RUNNING]
-            (live / ".disk" / "group" / "go").write_text("go")  # its disk
+            (RunLayout(wf, live.name, "g").disk_group / "go").write_text("go")
         codes = {r.pid: r.finish(120) for r in everyone}
     finally:
         for pair in runners.values():

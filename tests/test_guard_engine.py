@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import sys
 import textwrap
@@ -19,7 +20,7 @@ from sandbox.policy import stub_reply
 from sandbox.record import RunStatus, TestRunRecord
 from sandbox.run import RunOptions, TestRun
 from sandbox.wire import ActionLine
-from tests.conftest import ThreadedRun, WorkflowFactory, tree_digest
+from tests.conftest import ThreadedRun, WorkflowFactory, call_lines, tree_digest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "job-board" / "fake_api"))
 from harness import FakeJobBoard, fake_jobboard
@@ -67,12 +68,8 @@ def run_calls(
     record = TestRun(wf, "step1", RunOptions(upstream_networks=(fake.network,))).execute()
     assert tree_digest(wf) == before
     run_root = wf / "runs" / record.id
-    lines = [
-        ActionLine.model_validate_json(raw)
-        for raw in (run_root / "test_mode_actions.jsonl").read_text().splitlines()
-    ]
     replies = json.loads(record.stdout.text.strip().splitlines()[-1]) if record.stdout.text else []
-    return record, replies, lines
+    return record, replies, call_lines(run_root / "test_mode_actions.jsonl")
 
 
 EFFECT_ROWS: list[tuple[str, dict[str, Any], str]] = [
@@ -149,18 +146,23 @@ def test_every_row_of_the_effects_table(
 def test_forged_identity_never_reaches_upstream(
     engine: DockerClient, make_workflow: WorkflowFactory, fake: FakeJobBoard
 ) -> None:
+    """The envelope is the guard's; the tool's bound paths hold the guard's values; an
+    argument the table does not bind (a top-level run_id here) is the step's own."""
     forged = {
         "prompt": "hi",
-        "run_id": "forged-run",
         "session": "forged",
-        "workflow": "other",
-        "step_id": "evil",
-        "run_kind": "real",
+        "metadata": {"run_id": "forged-run", "run_kind": "real"},
+        "run_id": "the-steps-own-argument",
     }
     record, replies, lines = run_calls(make_workflow, fake, [("generate_text_llm", forged)])
     assert replies[0]["decision"] == "allow"
     (call,) = fake.state()["calls"]
-    assert call["arguments"] == {"prompt": "hi"}
+    assert call["arguments"] == {
+        "prompt": "hi",
+        "session": "root",
+        "metadata": {"run_id": record.id, "run_kind": "test"},
+        "run_id": "the-steps-own-argument",
+    }
     assert (call["run_id"], call["session"], call["workflow"], call["step"], call["run_kind"]) == (
         record.id,
         "root",
@@ -169,7 +171,8 @@ def test_forged_identity_never_reaches_upstream(
         "test",
     )
     assert "forged" not in json.dumps(call)
-    assert lines[0].arguments == {"prompt": "hi"}
+    assert lines[0].arguments == {"prompt": "hi", "run_id": "the-steps-own-argument"}
+    assert lines[0].detail["overwrote"] == ["session", "metadata.run_id", "metadata.run_kind"]
 
 
 def test_bad_requests_and_upstream_faults_fail_closed(
@@ -229,10 +232,7 @@ def test_bad_requests_and_upstream_faults_fail_closed(
     assert out["mcp_index"] == {"servers": []}  # this workflow configures no MCP server
     assert out["mcp_unknown"] == 404
     assert time.monotonic() - started < 30
-    lines = [
-        ActionLine.model_validate_json(x)
-        for x in (wf / "runs" / record.id / "test_mode_actions.jsonl").read_text().splitlines()
-    ]
+    lines = call_lines(wf / "runs" / record.id / "test_mode_actions.jsonl")
     assert [ln.decision for ln in lines] == [
         "refuse",
         "refuse",
@@ -295,8 +295,8 @@ def test_killing_the_guard_stops_the_step_and_records_error(
         )
     )
     with ThreadedRun(wf, RunOptions(upstream_networks=(fake.network,)), join_s=120) as run:
-        ready = run.wait_for_file("test-*/.disk/group/ready")
-        run.guard(engine, ready.parents[2].name).kill()
+        run.wait_for_in_group("ready")
+        run.guard(engine, run.layout.run_id).kill()
     assert run.finished, "the run went on without its guard"
     record = run.record
     assert record.status is RunStatus.ERROR and "guard stopped" in record.reason
@@ -372,23 +372,34 @@ def test_the_running_guard_holds_no_capability_and_left_no_config(
         """
         )
     )
+    ready: Path | None = None
     with ThreadedRun(wf, join_s=120) as run:
         try:
-            ready = run.wait_for_file("test-*/.disk/group/ready")
-            run_root = ready.parents[2]
+            ready = run.wait_for_in_group("ready")
+            run_root = run.layout.root
             guard = run.guard(engine, run_root.name)
             top = guard.top()
             pid_column = top["Titles"].index("PID")
-            statuses = [_status_fields(int(row[pid_column])) for row in top["Processes"]]
-            assert len(statuses) >= 2, "tini and the guard"
+            pids = [int(row[pid_column]) for row in top["Processes"]]
+            statuses = [_status_fields(pid) for pid in pids]
+            # Only the guard's own processes: tini and the guard (no MCP server runs here).
+            assert sorted(s["Name"] for s in statuses) == ["python", "tini"], statuses
             for status in statuses:
                 assert status["Uid"].split() == [str(GUARD_UID)] * 4, status["Name"]
                 for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
                     assert int(status[field], 16) == 0, (status["Name"], field)
                 assert status["NoNewPrivs"].strip() == "1"
+            # The guard is non-dumpable: its /proc files are root's, so not even a
+            # process of its own uid could read its memory or environment.
+            (guard_pid,) = [p for p, s in zip(pids, statuses, strict=True) if s["Name"] == "python"]
+            assert os.stat(f"/proc/{guard_pid}/mem").st_uid == 0
+            code, output = guard.exec_run(
+                ["sh", "-c", "cat /proc/$(pgrep -o -x python)/environ"], user=f"{GUARD_UID}"
+            )
+            assert code != 0 and b"Permission denied" in output, output
             assert not (run_root / "guard" / "config.json").exists()
             assert sorted(p.name for p in (run_root / "guard").iterdir()) == []
         finally:
-            for group in wf.glob("runs/test-*/.disk/group"):
-                (group / "go").write_text("1")
+            if ready is not None:  # the step waits for `go`
+                (ready.parent / "go").write_text("1")
     assert run.record.status is RunStatus.PASSED, run.record.reason

@@ -1,4 +1,4 @@
-"""What the two containers are (pure): who sees what, who may go out."""
+"""What the run's containers are (pure): who sees what, who may go out."""
 
 from __future__ import annotations
 
@@ -6,8 +6,10 @@ from pathlib import Path
 
 from sandbox import launch
 from sandbox.config import Workflow
+from sandbox.engine import images
+from sandbox.guard import caps
 from sandbox.guard.config import CONFIG_FILE_ENV, DATA_DIR
-from sandbox.layout import C_DB_PATH, GUARD_UID, RunLayout
+from sandbox.layout import C_DB_PATH, GUARD_UID, MCP_UID_BASE, RunLayout
 from sandbox.record import RunnerInfo
 
 
@@ -97,3 +99,123 @@ def test_the_guard_holds_net_admin_only_in_its_entry_script(tmp_path: Path) -> N
         assert flag in drop
     assert drop.endswith("-- tini -- " + " ".join(launch.GUARD_COMMAND))
     assert launch.step_spec(p, "g", has_ca_bundle=False).cap_add == []
+
+
+def _with_servers(tmp_path: Path, servers: list[dict[str, object]]) -> launch.RunPlan:
+    workflow = Workflow.model_validate(
+        {
+            "name": "wf",
+            "steps": [{"id": "s", "group": "g", "command": "true"}],
+            "mcp_servers": servers,
+            "egress": {"allow": ["step-only.example.org"]},
+        }
+    )
+    return plan(
+        tmp_path,
+        workflow=workflow,
+        step=workflow.step("s"),
+        egress=workflow.egress,
+        mcp_host_env={"files": {"FILES_KEY": "k-secret"}},
+    )
+
+
+def test_each_stdio_mcp_server_is_a_container_of_its_own(tmp_path: Path) -> None:
+    """Its own uid, nothing of the guard's or the step's, no network, read-only views."""
+    p = _with_servers(
+        tmp_path,
+        [
+            {
+                "name": "files",
+                "command": ["srv", "a"],
+                "env": {"A": "1"},
+                "env_from_host": ["FILES_KEY"],
+            },
+            {"name": "web", "url": "http://web:1/mcp"},
+            {"name": "api", "command": ["api-srv"], "egress": ["api.example.org"]},
+        ],
+    )
+    servers = launch.stdio_servers(p.workflow)
+    assert [(i, s.name) for i, s in servers] == [(0, "files"), (2, "api")]
+    files = launch.mcp_server_spec(p, *servers[0])
+    api = launch.mcp_server_spec(p, *servers[1])
+    assert (
+        files.user == f"{MCP_UID_BASE}:{MCP_UID_BASE}"
+        and api.user == f"{MCP_UID_BASE + 2}:{MCP_UID_BASE + 2}"
+    )
+    for spec in (files, api):
+        assert spec.image == images.MCP_IMAGE and spec.cap_add == []
+        assert spec.network_mode == "none" and spec.read_only_rootfs
+        assert spec.seccomp_profile == "{}" and spec.init  # docker-init reaps, a private PID ns
+        assert all(m.read_only for m in spec.mounts)
+        assert {m.target for m in spec.mounts} == {"/workflow", "/run/mcp"}
+        assert spec.labels["sandbox.role"] == "mcp"
+        assert p.tokens.bridge not in repr(spec) and p.tokens.exec not in repr(spec)
+    (own,) = [m for m in files.mounts if m.target == "/run/mcp"]
+    assert own.source == str(p.layout.mcp_server_dir("files"))
+    assert files.command[-3:] == ["--", "srv", "a"]
+    assert files.env == {
+        "PATH": launch.MCP_SERVER_PATH,
+        "HOME": "/tmp",
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "A": "1",
+        "FILES_KEY": "k-secret",
+    }
+    # With an allow list: its proxy is its relay, on its own loopback; never the step's.
+    assert api.env["HTTPS_PROXY"] == "http://127.0.0.1:3128" and "FILES_KEY" not in api.env
+    assert "--egress-socket" in api.command and "--egress-socket" not in files.command
+    # The guard: no server credential, the servers' uids, their sockets' folder.
+    guard = launch.guard_spec(p)
+    config = launch.guard_config(p)
+    assert "k-secret" not in config.model_dump_json() + repr(guard)
+    assert config.mcp_uids == {"files": MCP_UID_BASE, "api": MCP_UID_BASE + 2}
+    assert {m.target for m in guard.mounts} == {"/guard/actions.jsonl", "/guard/data", "/guard/mcp"}
+    assert "/workflow" not in {m.target for m in guard.mounts}
+
+
+def test_a_server_whose_egress_is_inspected_trusts_the_run_ca(tmp_path: Path) -> None:
+    """The run's CA (certificate only) in the server's trust when its own list is
+    inspected; never for a server without a list or one that opted out."""
+    servers: list[dict[str, object]] = [
+        {"name": "files", "command": ["srv"]},
+        {"name": "api", "command": ["api-srv"], "egress": ["api.example.org"]},
+        {"name": "pinned", "command": ["p"], "egress": [{"host": "p.org", "inspect": False}]},
+    ]
+    p = _with_servers(tmp_path, servers)
+    step_only = Workflow.model_validate(
+        {"name": "wf", "steps": [{"id": "s", "group": "g", "command": "true"}]}
+    )
+    assert not launch.needs_egress_ca(step_only, step_only.egress)
+    # A server's own inspected list needs the run's CA even when the step's list is empty.
+    assert launch.needs_egress_ca(p.workflow, step_only.egress)
+    p = plan(
+        tmp_path,
+        workflow=p.workflow,
+        step=p.step,
+        egress=p.egress,
+        egress_ca=launch.EgressCA(cert_pem="CERT", key_pem="KEY-secret"),
+    )
+    files, api, pinned = (
+        launch.mcp_server_spec(p, i, s) for i, s in launch.stdio_servers(p.workflow)
+    )
+    (bundle,) = [m for m in api.mounts if m.target == "/run/ca-bundle.pem"]
+    assert bundle.source == str(p.layout.ca_bundle) and bundle.read_only
+    assert all(api.env[name] == "/run/ca-bundle.pem" for name in launch.CA_BUNDLE_VARIABLES)
+    for spec in (files, pinned):
+        assert "/run/ca-bundle.pem" not in {m.target for m in spec.mounts}
+        assert "SSL_CERT_FILE" not in spec.env
+    for spec in (files, api, pinned):
+        assert "KEY-secret" not in repr(spec)
+    assert launch.guard_config(p).egress_ca_key_pem == "KEY-secret"
+
+
+def test_the_guard_memory_limit_follows_the_caps_not_the_servers(tmp_path: Path) -> None:
+    one = launch.guard_spec(_with_servers(tmp_path, [{"name": "a", "command": ["x"]}]))
+    many = launch.guard_spec(
+        _with_servers(tmp_path, [{"name": f"s{n}", "command": ["x"]} for n in range(8)])
+    )
+    none = launch.guard_spec(plan(tmp_path))
+    assert one.memory_bytes == many.memory_bytes == none.memory_bytes == caps.GUARD_MEMORY_BYTES
+    assert one.pids == many.pids == none.pids
+    assert "/guard/mcp" not in {m.target for m in none.mounts}

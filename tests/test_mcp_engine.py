@@ -1,6 +1,7 @@
 """The MCP proxy against the real engine and real, published MCP servers.
 
-The servers are the ones installed in the guard image (`images/guard/mcp-servers.txt`):
+The servers are the ones installed in the MCP image (`images/mcp/mcp-servers.txt`), each
+run by the sandbox in a container of its own:
 from PyPI `mcp-server-time` and `mcp-server-git`, from npm the reference
 `server-filesystem`, `server-memory` and `server-everything`, and
 `@ivotoby/openapi-mcp-server` (an OpenAPI-to-MCP server that declares no
@@ -29,7 +30,8 @@ from docker import DockerClient
 from docker.models.containers import Container
 
 from sandbox.engine import images
-from sandbox.guard.mcp_proxy import LOOKUP_DEADLINE_S, SERVER_PATH
+from sandbox.guard.mcp_proxy import LOOKUP_DEADLINE_S
+from sandbox.launch import MCP_SERVER_PATH
 from sandbox.policy import stub_reply
 from sandbox.record import RunStatus, TestRunRecord
 from sandbox.run import RunOptions, TestRun
@@ -42,7 +44,15 @@ from harness import FAKE_LABEL, FakeJobBoard, fake_jobboard
 pytestmark = pytest.mark.engine
 
 # What a stdio server's environment may hold besides its own `env`/`env_from_host`.
-SERVER_ENV_KEYS = {"PATH", "HOME", "LANG", "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED"}
+# (HOSTNAME is the engine's: the container's id.)
+SERVER_ENV_KEYS = {
+    "PATH",
+    "HOME",
+    "LANG",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONUNBUFFERED",
+    "HOSTNAME",
+}
 
 NOTES = "Job 42: senior Python role, budget 3000 USD.\n"
 GRAPH = [
@@ -141,9 +151,10 @@ for pid in os.listdir("/proc"):
             pass
 out["cmdlines"] = cmdlines
 out["seen_paths"] = [p for p in ("/guard", "/guard/data", "/opt/mcp") if os.path.exists(p)]
-# The run root sits in the workflow folder (read-only here); the guard's folder in it is private.
+# The run root is a folder of the real workflow folder, which the step's view leaves out.
 guard_dir = "/workflow/runs/" + os.environ["AGENTWORKS_TEST_RUN_ID"] + "/guard"
-for probe in (lambda: os.listdir(guard_dir), lambda: open(guard_dir + "/mcp-memory.stderr").read()):
+stderr_dir = "/workflow/runs/" + os.environ["AGENTWORKS_TEST_RUN_ID"] + "/mcp-stderr"
+for probe in (lambda: os.listdir(guard_dir), lambda: os.listdir(stderr_dir)):
     try:
         probe()
         out.setdefault("guard_dir", []).append("readable")
@@ -182,9 +193,11 @@ def _lines(record: TestRunRecord) -> list[ActionLine]:
 
 
 def _by_tool(lines: list[ActionLine]) -> dict[str, list[ActionLine]]:
+    """Each call's first line (a forwarded call's start line), by tool."""
     out: dict[str, list[ActionLine]] = {}
     for line in lines:
-        out.setdefault(line.tool, []).append(line)
+        if line.event != "outcome":
+            out.setdefault(line.tool, []).append(line)
     return out
 
 
@@ -284,21 +297,31 @@ def test_real_servers_reads_pass_writes_are_stubbed_and_data_is_unchanged(
     assert env_line.detail["override"] == {"read_only": False}
     assert env_line.detail["annotations"]["readOnlyHint"] is True
 
-    # one line per MCP call; the record's summary lists the stubs
-    tool_calls = [ln for ln in _lines(record) if ln.category == "mcp"]
+    # one line per MCP call (a forwarded one: start, then outcome); the summary lists stubs
+    tool_calls = [ln for ln in _lines(record) if ln.category == "mcp" and ln.event != "outcome"]
     assert len(tool_calls) == 19
+    outcomes = [ln for ln in _lines(record) if ln.event == "outcome"]
+    assert [ln.call_id for ln in tool_calls if ln.event == "start"] == [
+        ln.call_id for ln in outcomes
+    ]
     assert {s.tool for s in record.stubbed} >= {"mcp:files/write_file", "mcp:git/git_commit"}
 
     # the step saw no server process, no guard folder, no MCP install
     assert not [c for c in out["cmdlines"] if "mcp" in c or "node" in c]
     assert out["seen_paths"] == []
-    # The step's view of the workflow folder has no test run folder at all.
+    # The step's view of the workflow folder has no test run folder at all: neither the
+    # guard's folder nor the servers' stderr can even be named.
     assert out["guard_dir"] == ["FileNotFoundError", "FileNotFoundError"]
-    # each stdio server's stderr is in the guard's own folder, private
+    # each stdio server's stderr, read back by the host into a folder only root can open
+    assert (run_root / "mcp-stderr").stat().st_mode & 0o777 == 0o700
     for name in ("files", "memory", "git", "time", "everything"):
-        stderr = run_root / "guard" / f"mcp-{name}.stderr"
-        assert stderr.stat().st_mode & 0o777 == 0o600
-    assert "Secure MCP Filesystem Server" in (run_root / "guard" / "mcp-files.stderr").read_text()
+        stderr = run_root / "mcp-stderr" / f"{name}.log"
+        assert stderr.stat().st_mode & 0o777 == 0o600 and stderr.stat().st_uid == 0
+        report = record.mcp_servers[name]
+        assert report.stderr_file == f"mcp-stderr/{name}.log"
+        assert report.uid >= 10100
+    assert len({r.uid for r in record.mcp_servers.values()}) == 5  # a uid each
+    assert "Secure MCP Filesystem Server" in (run_root / "mcp-stderr" / "files.log").read_text()
 
 
 # --------------------------------------------------------------------------- faults
@@ -328,10 +351,18 @@ json.dump(out, open("out.json", "w"))
 """
 
 
-def _guard_exec(guard: Container, *cmd: str) -> str:
-    code, output = guard.exec_run(list(cmd), user="10002:10002")
+def _server_exec(server: Container, *cmd: str) -> str:
+    """A command in a server's own container, as the server's own uid."""
+    code, output = server.exec_run(list(cmd), user=server.attrs["Config"]["User"])
     assert code == 0, output
     return str(output.decode())
+
+
+def _server(client: DockerClient, run_id: str, name: str) -> Container:
+    (server,) = client.containers.list(
+        filters={"label": [f"sandbox.run-id={run_id}", f"sandbox.mcp-server={name}"]}
+    )
+    return server
 
 
 def test_server_that_hangs_or_dies_is_stubbed_and_the_step_goes_on(
@@ -360,26 +391,33 @@ def test_server_that_hangs_or_dies_is_stubbed_and_the_step_goes_on(
     (wf / "memory" / "graph.jsonl").write_text("".join(json.dumps(x) + "\n" for x in GRAPH))
 
     with ThreadedRun(wf) as run:
-        ready1 = run.wait_for_file("test-*/.disk/group/ready1")
-        guard = run.guard(engine, ready1.parents[2].name)
-        ps = _guard_exec(guard, "ps", "-eo", "pid=,args=")
-        (pid,) = [ln.split()[0] for ln in ps.splitlines() if "mcp-server-memory" in ln]
+        ready1 = run.wait_for_in_group("ready1")
+        server = _server(engine, run.layout.run_id, "memory")
+        ps = _server_exec(server, "ps", "-eo", "pid=,args=")
+        (pid,) = [
+            ln.split()[0]
+            for ln in ps.splitlines()
+            if "mcp-server-memory" in ln and "relay" not in ln
+        ]
         # The server's own environment: its credential, a minimal PATH, nothing of the guard's.
-        environ = _guard_exec(guard, "cat", f"/proc/{pid}/environ").split("\0")
+        environ = _server_exec(server, "cat", f"/proc/{pid}/environ").split("\0")
         env = dict(item.split("=", 1) for item in environ if "=" in item)
         assert env["SANDBOX_TEST_MEMORY_TOKEN"] == secret
-        assert env["PATH"] == SERVER_PATH
-        assert env["HOME"] == "/guard/data/mcp-home-memory"
+        assert env["PATH"] == MCP_SERVER_PATH
+        assert env["HOME"] == "/tmp"
         assert set(env) <= {*SERVER_ENV_KEYS, "MEMORY_FILE_PATH", "SANDBOX_TEST_MEMORY_TOKEN"}
-        _guard_exec(guard, "kill", "-STOP", pid)  # the server hangs
+        # Its credential is nowhere in the guard's container.
+        guard = run.guard(engine, run.layout.run_id)
+        assert secret not in json.dumps(guard.attrs["Config"])
+        _server_exec(server, "kill", "-STOP", pid)  # the server hangs
         (ready1.parent / "go1").write_text("1")
-        ready2 = run.wait_for_file("test-*/.disk/group/ready2")
-        _guard_exec(guard, "kill", "-KILL", pid)  # the server dies
+        ready2 = run.wait_for_in_group("ready2")
+        _server_exec(server, "kill", "-KILL", pid)  # the server dies
         (ready2.parent / "go2").write_text("1")
     record = run.record
     assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text)
     out = json.loads((wf / "runs" / record.id / "g" / "out.json").read_text())
-    lines = [ln for ln in _lines(record) if ln.category == "mcp"]
+    lines = [ln for ln in _lines(record) if ln.category == "mcp" and ln.event != "outcome"]
     assert [ln.tool for ln in lines] == [
         "mcp:memory/read_graph",
         "mcp:memory/read_graph",
@@ -468,7 +506,7 @@ def openapi_server(engine: DockerClient, fake: FakeJobBoard, spec_dir: Path) -> 
         " --api-base-url http://jobboard:8080 --openapi-spec /spec/openapi.json"
     )
     container = engine.containers.run(
-        images.GUARD_IMAGE,
+        images.MCP_IMAGE,
         entrypoint=["node", f"{NODE_MODULES}/supergateway/dist/index.js"],
         command=[
             "--stdio",
@@ -481,7 +519,7 @@ def openapi_server(engine: DockerClient, fake: FakeJobBoard, spec_dir: Path) -> 
             "none",
         ],
         name=f"sandbox-test-openapi-{secrets.token_hex(4)}",
-        user="10002:10002",
+        user="10100:10100",
         labels={FAKE_LABEL: "1"},
         mounts=[docker.types.Mount("/spec", str(spec_dir), type="bind", read_only=True)],
         network=fake.network,
@@ -583,13 +621,13 @@ def test_http_server_tool_added_between_calls_is_judged_at_the_second_call(
             .replace('"/workflow/code/step.py"]', f'"/workflow/code/step.py", "{address}"]')
         )
         with ThreadedRun(wf, RunOptions(upstream_networks=(fake.network,))) as run:
-            ready = run.wait_for_file("test-*/.disk/group/ready")
+            ready = run.wait_for_in_group("ready")
             _write_spec(spec_dir, 2)  # the API gains two operations: the server, two tools
             (ready.parent / "go").write_text("1")
     record = run.record
     assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text)
     out = json.loads((wf / "runs" / record.id / "g" / "out.json").read_text())
-    lines = [ln for ln in _lines(record) if ln.category == "mcp"]
+    lines = [ln for ln in _lines(record) if ln.category == "mcp" and ln.event != "outcome"]
 
     # The step cannot reach the HTTP server's address, only the guard's endpoint.
     assert "ConnectionRefusedError" in out["direct_ip"], out["direct_ip"]

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +17,14 @@ from starlette.testclient import TestClient
 
 from sandbox import mcp_client, policy
 from sandbox.config import McpServer
+from sandbox.guard import caps
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app
 from sandbox.guard.config import GuardConfig
+from sandbox.guard.listeners import bind_unix
 from sandbox.guard.mcp_proxy import (
-    SERVER_PATH,
     _maybe_lost,
     annotations_of,
-    server_env,
     stub_result,
 )
 from sandbox.guard.schema_instance import instance_for, is_valid, valid_instance
@@ -165,20 +169,6 @@ def test_annotations_are_taken_raw_so_a_string_true_is_not_read_only() -> None:
     assert allowed.decision is policy.Decision.ALLOW
 
 
-def test_server_env_is_minimal_and_its_own() -> None:
-    server = McpServer(name="m", command=["x"], env={"A": "1"}, env_from_host=["TOKEN_X"])
-    env = server_env(server, {"TOKEN_X": "s3cret"}, "/guard/data/mcp-home-m")
-    assert env == {
-        "PATH": SERVER_PATH,
-        "HOME": "/guard/data/mcp-home-m",
-        "LANG": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "1",
-        "A": "1",
-        "TOKEN_X": "s3cret",
-    }
-
-
 def test_lost_session_spellings() -> None:
     closed = MCPError(code=-32000, message="Connection closed")
     assert _maybe_lost(closed, stdio=True) and _maybe_lost(closed, stdio=False)
@@ -203,6 +193,14 @@ def _app(tmp_path: Path, servers: list[McpServer]) -> tuple[Any, Path]:
     actions.touch()
     data = tmp_path / "data"
     data.mkdir()
+    listeners = {}
+    for server in servers:
+        folder = tmp_path / "mcp" / server.name
+        folder.mkdir(parents=True)
+        # A server whose container started and died at once: it connects, then is gone.
+        listeners[server.name] = bind_unix(str(folder / "mcp.sock"))
+        with socket.socket(socket.AF_UNIX) as dying:
+            dying.connect(str(folder / "mcp.sock"))
     config = GuardConfig(
         run_id="test-x",
         workflow="wf",
@@ -214,9 +212,10 @@ def _app(tmp_path: Path, servers: list[McpServer]) -> tuple[Any, Path]:
         data_dir=str(data),
         fsync_each=False,
         mcp_servers=servers,
+        mcp_dir=str(tmp_path / "mcp"),
     )
     log = ActionLog(str(actions), secrets=(config.bridge_token,), fsync_each=False)
-    return build_app(Guard(config, log)), actions
+    return build_app(Guard(config, log), mcp_listeners=listeners), actions
 
 
 def test_endpoints_need_the_token_and_unknown_servers_are_refused(tmp_path: Path) -> None:
@@ -265,4 +264,125 @@ def test_endpoints_need_the_token_and_unknown_servers_are_refused(tmp_path: Path
     ]
     assert "no MCP server" in lines[2].reason
     assert lines[3].tool == "mcp:broken/x" and lines[3].detail["listed"] is False
-    assert (tmp_path / "data" / "mcp-broken.stderr").stat().st_mode & 0o777 == 0o600
+    assert lines[3].event == "call"
+
+
+def test_oversized_requests_get_an_http_error_and_a_line(tmp_path: Path) -> None:
+    """Bodies past MAX_REQUEST_BYTES (declared or streamed) and headers past
+    MAX_HEADER_BYTES, on the bridge and the MCP paths alike: refused, logged, and
+    the guard goes on serving."""
+    app, actions = _app(tmp_path, [McpServer(name="files", command=["gone"])])
+    auth = {"Authorization": "Bearer " + "b" * 24}
+    big = b"x" * (caps.MAX_REQUEST_BYTES + 1)
+
+    def streamed() -> Iterator[bytes]:
+        for start in range(0, len(big), 65536):
+            yield big[start : start + 65536]
+
+    with TestClient(app, base_url="http://127.0.0.1:8790") as client:
+        declared = client.post("/v1/tools/call", content=big, headers=auth)
+        assert declared.status_code == 413
+        assert "larger than 4 MiB" in declared.json()["error"]
+        mcp_headers = {**auth, "Accept": "application/json, text/event-stream"}
+        chunked = client.post("/mcp/files", content=streamed(), headers=mcp_headers)
+        assert chunked.status_code == 413
+        headers = {**auth, "X-Filler": "f" * (caps.MAX_HEADER_BYTES + 1)}
+        assert client.post("/v1/tools/call", json={"tool": "x"}, headers=headers).status_code == 431
+        ok = client.post("/v1/tools/call", json={"tool": "notify_user"}, headers=auth)
+        assert ok.status_code == 200 and ok.json()["decision"] == "stub"
+    lines = [ActionLine.model_validate_json(x) for x in actions.read_text().splitlines()]
+    assert [(ln.tool, ln.decision, ln.category) for ln in lines] == [
+        ("/v1/tools/call", "refuse", "request"),
+        ("mcp:/mcp/files", "refuse", "request"),
+        ("/v1/tools/call", "refuse", "request"),
+        ("notify_user", "stub", "messaging"),
+    ]
+    assert "headers larger than 16 KiB" in lines[2].reason
+
+
+class _HugeReplies(BaseHTTPRequestHandler):
+    """A streamable-HTTP MCP server (JSON replies) whose one tool answers past the cap."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+    def do_GET(self) -> None:  # no standalone event stream
+        self.send_response(405)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_DELETE(self) -> None:
+        self.do_GET()
+
+    def do_POST(self) -> None:
+        message = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        rid, method = message.get("id"), message.get("method")
+        if rid is None:
+            self.send_response(202)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if method == "initialize":
+            result: dict[str, Any] = {
+                "protocolVersion": message["params"]["protocolVersion"],
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "huge", "version": "1"},
+            }
+        elif method == "tools/list":
+            tool = {"name": "huge", "inputSchema": {"type": "object"}}
+            result = {"tools": [{**tool, "annotations": {"readOnlyHint": True}}]}
+        elif method == "tools/call":
+            text = "h" * (caps.MAX_MCP_MESSAGE_BYTES + 1024)
+            result = {"content": [{"type": "text", "text": text}]}
+        else:
+            body = {"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "no"}}
+            return self._json(body)
+        self._json({"jsonrpc": "2.0", "id": rid, "result": result})
+
+    def _json(self, body: dict[str, Any]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.send_header("Mcp-Session-Id", "s1")
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_a_url_servers_reply_past_the_cap_is_a_tool_error(tmp_path: Path) -> None:
+    http = ThreadingHTTPServer(("127.0.0.1", 0), _HugeReplies)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{http.server_address[1]}/mcp"
+        app, actions = _app(tmp_path, [McpServer(name="huge", url=url)])
+        headers = {
+            "Authorization": "Bearer " + "b" * 24,
+            "Accept": "application/json, text/event-stream",
+        }
+        init = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {},
+                "clientInfo": {"name": "t", "version": "1"},
+            },
+        }
+        with TestClient(app, base_url="http://127.0.0.1:8790") as client:
+            reply = client.post("/mcp/huge", json=init, headers=headers)
+            session = {**headers, "Mcp-Session-Id": reply.headers["mcp-session-id"]}
+            call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "huge"}}
+            result = client.post("/mcp/huge", json=call, headers=session).json()["result"]
+    finally:
+        http.shutdown()
+    assert result["isError"] is True
+    assert "larger than the guard's cap of 8 MiB" in result["content"][0]["text"]
+    start, outcome = [ActionLine.model_validate_json(x) for x in actions.read_text().splitlines()]
+    assert (start.event, start.decision, outcome.event, outcome.outcome) == (
+        "start",
+        "allow",
+        "outcome",
+        "error",
+    )
+    assert outcome.detail["reply_too_large"] is True

@@ -713,14 +713,24 @@ def test_mcp_read_only_is_allowed() -> None:
     assert (v.decision, v.route, v.category, v.fails_step) == (ALLOW, UP, "mcp", False)
 
 
-def test_mcp_snake_case_key_is_accepted() -> None:
-    v = decide_mcp({"read_only_hint": True}, listed=True)
-    assert (v.decision, v.route) == (ALLOW, UP)
+@pytest.mark.parametrize(
+    "annotations",
+    [{"read_only_hint": True}, {"readonlyhint": True}, {"read_only_hint": True, "readOnlyHint": 1}],
+)
+def test_mcp_only_the_standard_read_only_hint_counts(annotations: Any) -> None:
+    """A tool annotated only with a non-standard spelling is a write for the guard."""
+    v = decide_mcp(annotations, listed=True)
+    assert (v.decision, v.route) == (STUB, NONE)
+    assert v.reason == "the server does not mark this tool read-only"
 
 
 def test_mcp_read_only_and_not_destructive_is_allowed() -> None:
     v = decide_mcp({"readOnlyHint": True, "destructiveHint": False, "title": "x"}, listed=True)
     assert v.decision is ALLOW
+    # Non-standard keys are not annotations, in either direction.
+    assert (
+        decide_mcp({"readOnlyHint": True, "read_only_hint": False}, listed=True).decision is ALLOW
+    )
 
 
 @pytest.mark.parametrize(
@@ -734,7 +744,6 @@ def test_mcp_read_only_and_not_destructive_is_allowed() -> None:
         {"readOnlyHint": "true"},
         {"readOnlyHint": 1},
         {"destructiveHint": False},
-        {"readOnlyHint": True, "read_only_hint": False},
         {"readOnlyHint": False, "destructiveHint": False},
         {"ReadOnlyHint": True},
     ],
@@ -749,8 +758,8 @@ def test_mcp_without_a_true_read_only_hint_is_stubbed(annotations: Any) -> None:
     "annotations",
     [
         {"readOnlyHint": True, "destructiveHint": True},
-        {"read_only_hint": True, "destructive_hint": True},
         {"readOnlyHint": True, "destructiveHint": "yes"},
+        {"readOnlyHint": True, "destructiveHint": 0},
     ],
 )
 def test_mcp_read_only_and_destructive_is_stubbed(annotations: Any) -> None:
@@ -815,3 +824,61 @@ def test_mcp_stub_reply() -> None:
         "TEST MODE: gmail.send_message was NOT run (the server does not mark this tool "
         "read-only). Continue as if it succeeded; do not look for another way to perform it."
     )
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "get url; click #x",
+        "get url;click #x",
+        "get url; eval document.title",
+        "get url && click #x",
+        "get url || click #x",
+        "get url | click #x",
+        "snapshot & click #x",
+        "get url\nclick #x",
+        "get url\r\nclick #x",
+        "get url\tclick",
+        "get text $(click #x)",
+        "get text `click #x`",
+        'get text "${x}"',
+        "get text (click)",
+        "screenshot > /tmp/x",
+        "open 'unbalanced",
+        'get text "unbalanced',
+        "get text \\",
+        "open https://example.com/?a=1&b=2",
+    ],
+)
+def test_browser_command_that_is_not_exactly_one_command_is_stubbed(command: str) -> None:
+    v = _browser(command)
+    assert (v.decision, v.route, v.category) == (STUB, NONE, "browser")
+    assert v.reason == "the browser command is not exactly one allowed command"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        'get text "a;b && c | d"',
+        "get text 'x > y'",
+        "open 'https://example.com/?a=1&b=2'",
+        'is visible "#submit"',
+        "get text a\\;b",
+    ],
+)
+def test_browser_quoted_operators_are_argument_text(command: str) -> None:
+    assert _browser(command).decision is ALLOW
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "open url=javascript:alert(1)",
+        "open --url=JAVASCRIPT:alert(1)",
+        "open vbscript:msgbox",
+        'open "data:text/html,<script>x</script>"',
+    ],
+)
+def test_browser_script_urls_anywhere_are_stubbed(command: str) -> None:
+    v = _browser(command)
+    assert (v.decision, v.reason) == (STUB, "JavaScript cannot be classified")

@@ -7,6 +7,7 @@ waits for ``/v1/health`` and calls tools with urllib.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -578,9 +579,10 @@ def test_runs_standalone_in_the_step_image_layout(tmp_path: Path) -> None:
     """Copied as agentworks_exec.py with its stdlib siblings, without the sandbox package."""
     lib = tmp_path / "lib"
     lib.mkdir()
-    shutil.copy(REPO / "sandbox" / "step_exec.py", lib / "agentworks_exec.py")
-    shutil.copy(REPO / "sandbox" / "pathsafety.py", lib / "agentworks_pathsafety.py")
-    shutil.copy(REPO / "sandbox" / "preflight.py", lib / "agentworks_preflight.py")
+    from sandbox.engine.images import STEP_MODULES
+
+    for source, name in STEP_MODULES.items():  # exactly what the step image installs
+        shutil.copy(source, lib / name)
     root = tmp_path / "group"
     root.mkdir()
     port = free_port()
@@ -603,3 +605,16 @@ def test_runs_standalone_in_the_step_image_layout(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=DEADLINE_S)
+
+
+def test_a_command_that_exits_at_once_keeps_its_exit_code(ex: Exec) -> None:
+    """The executor reaps orphans as pid 1; a shell that exits before its tool thread has
+    registered it must still be waited for by that thread, never reaped as a stranger."""
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        codes = list(
+            pool.map(
+                lambda _: ex.call("execute_shell_command", command="exit 3")["data"]["exit_code"],
+                range(200),
+            )
+        )
+    assert codes == [3] * 200

@@ -9,6 +9,7 @@ applied here; what varies per run comes in a `ContainerSpec`.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 import time
@@ -34,6 +35,7 @@ LABEL_RUN_ROOT = "sandbox.run-root"
 LABEL_ROLE = "sandbox.role"
 LABEL_RUNNER_PID = "sandbox.runner-pid"
 LABEL_RUNNER_START = "sandbox.runner-start"
+LABEL_MCP_SERVER = "sandbox.mcp-server"
 
 TAIL_CHARS = 8000
 
@@ -150,20 +152,35 @@ class OwnedContainers:
     def __init__(self, client: DockerClient) -> None:
         self._client = client
         self._owned: list[Container] = []
+        self._independent: list[Container] = []
+        self._lock = threading.Lock()
 
-    def create(self, spec: ContainerSpec) -> Container:
+    def create(self, spec: ContainerSpec, *, independent: bool = False) -> Container:
+        """`independent`: shares nothing with the others (no namespace), so it may be
+        removed at the same time as they are."""
         with _signals_deferred():
             container = create(self._client, spec)
-            self._owned.append(container)
+            with self._lock:
+                (self._independent if independent else self._owned).append(container)
         return container
 
     def remove_all(self) -> None:
-        """Newest first (the step before the guard whose network it shares); a second
-        signal during the clean-up waits until it is done."""
+        """Newest first (the step before the guard whose network it shares), independent
+        ones beside them; a second signal during the clean-up waits until it is done."""
         with _signals_deferred():
+            with self._lock:
+                independent, self._independent = self._independent, []
+            threads = [
+                threading.Thread(target=remove, args=(c,), name="remove", daemon=True)
+                for c in independent
+            ]
+            for thread in threads:
+                thread.start()
             while self._owned:
                 remove(self._owned[-1])
                 self._owned.pop()
+            for thread in threads:
+                thread.join()
 
     def __enter__(self) -> OwnedContainers:
         return self
@@ -306,6 +323,24 @@ def _stream_tail(chunks: Iterator[bytes]) -> OutputTail:
     text = keep.decode("utf-8", errors="replace")
     truncated = total > len(keep) or len(text) > TAIL_CHARS
     return OutputTail(text=text[-TAIL_CHARS:], total_bytes=total, truncated=truncated)
+
+
+def save_output(container: Container, fd: int, cap_bytes: int) -> tuple[int, bool]:
+    """Write the container's output (stdout and stderr, as the engine kept it so far) to
+    `fd`, at most `cap_bytes`; the bytes written and whether more was cut. A running
+    container is not waited for."""
+    written = 0
+    try:
+        for chunk in container.logs(stdout=True, stderr=True, stream=True, follow=False):
+            room = cap_bytes - written
+            if len(chunk) > room:
+                os.write(fd, chunk[:room])
+                return cap_bytes, True
+            os.write(fd, chunk)
+            written += len(chunk)
+    except (docker.errors.APIError, requests.exceptions.RequestException):
+        pass
+    return written, False
 
 
 def output_tails(container: Container) -> tuple[OutputTail, OutputTail]:

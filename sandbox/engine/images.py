@@ -1,9 +1,12 @@
-"""Building the step and guard images on this host, with no registry.
+"""Building the step, guard and MCP images on this host, with no registry.
 
-Three layers, each tagged by a hash of its inputs so an unchanged layer is
-never rebuilt: a base made by `mmdebstrap` from the host's apt sources (or any
-registry image given as BASE_IMAGE), the step image, and the guard image with
-Python wheels built on the host. The `:current` tags are what runs use;
+Layers, each tagged by a hash of its inputs so an unchanged layer is never
+rebuilt: a base made by `mmdebstrap` from the host's apt sources (or any
+registry image given as BASE_IMAGE), the step image, and on top of it the
+guard image (the sandbox package, Python wheels built on the host; no
+third-party server code) and the MCP image (the stdio MCP servers of
+`images/mcp/mcp-servers.txt`, fetched on the host, and their relay). The
+`:current` tags are what runs use;
 `SANDBOX_IMAGE_TAG` names another tag instead, so several checkouts on one
 engine (parallel CI jobs, a developer beside CI) never run each other's images.
 Building needs the source checkout (the `images/` folder); running does not.
@@ -34,6 +37,8 @@ BUILD_DIR = REPO_ROOT / "build"
 IMAGE_TAG = os.environ.get("SANDBOX_IMAGE_TAG", "current")
 STEP_IMAGE = f"sandbox-step:{IMAGE_TAG}"
 GUARD_IMAGE = f"sandbox-guard:{IMAGE_TAG}"
+MCP_IMAGE = f"sandbox-mcp:{IMAGE_TAG}"
+MCP_RELAY = REPO_ROOT / "sandbox" / "mcp_relay.py"
 LABEL = "sandbox.image-inputs"
 # Stdlib-only modules installed in the step image, by the name steps import.
 STEP_MODULES = {
@@ -42,6 +47,7 @@ STEP_MODULES = {
     REPO_ROOT / "sandbox" / "pathsafety.py": "agentworks_pathsafety.py",
     REPO_ROOT / "sandbox" / "preflight.py": "agentworks_preflight.py",
     REPO_ROOT / "sandbox" / "mcp_client.py": "agentworks_mcp.py",
+    REPO_ROOT / "sandbox" / "toolargs.py": "agentworks_toolargs.py",
 }
 
 
@@ -49,6 +55,7 @@ class BuiltImages(BaseModel):
     base: str
     step: str
     guard: str
+    mcp: str
     rebuilt: list[str]
 
 
@@ -190,18 +197,18 @@ def _wheels(into: Path) -> None:
 
 
 def _mcp_servers(into: Path) -> None:
-    """The guard's MCP servers (`images/guard/mcp-servers.txt`), built on the host.
+    """The MCP image's servers (`images/mcp/mcp-servers.txt`), built on the host.
 
     `into/mcp-wheels` (wheels and a requirements.txt, installed with no index)
     and `into/mcp-node` (an npm prefix, install scripts off), cached in build/
     by the list's hash so an unchanged list is never fetched again."""
-    listing = IMAGES_DIR / "guard" / "mcp-servers.txt"
+    listing = IMAGES_DIR / "mcp" / "mcp-servers.txt"
     entries = [ln.split() for ln in listing.read_text().splitlines() if ln.strip()]
     pypi = [e[1] for e in entries if e[0] == "pypi" and len(e) == 2]
     npm = [e[1] for e in entries if e[0] == "npm" and len(e) == 2]
     cache = BUILD_DIR / ("mcp-" + _hash_files([listing]))
     if not cache.is_dir():
-        _log("fetching the guard's MCP servers on the host (pip wheel, npm install)")
+        _log("fetching the MCP servers on the host (pip wheel, npm install)")
         BUILD_DIR.mkdir(exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=BUILD_DIR))
         (tmp / "mcp-wheels").mkdir()
@@ -209,7 +216,7 @@ def _mcp_servers(into: Path) -> None:
             _pip(["wheel", "--quiet", "--wheel-dir", str(tmp / "mcp-wheels"), *pypi])
         (tmp / "mcp-wheels" / "requirements.txt").write_text("".join(f"{p}\n" for p in pypi))
         (tmp / "mcp-node").mkdir()
-        (tmp / "mcp-node" / "package.json").write_text('{"name": "guard-mcp", "private": true}\n')
+        (tmp / "mcp-node" / "package.json").write_text('{"name": "sandbox-mcp", "private": true}\n')
         if npm:
             if shutil.which("npm") is None:
                 raise EngineError("npm is missing (apt-get install npm); it fetches MCP servers")
@@ -249,6 +256,9 @@ def build_all(client: DockerClient, base_image: str | None = None) -> BuiltImage
     guard_tag = "sandbox-guard:" + _hash_files(
         [*(IMAGES_DIR / "guard").iterdir(), *_package_sources()], extra=step_tag
     )
+    mcp_tag = "sandbox-mcp:" + _hash_files(
+        [*(IMAGES_DIR / "mcp").iterdir(), MCP_RELAY], extra=step_tag
+    )
     with tempfile.TemporaryDirectory(prefix="sandbox-build-") as tmp:
         step_ctx = Path(tmp) / "step"
         shutil.copytree(IMAGES_DIR / "step", step_ctx)
@@ -263,11 +273,19 @@ def build_all(client: DockerClient, base_image: str | None = None) -> BuiltImage
             shutil.copytree(IMAGES_DIR / "guard", guard_ctx)
             (guard_ctx / "wheels").mkdir()
             _wheels(guard_ctx / "wheels")
-            _mcp_servers(guard_ctx)
             _build(client, guard_ctx, guard_tag, {"STEP_IMAGE": step_tag}, rebuilt)
         client.images.get(guard_tag).tag(GUARD_IMAGE)
-    _prune_stale_tags(client, keep={step_tag, guard_tag, STEP_IMAGE, GUARD_IMAGE})
-    return BuiltImages(base=base, step=step_tag, guard=guard_tag, rebuilt=rebuilt)
+
+        if not _image_exists(client, mcp_tag):
+            mcp_ctx = Path(tmp) / "mcp"
+            shutil.copytree(IMAGES_DIR / "mcp", mcp_ctx)
+            shutil.copy2(MCP_RELAY, mcp_ctx / "relay.py")
+            _mcp_servers(mcp_ctx)
+            _build(client, mcp_ctx, mcp_tag, {"STEP_IMAGE": step_tag}, rebuilt)
+        client.images.get(mcp_tag).tag(MCP_IMAGE)
+    keep = {step_tag, guard_tag, mcp_tag, STEP_IMAGE, GUARD_IMAGE, MCP_IMAGE}
+    _prune_stale_tags(client, keep=keep)
+    return BuiltImages(base=base, step=step_tag, guard=guard_tag, mcp=mcp_tag, rebuilt=rebuilt)
 
 
 _HASH_TAG = re.compile(r":[0-9a-f]{16}$")
@@ -276,7 +294,7 @@ _HASH_TAG = re.compile(r":[0-9a-f]{16}$")
 def _prune_stale_tags(client: DockerClient, keep: set[str]) -> None:
     """Old hash tags of our images go; an image a container still uses stays, and so
     does one that another checkout's named tag (`SANDBOX_IMAGE_TAG`) still points at."""
-    for repository in ("sandbox-step", "sandbox-guard"):
+    for repository in ("sandbox-step", "sandbox-guard", "sandbox-mcp"):
         for image in client.images.list(name=repository):
             if any(not _HASH_TAG.search(tag) for tag in image.tags if tag not in keep):
                 continue

@@ -1,13 +1,15 @@
 """`python -m sandbox.guard`: bind the ports, then start the guard from its config file.
 
-Only the standard library is imported before the ports listen (see
-`sandbox.guard.listeners`); the web stack comes after.
+Only the standard library is imported before the ports and the MCP servers'
+sockets listen (see `sandbox.guard.listeners`); then the guard makes itself
+non-dumpable (its memory holds both tokens), and the web stack comes after.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 
 from sandbox.guard.listeners import (
@@ -15,7 +17,12 @@ from sandbox.guard.listeners import (
     CONFIG_FILE_ENV,
     EGRESS_PORT,
     bind_loopback,
+    bind_unix,
+    make_undumpable,
 )
+
+MCP_SOCKET = "mcp.sock"  # sandbox.layout.MCP_SOCKET (not imported: stdlib only here)
+MCP_EGRESS_SOCKET = "egress.sock"  # sandbox.layout.MCP_EGRESS_SOCKET
 
 
 def _take_config_text() -> bytes | None:
@@ -40,6 +47,26 @@ def _port(document: object, key: str, default: int) -> int:
     return value if isinstance(value, int) and 0 < value < 65536 else default
 
 
+def _mcp_sockets(document: object) -> tuple[dict[str, socket.socket], dict[str, socket.socket]]:
+    """Each stdio server's socket (and its egress socket, when it has an allow list)."""
+    stdio: dict[str, socket.socket] = {}
+    egress: dict[str, socket.socket] = {}
+    if not isinstance(document, dict):
+        return stdio, egress
+    folder = document.get("mcp_dir")
+    for server in document.get("mcp_servers") or []:
+        if not isinstance(server, dict) or not server.get("command") or not folder:
+            continue
+        name = str(server.get("name"))
+        if "/" in name or name.startswith("."):
+            continue  # the config validates names; never build a path from a bad one
+        base = os.path.join(str(folder), name)
+        stdio[name] = bind_unix(os.path.join(base, MCP_SOCKET))
+        if server.get("egress"):
+            egress[name] = bind_unix(os.path.join(base, MCP_EGRESS_SOCKET))
+    return stdio, egress
+
+
 def main() -> int:
     raw = _take_config_text()
     if raw is None:
@@ -53,12 +80,18 @@ def main() -> int:
         # Egress first: the bridge port listening is what the step waits for.
         egress = bind_loopback(_port(document, "egress_port", EGRESS_PORT))
         bridge = bind_loopback(_port(document, "bridge_port", BRIDGE_PORT))
+        mcp, mcp_egress = _mcp_sockets(document)
     except OSError as exc:
         print(f"guard: cannot listen: {exc}", file=sys.stderr)
         return 2
+    # Right after the ports listen (the step waits for them), before the web stack
+    # comes in or anything else starts.
+    if not make_undumpable():
+        print("guard: cannot make itself non-dumpable", file=sys.stderr)
+        return 2
     from sandbox.guard.serve import serve  # the web stack: after the ports listen
 
-    return serve(raw, bridge=bridge, egress=egress)
+    return serve(raw, bridge=bridge, egress=egress, mcp=mcp, mcp_egress=mcp_egress)
 
 
 if __name__ == "__main__":

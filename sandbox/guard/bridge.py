@@ -1,14 +1,20 @@
 """The bridge API the step calls: every tool call is checked, logged, then answered.
 
-Flow of one call: authenticate -> parse -> strip identity fields -> policy
-decision -> execute by route (stub, refuse, upstream, executor, session) ->
-one action-log line -> reply. Nothing raises out of a call: a refusal, a stub,
-an upstream failure or a malformed request is a reply the agent can read and a
-log line. Only a wrong token or a malformed body gets an HTTP error status.
+Flow of one call: authenticate -> parse -> policy decision (on the arguments
+the step controls) -> bind the tool's identity paths (`sandbox.bindings`) ->
+execute by route (stub, refuse, upstream, executor, session) -> action-log
+line(s) -> reply. A call answered here (stub, refusal, session) is one line
+before the reply; a forwarded one (upstream, executor) gets its `start` line
+before it leaves the guard and its `outcome` line before the reply. Nothing
+raises out of a call: a refusal, a stub, an upstream failure, a reply past its
+cap or a malformed request is a reply the agent can read and a log line. Only a
+wrong token, a malformed or oversized request gets an HTTP error status (with
+its line: see `CappedRequests`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
@@ -25,18 +31,19 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute
 from starlette.routing import Route as HttpRoute
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandbox import policy
-from sandbox.guard.actionlog import ActionLog
+from sandbox import bindings, policy
+from sandbox.guard import caps
+from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.config import MCP_PATH, GuardConfig
-from sandbox.guard.upstream import UpstreamClient, UpstreamError
+from sandbox.guard.upstream import ReplyTooLarge, UpstreamClient, UpstreamError
 from sandbox.pathsafety import check_tool_path
+from sandbox.toolargs import executor_deadline_s
 
 if TYPE_CHECKING:
     from sandbox.guard.egress import EgressProxy
 from sandbox.wire import (
-    IDENTITY_KEYS,
-    MAX_REQUEST_BYTES,
     RUN_KIND_HEADER,
     ExecRequest,
     SessionReply,
@@ -49,7 +56,6 @@ from sandbox.wire import (
 
 ROOT_SESSION = "root"
 PATH_ARGUMENTS = ("path",)
-SHELL_TIMEOUT_MAX_S = 600.0
 
 
 class Sessions:
@@ -80,6 +86,8 @@ class Guard:
         # Bridge calls in flight, so an egress line can name the tool call active then.
         self._inflight: dict[int, str] = {}
         self.egress: EgressProxy | None = None  # set while the app runs
+        # Forwarded calls whose reply may be held in memory at once (see caps).
+        self.forward_slots = asyncio.Semaphore(caps.FORWARD_SLOTS)
         self._next_call = 0
         self._upstream = UpstreamClient(config.upstream) if config.upstream else None
         self._executor = httpx.AsyncClient(
@@ -111,12 +119,12 @@ class Guard:
     async def _body(self, request: Request) -> bytes | None:
         """The body, or None when it is larger than a bridge request may be."""
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > MAX_REQUEST_BYTES:
+        if declared is not None and declared.isdigit() and int(declared) > caps.MAX_REQUEST_BYTES:
             return None
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
-            if len(body) > MAX_REQUEST_BYTES:
+            if len(body) > caps.MAX_REQUEST_BYTES:
                 return None
         return bytes(body)
 
@@ -138,7 +146,7 @@ class Guard:
             return self._reject(401, "wrong or missing bridge token", started)
         body = await self._body(request)
         if body is None:
-            return self._reject(413, f"request larger than {MAX_REQUEST_BYTES} bytes", started)
+            return self._reject(413, _too_large_request(), started)
         try:
             call = ToolCall.model_validate_json(body)
         except ValidationError as exc:
@@ -149,19 +157,21 @@ class Guard:
         call_id = self._next_call
         self._inflight[call_id] = f"{call.tool} (session {call.session or ROOT_SESSION})"
         try:
-            reply, detail, category = await self._handle(call)
+            reply, detail, category, logged = await self._handle(call, len(body))
         finally:
             del self._inflight[call_id]
-        self.log.write(
-            session=reply.session,
-            tool=call.tool,
-            decision=reply.decision,
-            reason=reply.reason,
-            category=category,
-            arguments=_without_identity(call.arguments),
-            duration_ms=(time.perf_counter() - started) * 1000,
-            detail=detail,
-        )
+        if not logged:  # a forwarded call has its start and outcome lines already;
+            # a call the full log refused is counted there (as the MCP proxy does)
+            self.log.write(
+                session=reply.session,
+                tool=call.tool,
+                decision=reply.decision,
+                reason=reply.reason,
+                category=category,
+                arguments=bindings.without_bound(call.tool, call.arguments),
+                duration_ms=(time.perf_counter() - started) * 1000,
+                detail=detail,
+            )
         return JSONResponse(reply.model_dump(mode="json"))
 
     async def new_session(self, request: Request) -> Response:
@@ -193,31 +203,44 @@ class Guard:
 
     # -- one call ------------------------------------------------------------------
 
-    async def _handle(self, call: ToolCall) -> tuple[ToolReply, dict[str, Any], str]:
+    async def _handle(
+        self, call: ToolCall, request_bytes: int
+    ) -> tuple[ToolReply, dict[str, Any], str, bool]:
+        """The reply, the one-line detail, the category, and whether the call's lines
+        are taken care of here (a forwarded call's start and outcome; a call the full
+        log refused, which the log has counted) rather than by the caller's one line."""
         session = call.session or ROOT_SESSION
         if not self.sessions.known(session):
             reason = f"unknown session {session!r}; create one with POST /v1/sessions"
-            return _refusal(call.tool, ROOT_SESSION, reason), {}, "session"
-        arguments = _without_identity(call.arguments)
-        verdict = policy.decide(call.tool, arguments, has_db_copy=self.config.has_db)
+            return _refusal(call.tool, ROOT_SESSION, reason), {}, "session", False
+        verdict = policy.decide(
+            call.tool,
+            bindings.without_bound(call.tool, call.arguments),
+            has_db_copy=self.config.has_db,
+        )
         detail: dict[str, Any] = {}
         if verdict.fails_step:
             detail["fails_step"] = True
         if verdict.decision is policy.Decision.STUB:
-            text = policy.stub_reply(call.tool, verdict.reason)
-            reply = ToolReply(
-                ok=True,
-                tool=call.tool,
-                session=session,
-                decision="stub",
-                reason=verdict.reason,
-                result=ToolResult(text=text),
-            )
-            return reply, detail, verdict.category
+            return _stub(call.tool, session, verdict.reason), detail, verdict.category, False
         if verdict.decision is policy.Decision.REFUSE:
-            return _refusal(call.tool, session, verdict.reason), detail, verdict.category
+            refusal = _refusal(call.tool, session, verdict.reason)
+            return refusal, detail, verdict.category, False
 
+        # After the verdict, before anything runs: the tool's bound paths hold the guard's
+        # values, whatever the step put there; every other argument is the step's own.
+        try:
+            arguments = bindings.bind(call.tool, call.arguments, self._identity(session))
+        except bindings.UnboundIdentity as exc:
+            return _refusal(call.tool, session, str(exc)), detail, verdict.category, False
+        bound = [".".join(path) for path in bindings.IDENTITY_BINDINGS.get(call.tool, {})]
+        if bound:
+            detail["bound"] = bound
+            overwritten = bindings.overwritten(call.tool, call.arguments)
+            if overwritten:
+                detail["overwrote"] = overwritten
         route = verdict.route
+        decision = "redirect" if verdict.decision is policy.Decision.REDIRECT else "allow"
         if route is policy.Route.SESSION:
             child = self.sessions.child(session)
             result = ToolResult(
@@ -226,73 +249,123 @@ class Guard:
                 data={"session": child, "parent": session, "test_mode": True},
             )
             detail["child_session"] = child
-        elif route in (policy.Route.LOCAL, policy.Route.DB):
-            result = await self._execute_in_step(call.tool, arguments)
-        elif route is policy.Route.UPSTREAM:
-            result = await self._forward(call.tool, arguments, session, detail)
-        else:  # a route the guard does not know: fail closed
-            text = policy.stub_reply(call.tool, f"no way to run route {route.value}")
             reply = ToolReply(
                 ok=True,
                 tool=call.tool,
                 session=session,
-                decision="stub",
-                reason="unknown route",
-                result=ToolResult(text=text),
+                decision=decision,  # type: ignore[arg-type]
+                reason=verdict.reason,
+                result=result,
             )
-            return reply, detail, verdict.category
-        if result.is_error:
-            detail["error"] = result.text[:500]
+            return reply, detail, verdict.category, False
+        if route not in (policy.Route.LOCAL, policy.Route.DB, policy.Route.UPSTREAM):
+            # a route the guard does not know: fail closed
+            reason = f"no way to run route {route.value}"
+            return _stub(call.tool, session, reason), detail, verdict.category, False
+
+        if route is policy.Route.UPSTREAM:
+            detail["budget_s"] = self.config.budget_for(call.tool)
+        detail["request_bytes"] = request_bytes
+        try:
+            logged = self.log.begin(
+                session=session,
+                tool=call.tool,
+                decision=decision,
+                reason=verdict.reason,
+                category=verdict.category,
+                arguments=bindings.without_bound(call.tool, call.arguments),
+                detail=detail,
+            )
+        except LogFull as full:  # stubbed, never forwarded unlogged; the log counted it
+            return _stub(call.tool, session, str(full)), {}, verdict.category, True
+        outcome: dict[str, Any] = {}
+        if route is policy.Route.UPSTREAM:
+            result = await self._forward(call.tool, arguments, session, outcome)
+        else:
+            result = await self._execute_in_step(call.tool, arguments, outcome)
+        self._outcome(logged, result, outcome)
         reply = ToolReply(
             ok=not result.is_error,
             tool=call.tool,
             session=session,
-            decision="redirect" if verdict.decision is policy.Decision.REDIRECT else "allow",
+            decision=decision,  # type: ignore[arg-type]
             reason=verdict.reason,
             result=result,
         )
-        return reply, detail, verdict.category
+        return reply, detail, verdict.category, True
 
-    async def _execute_in_step(self, tool: str, arguments: dict[str, Any]) -> ToolResult:
-        """Local and DB tools run in the step's container, as the step, via its executor."""
+    def _identity(self, session: str) -> dict[bindings.Bound, str]:
+        return {
+            bindings.Bound.RUN_ID: self.config.run_id,
+            bindings.Bound.SESSION: session,
+            bindings.Bound.WORKFLOW: self.config.workflow,
+            bindings.Bound.STEP: self.config.step,
+            bindings.Bound.RUN_KIND: "test",
+        }
+
+    def _outcome(self, logged: Started, result: ToolResult, detail: dict[str, Any]) -> None:
+        if result.is_error:
+            detail["error"] = result.text[:500]
+        detail.setdefault("reply_bytes", len(result.text) + len(json.dumps(result.data)))
+        self.log.outcome(logged, ok=not result.is_error, detail=detail)
+
+    async def _execute_in_step(
+        self, tool: str, arguments: dict[str, Any], outcome: dict[str, Any]
+    ) -> ToolResult:
+        """Local and DB tools run in the step's container, as the step, via its executor.
+
+        The executor runs as the step, so its reply is as hostile as the step: read
+        up to MAX_EXEC_REPLY_BYTES, never more."""
         for key in PATH_ARGUMENTS:
             if key in arguments:
                 problem = check_tool_path(arguments[key])
                 if problem is not None:
                     return ToolResult(text=f"refused: {problem}", is_error=True)
-        timeout = 60.0
-        if tool == "execute_shell_command":
-            asked = arguments.get("timeout_s", 120)
-            asked = asked if isinstance(asked, int | float) else 120
-            timeout = min(max(float(asked), 1.0), SHELL_TIMEOUT_MAX_S) + self.config.grace_s
+        timeout = exec_wait_s(tool, arguments, self.config.grace_s)
         request = ExecRequest(tool=tool, arguments=arguments)
+        cap = caps.MAX_EXEC_REPLY_BYTES
         try:
-            response = await self._executor.post(
-                "/v1/exec", content=request.model_dump_json(), timeout=timeout
-            )
-        except httpx.TimeoutException:
+            async with (
+                asyncio.timeout(timeout),
+                self.forward_slots,
+                self._executor.stream(
+                    "POST", "/v1/exec", content=request.model_dump_json(), timeout=timeout
+                ) as response,
+            ):
+                status = response.status_code
+                body = bytearray()
+                async for chunk in response.aiter_raw():
+                    body += chunk
+                    if len(body) > cap:
+                        outcome["reply_bytes"] = f"more than {cap}"
+                        return ToolResult(
+                            text=f"{tool}: the step's tool executor replied with more than "
+                            f"{caps.mib(cap)} (the guard's cap); the reply was dropped",
+                            is_error=True,
+                        )
+        except (httpx.TimeoutException, TimeoutError):
             return ToolResult(text=f"{tool} did not finish within {timeout:g} s", is_error=True)
         except httpx.HTTPError as exc:
             return ToolResult(
                 text=f"the step's tool executor is not reachable: {exc}", is_error=True
             )
-        if response.status_code != 200:
-            return ToolResult(
-                text=f"the step's tool executor answered {response.status_code}", is_error=True
-            )
+        outcome["reply_bytes"] = len(body)
+        if status != 200:
+            return ToolResult(text=f"the step's tool executor answered {status}", is_error=True)
         try:
-            return ToolResult.model_validate_json(response.content)
+            return ToolResult.model_validate_json(body)
         except ValidationError:
             return ToolResult(text="the step's tool executor sent a malformed reply", is_error=True)
 
     async def _forward(
         self, tool: str, arguments: dict[str, Any], session: str, detail: dict[str, Any]
     ) -> ToolResult:
-        """Allowed non-local calls go to the real bridge, as the guard says who calls."""
+        """Allowed non-local calls go to the real bridge, as the guard says who calls.
+
+        `detail` gets the outcome's facts (status, time-out, reply size)."""
         if self._upstream is None:
             return ToolResult(text=f"{tool}: no upstream bridge is configured", is_error=True)
         budget = self.config.budget_for(tool)
-        detail["budget_s"] = budget
         call = UpstreamCall(
             tool=tool,
             arguments=arguments,
@@ -302,38 +375,73 @@ class Guard:
             step=self.config.step,
         )
         try:
-            reply = await self._upstream.post(
-                "/v1/tools/call",
-                call.model_dump_json().encode(),
-                {RUN_KIND_HEADER: "test", "Content-Type": "application/json"},
-                timeout=budget,
-            )
+            # The whole exchange within the budget. A call whose bytes went out is never
+            # sent again (sandbox.guard.upstream): the upstream may have run it.
+            async with asyncio.timeout(budget), self.forward_slots:
+                reply = await self._upstream.post(
+                    "/v1/tools/call",
+                    call.model_dump_json().encode(),
+                    {RUN_KIND_HEADER: "test", "Content-Type": "application/json"},
+                )
         except TimeoutError:
             detail["timed_out"] = True
             return ToolResult(
                 text=f"{tool} exceeded its time budget of {budget:g} s and was abandoned",
                 is_error=True,
             )
+        except ReplyTooLarge:
+            cap = caps.MAX_UPSTREAM_REPLY_BYTES
+            detail["reply_bytes"] = f"more than {cap}"
+            return ToolResult(
+                text=f"{tool}: the upstream bridge's reply was larger than {caps.mib(cap)} "
+                "(the guard's cap); it was dropped",
+                is_error=True,
+            )
         except UpstreamError as exc:
-            return ToolResult(text=f"upstream bridge unreachable: {exc}", is_error=True)
+            detail["upstream_error"] = str(exc)
+            if not exc.sent:
+                return ToolResult(text=f"upstream bridge unreachable: {exc}", is_error=True)
+            return ToolResult(
+                text=f"upstream bridge failed: {exc}; the call may or may not have run "
+                "upstream and was not repeated",
+                is_error=True,
+            )
         detail["upstream_status"] = reply.status
+        body = reply.body
+        detail["reply_bytes"] = len(body)
         if reply.status != 200:
-            text = reply.body[:300].decode("utf-8", errors="replace")
+            text = body[:300].decode("utf-8", errors="replace")
             return ToolResult(
                 text=f"upstream bridge answered {reply.status}: {text}", is_error=True
             )
         try:
-            return ToolResult.model_validate_json(reply.body)
+            return ToolResult.model_validate_json(body)
         except ValidationError:
             try:
-                return ToolResult(text=json.dumps(json.loads(reply.body))[:100_000])
+                return ToolResult(text=json.dumps(json.loads(body))[:100_000])
             except ValueError:
                 return ToolResult(text="upstream bridge sent a malformed reply", is_error=True)
 
 
-def _without_identity(arguments: dict[str, Any]) -> dict[str, Any]:
-    """Whatever the step put in identity fields is discarded, before anything else."""
-    return {k: v for k, v in arguments.items() if k not in IDENTITY_KEYS}
+def exec_wait_s(tool: str, arguments: dict[str, Any], grace_s: float) -> float:
+    """How long the guard waits for the executor: the executor's own deadline for the
+    call (`sandbox.toolargs`, the function the executor uses) plus the grace window."""
+    return executor_deadline_s(tool, arguments) + grace_s
+
+
+def _too_large_request() -> str:
+    return f"request larger than {caps.mib(caps.MAX_REQUEST_BYTES)} (the guard's cap)"
+
+
+def _stub(tool: str, session: str, reason: str) -> ToolReply:
+    return ToolReply(
+        ok=True,
+        tool=tool,
+        session=session,
+        decision="stub",
+        reason=reason,
+        result=ToolResult(text=policy.stub_reply(tool, reason)),
+    )
 
 
 def _refusal(tool: str, session: str, reason: str) -> ToolReply:
@@ -345,6 +453,95 @@ def _refusal(tool: str, session: str, reason: str) -> ToolReply:
         reason=reason,
         result=ToolResult(text=f"TEST MODE: {tool} was refused ({reason}).", is_error=True),
     )
+
+
+class CappedRequests:
+    """ASGI wrapper around the whole bridge and MCP port: the step's request heads and
+    bodies have caps, and passing one is an HTTP error with a line, never memory.
+
+    Headers past MAX_HEADER_BYTES get 431; a body past MAX_REQUEST_BYTES (declared,
+    or counted as it streams in) gets 413, and the application behind sees the
+    client gone instead of the rest of the body. (Heads past the HTTP server's own
+    fence, TRANSPORT_MAX_HEAD_BYTES, are refused before they reach this code.)"""
+
+    def __init__(self, app: ASGIApp, log: ActionLog) -> None:
+        self.app = app
+        self.log = log
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
+        head_bytes = sum(len(k) + len(v) + 4 for k, v in headers)
+        if head_bytes > caps.MAX_HEADER_BYTES:
+            reason = (
+                f"request headers larger than {caps.mib(caps.MAX_HEADER_BYTES)} (the guard's cap)"
+            )
+            await self._refuse(scope, receive, send, 431, reason, started)
+            return
+        declared = next((v for k, v in headers if k == b"content-length"), b"")
+        if declared.isdigit() and int(declared) > caps.MAX_REQUEST_BYTES:
+            await self._refuse(scope, receive, send, 413, _too_large_request(), started)
+            return
+        seen = 0
+        over = False
+        responded = False
+
+        async def counted_receive() -> Message:
+            nonlocal seen, over
+            if over:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > caps.MAX_REQUEST_BYTES:
+                    over = True
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal responded
+            if over:
+                return  # the 413 below is the only answer
+            responded = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, guarded_send)
+        except Exception:
+            if not over:
+                raise
+        if over and not responded:
+            await self._refuse(scope, None, send, 413, _too_large_request(), started)
+
+    async def _refuse(
+        self,
+        scope: Scope,
+        receive: Receive | None,
+        send: Send,
+        status: int,
+        reason: str,
+        started: float,
+    ) -> None:
+        path = str(scope.get("path", "?"))[:100]
+        self.log.write(
+            session="?",
+            tool=f"mcp:{path}" if path.startswith(MCP_PATH) else path,
+            decision="refuse",
+            reason=reason,
+            category="request",
+            arguments={},
+            duration_ms=(time.perf_counter() - started) * 1000,
+        )
+        response = JSONResponse({"error": reason}, status_code=status)
+        response.headers["Connection"] = "close"
+
+        async def nothing() -> Message:
+            return {"type": "http.disconnect"}
+
+        await response(scope, receive or nothing, send)
 
 
 class McpSurface(Protocol):
@@ -377,18 +574,31 @@ class NoMcpServers:
         )
 
 
-def build_app(guard: Guard, egress_listener: socket.socket | None = None) -> Starlette:
+def build_app(
+    guard: Guard,
+    egress_listener: socket.socket | None = None,
+    *,
+    mcp_listeners: dict[str, socket.socket] | None = None,
+    mcp_egress_listeners: dict[str, socket.socket] | None = None,
+) -> ASGIApp:
     """The bridge, the MCP proxy (under /mcp) and the egress proxy's lifetime, in one app.
 
     `egress_listener`: the egress port, already listening (the guard binds its ports
-    first thing); None binds it here."""
+    first thing); None binds it here. `mcp_listeners` / `mcp_egress_listeners`: each
+    stdio MCP server's sockets, likewise."""
     from sandbox.guard import egress
 
     mcp: McpSurface
     if guard.config.mcp_servers:
         from sandbox.guard.mcp_proxy import McpProxy  # the MCP SDK: only when it is needed
 
-        mcp = McpProxy(guard.config, guard.log)
+        mcp = McpProxy(
+            guard.config,
+            guard.log,
+            slots=guard.forward_slots,
+            listeners=mcp_listeners,
+            egress_listeners=mcp_egress_listeners,
+        )
     else:
         mcp = NoMcpServers(guard)
 
@@ -402,7 +612,7 @@ def build_app(guard: Guard, egress_listener: socket.socket | None = None) -> Sta
             yield
         await guard.close()
 
-    return Starlette(
+    app = Starlette(
         routes=[
             HttpRoute("/v1/tools/call", guard.tools_call, methods=["POST"]),
             HttpRoute("/v1/sessions", guard.new_session, methods=["POST"]),
@@ -411,3 +621,4 @@ def build_app(guard: Guard, egress_listener: socket.socket | None = None) -> Sta
         ],
         lifespan=lifespan,
     )
+    return CappedRequests(app, guard.log)

@@ -1,9 +1,10 @@
 """What the runner tells the guard: one JSON document in a file of the guard's folder.
 
 Not the environment: the guard's pid 1 (tini) and entry shell would keep an
-environment readable by every process of the guard's uid, stdio MCP servers
-included, and the document holds both tokens and every server's credentials.
-The guard reads the file and removes it before it starts any MCP server.
+environment readable by every process of the guard's uid, and the document holds
+both tokens. The guard reads the file and removes it before it serves. MCP
+servers' credentials are not in it: each stdio server gets its own in its own
+container, and the guard never holds them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sandbox.guard.listeners import READY_MARK as READY_MARK
 ACTIONS_PATH = "/guard/actions.jsonl"
 DATA_DIR = "/guard/data"  # the guard's own folder in the run root (0700, guard uid)
 MCP_PATH = "/mcp"  # one streamable-HTTP endpoint per server: /mcp/<server name>
+MCP_DIR = "/guard/mcp"  # the run's mcp/ folder: <MCP_DIR>/<server>/{mcp,egress}.sock
 
 
 class GuardConfig(BaseModel):
@@ -42,14 +44,19 @@ class GuardConfig(BaseModel):
     data_dir: str = DATA_DIR
     fsync_each: bool = True
     mcp_servers: list[McpServer] = Field(default_factory=list)
-    # Values for the MCP servers' `env_from_host` names, taken from the runner's
-    # environment at run time, so credentials never sit in the workflow folder.
-    mcp_host_env: dict[str, dict[str, str]] = Field(default_factory=dict)
+    # Where each stdio server's sockets are (<mcp_dir>/<name>/), and the uid its
+    # container runs as: the only peer its socket accepts.
+    mcp_dir: str = MCP_DIR
+    mcp_uids: dict[str, int] = Field(default_factory=dict)
     egress: Egress = Field(default_factory=Egress)
     egress_port: int = EGRESS_PORT
     # PEM text of CAs the guard trusts for real hosts besides the system's
     # (from the workflow's egress.trust_ca_files).
     egress_trust_pem: str = ""
+    # The run's TLS-inspection CA, made by the runner (see sandbox.guard.tls); empty
+    # when no allow-list entry is inspected. The key is as secret as the tokens.
+    egress_ca_pem: str = ""
+    egress_ca_key_pem: str = Field(default="", repr=False)
 
     def budget_for(self, tool: str) -> float:
         """The tool's time budget plus the grace window (the seed's +10 s rule)."""

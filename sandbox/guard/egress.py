@@ -1,16 +1,46 @@
 """The egress proxy: the step's only way to the outside, and only to read.
 
-Plain HTTP GET and HEAD to an allow-listed host pass and stream; any other
-method, or any host not on the list, gets a 403 whose body is the stub reply
-and a line in the action log (method, URL, body size and hash, never the
-body). HTTPS is a CONNECT to an allow-listed host:port, tunnelled and recorded
-as such: the method inside TLS is not seen. What cannot be inspected (a
-WebSocket upgrade, HTTP/2 prior knowledge, CONNECT to a port not on the list)
-is a recorded denial, never a silent tunnel. Names are resolved here, for
-allowed requests only, and the proxy dials the address it resolved; link-local,
-loopback and metadata addresses are never dialled unless the allow list names
-them as addresses. Entries marked `model` pass with any method (model calls
-are allowed by the spec) and are recorded as model calls.
+Every request is parsed by a strict HTTP/1.1 parser (`sandbox.guard.http1`, on
+h11), judged, and, when allowed, rebuilt: the real host gets the parsed method,
+an origin-form target, the proxy's own Host and framing headers and the
+client's end-to-end headers, never the bytes the step sent. GET and HEAD
+without a body to an allow-listed host pass; any other method, or a host not on
+the list, gets a 403 whose body is the stub reply. Anything the parser finds
+ambiguous (bare CR or LF, obs-fold, duplicate or conflicting Content-Length,
+Transfer-Encoding on a read, a target with userinfo or naming another host, a
+Host header that disagrees with the target, an oversized head) is refused with
+400, 431 or 505 and an error text, never the stub sentence. A request that is
+not forwarded is one action-log line (method, URL, body size and hash, never
+the body). A forwarded one gets its `start` line (with the forwarded head,
+credentials masked, and the SHA-256 of its exact bytes) on disk before its
+first byte leaves, and its `outcome` line once the reply has been relayed or
+the exchange failed; with the action log full it is refused, never forwarded
+unlogged. The proxy that an MCP server's relay reaches runs this same code with
+that server's own allow list, and every line it writes names the server
+(`detail.mcp_server`, from `label`).
+
+HTTPS: a CONNECT to an allow-listed TLS port is inspected by default: the proxy
+terminates TLS with this run's CA (`sandbox.guard.tls`) and judges each request
+inside the same way, so a POST inside HTTPS is stubbed too. An entry marked
+`inspect = false` is a blind tunnel instead, recorded as "method not seen".
+What cannot be inspected (a protocol upgrade, HTTP/2, CONNECT to a port not on
+the list) is refused. Names are resolved here, for allowed requests only, and
+the proxy dials the address it resolved; link-local, loopback and metadata
+addresses are never dialled unless the allow list names them as addresses.
+Entries marked `model` pass with any method (model calls are allowed) and are
+recorded as model calls.
+
+Replies are framed by the proxy: the upstream reply head is parsed by h11 and
+rebuilt (hop-by-hop headers dropped, Content-Length or chunked set from the
+parsed framing, `Connection: close` whenever the proxy will close), so a client
+that reuses its connection to the proxy can trust where each reply ends. Each
+request gets its own upstream connection (`Connection: close`); the client's
+connection to the proxy is kept alive between requests, and a pipelined request
+is judged like any other. A Content-Length or close-delimited body of a plain
+HTTP reply moves with `splice(2)`, past Python. Limits: a head is at most
+64 KiB and 100 lines (431 past that); a denied request's body is hashed up to
+16 MiB; an upstream that fails after a request was forwarded ends the client's
+connection (or gets a 502 if no reply had started).
 """
 
 from __future__ import annotations
@@ -19,40 +49,39 @@ import asyncio
 import contextlib
 import hashlib
 import ipaddress
-import os
+import re
 import socket
 import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
+
+import h11
 
 from sandbox.config import Egress, EgressEntry
-from sandbox.guard import splice
-from sandbox.guard.actionlog import ActionLog
+from sandbox.guard import http1, splice
+from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.config import GuardConfig
+from sandbox.guard.http1 import Refused
 from sandbox.policy import stub_reply
 
 if TYPE_CHECKING:
     from sandbox.guard.tls import RunCA
 
-MAX_HEAD_BYTES = 64 * 1024
 MAX_HASHED_BODY_BYTES = 16 * 1024 * 1024
 CHUNK = 256 * 1024
+SPLICE_MIN_BYTES = 64 * 1024  # a smaller rest of a body is cheaper to copy than to splice
 CONNECT_TIMEOUT_S = 10.0
-READ_METHODS = frozenset({"GET", "HEAD"})
-HOP_BY_HOP = frozenset(
-    {
-        "proxy-connection",
-        "proxy-authorization",
-        "connection",
-        "keep-alive",
-        "te",
-        "trailer",
-        "upgrade",
-        "transfer-encoding",
-    }
+IDLE_TIMEOUT_S = 60.0  # a kept-alive client connection with no request in it
+READ_TIMEOUT_S = 30.0  # a request head or body that stops arriving
+REPLY_TIMEOUT_S = 300.0  # the upstream's reply head, and each read of its body
+LINGER_S, LINGER_IDLE_S, LINGER_BYTES = 2.0, 0.2, 1024 * 1024  # after a denial
+READ_METHODS = frozenset({b"GET", b"HEAD"})
+ESTABLISHED = b"HTTP/1.1 200 Connection Established\r\n\r\n"
+# Header values never written to the log (the step's credentials for real hosts).
+_SECRET_HEADER = re.compile(
+    rb"auth|cookie|token|secret|pass(word|wd)?|api[_-]?key|credential|signature", re.IGNORECASE
 )
 _NEVER_DIAL = [
     ipaddress.ip_network(n)
@@ -69,13 +98,15 @@ _NEVER_DIAL = [
         "ff00::/8",
     )
 ]
-
-
-@dataclass(frozen=True)
-class Target:
-    host: str
-    port: int
-    entry: EgressEntry | None
+_REASON_PHRASES = {
+    400: "Bad Request",
+    403: "Forbidden",
+    408: "Request Timeout",
+    431: "Request Header Fields Too Large",
+    501: "Not Implemented",
+    502: "Bad Gateway",
+    505: "HTTP Version Not Supported",
+}
 
 
 def _is_address(host: str) -> bool:
@@ -109,48 +140,116 @@ def match(egress: Egress, host: str, port: int, *, tunnel: bool) -> EgressEntry 
 
 
 class Denied(Exception):
-    def __init__(self, status: int, reason: str) -> None:
+    """A request that is not forwarded. `stub`: a would-be effect, answered with the stub
+    reply; otherwise a refusal, answered with an error. `unlogged`: the action log is
+    full and has counted it already, so no line is tried."""
+
+    def __init__(
+        self, status: int, reason: str, *, stub: bool = False, unlogged: bool = False
+    ) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.stub = stub
+        self.unlogged = unlogged
 
 
 @dataclass
-class _Request:
-    method: str
-    target: str
-    version: str
-    headers: list[tuple[str, str]]
-    head_bytes: int
+class _Seen:
+    """What the log says a request was."""
 
-    def header(self, name: str) -> str | None:
-        name = name.lower()
-        return next((v for k, v in self.headers if k.lower() == name), None)
+    method: str = ""
+    url: str = ""
+    host: str = ""
+    tls: str = ""  # "inspected" | "method not seen" | "" (plain HTTP)
+    forwarded: bool = False  # its start line is written and its bytes went out
 
 
-async def _read_head(reader: asyncio.StreamReader) -> _Request | None:
-    try:
-        raw = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError:
-        return None
-    except asyncio.LimitOverrunError:
-        raise Denied(431, "request head too large") from None
-    text = raw.decode("latin-1")
-    if text.startswith("PRI * HTTP/2.0"):
-        raise Denied(505, "HTTP/2 prior knowledge cannot be inspected")
-    lines = text.split("\r\n")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-        raise Denied(400, "malformed request line")
-    headers: list[tuple[str, str]] = []
-    for line in lines[1:]:
-        if not line:
-            continue
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise Denied(400, "malformed header")
-        headers.append((name, value.strip()))
-    return _Request(parts[0].upper(), parts[1], parts[2], headers, len(raw))
+class _Client:
+    """The step's end of one connection, with the bytes received but not yet parsed."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.buffer = bytearray()
+        self.tls = False
+        self.replying = False  # a reply head went out: no error reply can follow it
+        self.denied = False  # the last answer was a denial: linger before closing
+        # Every write waits until the kernel has all of it: nothing stays queued in
+        # Python, so a reply body can always be spliced straight after its head.
+        writer.transport.set_write_buffer_limits(high=0)
+
+    async def write(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    def splice_socket(self) -> socket.socket | None:
+        """The socket to splice a reply into: plain TCP with nothing queued in Python."""
+        if self.tls or not splice.AVAILABLE:
+            return None
+        if self.writer.transport.get_write_buffer_size() != 0:
+            return None
+        sock: socket.socket | None = self.writer.get_extra_info("socket")
+        return sock
+
+
+class _Upstream:
+    """The proxy's connection to the real host, for one request."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        sock: socket.socket | None = None,
+        streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None,
+    ) -> None:
+        self.address = address
+        self.sock = sock  # plain TCP, never read by asyncio: its bytes can be spliced
+        self._streams = streams  # TLS
+
+    async def send(self, data: bytes) -> None:
+        if not data:
+            return
+        if self.sock is not None:
+            await asyncio.get_running_loop().sock_sendall(self.sock, data)
+        else:
+            assert self._streams is not None
+            self._streams[1].write(data)
+            await self._streams[1].drain()
+
+    async def recv(self) -> bytes:
+        async with asyncio.timeout(REPLY_TIMEOUT_S):
+            if self.sock is not None:
+                return await asyncio.get_running_loop().sock_recv(self.sock, CHUNK)
+            assert self._streams is not None
+            return await self._streams[0].read(CHUNK)
+
+    def shutdown_write(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.sock is not None:
+                self.sock.shutdown(socket.SHUT_WR)
+            elif self._streams is not None and self._streams[1].can_write_eof():
+                self._streams[1].write_eof()
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            if self.sock is not None:
+                self.sock.close()
+            elif self._streams is not None:
+                self._streams[1].close()
+
+
+@dataclass
+class _Incoming:
+    """One parsed request and the h11 connection that reads its body."""
+
+    conn: h11.Connection
+    request: h11.Request
+    head: bytes
+
+    @property
+    def method(self) -> bytes:
+        return self.request.method
 
 
 @dataclass
@@ -158,171 +257,337 @@ class EgressProxy:
     config: GuardConfig
     log: ActionLog
     active_calls: Callable[[], list[str]] = field(default=lambda: [])
-    ca: RunCA | None = None  # set when egress.inspect_tls: CONNECTs are opened and inspected
-    upstream_tls: ssl.SSLContext | None = None
-    open_connections: int = 0  # the guard exits at once on SIGTERM only when this is 0
+    # Connections with a request (or a tunnel) in progress; the guard exits at once on
+    # SIGTERM only when this is 0. A kept-alive connection waiting idle is not counted.
+    open_connections: int = 0
+    # Added to every line's detail: whose proxy this is (an MCP server's, by name).
+    label: dict[str, object] = field(default_factory=dict)
+    _ca: RunCA | None = field(default=None, repr=False)
+    _upstream_tls: ssl.SSLContext | None = field(default=None, repr=False)
 
     # -- one client connection -------------------------------------------------
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        started = time.perf_counter()
-        request: _Request | None = None
+        client = _Client(reader, writer)
         self.open_connections += 1
         try:
-            request = await _read_head(reader)
-            if request is None:
-                return
-            if request.method == "CONNECT":
-                await self._connect(request, reader, writer, started)
-            else:
-                await self._plain(request, reader, writer, started)
-        except Denied as denied:
-            await self._deny(writer, request, denied, started, body=None)
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+            keep = True
+            while keep:
+                keep = await self._one_request(client, tunnel=None)
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl.SSLError):
             pass
-        except Exception as exc:  # fail closed, and say why in the log
-            failure = Denied(502, f"proxy error: {type(exc).__name__}: {exc}")
-            with contextlib.suppress(Exception):
-                await self._deny(writer, request, failure, started, body=None)
         finally:
             self.open_connections -= 1
             with contextlib.suppress(Exception):
+                if client.denied:
+                    await _linger(client)
                 writer.close()
                 await writer.wait_closed()
 
+    async def _one_request(
+        self, client: _Client, tunnel: tuple[str, int, EgressEntry] | None
+    ) -> bool:
+        """Read, judge and answer one request; whether the connection carries another."""
+        started = time.perf_counter()
+        seen = _Seen(tls="inspected" if tunnel else "")
+        incoming: _Incoming | None = None
+        try:
+            incoming = await self._next_request(client)
+            if incoming is None:
+                return False
+            seen.method = incoming.method.decode("ascii")
+            if tunnel is not None:
+                return await self._inside_tunnel(client, incoming, tunnel, seen, started)
+            if incoming.method == b"CONNECT":
+                return await self._connect(client, incoming, seen, started)
+            return await self._plain(client, incoming, seen, started)
+        except Refused as refused:
+            await self._deny(
+                client, incoming, seen, Denied(refused.status, refused.reason), started
+            )
+            return False
+        except Denied as denied:
+            await self._deny(client, incoming, seen, denied, started)
+            return False
+        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl.SSLError):
+            return False
+        except Exception as exc:  # fail closed, and say why
+            failure = Denied(502, f"proxy error: {type(exc).__name__}: {exc}")
+            with contextlib.suppress(Exception):
+                await self._deny(client, incoming, seen, failure, started)
+            return False
+
+    async def _fill(self, client: _Client, *, idle: bool) -> bytes:
+        """The client's next bytes (b"" at its end). `idle`: between requests, when the
+        connection does not count as busy and may wait longer."""
+        if idle:
+            self.open_connections -= 1
+        try:
+            timeout = IDLE_TIMEOUT_S if idle else READ_TIMEOUT_S
+            async with asyncio.timeout(timeout):
+                return await client.reader.read(CHUNK)
+        finally:
+            if idle:
+                self.open_connections += 1
+
+    async def _next_request(self, client: _Client) -> _Incoming | None:
+        """The next request's head, checked and parsed; None when the client is done."""
+        while True:
+            end = http1.head_end(client.buffer)
+            if end is not None:
+                break
+            idle = not client.buffer
+            try:
+                data = await self._fill(client, idle=idle)
+            except TimeoutError:
+                if idle:
+                    return None
+                raise Refused(408, "the request head stopped arriving") from None
+            if not data:
+                if client.buffer:
+                    raise Refused(400, "the connection closed in the middle of a request head")
+                return None
+            client.buffer += data
+        head, rest = bytes(client.buffer[:end]), bytes(client.buffer[end:])
+        conn, request = http1.parse_request(head)  # a refusal leaves the head for the log
+        client.buffer.clear()
+        conn.receive_data(rest)
+        return _Incoming(conn, request, head)
+
+    async def _body(self, client: _Client, incoming: _Incoming) -> AsyncIterator[bytes]:
+        """The request's body as h11 decodes it; what follows it stays in the buffer."""
+        while True:
+            try:
+                event = incoming.conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise Refused(400, f"malformed request body: {exc}") from None
+            if event is h11.NEED_DATA:
+                incoming.conn.receive_data(await self._fill(client, idle=False))
+            elif isinstance(event, h11.Data):
+                yield bytes(event.data)
+            elif isinstance(event, h11.EndOfMessage):
+                break
+            else:
+                raise Refused(400, "the request body ended early")
+        client.buffer += incoming.conn.trailing_data[0]
+
+    # -- judging ------------------------------------------------------------------
+
     async def _plain(
-        self,
-        request: _Request,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        started: float,
-    ) -> None:
-        url = urlsplit(request.target)
-        if url.scheme != "http" or not url.hostname:
-            raise Denied(400, "a proxy request needs an absolute http:// URL")
-        upgrade = (request.header("upgrade") or "").lower()
-        if upgrade:
-            body = await self._body_facts(request, reader)
-            refusal = Denied(403, f"protocol upgrade to {upgrade!r} cannot be inspected")
-            await self._deny(writer, request, refusal, started, body=body)
-            return
-        port = url.port or 80
-        entry = match(self.config.egress, url.hostname, port, tunnel=False)
+        self, client: _Client, incoming: _Incoming, seen: _Seen, started: float
+    ) -> bool:
+        request = incoming.request
+        seen.url = request.target.decode("ascii")
+        target = http1.absolute_target(request.target)
+        seen.url, seen.host = target.url("http"), target.host
+        http1.check_host(request, target.host, target.port, 80)
+        if http1.header(request, b"upgrade") is not None:
+            raise Denied(403, "a protocol upgrade cannot be inspected")
+        entry = match(self.config.egress, target.host, target.port, tunnel=False)
         if entry is None:
-            body = await self._body_facts(request, reader)
-            reason = f"{url.hostname}:{port} is not on the egress allow list"
-            await self._deny(writer, request, Denied(403, reason), started, body=body)
-            return
-        why_not = _not_a_read(request, entry)
-        if why_not is not None:
-            body = await self._body_facts(request, reader)
-            await self._deny(writer, request, Denied(403, why_not), started, body=body)
-            return
-        address, upstream_reader, upstream_writer = await self._dial(url.hostname, port)
-        path = url.path or "/"
-        if url.query:
-            path += "?" + url.query
-        host_header = url.hostname if url.port is None else f"{url.hostname}:{url.port}"
-        upstream_writer.write(_origin_head(request, path, host_header))
-        kind = "model call" if entry.model else "read"
-        self._record(
-            request,
-            "allow",
-            f"allow-listed {kind}",
-            started,
-            category=("model" if entry.model else "egress"),
-            detail={"resolved": address},
-        )
-        await _pipe_both(
-            reader,
-            writer,
-            upstream_reader,
-            upstream_writer,
-            zero_copy=True,
-            forward_client=entry.model,
-        )
+            reason = f"{target.host}:{target.port} is not on the egress allow list"
+            raise Denied(403, reason, stub=True)
+        _judge_read(incoming, entry)
+        upstream = await self._dial(target.host, target.port)
+        return await self._forward(client, incoming, upstream, target, entry, seen, started)
 
     async def _connect(
-        self,
-        request: _Request,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        started: float,
-    ) -> None:
-        host, sep, port_text = request.target.rpartition(":")
-        if not sep or not port_text.isdigit():
-            raise Denied(400, "CONNECT needs host:port")
-        host = host.strip("[]")
-        port = int(port_text)
+        self, client: _Client, incoming: _Incoming, seen: _Seen, started: float
+    ) -> bool:
+        request = incoming.request
+        seen.url = request.target.decode("ascii")
+        host, port = http1.connect_target(request.target)
+        seen.host = host
+        http1.check_host(request, host, port, port)
+        if http1.header(request, b"content-length") or http1.header(request, b"transfer-encoding"):
+            raise Refused(400, "a CONNECT carries no body")
         entry = match(self.config.egress, host, port, tunnel=True)
         if entry is None:
-            reason = f"CONNECT to {host}:{port} is not on the egress allow list"
-            await self._deny(writer, request, Denied(403, reason), started, body=None)
-            return
-        if self.ca is not None:
-            await self._inspect(request, host, port, entry, reader, writer, started)
-            return
-        address, upstream_reader, upstream_writer = await self._dial(host, port)
-        self._record(
-            request,
-            "allow",
-            "allow-listed CONNECT; the method inside TLS was not seen",
-            started,
-            category="model" if entry.model else "egress",
-            detail={"resolved": address, "tls": "method not seen"},
-        )
-        writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-        await writer.drain()
-        await _pipe_both(reader, writer, upstream_reader, upstream_writer, zero_copy=True)
+            raise Denied(403, f"CONNECT to {host}:{port} is not on the egress allow list")
+        async for _ in self._body(client, incoming):
+            pass
+        if not self.config.egress.inspects(entry):
+            await self._blind_tunnel(client, host, port, entry, seen, started)
+            return False
+        if client.buffer:
+            raise Refused(400, "bytes arrived before the tunnel was open")
+        context = self._ca_for(host)
+        await client.write(ESTABLISHED)
+        client.replying = True
+        try:
+            await client.writer.start_tls(context)
+        except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
+            seen.tls = "inspected"
+            reason = f"the step's TLS handshake with the proxy failed: {exc}"
+            self._record(seen, "refuse", reason, started, status=None)
+            return False
+        client.tls, client.replying = True, False
+        keep = True
+        while keep:
+            keep = await self._one_request(client, tunnel=(host, port, entry))
+        return False
 
-    async def _inspect(
+    async def _inside_tunnel(
         self,
-        connect: _Request,
-        host: str,
-        port: int,
-        entry: EgressEntry,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
+        client: _Client,
+        incoming: _Incoming,
+        tunnel: tuple[str, int, EgressEntry],
+        seen: _Seen,
         started: float,
-    ) -> None:
-        """Open the tunnel with this run's CA and judge the request inside like plain HTTP."""
-        assert self.ca is not None
-        writer.write(b"HTTP/1.1 200 Connection Established\r\n\r\n")
-        await writer.drain()
-        await writer.start_tls(self.ca.context_for(host))
-        inner = await _read_head(reader)
-        if inner is None:
-            return
-        authority = host if port == 443 else f"{host}:{port}"
-        url = f"https://{authority}{inner.target}"
-        shown = _Request(inner.method, url, inner.version, inner.headers, inner.head_bytes)
-        if (inner.header("upgrade") or "").strip():
-            refusal = Denied(403, "protocol upgrade inside TLS cannot be inspected")
-            await self._deny(
-                writer, shown, refusal, started, body=await self._body_facts(inner, reader)
+    ) -> bool:
+        host, port, entry = tunnel
+        request = incoming.request
+        seen.host = host
+        raw = request.target.decode("ascii")
+        # Until the target is judged the line shows it as sent, never glued to the host.
+        seen.url = http1.Target(host, port, raw).url("https") if raw.startswith("/") else raw
+        target = http1.tunnel_target(request.target, host, port)
+        seen.url = target.url("https")
+        http1.check_host(request, host, port, 443)
+        if http1.header(request, b"upgrade") is not None:
+            raise Denied(403, "a protocol upgrade inside TLS cannot be inspected")
+        _judge_read(incoming, entry)
+        upstream = await self._dial(host, port, tls=self._tls_to_hosts(), server_hostname=host)
+        return await self._forward(client, incoming, upstream, target, entry, seen, started)
+
+    # -- forwarding ---------------------------------------------------------------
+
+    async def _forward(
+        self,
+        client: _Client,
+        incoming: _Incoming,
+        upstream: _Upstream,
+        target: http1.Target,
+        entry: EgressEntry,
+        seen: _Seen,
+        started: float,
+    ) -> bool:
+        """Send the rebuilt request, then relay the reply; whether the client's connection
+        carries another request."""
+        try:
+            request = incoming.request
+            default_port = 443 if seen.tls else 80
+            framing = (b"content-length", b"transfer-encoding") if entry.model else ()
+            headers = [
+                (b"Host", target.authority(default_port).encode("ascii")),
+                *http1.forward_headers(request, keep=framing),
+                (b"Connection", b"close"),
+            ]
+            outgoing = h11.Connection(h11.CLIENT, max_incomplete_event_size=http1.MAX_HEAD_BYTES)
+            head = outgoing.send(
+                h11.Request(method=request.method, target=target.origin, headers=headers)
             )
-            return
-        why_not = _not_a_read(inner, entry)
-        if why_not is not None:
-            body = await self._body_facts(inner, reader)
-            await self._deny(writer, shown, Denied(403, why_not), started, body=body)
-            return
-        address, upstream_reader, upstream_writer = await self._dial(
-            host, port, tls=self.upstream_tls, server_hostname=host
-        )
-        upstream_writer.write(_origin_head(inner, inner.target, authority))
-        kind = "model call" if entry.model else "read"
-        self._record(
-            shown,
-            "allow",
-            f"allow-listed {kind} (inspected inside TLS)",
-            started,
-            category="model" if entry.model else "egress",
-            detail={"resolved": address, "tls": "inspected"},
-        )
-        await _pipe_both(
-            reader, writer, upstream_reader, upstream_writer, forward_client=entry.model
-        )
+            assert head is not None
+            kind = "model call" if entry.model else "read"
+            where = " (inspected inside TLS)" if seen.tls else ""
+            logged = self._begin(
+                seen,
+                f"allow-listed {kind}{where}",
+                category="model" if entry.model else "egress",
+                extra_detail={"resolved": upstream.address, "forwarded_sha256": _sha(head)},
+                extra_arguments={"forwarded_head": _shown_head(head)},
+            )
+            seen.forwarded = True
+            outcome: dict[str, Any] = {}
+            try:
+                await upstream.send(head)
+                if entry.model and b"100-continue" in (http1.header(request, b"expect") or b""):
+                    await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                async for chunk in self._body(client, incoming):  # empty for a read
+                    await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
+                await upstream.send(outgoing.send(h11.EndOfMessage()) or b"")
+                return await self._relay_reply(client, upstream, outgoing, request, outcome)
+            except BaseException as exc:  # a cancelled exchange (the guard stopping) too
+                outcome["error"] = _failure(exc)
+                raise
+            finally:
+                ok = "error" not in outcome and not outcome.get("reply_cut")
+                self.log.outcome(logged, ok=ok, detail=outcome)
+        finally:
+            upstream.close()
+
+    async def _relay_reply(
+        self,
+        client: _Client,
+        upstream: _Upstream,
+        outgoing: h11.Connection,
+        request: h11.Request,
+        outcome: dict[str, Any],
+    ) -> bool:
+        """Relay the reply; `outcome` gets its status (and `reply_cut` when the upstream
+        ended the body early). Whether the client's connection carries another request."""
+        response = await _reply_head(upstream, outgoing)
+        status = response.status_code
+        outcome["status"] = status
+        if request.method == b"HEAD" or status in (204, 304):
+            framing, length = "none", 0
+        elif http1.header(response, b"transfer-encoding") is not None:
+            framing, length = "chunked", 0
+        elif (declared := http1.header(response, b"content-length")) is not None:
+            framing, length = "length", int(declared)
+        else:
+            framing, length = "close", 0
+        client_11 = request.http_version == b"1.1"
+        keep = http1.wants_keep_alive(request) and framing != "close"
+        headers = http1.forward_headers(response)
+        if framing == "length":
+            headers.append((b"Content-Length", b"%d" % length))
+        elif framing == "chunked" and client_11:
+            headers.append((b"Transfer-Encoding", b"chunked"))
+        elif framing == "chunked":
+            keep = False  # an HTTP/1.0 client: the body runs to the close
+        elif framing == "none" and status != 204:
+            declared = http1.header(response, b"content-length")
+            if declared is not None:
+                headers.append((b"Content-Length", declared))
+        if not keep:
+            headers.append((b"Connection", b"close"))
+        head = b"HTTP/1.1 %d %s\r\n" % (status, response.reason)
+        head += b"".join(name + b": " + value + b"\r\n" for name, value in headers) + b"\r\n"
+        client.replying = True
+        if framing == "none":
+            await client.write(head)
+        elif framing == "chunked":
+            await _relay_chunked(client, upstream, outgoing, head, chunked=client_11)
+        else:
+            complete = await _relay_counted(
+                client, upstream, outgoing, head, length if framing == "length" else None
+            )
+            if not complete:
+                outcome["reply_cut"] = True
+            keep = keep and complete
+        client.replying = False
+        return keep
+
+    async def _blind_tunnel(
+        self, client: _Client, host: str, port: int, entry: EgressEntry, seen: _Seen, started: float
+    ) -> None:
+        """An opted-out host: the tunnel is relayed unopened and the line says so."""
+        upstream = await self._dial(host, port)
+        seen.tls = "method not seen"
+        try:
+            logged = self._begin(
+                seen,
+                "allow-listed CONNECT to a host with inspect = false; "
+                "the method inside TLS was not seen",
+                category="model" if entry.model else "egress",
+                extra_detail={"resolved": upstream.address},
+            )
+            seen.forwarded = True
+            outcome: dict[str, Any] = {}
+            try:
+                await client.write(ESTABLISHED)
+                client.replying = True
+                early, client.buffer = bytes(client.buffer), bytearray()
+                await upstream.send(early)
+                await asyncio.gather(_pump_up(client, upstream), _pump_down(upstream, client))
+            except BaseException as exc:  # a cancelled tunnel (the guard stopping) too
+                outcome["error"] = _failure(exc)
+                raise
+            finally:
+                self.log.outcome(logged, ok="error" not in outcome, detail=outcome)
+        finally:
+            upstream.close()
 
     async def _dial(
         self,
@@ -331,15 +596,20 @@ class EgressProxy:
         *,
         tls: ssl.SSLContext | None = None,
         server_hostname: str | None = None,
-    ) -> tuple[str, asyncio.StreamReader, asyncio.StreamWriter]:
+    ) -> _Upstream:
         """Resolve once, here, and dial exactly the addresses resolved (no rebinding window).
 
         Addresses are tried in the resolver's order; link-local, loopback and metadata
-        addresses are skipped unless the allow list named the host as an address."""
+        addresses are skipped unless the allow list named the host as an address. With
+        the action log full nothing is dialled: the request is refused."""
+        try:
+            self.log.check_room()
+        except LogFull as full:
+            raise Denied(403, str(full)) from None
+        loop = asyncio.get_running_loop()
         if _is_address(host):
             candidates = [host.strip("[]")]
         else:
-            loop = asyncio.get_running_loop()
             try:
                 infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
             except OSError as exc:
@@ -359,116 +629,115 @@ class EgressProxy:
         failures = []
         for address in candidates:
             try:
-                reader, writer = await asyncio.wait_for(
-                    asyncio.open_connection(
-                        address, port, ssl=tls, server_hostname=server_hostname if tls else None
-                    ),
-                    CONNECT_TIMEOUT_S,
-                )
-                if tls is None and isinstance(writer.transport, asyncio.ReadTransport):
-                    # Nothing is read until the relay decides how: the reply may be
-                    # spliced past Python entirely (see _pipe_both).
-                    writer.transport.pause_reading()
-                return address, reader, writer
+                if tls is not None:
+                    streams = await asyncio.wait_for(
+                        asyncio.open_connection(
+                            address, port, ssl=tls, server_hostname=server_hostname
+                        ),
+                        CONNECT_TIMEOUT_S,
+                    )
+                    return _Upstream(address, streams=streams)
+                family = socket.AF_INET6 if ":" in address else socket.AF_INET
+                sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+                try:
+                    sock.setblocking(False)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    await asyncio.wait_for(
+                        loop.sock_connect(sock, (address, port)), CONNECT_TIMEOUT_S
+                    )
+                except BaseException:
+                    sock.close()
+                    raise
+                return _Upstream(address, sock=sock)
             except (OSError, TimeoutError, ssl.SSLError) as exc:
                 failures.append(
                     f"{address}: {getattr(exc, 'strerror', None) or type(exc).__name__}"
                 )
         raise Denied(502, f"cannot connect to {host}:{port} ({'; '.join(failures)})")
 
+    def _ca_for(self, host: str) -> ssl.SSLContext:
+        """The TLS context the proxy shows the step for `host` (the run's CA, loaded on the
+        first inspected CONNECT so runs without HTTPS never pay for it)."""
+        if self._ca is None:
+            if not (self.config.egress_ca_pem and self.config.egress_ca_key_pem):
+                raise Denied(403, "TLS inspection is on for this host but the run has no CA")
+            from sandbox.guard.tls import RunCA  # cryptography: on demand
+
+            self._ca = RunCA.from_pem(self.config.egress_ca_pem, self.config.egress_ca_key_pem)
+        return self._ca.context_for(host)
+
+    def _tls_to_hosts(self) -> ssl.SSLContext:
+        if self._upstream_tls is None:
+            from sandbox.guard.tls import upstream_context
+
+            self._upstream_tls = upstream_context(self.config.egress_trust_pem)
+        return self._upstream_tls
+
     # -- denial and records -------------------------------------------------------
 
-    async def _body_facts(
-        self, request: _Request, reader: asyncio.StreamReader
-    ) -> dict[str, object]:
-        """Size and hash of the request body (read, never forwarded, never logged)."""
-        length = request.header("content-length")
+    async def _body_facts(self, client: _Client, incoming: _Incoming | None) -> dict[str, Any]:
+        """Size and hash of a denied request's body (read, never forwarded, never logged)."""
+        if incoming is None:
+            return {}
+        if b"100-continue" in (http1.header(incoming.request, b"expect") or b""):
+            return {"body_bytes": None, "body_note": "not sent: the client waited for 100"}
         digest = hashlib.sha256()
         size = 0
-        if length is not None and length.isdigit():
-            remaining = int(length)
-            while remaining > 0 and size < MAX_HASHED_BODY_BYTES:
-                chunk = await asyncio.wait_for(reader.read(min(CHUNK, remaining)), 10)
-                if not chunk:
-                    break
+        try:
+            async for chunk in self._body(client, incoming):
                 digest.update(chunk)
                 size += len(chunk)
-                remaining -= len(chunk)
-            return {
-                "body_bytes": size,
-                "body_sha256": digest.hexdigest(),
-                "body_truncated": remaining > 0,
-            }
-        if (request.header("transfer-encoding") or "").lower() == "chunked":
-            return {"body_bytes": None, "body_sha256": None, "body_note": "chunked, not read"}
-        return {"body_bytes": 0, "body_sha256": digest.hexdigest()}
+                if size > MAX_HASHED_BODY_BYTES:
+                    return {"body_bytes": size, "body_sha256": None, "body_truncated": True}
+        except (Refused, TimeoutError, ConnectionError):
+            return {"body_bytes": size, "body_sha256": None, "body_truncated": True}
+        return {"body_bytes": size, "body_sha256": digest.hexdigest()}
 
     async def _deny(
         self,
-        writer: asyncio.StreamWriter,
-        request: _Request | None,
+        client: _Client,
+        incoming: _Incoming | None,
+        seen: _Seen,
         denied: Denied,
         started: float,
-        body: dict[str, object] | None,
     ) -> None:
-        label = f"HTTP {request.method}" if request else "HTTP"
-        text = stub_reply(label, denied.reason) + "\n"
-        decision = "stub" if denied.status == 403 else "refuse"
-        self._record(
-            request,
-            decision,
-            denied.reason,
-            started,
-            category="egress",
-            detail={"status": denied.status},
-            body=body,
-        )
-        payload = text.encode()
-        reason_phrase = {
-            403: "Forbidden",
-            400: "Bad Request",
-            431: "Request Header Fields Too Large",
-            502: "Bad Gateway",
-            505: "HTTP Version Not Supported",
-        }.get(denied.status, "Error")
-        head = (
-            f"HTTP/1.1 {denied.status} {reason_phrase}\r\n"
-            "Content-Type: text/plain; charset=utf-8\r\n"
-            f"Content-Length: {len(payload)}\r\n"
-            "X-Agentworks-Test-Mode: stubbed\r\n"
-            "Connection: close\r\n\r\n"
-        )
-        with contextlib.suppress(ConnectionError):
-            writer.write(head.encode() + payload)
-            await writer.drain()
+        """Record the denial, then answer it (stub reply or error) and close."""
+        if seen.forwarded:
+            # The request went out: its start line says so and its outcome line (written
+            # where it was forwarded) says how it failed; that is not a second decision.
+            # The step gets an error if no reply has started.
+            if not client.replying:
+                with contextlib.suppress(ConnectionError, RuntimeError):
+                    await client.write(_error_reply(denied, seen))
+            return
+        body = await self._body_facts(client, incoming) if denied.stub else {}
+        if incoming is None and client.buffer:
+            body["head_bytes"] = len(client.buffer)
+            body["head_sha256"] = _sha(bytes(client.buffer))
+            first = bytes(client.buffer[:200]).split(b"\n", 1)[0]
+            body["first_line"] = first.decode("latin-1")
+        decision = "stub" if denied.stub else "refuse"
+        if not denied.unlogged:
+            self._record(seen, decision, denied.reason, started, status=denied.status, body=body)
+        if client.replying:
+            return  # a reply is under way: ending the connection is the only honest answer
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            await client.write(_error_reply(denied, seen))
+        client.denied = True
 
     def _record(
         self,
-        request: _Request | None,
+        seen: _Seen,
         decision: str,
         reason: str,
         started: float,
         *,
-        category: str,
-        detail: dict[str, object] | None = None,
-        body: dict[str, object] | None = None,
+        status: int | None,
+        category: str = "egress",
+        body: dict[str, Any] | None = None,
     ) -> None:
-        arguments: dict[str, object] = {}
-        if request is not None:
-            arguments = {"method": request.method, "url": request.target}
-        if body:
-            arguments.update(body)
-        detail = dict(detail or {})
-        active = self.active_calls()
-        if active:
-            detail["active_tool_calls"] = active
-        host = ""
-        if request is not None:
-            if request.method == "CONNECT":
-                host = request.target.rpartition(":")[0].strip("[]")
-            else:
-                host = urlsplit(request.target).hostname or ""
-        detail["host"] = host
+        """The one line of a request that was not forwarded (a denial)."""
+        arguments, detail = self._facts(seen, status=status, body=body)
         self.log.write(
             session="egress",
             tool="http",
@@ -480,104 +749,254 @@ class EgressProxy:
             detail=detail,
         )
 
-
-def _origin_head(request: _Request, target: str, host: str) -> bytes:
-    """The request head as the real host gets it: origin-form target, our Host, no
-    hop-by-hop or proxy headers, one request per connection."""
-    head = [f"{request.method} {target} HTTP/1.1", f"Host: {host}"]
-    head.extend(
-        f"{k}: {v}"
-        for k, v in request.headers
-        if k.lower() not in HOP_BY_HOP and k.lower() != "host"
-    )
-    if request.header("transfer-encoding"):
-        head.append(f"Transfer-Encoding: {request.header('transfer-encoding')}")
-    head.append("Connection: close")
-    return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1")
-
-
-async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-    try:
-        while chunk := await src.read(CHUNK):
-            dst.write(chunk)
-            await dst.drain()
-    except (ConnectionError, asyncio.CancelledError):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            if dst.can_write_eof():
-                dst.write_eof()
-
-
-def _not_a_read(request: _Request, entry: EgressEntry) -> str | None:
-    """Why an allow-listed request may not pass as a read, or None when it may.
-
-    A model endpoint takes any method. Anything else passes only as GET or HEAD
-    without a body (its head is all that is forwarded; see `_discard`)."""
-    if entry.model:
-        return None
-    if request.method not in READ_METHODS:
-        return f"HTTP {request.method} can have effects; only GET and HEAD pass"
-    length = (request.header("content-length") or "0").strip()
-    if length != "0" or request.header("transfer-encoding") is not None:
-        return "a read (GET or HEAD) carries no body; one that does is not forwarded"
-    return None
-
-
-async def _discard(src: asyncio.StreamReader, upstream: asyncio.StreamWriter) -> None:
-    """What a reader sends after its head goes nowhere: a second, pipelined request
-    would otherwise reach the outside unjudged. Its end still ends the upstream's half."""
-    try:
-        while await src.read(CHUNK):
-            pass
-    except (ConnectionError, asyncio.CancelledError):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            if upstream.can_write_eof():
-                upstream.write_eof()
-
-
-async def _splice_down(upstream: asyncio.StreamWriter, client: asyncio.StreamWriter) -> None:
-    """The reply, upstream to client, inside the kernel; then end the client's half."""
-    await splice.relay(upstream.get_extra_info("socket"), client.get_extra_info("socket"))
-    with contextlib.suppress(Exception):
-        if client.can_write_eof():
-            client.write_eof()
-
-
-async def _pipe_both(
-    client_reader: asyncio.StreamReader,
-    client_writer: asyncio.StreamWriter,
-    upstream_reader: asyncio.StreamReader,
-    upstream_writer: asyncio.StreamWriter,
-    *,
-    zero_copy: bool = False,
-    forward_client: bool = True,
-) -> None:
-    """Relay until both ends are done.
-
-    `zero_copy`: both connections are plain TCP and the upstream's transport has
-    never read (`_dial` pauses it), so its bytes can be spliced to the client.
-    `forward_client`: the client's further bytes go upstream (a model call's body,
-    a tunnel); a read's head was all it may send."""
-    # Splicing writes past the client's transport: only when it holds nothing unsent.
-    if zero_copy and splice.AVAILABLE and client_writer.transport.get_write_buffer_size() == 0:
-        down = _splice_down(upstream_writer, client_writer)
-    else:
-        if isinstance(upstream_writer.transport, asyncio.ReadTransport):
-            upstream_writer.transport.resume_reading()
-        down = _pump(upstream_reader, client_writer)
-    try:
-        up = (
-            _pump(client_reader, upstream_writer)
-            if forward_client
-            else _discard(client_reader, upstream_writer)
+    def _begin(
+        self,
+        seen: _Seen,
+        reason: str,
+        *,
+        category: str,
+        extra_detail: dict[str, Any],
+        extra_arguments: dict[str, Any] | None = None,
+    ) -> Started:
+        """The start line of a request about to be forwarded, on disk before its first
+        byte leaves. With the log full the request is refused instead (Denied)."""
+        arguments, detail = self._facts(
+            seen, status=None, extra_detail=extra_detail, extra_arguments=extra_arguments
         )
-        await asyncio.gather(up, down)
+        try:
+            return self.log.begin(
+                session="egress",
+                tool="http",
+                decision="allow",
+                reason=reason,
+                category=category,
+                arguments=arguments,
+                detail=detail,
+            )
+        except LogFull as full:
+            raise Denied(403, str(full), unlogged=True) from None
+
+    def _facts(
+        self,
+        seen: _Seen,
+        *,
+        status: int | None,
+        body: dict[str, Any] | None = None,
+        extra_detail: dict[str, Any] | None = None,
+        extra_arguments: dict[str, Any] | None = None,
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A line's arguments (method, URL, body facts, forwarded head) and detail (whose
+        proxy, host, status, TLS, calls in flight): every egress line is made here."""
+        arguments: dict[str, Any] = {"method": seen.method, "url": seen.url}
+        arguments.update(body or {})
+        arguments.update(extra_arguments or {})
+        detail: dict[str, Any] = {**self.label, "host": seen.host}
+        if status is not None:
+            detail["status"] = status
+        if seen.tls:
+            detail["tls"] = seen.tls
+        detail.update(extra_detail or {})
+        active = self.active_calls()
+        if active:
+            detail["active_tool_calls"] = active
+        return arguments, detail
+
+
+def _judge_read(incoming: _Incoming, entry: EgressEntry) -> None:
+    """Raise unless an allow-listed request may pass: a model endpoint takes any method;
+    anything else passes only as GET or HEAD without a body."""
+    if entry.model:
+        return
+    method = incoming.method.decode("ascii")
+    if incoming.method not in READ_METHODS:
+        raise Denied(403, f"HTTP {method} can have effects; only GET and HEAD pass", stub=True)
+    if http1.header(incoming.request, b"transfer-encoding") is not None:
+        raise Refused(400, "Transfer-Encoding on a read is ambiguous; it is not forwarded")
+    if http1.body_length(incoming.request):
+        raise Denied(
+            403, "a read (GET or HEAD) carries no body; one that does is not forwarded", stub=True
+        )
+
+
+async def _reply_head(upstream: _Upstream, outgoing: h11.Connection) -> h11.Response:
+    """The upstream's final reply head, as h11 parses it (informational replies skipped)."""
+    while True:
+        try:
+            event = outgoing.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise Denied(502, f"the host sent a malformed reply: {exc}") from None
+        if event is h11.NEED_DATA:
+            outgoing.receive_data(await upstream.recv())
+        elif isinstance(event, h11.Response):
+            return event
+        elif isinstance(event, h11.InformationalResponse):
+            continue
+        else:
+            raise Denied(502, "the host closed the connection without a reply")
+
+
+async def _relay_counted(
+    client: _Client, upstream: _Upstream, outgoing: h11.Connection, head: bytes, length: int | None
+) -> bool:
+    """The reply head, then a body of `length` bytes (None: up to the upstream's close);
+    True when all of it arrived. What h11 already holds goes out with the head; the rest
+    is spliced when both ends are plain TCP."""
+    sent = 0
+    pending = bytearray(head)
+    while length is None or sent < length:
+        try:
+            event = outgoing.next_event()
+        except h11.RemoteProtocolError:
+            break
+        if not isinstance(event, h11.Data):
+            break
+        pending += event.data
+        sent += len(event.data)
+    await client.write(bytes(pending))
+    remaining = None if length is None else length - sent
+    if remaining == 0:
+        return True
+    target = client.splice_socket()
+    small = remaining is not None and remaining <= SPLICE_MIN_BYTES
+    if upstream.sock is not None and target is not None and not small:
+        moved = await splice.relay(upstream.sock, target, remaining)
+        return remaining is not None and moved == remaining
+    while remaining is None or remaining > 0:
+        data = await upstream.recv()
+        if not data:
+            return remaining is None
+        if remaining is not None:
+            data = data[:remaining]
+            remaining -= len(data)
+        await client.write(data)
+    return True
+
+
+async def _relay_chunked(
+    client: _Client, upstream: _Upstream, outgoing: h11.Connection, head: bytes, *, chunked: bool
+) -> None:
+    """The reply head, then a chunked body, decoded by h11 and framed again by the proxy
+    (trailers dropped); `chunked` False writes it plain, for an HTTP/1.0 client that
+    reads to the close."""
+    await client.write(head)
+    while True:
+        try:
+            event = outgoing.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise ConnectionError(f"malformed chunked reply: {exc}") from None
+        if event is h11.NEED_DATA:
+            outgoing.receive_data(await upstream.recv())
+        elif isinstance(event, h11.Data):
+            if event.data:
+                data = bytes(event.data)
+                await client.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+        elif isinstance(event, h11.EndOfMessage):
+            if chunked:
+                await client.write(b"0\r\n\r\n")
+            return
+        else:
+            raise ConnectionError("the chunked reply ended early")
+
+
+async def _pump_up(client: _Client, upstream: _Upstream) -> None:
+    try:
+        while data := await client.reader.read(CHUNK):
+            await upstream.send(data)
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        upstream.shutdown_write()
+
+
+async def _pump_down(upstream: _Upstream, client: _Client) -> None:
+    target = client.splice_socket()
+    try:
+        if upstream.sock is not None and target is not None:
+            await splice.relay(upstream.sock, target)
+        else:
+            while data := await upstream.recv():
+                await client.write(data)
+    except (ConnectionError, OSError, TimeoutError):
+        pass
     finally:
         with contextlib.suppress(Exception):
-            upstream_writer.close()
+            if client.writer.can_write_eof():
+                client.writer.write_eof()
+
+
+async def _linger(client: _Client) -> None:
+    """Read what the client still sends (for a moment) before closing: closing with
+    unread bytes resets the connection, and a reset can destroy the denial the client
+    has not read yet (the lingering close of HTTP servers)."""
+    if not client.tls and client.writer.can_write_eof():
+        client.writer.write_eof()  # a client that reads to the end closes at once
+    deadline = time.monotonic() + LINGER_S
+    drained = 0
+    while drained < LINGER_BYTES and (left := deadline - time.monotonic()) > 0:
+        try:
+            data = await asyncio.wait_for(client.reader.read(CHUNK), min(left, LINGER_IDLE_S))
+        except (TimeoutError, ConnectionError, ssl.SSLError):
+            return
+        if not data:
+            return
+        drained += len(data)
+
+
+def _error_reply(denied: Denied, seen: _Seen) -> bytes:
+    """A denial as HTTP: the stub reply for a stub, an error text for anything else
+    (never "continue as if it succeeded"); the proxy closes after it."""
+    label = f"HTTP {seen.method}" if seen.method else "HTTP request"
+    if denied.stub:
+        text, mark = stub_reply(label, denied.reason), b"stubbed"
+    elif seen.forwarded:
+        text, mark = f"TEST MODE: {label} was sent but failed ({denied.reason}).", b"error"
+    else:
+        text, mark = (
+            f"TEST MODE: {label} was refused ({denied.reason}); nothing was sent.",
+            b"refused",
+        )
+    payload = (text + "\n").encode()
+    phrase = _REASON_PHRASES.get(denied.status, "Error").encode()
+    return (
+        b"HTTP/1.1 %d %s\r\n" % (denied.status, phrase)
+        + b"Content-Type: text/plain; charset=utf-8\r\n"
+        + b"Content-Length: %d\r\n" % len(payload)
+        + b"X-Agentworks-Test-Mode: "
+        + mark
+        + b"\r\nConnection: close\r\n\r\n"
+        + payload
+    )
+
+
+def _failure(exc: BaseException) -> str:
+    """How a forwarded exchange failed, for its outcome line."""
+    if isinstance(exc, Denied | Refused):
+        return exc.reason
+    return f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _shown_head(head: bytes) -> list[str]:
+    """The forwarded head as log lines, credentials masked (the hash covers the bytes)."""
+    lines = head.split(b"\r\n")[:-2]
+    shown = [lines[0].decode("latin-1")]
+    for line in lines[1:]:
+        name, _, value = line.partition(b": ")
+        masked = b"[redacted]" if _SECRET_HEADER.search(name) else value
+        shown.append((name + b": " + masked).decode("latin-1"))
+    return shown
+
+
+async def listen(proxy: EgressProxy, listener: socket.socket) -> asyncio.Server:
+    """Serve `proxy` on a socket that already listens: the step's port on loopback, or
+    the unix socket an MCP server's relay reaches."""
+    limit = http1.MAX_HEAD_BYTES
+    if listener.family == socket.AF_UNIX:
+        return await asyncio.start_unix_server(proxy.handle, sock=listener, limit=limit)
+    return await asyncio.start_server(proxy.handle, sock=listener, limit=limit)
 
 
 @contextlib.asynccontextmanager
@@ -589,20 +1008,11 @@ async def running(
 ) -> AsyncIterator[EgressProxy]:
     """Serve the proxy on loopback for the guard's lifetime (on `listener` when given)."""
     proxy = EgressProxy(config, log, active_calls or (lambda: []))
-    if config.egress.inspect_tls:
-        from sandbox.guard.tls import CA_FILE, RunCA, upstream_context  # cryptography: on demand
-
-        proxy.ca = RunCA(config.run_id)
-        proxy.upstream_tls = upstream_context(config.egress_trust_pem)
-        ca_path = os.path.join(config.data_dir, CA_FILE)
-        fd = os.open(ca_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(proxy.ca.cert_pem())
     if listener is not None:
-        server = await asyncio.start_server(proxy.handle, sock=listener, limit=MAX_HEAD_BYTES)
+        server = await listen(proxy, listener)
     else:
         server = await asyncio.start_server(
-            proxy.handle, "127.0.0.1", config.egress_port, limit=MAX_HEAD_BYTES
+            proxy.handle, "127.0.0.1", config.egress_port, limit=http1.MAX_HEAD_BYTES
         )
     try:
         yield proxy

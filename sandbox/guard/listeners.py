@@ -5,11 +5,16 @@ milliseconds of the guard's start, while the slow part (importing the web stack,
 ~0.2 s) is still to come. A step's first call that arrives meanwhile waits in
 the listen backlog and is served once the guard is up; it never finds a closed
 port, and no process of the step can bind the guard's ports first (the step's
-executor starts the step command only once the bridge port listens).
+executor starts the step command only once the bridge port listens). The unix
+sockets stdio MCP servers connect to are bound here too, so a server's relay
+finds its socket within milliseconds of the guard's start.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import os
 import socket
 
 BRIDGE_PORT = 8790
@@ -37,3 +42,37 @@ def bind_loopback(port: int) -> socket.socket:
         raise
     sock.set_inheritable(False)
     return sock
+
+
+def bind_unix(path: str, mode: int = 0o660) -> socket.socket:
+    """A listening unix socket at `path` (a stale one is replaced), for one MCP server.
+
+    The folder holding it is the guard's and lets only that server's group in;
+    the socket itself is read-write for the guard and that group."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        sock.bind(path)
+        os.chmod(path, mode)
+        sock.listen(1)
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(False)
+    return sock
+
+
+PR_SET_DUMPABLE = 4
+
+
+def make_undumpable() -> bool:
+    """prctl(PR_SET_DUMPABLE, 0): no process, even of the guard's own uid, may read this
+    one's memory or environment through /proc or attach to it, and it leaves no core.
+
+    A second layer: nothing else runs as the guard's uid. False when the call failed."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False

@@ -8,12 +8,14 @@ SDK's (`Mcp-Session-Id`), both protocol eras are served (handshake and
 2026-07-28).
 
 Upstream, the guard holds one long-lived MCP client session per server
-(official `mcp` SDK `Client`, started in `running()`): stdio servers are started
-here, in the guard's container, as the guard's uid, with their own environment
-(`env` plus the `env_from_host` values, a minimal PATH, a private HOME under the
-guard's data folder) and their stderr in `<data_dir>/mcp-<name>.stderr` (0600);
-URL servers are reached over streamable HTTP. The guard advertises no roots,
-sampling or elicitation, and its client keeps no response cache.
+(official `mcp` SDK `Client`, started in `running()`). A stdio server runs in
+a container of its own, started by the runner beside the guard (never in the
+guard's container or as its uid); the guard speaks to it over the unix socket
+it listens on in that server's folder, through `sandbox.guard.mcp_socket`,
+which treats every byte from it as hostile (one connection, a capped line
+reader, answers only to what the guard asked). A URL server is reached over
+streamable HTTP with each reply capped the same way. The guard advertises no
+roots, sampling or elicitation, and its client keeps no response cache.
 
 Each `tools/call` from the step:
 1. asks the server for its tool list afresh (every page; one `tools/list` round
@@ -21,12 +23,15 @@ Each `tools/call` from the step:
 2. decides with `policy.decide_mcp` from the annotations exactly as the server
    sent them (raw JSON, so `"readOnlyHint": "true"` is not read as true) and the
    owner's `read_only_overrides`;
-3. writes one action-log line (`mcp:<server>/<tool>`, category `mcp`, detail
-   with the server, the tool, the annotations used and the override);
-4. forwards an allowed call and returns the server's result unchanged, or
-   returns the stub: a successful `CallToolResult` whose text is the stub reply
-   and, when the tool declares an `outputSchema`, `structuredContent` that
-   validates against it.
+3. a stub is one action-log line (`mcp:<server>/<tool>`, category `mcp`, detail
+   with the server, the tool, the annotations used and the override), and the
+   stub result: a successful `CallToolResult` whose text is the stub reply and,
+   when the tool declares an `outputSchema`, `structuredContent` that validates
+   against it;
+4. an allowed call gets its `start` line before it is sent to the server, and
+   its `outcome` line (ok or error, sizes, the server's time) before the result
+   goes back unchanged; a result past `MAX_MCP_MESSAGE_BYTES` is dropped unread
+   and the step gets a tool error that names the cap.
 
 `tools/list`, `resources/*` reads and `prompts/*` are forwarded (reads; the
 reads are logged). Every other request (subscriptions, logging level,
@@ -41,21 +46,21 @@ reconnected once, inside the call that notices it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hmac
 import json
-import os
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, TextIO
+from typing import Any
 
 import anyio
 import httpx2
 import mcp_types as types
-from mcp import Client, StdioServerParameters
+from mcp import Client
 from mcp.client import Transport
 from mcp.client._transport import TransportStreams
-from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
@@ -70,16 +75,19 @@ from starlette.types import Receive, Scope, Send
 
 from sandbox import policy
 from sandbox.config import McpServer
-from sandbox.guard.actionlog import ActionLog
+from sandbox.guard import caps
+from sandbox.guard.actionlog import ActionLog, LogFull
 from sandbox.guard.config import MCP_PATH, GuardConfig
+from sandbox.guard.listeners import bind_unix
+from sandbox.guard.mcp_socket import REPLY_TOO_LARGE, socket_transport
 from sandbox.guard.schema_instance import valid_instance
 
 LOOKUP_DEADLINE_S = 5.0  # the live tools/list (and any reconnect) of one call
-CONNECT_DEADLINE_S = 20.0  # one connect attempt (spawn + handshake)
+CONNECT_DEADLINE_S = 20.0  # one connect attempt (a stdio server's container start + handshake)
 STARTUP_WAIT_S = 15.0  # how long the guard waits for its servers before serving
 MAX_LIST_PAGES = 50
-# What a stdio server finds on its PATH: the guard image's MCP servers, then the system.
-SERVER_PATH = "/opt/mcp/py/bin:/opt/mcp/node/node_modules/.bin:/usr/local/bin:/usr/bin:/bin"
+MCP_SOCKET = "mcp.sock"  # in <mcp_dir>/<name>/ (sandbox.layout.MCP_SOCKET)
+CAP_MARK = "larger than the guard's cap"  # in every error that says a reply was too large
 CLIENT_INFO = types.Implementation(name="sandbox-guard", version="1")
 
 # Requests the proxy serves; everything else from the step is refused (and logged).
@@ -113,25 +121,20 @@ class UpstreamError(Exception):
         self.lost = lost
 
 
+class ReplyTooLarge(UpstreamError):
+    """The server's reply passed its cap and was dropped unread."""
+
+
+class SlotTimeout(Exception):
+    """No forward slot came free within the call's budget."""
+
+
 def _describe(exc: BaseException) -> str:
     """One line for an exception, unwrapping anyio's exception groups."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     text = str(exc).strip() or type(exc).__name__
     return " ".join(text.split())[:300]
-
-
-def server_env(server: McpServer, host_env: dict[str, str], home: str) -> dict[str, str]:
-    """A stdio server's whole environment: minimal PATH/HOME, its `env`, its host values."""
-    return {
-        "PATH": SERVER_PATH,
-        "HOME": home,
-        "LANG": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "1",
-        **server.env,
-        **host_env,
-    }
 
 
 def _maybe_lost(exc: MCPError, *, stdio: bool) -> bool:
@@ -148,30 +151,78 @@ def _maybe_lost(exc: MCPError, *, stdio: bool) -> bool:
     }
 
 
+class _ReplyCapExceeded(httpx2.StreamError):
+    """A URL server's JSON reply passed MAX_MCP_MESSAGE_BYTES."""
+
+
+class _CappedStream(httpx2.AsyncByteStream):
+    def __init__(self, inner: httpx2.AsyncByteStream, cap: int) -> None:
+        self._inner = inner
+        self._cap = cap
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        seen = 0
+        async for chunk in self._inner:
+            seen += len(chunk)
+            if seen > self._cap:
+                raise _ReplyCapExceeded(
+                    f"the MCP server's reply was {CAP_MARK} of {caps.mib(self._cap)}; "
+                    "it was dropped"
+                )
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _CappedTransport(httpx2.AsyncHTTPTransport):
+    """JSON replies read at most MAX_MCP_MESSAGE_BYTES (an event stream is capped per
+    event by the SDK's `max_sse_event_size`)."""
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await super().handle_async_request(request)
+        if response.headers.get("content-type", "").startswith("application/json"):
+            stream = response.stream
+            assert isinstance(stream, httpx2.AsyncByteStream)
+            response.stream = _CappedStream(stream, caps.MAX_MCP_MESSAGE_BYTES)
+        return response
+
+
 @contextlib.asynccontextmanager
 async def _http_transport(url: str) -> AsyncIterator[TransportStreams]:
-    """Streamable HTTP with no proxy from the environment and no idle keep-alive.
+    """Streamable HTTP with no proxy from the environment, no idle keep-alive, and
+    replies capped like a stdio server's.
 
     A fresh TCP connection per request costs a fraction of a millisecond on the
     networks a guard joins, and a redeployed server (new address, same name) is
     reached at the next request instead of through a dead pooled connection."""
     client = httpx2.AsyncClient(
         timeout=httpx2.Timeout(30.0, read=300.0),
-        limits=httpx2.Limits(max_keepalive_connections=0),
+        transport=_CappedTransport(limits=httpx2.Limits(max_keepalive_connections=0)),
         trust_env=False,
     )
-    async with client, streamable_http_client(url, http_client=client) as streams:
+    async with (
+        client,
+        streamable_http_client(
+            url, http_client=client, max_sse_event_size=caps.MAX_MCP_MESSAGE_BYTES
+        ) as streams,
+    ):
         yield streams
 
 
 class Upstream:
-    """One long-lived client session to one configured MCP server."""
+    """One long-lived client session to one configured MCP server.
 
-    def __init__(self, server: McpServer, host_env: dict[str, str], data_dir: str) -> None:
+    A stdio server has one life: its socket accepts one connection, and a server
+    that goes away stays down for the run."""
+
+    def __init__(
+        self, server: McpServer, listener: socket.socket | None, expected_uid: int | None
+    ) -> None:
         self.server = server
         self.name = server.name
-        self._host_env = host_env
-        self._data_dir = data_dir
+        self._listener = listener
+        self._expected_uid = expected_uid
         self._client: Client | None = None
         self._down_reason: str | None = "not started yet"
         self._attempts = 0  # connect attempts finished (a success or a failure)
@@ -179,7 +230,6 @@ class Upstream:
         self._want_connect = False  # a caller asks the supervisor for a new session
         self._wake = anyio.Event()
         self._lost = anyio.Event()
-        self._stderr: TextIO | None = None
 
     @property
     def is_stdio(self) -> bool:
@@ -187,31 +237,14 @@ class Upstream:
 
     # -- the connection's task -------------------------------------------------
 
-    def _open_stderr(self) -> TextIO:
-        if self._stderr is None:
-            path = os.path.join(self._data_dir, f"mcp-{self.name}.stderr")
-            fd = os.open(
-                path,
-                os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o600,
-            )
-            os.fchmod(fd, 0o600)
-            self._stderr = os.fdopen(fd, "w", buffering=1, encoding="utf-8", errors="replace")
-        return self._stderr
-
     def _client_for(self) -> Client:
         if self.server.command is not None:
-            home = os.path.join(self._data_dir, f"mcp-home-{self.name}")
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(home, 0o700)
-            command = self.server.command
-            target = StdioServerParameters(
-                command=command[0],
-                args=command[1:],
-                env=server_env(self.server, self._host_env, home),
-                cwd=home,
+            listener, self._listener = self._listener, None
+            if listener is None:
+                raise UpstreamError("the server's socket is not listening")
+            transport: Transport = socket_transport(
+                listener, expected_uid=self._expected_uid, accept_deadline_s=CONNECT_DEADLINE_S
             )
-            transport: Transport = stdio_client(target, errlog=self._open_stderr())
         else:
             assert self.server.url is not None
             transport = _http_transport(self.server.url)
@@ -262,9 +295,9 @@ class Upstream:
         await self._wait_attempt(0)
 
     def close(self) -> None:
-        if self._stderr is not None:
-            self._stderr.close()
-            self._stderr = None
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
 
     def _mark_lost(self, reason: str) -> None:
         """Stop using the current session at once; the supervisor closes it."""
@@ -318,6 +351,8 @@ class Upstream:
             except MCPError as exc:
                 if exc.code == types.REQUEST_TIMEOUT:
                     raise UpstreamError(f"no answer within {timeout_s:g} s") from None
+                if exc.code == REPLY_TOO_LARGE or CAP_MARK in exc.message:
+                    raise ReplyTooLarge(exc.message) from None
                 if not _maybe_lost(exc, stdio=self.is_stdio):
                     raise
                 self._mark_lost(f"the server closed the connection ({exc.message})")
@@ -340,8 +375,9 @@ class Upstream:
         tools: list[dict[str, Any]] = []
         cursor: str | None = None
         begin = time.monotonic()
+        listed_bytes = 0
         with anyio.fail_after(deadline_s):
-            for _ in range(MAX_LIST_PAGES):
+            for page_number in range(MAX_LIST_PAGES):
                 page = await self.request(
                     types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)),
                     max(0.05, deadline_s - (time.monotonic() - begin)),
@@ -349,9 +385,15 @@ class Upstream:
                 listed = page.get("tools")
                 if not isinstance(listed, list):
                     raise UpstreamError("tools/list reply has no tools array")
-                tools.extend(t for t in listed if isinstance(t, dict))
                 cursor = page.get("nextCursor")
-                if not isinstance(cursor, str) or not cursor:
+                more = isinstance(cursor, str) and bool(cursor)
+                if more or page_number:  # one page is capped by its message; many add up
+                    listed_bytes += len(json.dumps(listed))
+                    if listed_bytes > caps.MAX_MCP_LISTING_BYTES:
+                        cap = caps.mib(caps.MAX_MCP_LISTING_BYTES)
+                        raise ReplyTooLarge(f"tools/list pages together are {CAP_MARK} of {cap}")
+                tools.extend(t for t in listed if isinstance(t, dict))
+                if not more:
                     return tools
         raise UpstreamError(f"tools/list has more than {MAX_LIST_PAGES} pages")
 
@@ -453,7 +495,28 @@ class Endpoint:
     async def _call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> HandlerResult:
+        """One call, inside one of the guard's forward slots: its tool listing and its
+        result are what the guard holds for it (see caps)."""
         started = time.perf_counter()
+        budget = self.proxy.config.budget_for(f"mcp:{self.name}/{params.name}")
+        try:
+            async with self.proxy.forward_slot(budget):
+                return await self._judged_call(params, started, budget)
+        except SlotTimeout:
+            reason = f"the guard had no free forward slot within {budget:g} s"
+            self.proxy.log_line(
+                tool=f"mcp:{self.name}/{params.name}",
+                decision="stub",
+                reason=reason,
+                arguments=dict(params.arguments or {}),
+                started=started,
+                detail={"server": self.name, "tool": params.name},
+            )
+            return stub_result(params.name, reason, None)[0]
+
+    async def _judged_call(
+        self, params: types.CallToolRequestParams, started: float, budget: float
+    ) -> HandlerResult:
         tool = params.name
         arguments = dict(params.arguments or {})
         override = self.upstream.server.read_only_overrides.get(tool)
@@ -466,6 +529,7 @@ class Endpoint:
         try:
             tools = await self.upstream.list_tools(LOOKUP_DEADLINE_S)
             listed_tool = next((t for t in tools if t.get("name") == tool), None)
+            del tools  # only this tool's entry is kept while the call runs
         except TimeoutError:
             lookup_error = f"tools/list did not answer within {LOOKUP_DEADLINE_S:g} s"
         except UpstreamError as exc:
@@ -499,32 +563,47 @@ class Endpoint:
             )
             return result
 
-        budget = self.proxy.config.budget_for(f"mcp:{self.name}/{tool}")
         call = types.CallToolRequest(
             params=types.CallToolRequestParams(name=tool, arguments=params.arguments)
         )
+        try:
+            logged = self.proxy.log.begin(
+                session="root",
+                tool=f"mcp:{self.name}/{tool}",
+                decision="allow",
+                reason=verdict.reason,
+                category="mcp",
+                arguments=arguments,
+                detail=detail,
+            )
+        except LogFull as full:
+            result, _ = stub_result(tool, str(full), None)
+            return result
+        outcome: dict[str, Any] = {}
         t1 = time.perf_counter()
         error: MCPError | None = None
         try:
             result = await self.upstream.request(call, budget, retry=False)
+        except ReplyTooLarge as exc:
+            result = _error_result(f"{tool}: {exc.reason}")
+            outcome["error"] = exc.reason
+            outcome["reply_too_large"] = True
         except UpstreamError as exc:
             result = _error_result(f"{tool}: the MCP server {self.name} failed: {exc.reason}")
-            detail["error"] = exc.reason
+            outcome["error"] = exc.reason
+        except TimeoutError:
+            reason = f"no answer within its time budget of {budget:g} s"
+            result = _error_result(f"{tool}: the MCP server {self.name} failed: {reason}")
+            outcome["error"] = reason
         except MCPError as exc:  # a protocol error from the server: passed on as one
             error = exc
             result = {}
-            detail["error"] = f"{exc.code}: {exc.message}"[:300]
-        detail["upstream_ms"] = round((time.perf_counter() - t1) * 1000, 3)
+            outcome["error"] = f"{exc.code}: {exc.message}"[:300]
+        outcome["upstream_ms"] = round((time.perf_counter() - t1) * 1000, 3)
         if result.get("isError") is True:
-            detail["is_error"] = True
-        self.proxy.log_line(
-            tool=f"mcp:{self.name}/{tool}",
-            decision="allow",
-            reason=verdict.reason,
-            arguments=arguments,
-            started=started,
-            detail=detail,
-        )
+            outcome["is_error"] = True
+        failed = error is not None or "error" in outcome or outcome.get("is_error") is True
+        self.proxy.log.outcome(logged, ok=not failed, detail=outcome)
         if error is not None:
             raise error
         return result
@@ -538,11 +617,17 @@ class Endpoint:
             ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams
         ) -> HandlerResult:
             request = _LIST_REQUESTS[method](types.PaginatedRequestParams(cursor=params.cursor))
+            deadline = LOOKUP_DEADLINE_S * 2
             try:
-                result = await self.upstream.request(request, LOOKUP_DEADLINE_S * 2)
+                async with self.proxy.forward_slot(deadline):
+                    result = await self.upstream.request(request, deadline)
             except UpstreamError as exc:
                 raise MCPError(
                     code=types.INTERNAL_ERROR, message=f"{self.name}: {exc.reason}"
+                ) from None
+            except SlotTimeout:
+                raise MCPError(
+                    code=types.INTERNAL_ERROR, message=f"{self.name}: the guard is busy"
                 ) from None
             return _never_cached(result)
 
@@ -567,25 +652,34 @@ class Endpoint:
     async def _logged_read(
         self, method: str, request: types.Request[Any, Any], arguments: dict[str, Any]
     ) -> dict[str, Any]:
-        started = time.perf_counter()
-        detail: dict[str, Any] = {"server": self.name, "method": method}
-        failure: MCPError | None = None
         try:
-            result = await self.upstream.request(request, self.proxy.config.budget_for(method))
+            logged = self.proxy.log.begin(
+                session="root",
+                tool=f"mcp:{self.name}/{method}",
+                decision="allow",
+                reason=f"MCP {method} is a read",
+                category="mcp",
+                arguments=arguments,
+                detail={"server": self.name, "method": method},
+            )
+        except LogFull as full:
+            raise MCPError(code=types.INTERNAL_ERROR, message=str(full)) from None
+        failure: MCPError | None = None
+        budget = self.proxy.config.budget_for(method)
+        try:
+            async with self.proxy.forward_slot(budget):
+                result = await self.upstream.request(request, budget)
         except UpstreamError as exc:
             failure = MCPError(code=types.INTERNAL_ERROR, message=f"{self.name}: {exc.reason}")
+        except (TimeoutError, SlotTimeout):
+            reason = f"no answer within {budget:g} s"
+            failure = MCPError(code=types.INTERNAL_ERROR, message=f"{self.name}: {reason}")
         except MCPError as exc:
             failure = exc
+        outcome: dict[str, Any] = {}
         if failure is not None:
-            detail["error"] = f"{failure.code}: {failure.message}"[:300]
-        self.proxy.log_line(
-            tool=f"mcp:{self.name}/{method}",
-            decision="allow",
-            reason=f"MCP {method} is a read",
-            arguments=arguments,
-            started=started,
-            detail=detail,
-        )
+            outcome["error"] = f"{failure.code}: {failure.message}"[:300]
+        self.proxy.log.outcome(logged, ok=failure is None, detail=outcome)
         if failure is not None:
             raise failure
         return result
@@ -610,20 +704,66 @@ class _Authorized:
 
 
 class McpProxy:
-    def __init__(self, config: GuardConfig, log: ActionLog) -> None:
+    """Every configured server's endpoint, upstream session and (stdio, with an allow
+    list) egress proxy.
+
+    `listeners`: each stdio server's socket, already listening (the guard binds them
+    first thing); a missing one is bound here. `egress_listeners`: the egress socket
+    of each stdio server with an `egress` allow list. `slots`: the guard's forward
+    slots (see caps), shared with the bridge."""
+
+    def __init__(
+        self,
+        config: GuardConfig,
+        log: ActionLog,
+        *,
+        slots: asyncio.Semaphore | None = None,
+        listeners: dict[str, socket.socket] | None = None,
+        egress_listeners: dict[str, socket.socket] | None = None,
+    ) -> None:
         self.config = config
         self.log = log
-        self.upstreams = {
-            server.name: Upstream(server, config.mcp_host_env.get(server.name, {}), config.data_dir)
-            for server in config.mcp_servers
-        }
+        self._slots = slots or asyncio.Semaphore(caps.FORWARD_SLOTS)
+        given = dict(listeners or {})
+        self._egress_listeners = dict(egress_listeners or {})
+        self.upstreams: dict[str, Upstream] = {}
+        for server in config.mcp_servers:
+            listener = None
+            if server.command is not None:
+                listener = given.pop(server.name, None) or bind_unix(
+                    f"{config.mcp_dir}/{server.name}/{MCP_SOCKET}"
+                )
+            uid = config.mcp_uids.get(server.name)
+            self.upstreams[server.name] = Upstream(server, listener, uid)
         self.endpoints = {name: Endpoint(self, up) for name, up in self.upstreams.items()}
 
     @contextlib.asynccontextmanager
+    async def forward_slot(self, budget_s: float) -> AsyncIterator[None]:
+        """One of the guard's forward slots, waited for within the call's own budget
+        (SlotTimeout past it)."""
+        try:
+            with anyio.fail_after(budget_s):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise SlotTimeout() from None
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+    @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
+        from sandbox.guard import egress  # the step's proxy code, with each server's list
+
         async with contextlib.AsyncExitStack() as stack:
             for endpoint in self.endpoints.values():
                 await stack.enter_async_context(endpoint.manager.run())
+            for name, listener in self._egress_listeners.items():
+                server = self.upstreams[name].server
+                config = self.config.model_copy(update={"egress": server.own_egress()})
+                proxy = egress.EgressProxy(config, self.log, label={"mcp_server": name})
+                unix_server = await egress.listen(proxy, listener)
+                stack.callback(unix_server.close)
             async with anyio.create_task_group() as tg:
                 for upstream in self.upstreams.values():
                     tg.start_soon(upstream.supervise)

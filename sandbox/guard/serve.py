@@ -12,6 +12,7 @@ import uvicorn
 
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app
+from sandbox.guard.caps import TRANSPORT_MAX_HEAD_BYTES
 from sandbox.guard.config import READY_MARK, GuardConfig
 
 
@@ -52,8 +53,17 @@ class GuardServer(uvicorn.Server):
         super().handle_exit(sig, None)
 
 
-def serve(raw_config: bytes, *, bridge: socket.socket, egress: socket.socket) -> int:
-    """Serve until stopped, on sockets that already listen; the exit status."""
+def serve(
+    raw_config: bytes,
+    *,
+    bridge: socket.socket,
+    egress: socket.socket,
+    mcp: dict[str, socket.socket] | None = None,
+    mcp_egress: dict[str, socket.socket] | None = None,
+) -> int:
+    """Serve until stopped, on sockets that already listen; the exit status.
+
+    `mcp` / `mcp_egress`: each stdio MCP server's socket and egress socket."""
     config = GuardConfig.model_validate_json(raw_config)
     log = ActionLog(
         config.actions_path,
@@ -61,13 +71,18 @@ def serve(raw_config: bytes, *, bridge: socket.socket, egress: socket.socket) ->
         fsync_each=config.fsync_each,
     )
     guard = Guard(config, log)
+    app = build_app(
+        guard, egress_listener=egress, mcp_listeners=mcp or {}, mcp_egress_listeners=mcp_egress
+    )
     server = GuardServer(
         uvicorn.Config(
-            build_app(guard, egress_listener=egress),
+            app,
             log_level="warning",
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
+            http="h11",
+            h11_max_incomplete_event_size=TRANSPORT_MAX_HEAD_BYTES,
         ),
         guard,
     )

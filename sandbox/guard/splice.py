@@ -48,14 +48,19 @@ def _splice(
                 return None
 
 
-def _relay(src_fd: int, dst_fd: int, stop: threading.Event) -> int:
-    """Move everything `src_fd` sends to `dst_fd` until end of stream; bytes moved."""
+def _relay(src_fd: int, dst_fd: int, stop: threading.Event, limit: int | None) -> int:
+    """Move what `src_fd` sends to `dst_fd` until end of stream, or until `limit` bytes
+    have moved; the bytes moved."""
     moved = 0
     pipe_r, pipe_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         with contextlib.suppress(OSError):
             fcntl.fcntl(pipe_w, F_SETPIPE_SZ, PIPE_BYTES)
-        while got := _splice(src_fd, pipe_w, PIPE_BYTES, (src_fd, select.POLLIN), stop):
+        while limit is None or moved < limit:
+            want = PIPE_BYTES if limit is None else min(PIPE_BYTES, limit - moved)
+            got = _splice(src_fd, pipe_w, want, (src_fd, select.POLLIN), stop)
+            if not got:
+                break
             while got:
                 sent = _splice(pipe_r, dst_fd, got, (dst_fd, select.POLLOUT), stop)
                 if sent is None:
@@ -70,8 +75,10 @@ def _relay(src_fd: int, dst_fd: int, stop: threading.Event) -> int:
         os.close(pipe_w)
 
 
-async def relay(src: socket.socket, dst: socket.socket) -> int:
-    """Splice `src` into `dst` until `src` ends; the bytes moved. Cancel to stop early."""
+async def relay(src: socket.socket, dst: socket.socket, limit: int | None = None) -> int:
+    """Splice `src` into `dst` until `src` ends or `limit` bytes have moved; the bytes
+    moved. Never more than `limit`: a reply's body ends exactly where its length says,
+    so the connection can carry the next reply. Cancel to stop early."""
     src_fd, dst_fd = os.dup(src.fileno()), os.dup(dst.fileno())
     loop = asyncio.get_running_loop()
     done: asyncio.Future[int] = loop.create_future()
@@ -80,7 +87,7 @@ async def relay(src: socket.socket, dst: socket.socket) -> int:
     def run() -> None:
         moved = 0
         try:
-            moved = _relay(src_fd, dst_fd, stop)
+            moved = _relay(src_fd, dst_fd, stop, limit)
         finally:
             os.close(src_fd)
             os.close(dst_fd)

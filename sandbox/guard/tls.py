@@ -1,13 +1,18 @@
 """TLS inspection for the egress proxy: a certificate authority made for one run only.
 
-With `egress.inspect_tls = true` the guard makes a CA when it starts; its key
-lives only in the guard process's memory (never on disk, never in the step's
-container) and dies with the run. The CA's certificate is written to the
-guard's folder; the runner copies it into the step's trust (CA bundle and the
-usual environment variables). For an allowed CONNECT the proxy then terminates
-TLS with a leaf certificate for that host, sees the request inside, and applies
-the same method rules as plain HTTP; allowed requests go on over a verified TLS
-connection to the real host.
+Inspection is on by default for every allow-listed host that admits CONNECT
+(see `sandbox.config.Egress.inspects`). The runner makes the run's CA before any
+container exists (`RunCA.new`, about a millisecond) and puts its certificate
+into the step's trust (a CA bundle and the usual environment variables) when it
+creates the step's container, and into the trust of each stdio MCP server whose
+own egress list is inspected, so no run waits for the guard to make one. The
+CA's key goes to the guard in its 0600 config file, which the guard reads and
+deletes before it starts anything (as it does the tokens); it then lives only
+in the guard process's memory, never in the step's or a server's container,
+and dies with the run (the CA is valid for two days at most and trusted by
+that run's containers only). For an inspected CONNECT the proxy terminates TLS with a leaf
+certificate for that host, judges the request inside like plain HTTP, and sends
+allowed requests on over a verified TLS connection to the real host.
 """
 
 from __future__ import annotations
@@ -24,7 +29,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-CA_FILE = "egress-ca.pem"
 VALID = datetime.timedelta(days=2)
 
 
@@ -36,19 +40,20 @@ def _name(common_name: str) -> x509.Name:
 class RunCA:
     """One run's CA: `context_for(host)` gives a server-side TLS context for that host."""
 
-    run_id: str
-    _key: ec.EllipticCurvePrivateKey = field(init=False, repr=False)
-    cert: x509.Certificate = field(init=False)
+    cert: x509.Certificate
+    _key: ec.EllipticCurvePrivateKey = field(repr=False)
     _contexts: dict[str, ssl.SSLContext] = field(default_factory=dict, repr=False)
 
-    def __post_init__(self) -> None:
-        self._key = ec.generate_private_key(ec.SECP256R1())
+    @classmethod
+    def new(cls, run_id: str) -> RunCA:
+        """A fresh CA named for the run (made by the runner, before the run starts)."""
+        key = ec.generate_private_key(ec.SECP256R1())
         now = datetime.datetime.now(datetime.UTC)
-        self.cert = (
+        cert = (
             x509.CertificateBuilder()
-            .subject_name(_name(f"sandbox test run {self.run_id}"))
-            .issuer_name(_name(f"sandbox test run {self.run_id}"))
-            .public_key(self._key.public_key())
+            .subject_name(_name(f"sandbox test run {run_id}"))
+            .issuer_name(_name(f"sandbox test run {run_id}"))
+            .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5))
             .not_valid_after(now + VALID)
@@ -67,7 +72,23 @@ class RunCA:
                 ),
                 critical=True,
             )
-            .sign(self._key, hashes.SHA256())
+            .sign(key, hashes.SHA256())
+        )
+        return cls(cert, key)
+
+    @classmethod
+    def from_pem(cls, cert_pem: str, key_pem: str) -> RunCA:
+        """The run's CA as the guard gets it from its config file."""
+        key = serialization.load_pem_private_key(key_pem.encode(), password=None)
+        if not isinstance(key, ec.EllipticCurvePrivateKey):
+            raise ValueError("the run's CA key is not an EC key")
+        return cls(x509.load_pem_x509_certificate(cert_pem.encode()), key)
+
+    def key_pem(self) -> bytes:
+        return self._key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
         )
 
     def cert_pem(self) -> bytes:

@@ -34,6 +34,14 @@ class Outside:
             data: list[dict[str, Any]] = json.loads(response.read())
             return data
 
+    def raw(self) -> list[bytes]:
+        """Every byte each connection to the raw servers (8082, 8445 TLS) brought."""
+        import base64
+
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(f"http://{self.ipv4}:8080/__raw", timeout=10) as response:
+            return [base64.b64decode(item) for item in json.loads(response.read())]
+
 
 def _tls_files(folder: Path) -> str:
     """A test CA and a server certificate for ALIAS signed by it; returns the CA PEM."""

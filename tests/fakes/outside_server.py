@@ -6,6 +6,10 @@ UDP listener on 9999 (records datagrams). `GET /__seen` returns the record.
 On 8081 a sloppy HTTP server: it answers the first request and then records
 every request line that still arrives on the connection, `Connection: close` or
 not, so a test can see whether any byte of a pipelined request left the proxy.
+On 8082 (plain) and 8445 (TLS) a raw server: it answers the first head it sees
+with a fixed reply and records every byte each connection brought, until the
+peer closes; `GET /__raw` on 8080 returns them (base64, one entry per
+connection), so a test can compare what arrived with what the proxy logged.
 """
 
 from __future__ import annotations
@@ -48,9 +52,9 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(payload)
 
     def do_GET(self) -> None:
-        if self.path == "/__seen":
+        if self.path in ("/__seen", "/__raw"):
             with LOCK:
-                data = json.dumps(SEEN).encode()
+                data = json.dumps(SEEN if self.path == "/__seen" else RAW).encode()
             self._answer(data)
             return
         note({"proto": "http", "method": "GET", "path": self.path})
@@ -133,6 +137,54 @@ def sloppy_listener(port: int) -> None:
         threading.Thread(target=sloppy_connection, args=(conn,), daemon=True).start()
 
 
+RAW: list[str] = []
+
+
+def raw_connection(conn: socket.socket) -> None:
+    import base64
+
+    received = b""
+    answered = False
+    with conn:
+        conn.settimeout(30)
+        while True:
+            try:
+                chunk = conn.recv(65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            received += chunk
+            if not answered and b"\r\n\r\n" in received:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nraw")
+                answered = True
+    with LOCK:
+        RAW.append(base64.b64encode(received).decode())
+
+
+def raw_listener(port: int, tls: bool) -> None:
+    srv = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind(("::", port))
+    srv.listen(16)
+    context = None
+    if tls:
+        import ssl
+
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain("/srv/tls/server.pem")
+    while True:
+        conn, _ = srv.accept()
+        if context is not None:
+            try:
+                conn.settimeout(30)
+                conn = context.wrap_socket(conn, server_side=True)
+            except OSError:
+                conn.close()
+                continue
+        threading.Thread(target=raw_connection, args=(conn,), daemon=True).start()
+
+
 def udp_listener(port: int) -> None:
     srv = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)
     srv.bind(("::", port))
@@ -162,6 +214,8 @@ def main() -> int:
 
     if os.path.exists("/srv/tls/server.pem"):
         threading.Thread(target=https_server, args=(8444,), daemon=True).start()
+        threading.Thread(target=raw_listener, args=(8445, True), daemon=True).start()
+    threading.Thread(target=raw_listener, args=(8082, False), daemon=True).start()
     threading.Thread(target=tcp_listener, args=(8443,), daemon=True).start()
     threading.Thread(target=sloppy_listener, args=(8081,), daemon=True).start()
     threading.Thread(target=udp_listener, args=(9999,), daemon=True).start()

@@ -360,6 +360,7 @@ def decision_of(tool, args):
 
 attempt("log injection through a tool argument", decision_of("notify_user", {"text": INJECTION}))
 attempt("forged identity fields", decision_of("notify_user", {"text": "identity", "run_id": "FORGED-RUN", "workflow": "FORGED-WF", "session_id": "FORGED-S"}))
+attempt("a forged value at a bound path", decision_of("agent_browser", {"command": "click #x", "session": "FORGED-BOUND"}))
 attempt("recursive execute_step from inside the run", decision_of("execute_step", {"step_id": "step1"}))
 attempt("the guard still answers", decision_of("notify_user", {"text": "still here"}))
 report("bridge requests made", "counted", "", {"count": bridge_requests})
@@ -413,6 +414,7 @@ SAFE: dict[str, set[str]] = {
     "mutate_workflow_db after swapping the DB copy for a link to the real DB": {"tool error"},
     "log injection through a tool argument": {"stub"},
     "forged identity fields": {"stub"},
+    "a forged value at a bound path": {"stub"},
     "recursive execute_step from inside the run": {"refuse"},
     "the guard still answers": {"stub"},
     "bridge requests made": {"counted"},
@@ -509,8 +511,12 @@ def test_nothing_reached_the_outside_server(battery: Battery) -> None:
 def test_action_log_has_one_guard_line_per_bridge_request(battery: Battery) -> None:
     lines = battery.action_lines()
     count = battery.outcome("bridge requests made").data["count"]
-    assert len(lines) == count, f"{count} bridge requests but {len(lines)} log lines"
     parsed = [ActionLine.model_validate_json(line) for line in lines]  # every line well-formed
+    # One call line per request; a forwarded one's outcome line follows its start.
+    calls = [p for p in parsed if p.event != "outcome"]
+    assert len(calls) == count, f"{count} bridge requests but {len(calls)} calls logged"
+    starts = [p.call_id for p in parsed if p.event == "start"]
+    assert starts == [p.call_id for p in parsed if p.event == "outcome"]
     assert not any(p.tool == "FORGED" for p in parsed), "a forged line got into the log"
     refused_requests = [p for p in parsed if p.category == "request"]
     assert sorted(p.reason.split()[0] for p in refused_requests) == [
@@ -525,8 +531,12 @@ def test_action_log_has_one_guard_line_per_bridge_request(battery: Battery) -> N
         p for p in parsed if p.tool == "notify_user" and p.arguments.get("text") == "identity"
     ]
     assert len(forged) == 1
-    assert not {"run_id", "workflow", "session_id"} & set(forged[0].arguments), forged[0]
-    assert "FORGED-RUN" not in "\n".join(lines)
+    # The line's own identity is the guard's. notify_user binds no argument, so keys
+    # that merely look like identity are the step's own arguments, recorded as sent.
+    assert forged[0].session == "root" and forged[0].tool == "notify_user"
+    assert forged[0].arguments["run_id"] == "FORGED-RUN"
+    # A forged value at a bound path (agent_browser's session) is never recorded.
+    assert "FORGED-BOUND" not in "\n".join(lines)
     # No line carries the content of a file the step was not allowed to read.
     for marker in ("root:x:", "GIT-SECRET-7f3", "SQLite format"):
         assert marker not in "\n".join(lines)

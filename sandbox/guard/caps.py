@@ -1,0 +1,55 @@
+"""Every size the guard accepts, in one place, and the memory limit they add up to.
+
+Whatever the step or a server sends past a cap is dropped, never buffered
+whole: the step gets a tool error (or an HTTP 413/431 on the bridge and MCP
+port) that names the cap, the call's line is written, and the guard lives.
+The guard holds at most `FORWARD_SLOTS` replies at once (further forwarded
+calls wait for a slot, inside their own time budget), so its memory is bounded
+by the caps, not by what the step or a server chooses to send; the guard
+container's memory limit (`GUARD_MEMORY_BYTES`) is that bound with room to
+spare. The egress proxy streams replies without holding them (its request
+head cap is `sandbox.guard.http1.MAX_HEAD_BYTES`), and the action log has its
+own caps (`sandbox.guard.actionlog`).
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from sandbox.wire import MAX_REQUEST_BYTES as _WIRE_MAX_REQUEST_BYTES
+
+MiB: Final = 1024 * 1024
+
+# From the step, on the bridge and MCP port.
+MAX_REQUEST_BYTES: Final = _WIRE_MAX_REQUEST_BYTES  # one request body (4 MiB)
+MAX_HEADER_BYTES: Final = 16 * 1024  # one request's header lines, together
+# The HTTP server's own fence for a request head it cannot parse within
+# (a bare 400, no line: the head never reached the guard's code).
+TRANSPORT_MAX_HEAD_BYTES: Final = 64 * 1024
+
+# Replies the guard reads before it answers the step.
+MAX_MCP_MESSAGE_BYTES: Final = 8 * MiB  # one JSON-RPC message from an MCP server
+MAX_MCP_LISTING_BYTES: Final = 8 * MiB  # one tools/list answer, every page together
+MAX_UPSTREAM_REPLY_BYTES: Final = 8 * MiB  # the real bridge's reply body
+MAX_EXEC_REPLY_BYTES: Final = 8 * MiB  # the step executor's reply body
+
+# Forwarded calls (MCP, bridge upstream, executor) whose reply the guard may
+# hold at once.
+FORWARD_SLOTS: Final = 4
+
+# A reply in memory exists several times over while it is parsed and relayed
+# (bytes read, parsed objects, the reply serialized for the step, its body):
+# measured at about 5x its size for an MCP result (the guard container's
+# cgroup peak: 60 MiB idle, 97 MiB with one 7 MB result, 139 MiB with sixteen
+# at once); 8x leaves room.
+_COPIES: Final = 8
+_GUARD_BASE_BYTES: Final = 160 * MiB  # the guard's own RSS (~50-70 MB) with headroom
+_LARGEST_REPLY: Final = max(MAX_MCP_MESSAGE_BYTES, MAX_UPSTREAM_REPLY_BYTES, MAX_EXEC_REPLY_BYTES)
+GUARD_MEMORY_BYTES: Final = _GUARD_BASE_BYTES + FORWARD_SLOTS * _COPIES * _LARGEST_REPLY
+
+
+def mib(size: int) -> str:
+    """A cap as people read it: `8 MiB`, `16 KiB`."""
+    if size % MiB == 0:
+        return f"{size // MiB} MiB"
+    return f"{size // 1024} KiB"

@@ -1,0 +1,260 @@
+"""Strict HTTP/1.1 for the egress proxy: h11's parser, and the checks a proxy adds to it.
+
+h11 parses every request and reply head the proxy handles (the request line,
+header names and values, Content-Length and chunked framing) and writes every
+head the proxy forwards. It is lenient where a proxy must not be, so that a
+proxy and the server behind it never read one byte stream as two different
+requests (request smuggling). h11 accepts bare LF line ends, unfolds obs-fold,
+merges equal duplicate Content-Length headers, accepts Content-Length beside
+Transfer-Encoding and any `HTTP/x.y` version; here each of these is a refusal:
+
+* :func:`head_end` checks the head's bytes before h11 sees them: every line
+  ends in CRLF (no bare CR, no bare LF), no line starts with space or tab
+  (obs-fold), and the head fits :data:`MAX_HEAD_BYTES`.
+* :func:`check_request` checks the parsed request against its raw lines: one
+  Content-Length at most, in canonical digits; not both Content-Length and
+  Transfer-Encoding; HTTP/1.0 or 1.1 only.
+* :func:`absolute_target`, :func:`tunnel_target` and :func:`check_host` judge
+  where the request goes: an absolute `http://host[:port]/path` through the
+  proxy (no userinfo, no fragment), origin form (or the tunnel's own absolute
+  `https://` URL) inside a TLS tunnel, and a Host header that names exactly the
+  same host and port.
+
+What is forwarded is rebuilt, never relayed: :func:`forward_headers` keeps
+the parsed end-to-end headers (names in the client's spelling, values as h11
+read them) and drops hop-by-hop ones; h11 then writes the request line and the
+head. Limits: one head is at most 64 KiB and 100 header lines; a longer head
+is refused with 431.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import h11
+
+MAX_HEAD_BYTES = 64 * 1024  # one request or reply head; also h11's max_incomplete_event_size
+MAX_HEADER_LINES = 100
+VERSIONS = frozenset({b"1.0", b"1.1"})
+
+# Never forwarded in either direction: they describe one hop, and the proxy frames
+# each hop itself. (Content-Length and Transfer-Encoding are set from the parsed
+# framing; Host is set from the judged target.)
+HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"keep-alive",
+        b"proxy-connection",
+        b"proxy-authorization",
+        b"proxy-authenticate",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"transfer-encoding",
+        b"content-length",
+        b"host",
+        b"expect",
+    }
+)
+
+_BARE_LF = re.compile(rb"(?<!\r)\n")
+_BARE_CR = re.compile(rb"\r(?!\n)")
+_FOLDED = re.compile(rb"\r\n[ \t]")
+_CANONICAL_LENGTH = re.compile(rb"0|[1-9][0-9]{0,15}")
+_HOST = r"(?P<host>[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\])"
+_PORT = r"(?::(?P<port>[0-9]{1,5}))?"
+_ORIGIN = r"(?P<origin>/[^#]*)"
+_ABSOLUTE_HTTP = re.compile(rf"http://{_HOST}{_PORT}{_ORIGIN}?", re.IGNORECASE)
+_ABSOLUTE_HTTPS = re.compile(rf"https://{_HOST}{_PORT}{_ORIGIN}?", re.IGNORECASE)
+_AUTHORITY = re.compile(rf"{_HOST}:(?P<port>[0-9]{{1,5}})")
+_HOST_HEADER = re.compile(rf"{_HOST}{_PORT}")
+
+
+class Refused(Exception):
+    """The request cannot be forwarded as HTTP: its status and the reason."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+def head_end(buffer: bytes | bytearray) -> int | None:
+    """Where the head in `buffer` ends (just past its blank line), or None when it is
+    not complete yet. Raises Refused as soon as what has arrived is ambiguous."""
+    end = buffer.find(b"\r\n\r\n")
+    region = bytes(buffer[: end + 4] if end >= 0 else buffer)
+    if _BARE_LF.search(region):
+        raise Refused(400, "a line of the request head ends in a bare LF")
+    # An incomplete head may end in the CR of a CRLF still to come.
+    if _BARE_CR.search(region if end >= 0 else region.removesuffix(b"\r")):
+        raise Refused(400, "the request head holds a bare CR")
+    if _FOLDED.search(region):
+        raise Refused(400, "a header line starts with whitespace (obs-fold)")
+    if len(region) > MAX_HEAD_BYTES or (end < 0 and len(buffer) > MAX_HEAD_BYTES):
+        raise Refused(431, f"the request head is larger than {MAX_HEAD_BYTES} bytes")
+    if region.count(b"\r\n") > MAX_HEADER_LINES + 2:
+        raise Refused(431, f"the request head has more than {MAX_HEADER_LINES} header lines")
+    return end + 4 if end >= 0 else None
+
+
+def parse_request(head: bytes) -> tuple[h11.Connection, h11.Request]:
+    """Parse one complete head (as `head_end` delimited it) with a fresh h11 connection;
+    the connection is returned to read the body with."""
+    conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
+    conn.receive_data(head)
+    try:
+        event = conn.next_event()
+    except h11.RemoteProtocolError as exc:
+        status = exc.error_status_hint if exc.error_status_hint in (400, 431, 505) else 400
+        raise Refused(status, f"malformed request head: {_clip(str(exc))}") from None
+    if not isinstance(event, h11.Request):  # pragma: no cover - a complete head is a Request
+        raise Refused(400, "malformed request head")
+    check_request(head, event)
+    return conn, event
+
+
+def check_request(head: bytes, request: h11.Request) -> None:
+    """What h11 let through that a proxy must not: raises Refused."""
+    if request.http_version not in VERSIONS:
+        version = request.http_version.decode("ascii", "replace")
+        raise Refused(505, f"HTTP/{version} is not HTTP/1.1; it cannot be inspected")
+    lengths: list[bytes] = []
+    encodings = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        name = name.lower()
+        if name == b"content-length":
+            lengths.append(value.strip(b" \t"))
+        elif name == b"transfer-encoding":
+            encodings += 1
+    if len(lengths) > 1:
+        raise Refused(400, "the request has more than one Content-Length header")
+    if lengths and not _CANONICAL_LENGTH.fullmatch(lengths[0]):
+        raise Refused(400, "the request's Content-Length is not a plain decimal number")
+    if lengths and encodings:
+        raise Refused(400, "the request has both Content-Length and Transfer-Encoding")
+    if encodings > 1:
+        raise Refused(400, "the request has more than one Transfer-Encoding header")
+
+
+def header(request: h11.Request | h11.Response, name: bytes) -> bytes | None:
+    """The (h11-normalised) value of a header that occurs at most once."""
+    return next((v for k, v in request.headers if k == name), None)
+
+
+def body_length(request: h11.Request) -> int | None:
+    """The request's Content-Length; None when it is chunked."""
+    if header(request, b"transfer-encoding") is not None:
+        return None
+    return int(header(request, b"content-length") or b"0")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a request goes: the judged host and port, and the origin-form target."""
+
+    host: str
+    port: int
+    origin: str
+
+    def authority(self, default_port: int) -> str:
+        """host[:port] as a Host header or URL names it (the port only when not the default)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return host if self.port == default_port else f"{host}:{self.port}"
+
+    def url(self, scheme: str) -> str:
+        return f"{scheme}://{self.authority(443 if scheme == 'https' else 80)}{self.origin}"
+
+
+def _host_port(match: re.Match[str], default_port: int) -> tuple[str, int]:
+    host = match.group("host").lower().strip("[]")
+    port = int(match.group("port") or default_port)
+    if not 0 < port < 65536:
+        raise Refused(400, f"port {port} is out of range")
+    return host.rstrip("."), port
+
+
+def absolute_target(target: bytes) -> Target:
+    """A proxy request's target: exactly `http://host[:port][/path[?query]]`."""
+    text = target.decode("ascii")
+    match = _ABSOLUTE_HTTP.fullmatch(text)
+    if match is None:
+        authority = text.partition("://")[2].partition("/")[0]
+        if "@" in authority:
+            raise Refused(400, "the request target carries userinfo (user@host)")
+        raise Refused(400, "a proxy request needs an absolute http://host/path target")
+    host, port = _host_port(match, 80)
+    return Target(host, port, match.group("origin") or "/")
+
+
+def tunnel_target(target: bytes, host: str, port: int) -> Target:
+    """A request's target inside a tunnel to host:port: origin form, or the absolute
+    `https://` URL of that same host and port."""
+    text = target.decode("ascii")
+    if text.startswith("/"):
+        if "#" in text:
+            raise Refused(400, "the request target carries a fragment")
+        return Target(host, port, text)
+    match = _ABSOLUTE_HTTPS.fullmatch(text)
+    if match is None:
+        raise Refused(400, "inside a tunnel the request target must be a path (/...)")
+    named = _host_port(match, 443)
+    if named != (host, port):
+        raise Refused(400, f"the request target names {named[0]}:{named[1]}, not the tunnel's host")
+    return Target(host, port, match.group("origin") or "/")
+
+
+def connect_target(target: bytes) -> tuple[str, int]:
+    """A CONNECT's target: exactly `host:port`."""
+    match = _AUTHORITY.fullmatch(target.decode("ascii"))
+    if match is None:
+        raise Refused(400, "CONNECT needs a host:port target")
+    return _host_port(match, 0)
+
+
+def check_host(request: h11.Request, host: str, port: int, default_port: int) -> None:
+    """A Host header, when there is one, names exactly the judged host and port."""
+    value = header(request, b"host")
+    if value is None:
+        if request.http_version == b"1.1":  # h11 requires it already
+            raise Refused(400, "an HTTP/1.1 request needs a Host header")
+        return
+    match = _HOST_HEADER.fullmatch(value.decode("latin-1"))
+    if match is None or _host_port(match, default_port) != (host, port):
+        shown = _clip(value.decode("latin-1"), 100)
+        raise Refused(400, f"the Host header ({shown}) disagrees with the request's target")
+
+
+def connection_tokens(message: h11.Request | h11.Response) -> set[bytes]:
+    return {
+        token.strip().lower()
+        for name, value in message.headers
+        if name == b"connection"
+        for token in value.split(b",")
+    }
+
+
+def forward_headers(
+    message: h11.Request | h11.Response, *, keep: Iterable[bytes] = ()
+) -> list[tuple[bytes, bytes]]:
+    """The message's end-to-end headers, in order and in the sender's spelling: every
+    hop-by-hop header and every header its Connection header names is dropped, except
+    the framing headers listed in `keep`."""
+    named = connection_tokens(message)
+    kept = frozenset(keep)
+    return [
+        (name, value)
+        for name, value in message.headers.raw_items()
+        if name.lower() in kept or (name.lower() not in HOP_BY_HOP and name.lower() not in named)
+    ]
+
+
+def wants_keep_alive(request: h11.Request) -> bool:
+    return request.http_version == b"1.1" and b"close" not in connection_tokens(request)
+
+
+def _clip(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."

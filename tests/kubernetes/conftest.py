@@ -1,0 +1,121 @@
+"""The local Kubernetes cluster for tests/kubernetes/: up once per session, always down.
+
+These tests run only with `-m kubernetes` (`make test-kubernetes`): the first run
+builds the Kubernetes binaries (minutes), and `make test` stays the Docker suite.
+At teardown the fixture checks the host, not just the cluster's word: no process in
+the cluster's namespaces or cgroups (stop() raises otherwise), no mount under its
+folder, the kubelet's sysctls as they were, the pod bridge not on the host and no
+iptables rule naming it, and the host's Docker engine still runs a container.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+from kubernetes import client, watch
+
+from sandbox.engine import images
+from tests.kubernetes.cluster import (
+    KUBELET_SYSCTLS,
+    PRIVATE_PATHS,
+    SECCOMP_DIR,
+    Cluster,
+    stop_orphans,
+)
+
+HERE = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark this folder's tests `kubernetes`; without `-m kubernetes` they are skipped."""
+    selected = "kubernetes" in (config.getoption("markexpr") or "")
+    for item in items:
+        if not item.path.is_relative_to(HERE):
+            continue
+        item.add_marker(pytest.mark.kubernetes)
+        if not selected:
+            item.add_marker(
+                pytest.mark.skip(
+                    reason="the local Kubernetes cluster runs with make test-kubernetes"
+                )
+            )
+
+
+def _host_snapshot() -> dict[str, Any]:
+    return {
+        "sysctls": {
+            n: Path("/proc/sys", n).read_text()
+            for n in KUBELET_SYSCTLS
+            if Path("/proc/sys", n).exists()
+        },
+        "private_paths": {p: Path(p).exists() for p in PRIVATE_PATHS},
+        "netns": sorted(os.listdir("/run/netns")) if Path("/run/netns").is_dir() else [],
+    }
+
+
+@pytest.fixture(scope="session")
+def kube_cluster() -> Iterator[Cluster]:
+    """A Ready single-node cluster with the step and guard images and `step.json` installed."""
+    engine = docker.from_env(timeout=120)
+    images.require(engine, images.STEP_IMAGE)
+    images.require(engine, images.GUARD_IMAGE)
+    stop_orphans()  # a killed session's cluster would skew the snapshot
+    before = _host_snapshot()
+    cluster = Cluster.start(images=(images.STEP_IMAGE, images.GUARD_IMAGE))
+    try:
+        cluster.install_seccomp_profile(SECCOMP_DIR / "step.json")
+        yield cluster
+    finally:
+        bridge, directory = cluster.state.bridge, cluster.directory
+        cluster.stop()
+        after = _host_snapshot()
+        rules = subprocess.run(
+            ["iptables-save"], capture_output=True, text=True, check=False
+        ).stdout
+        assert str(directory) not in Path("/proc/self/mountinfo").read_text()
+        assert after == before, f"host state changed: {before} -> {after}"
+        # The pod bridge and its veths live in the cluster's own network namespace.
+        # (Other interfaces come and go with other users of the host's Docker engine.)
+        host_links = os.listdir("/sys/class/net")
+        assert bridge not in host_links
+        assert not [
+            n for n in host_links if Path("/sys/class/net", n, "master").resolve().name == bridge
+        ]
+        assert bridge not in rules and cluster.state.pod_subnet not in rules
+        engine.containers.run(images.STEP_IMAGE, "true", remove=True, network_mode="bridge")
+
+
+@pytest.fixture(scope="session")
+def kube_api(kube_cluster: Cluster) -> Iterator[Any]:
+    """A `kubernetes.client.ApiClient` with the cluster's admin token."""
+    api = kube_cluster.api_client()
+    yield api
+    api.close()
+
+
+@pytest.fixture(scope="session")
+def kube_core(kube_api: Any) -> Any:
+    return client.CoreV1Api(kube_api)
+
+
+@pytest.fixture
+def kube_namespace(kube_core: Any) -> Iterator[str]:
+    """A fresh namespace whose default service account exists (Pods need it to be admitted)."""
+    name = f"t-{secrets.token_hex(4)}"
+    kube_core.create_namespace({"metadata": {"name": name}})
+    w = watch.Watch()
+    for event in w.stream(kube_core.list_namespaced_service_account, name, timeout_seconds=60):
+        if event["object"].metadata.name == "default":
+            w.stop()
+            break
+    else:
+        pytest.fail(f"no default service account in {name} within 60 s")
+    yield name
+    kube_core.delete_namespace(name)

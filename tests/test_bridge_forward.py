@@ -1,0 +1,362 @@
+"""The guard's bridge against real upstream servers on loopback (in-process guard).
+
+The upstreams are stand-ins for the real bridge (the outside world): real TCP
+servers that record every request they receive, byte for byte.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sandbox.guard.actionlog import ActionLog
+from sandbox.guard.bridge import Guard, build_app
+from sandbox.guard.config import GuardConfig
+from sandbox.wire import ActionLine
+from tests.conftest import call_lines
+
+TOKEN = "b" * 24
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class Upstream:
+    """A raw HTTP/1.1 server: `answer(n, body)` decides, per request on a connection,
+    the reply bytes (None: close the connection without a reply)."""
+
+    def __init__(
+        self, answer: Callable[[int, bytes], bytes | None], *, close_after_reply: bool = False
+    ) -> None:
+        self.answer = answer
+        self.close_after_reply = close_after_reply  # without saying Connection: close
+        self.requests: list[bytes] = []  # every request body, in arrival order
+        self.connections = 0
+        self.closed = 0
+        self._srv = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._srv.getsockname()[1]}"
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.connections += 1
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        buffer = b""
+        n = 0
+        # A reset is the guard dropping a reply past its cap: the exchange is over.
+        with conn, contextlib.suppress(ConnectionError):
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        break
+                    buffer += chunk
+                if b"\r\n\r\n" not in buffer:
+                    break
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length:")
+                )
+                while len(buffer) < length:
+                    buffer += conn.recv(65536)
+                body, buffer = buffer[:length], buffer[length:]
+                with self._lock:
+                    self.requests.append(body)
+                n += 1
+                reply = self.answer(n, body)
+                if reply is None:
+                    break  # a connection that dies after the request arrived
+                conn.sendall(reply)
+                if self.close_after_reply:
+                    break
+        with self._lock:
+            self.closed += 1
+
+    def close(self) -> None:
+        self._srv.close()
+
+
+def ok(text: str = "done") -> bytes:
+    payload = json.dumps({"text": text}).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload)
+
+
+@pytest.fixture
+def guard_at(tmp_path: Path) -> Iterator[Callable[[str | None], tuple[Guard, Path]]]:
+    made: list[Guard] = []
+
+    def make(upstream: str | None) -> tuple[Guard, Path]:
+        actions = tmp_path / f"actions-{len(made)}.jsonl"
+        actions.touch()
+        config = GuardConfig(
+            run_id="test-x",
+            workflow="wf",
+            step="s",
+            bridge_token=TOKEN,
+            exec_token="e" * 24,
+            has_db=False,
+            upstream=upstream,
+            actions_path=str(actions),
+            data_dir=str(tmp_path),
+            fsync_each=False,
+        )
+        guard = Guard(config, ActionLog(str(actions), secrets=(TOKEN,), fsync_each=False))
+        made.append(guard)
+        return guard, actions
+
+    yield make
+
+
+def call_all(guard: Guard, calls: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    async def main() -> list[dict[str, Any]]:
+        transport = httpx.ASGITransport(app=build_app(guard))
+        async with httpx.AsyncClient(transport=transport, base_url="http://guard") as client:
+            replies = []
+            for tool, arguments in calls:
+                r = await client.post(
+                    "/v1/tools/call", json={"tool": tool, "arguments": arguments}, headers=AUTH
+                )
+                replies.append(r.json())
+        await guard.close()
+        return replies
+
+    return asyncio.run(main())
+
+
+def lines_of(actions: Path) -> list[ActionLine]:
+    """One line a call; a forwarded call's outcome (checked to follow its start) merged in."""
+    return call_lines(actions)
+
+
+def test_a_call_whose_bytes_were_written_is_never_sent_again(
+    guard_at: Callable[[str | None], tuple[Guard, Path]],
+) -> None:
+    """The second call goes out on the kept-alive connection; the upstream reads it and
+    the connection dies before any reply. The call may have run: it must not run twice."""
+    upstream = Upstream(lambda n, body: ok() if n == 1 else None)
+    try:
+        guard, actions = guard_at(upstream.url)
+        replies = call_all(
+            guard, [("web_fetch", {"url": "https://a/1"}), ("web_fetch", {"url": "https://a/2"})]
+        )
+    finally:
+        upstream.close()
+    assert [json.loads(b)["arguments"]["url"] for b in upstream.requests] == [
+        "https://a/1",
+        "https://a/2",
+    ]  # each call reached the upstream exactly once
+    assert replies[0]["ok"] is True and replies[0]["result"]["text"] == "done"
+    assert replies[1]["ok"] is False
+    assert "not repeated" in replies[1]["result"]["text"]
+    assert "TEST MODE" not in replies[1]["result"]["text"]
+    assert [ln.decision for ln in lines_of(actions)] == ["allow", "allow"]
+    assert lines_of(actions)[1].detail["error"].startswith("upstream bridge failed")
+
+
+@pytest.mark.parametrize("framing", ["declared", "chunked"])
+def test_an_upstream_reply_past_its_cap_is_a_tool_error_and_the_guard_goes_on(
+    guard_at: Callable[[str | None], tuple[Guard, Path]], framing: str
+) -> None:
+    """A reply larger than caps.MAX_UPSTREAM_REPLY_BYTES (declared up front, or chunked
+    with no length) is dropped: the step gets an error naming the cap, the call's outcome
+    line says so, it is not sent again, and the next call is answered."""
+    from sandbox.guard import caps
+
+    cap = caps.MAX_UPSTREAM_REPLY_BYTES
+    piece = b"x" * (1024 * 1024)
+    if framing == "declared":
+        big = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (cap + 1) + piece
+    else:
+        chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
+        big = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 9 + b"0\r\n\r\n"
+    upstream = Upstream(lambda n, body: big if b"/big" in body else ok())
+    try:
+        guard, actions = guard_at(upstream.url)
+        replies = call_all(
+            guard, [("web_fetch", {"url": "https://a/big"}), ("web_fetch", {"url": "https://a/2"})]
+        )
+    finally:
+        upstream.close()
+    assert len(upstream.requests) == 2  # the big one once, then the next call
+    assert replies[0]["ok"] is False
+    assert "larger than 8 MiB (the guard's cap)" in replies[0]["result"]["text"]
+    assert replies[1]["ok"] is True and replies[1]["result"]["text"] == "done"
+    first, second = lines_of(actions)
+    assert first.decision == "allow" and first.detail["reply_bytes"] == f"more than {cap}"
+    assert "the guard's cap" in first.detail["error"]
+    assert second.detail["upstream_status"] == 200
+
+
+def test_with_the_action_log_full_a_call_is_stubbed_not_forwarded_and_counted_once(
+    guard_at: Callable[[str | None], tuple[Guard, Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sandbox.actionsummary import read
+    from sandbox.guard import actionlog
+
+    monkeypatch.setattr(actionlog, "MAX_LOG_BYTES", 1200)
+    upstream = Upstream(lambda n, body: ok())
+    try:
+        guard, actions = guard_at(upstream.url)
+        while not guard.log.full:
+            guard.log.write(
+                session="root",
+                tool="filler",
+                decision="stub",
+                reason="fill",
+                category="test",
+                arguments={"x": "x" * 200},
+                duration_ms=0.0,
+            )
+        replies = call_all(guard, [("web_fetch", {"url": "https://a/1"})])
+        guard.log.close()
+    finally:
+        upstream.close()
+    assert upstream.requests == []
+    assert replies[0]["decision"] == "stub"
+    assert "action log reached its cap" in replies[0]["result"]["text"]
+    # The filler that found the log full, and the call: each counted once.
+    assert read(actions).counts.stubbed_unlogged == 2
+
+
+def test_a_kept_alive_connection_the_upstream_closed_is_replaced_before_sending(
+    guard_at: Callable[[str | None], tuple[Guard, Path]],
+) -> None:
+    """An upstream that closes after each reply without saying so: every call still
+    arrives once and succeeds (the closed connection is noticed before reuse)."""
+    upstream = Upstream(lambda n, body: ok(), close_after_reply=True)
+    try:
+        guard, _ = guard_at(upstream.url)
+
+        async def main() -> list[dict[str, Any]]:
+            transport = httpx.ASGITransport(app=build_app(guard))
+            async with httpx.AsyncClient(transport=transport, base_url="http://g") as client:
+                replies = []
+                for i in range(20):
+                    r = await client.post(
+                        "/v1/tools/call",
+                        json={"tool": "web_fetch", "arguments": {"url": f"https://a/{i}"}},
+                        headers=AUTH,
+                    )
+                    replies.append(r.json())
+                    # The upstream has closed this connection before the next call.
+                    deadline = asyncio.get_running_loop().time() + 10
+                    while upstream.closed <= i:
+                        assert asyncio.get_running_loop().time() < deadline
+                        await asyncio.sleep(0.001)
+            await guard.close()
+            return replies
+
+        replies = asyncio.run(main())
+    finally:
+        upstream.close()
+    assert [r["ok"] for r in replies] == [True] * 20
+    assert len(upstream.requests) == 20
+
+
+def test_identity_is_bound_per_tool_and_everything_else_passes_untouched(
+    guard_at: Callable[[str | None], tuple[Guard, Path]],
+) -> None:
+    upstream = Upstream(lambda n, body: ok())
+    forged_llm = {
+        "prompt": "hi",
+        "session": "forged-session",
+        "metadata": {"run_id": "forged-run", "run_kind": "real", "tag": "mine"},
+        "options": {"run_id": "nested-not-bound"},
+        "run_id": "top-level-not-bound-here",
+    }
+    status = {"run_id": "run-2024-17", "step_id": "bid-submit", "detail": {"session": "x"}}
+    browser = {"command": "snapshot", "session": {"forged": True}}
+    try:
+        guard, actions = guard_at(upstream.url)
+        replies = call_all(
+            guard,
+            [
+                ("generate_text_llm", forged_llm),
+                ("get_run_status", status),
+                ("agent_browser", browser),
+                ("generate_text_llm", {"prompt": "plain", "metadata": "not an object"}),
+            ],
+        )
+    finally:
+        upstream.close()
+    assert [r["decision"] for r in replies] == ["allow"] * 4
+    sent = [json.loads(b) for b in upstream.requests]
+    for call in sent:  # the envelope is always the guard's
+        assert (call["run_id"], call["session"], call["workflow"], call["step"]) == (
+            "test-x",
+            "root",
+            "wf",
+            "s",
+        )
+        assert call["run_kind"] == "test"
+    assert sent[0]["arguments"] == {
+        "prompt": "hi",
+        "session": "root",
+        "metadata": {"run_id": "test-x", "run_kind": "test", "tag": "mine"},
+        "options": {"run_id": "nested-not-bound"},
+        "run_id": "top-level-not-bound-here",
+    }
+    assert sent[1]["arguments"] == status  # a read tool's real run_id and step_id
+    assert sent[2]["arguments"] == {"command": "snapshot", "session": "root"}
+    assert sent[3]["arguments"] == {
+        "prompt": "plain",
+        "session": "root",
+        "metadata": {"run_id": "test-x", "run_kind": "test"},
+    }
+    lines = lines_of(actions)
+    assert lines[0].detail["overwrote"] == ["session", "metadata.run_id", "metadata.run_kind"]
+    assert "forged" not in json.dumps(lines[0].arguments)
+    assert lines[1].arguments == status and "bound" not in lines[1].detail
+
+
+def test_stubbed_calls_are_logged_without_the_bound_paths(
+    guard_at: Callable[[str | None], tuple[Guard, Path]],
+) -> None:
+    guard, actions = guard_at(None)
+    replies = call_all(guard, [("agent_browser", {"command": "click #x", "session": "forged"})])
+    assert replies[0]["decision"] == "stub"
+    (line,) = lines_of(actions)
+    assert line.arguments == {"command": "click #x"}
+
+
+@pytest.mark.parametrize("asked", [300, "300", " 300 ", 450.5, "1e9", None, 0, "abc", True])
+def test_the_guard_waits_as_long_as_the_executor_may_run_the_command(
+    guard_at: Callable[[str | None], tuple[Guard, Path]], asked: object
+) -> None:
+    """The guard's wait for a shell command comes from the executor's own timeout rule."""
+    from sandbox.toolargs import SHELL_KILL_GRACE_S, shell_timeout_s
+
+    guard, _ = guard_at(None)
+    seen: list[float] = []
+
+    def record(request: httpx.Request) -> httpx.Response:
+        seen.append(request.extensions["timeout"]["read"])
+        # A body that streams, as the executor's does (the guard reads it in capped chunks).
+        return httpx.Response(200, stream=httpx.ByteStream(b'{"text": "ran"}'))
+
+    guard._executor = httpx.AsyncClient(transport=httpx.MockTransport(record), base_url="http://e")
+    arguments = {"command": "sleep 1"} if asked is None else {"command": "x", "timeout_s": asked}
+    asyncio.run(guard._execute_in_step("execute_shell_command", arguments, {}))
+    try:
+        executor_s = shell_timeout_s(asked)
+    except ValueError:
+        executor_s = 0.0  # refused by the executor at once
+    (waited,) = seen
+    assert waited >= executor_s + SHELL_KILL_GRACE_S + guard.config.grace_s

@@ -1,0 +1,254 @@
+"""The egress proxy's two-phase record, in process, against real servers on loopback.
+
+A forwarded request's `start` line is on disk before its first byte reaches the
+host (so a guard killed mid-request leaves "started, outcome unknown"), its
+`outcome` line follows the reply (an error when the reply is cut short); a full
+log refuses the request instead of forwarding it unlogged, and counts it once;
+an MCP server's proxy names the server on every line.
+The upstreams stand in for the outside world: real TCP servers that record what
+they receive and what the action log held at that moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandbox.actionsummary import read
+from sandbox.config import Egress
+from sandbox.guard import actionlog
+from sandbox.guard.actionlog import ActionLog
+from sandbox.guard.config import GuardConfig
+from sandbox.guard.egress import EgressProxy
+from sandbox.wire import ActionLine
+from tests.conftest import call_lines
+
+
+class Host:
+    """A raw TCP server: on each connection it reads up to the end of a request head (or,
+    `tunnel`, the first bytes), notes the action log's lines at that moment, then sends
+    `reply` and closes."""
+
+    def __init__(self, actions: Path, reply: bytes, *, tunnel: bool = False) -> None:
+        self.actions = actions
+        self.reply = reply
+        self.tunnel = tunnel
+        self.received: list[bytes] = []
+        self.log_when_received: list[list[ActionLine]] = []
+        self._srv = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._srv.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, contextlib.suppress(ConnectionError):
+            data = b""
+            while (self.tunnel and not data) or (not self.tunnel and b"\r\n\r\n" not in data):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            lines = self.actions.read_text().splitlines()
+            self.log_when_received.append([ActionLine.model_validate_json(x) for x in lines])
+            self.received.append(data)
+            conn.sendall(self.reply)
+
+    def close(self) -> None:
+        self._srv.close()
+
+
+def _config(actions: Path, egress: Egress) -> GuardConfig:
+    return GuardConfig(
+        run_id="test-x",
+        workflow="wf",
+        step="s",
+        bridge_token="b" * 24,
+        exec_token="e" * 24,
+        has_db=False,
+        actions_path=str(actions),
+        data_dir=str(actions.parent),
+        fsync_each=False,
+        egress=egress,
+    )
+
+
+@contextlib.contextmanager
+def _actions(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    yield path
+
+
+async def _through(proxy: EgressProxy, payload: bytes) -> bytes:
+    """Send `payload` to the proxy on a fresh connection; everything it answers."""
+    server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(payload)
+        await writer.drain()
+        data = await asyncio.wait_for(reader.read(), 20)
+        writer.close()
+        await writer.wait_closed()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while proxy.open_connections or len(asyncio.all_tasks()) > 1:  # its handler is done
+            assert loop.time() < deadline, "the proxy's handler did not finish"
+            await asyncio.sleep(0.005)
+        return data
+    finally:
+        server.close()
+
+
+OK = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+
+
+def test_a_forwarded_read_is_started_on_disk_before_its_first_byte_leaves(
+    tmp_path: Path,
+) -> None:
+    with _actions(tmp_path) as actions:
+        host = Host(actions, OK)
+        try:
+            egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
+            log = ActionLog(str(actions), secrets=(), fsync_each=False)
+            proxy = EgressProxy(_config(actions, egress), log)
+            target = f"http://127.0.0.1:{host.port}/page"
+            request = (
+                f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{host.port}\r\nConnection: close\r\n\r\n"
+            )
+            reply = asyncio.run(_through(proxy, request.encode()))
+            log.close()
+        finally:
+            host.close()
+    assert reply.startswith(b"HTTP/1.1 200 OK") and reply.endswith(b"hello")
+    # When the host read the request, the log held its start line and no outcome:
+    # what a guard killed at that moment leaves behind.
+    (at_receipt,) = host.log_when_received
+    assert [(ln.event, ln.decision, ln.arguments["url"]) for ln in at_receipt] == [
+        ("start", "allow", target)
+    ]
+    (line,) = call_lines(actions)  # its outcome follows it
+    assert line.detail["status"] == 200 and "error" not in line.detail
+    outcome = ActionLine.model_validate_json(actions.read_text().splitlines()[-1])
+    assert outcome.event == "outcome" and outcome.outcome == "ok"
+    assert read(actions).counts.outcome_unknown == 0
+
+
+def test_a_reply_cut_short_is_an_error_outcome(tmp_path: Path) -> None:
+    with _actions(tmp_path) as actions:
+        host = Host(actions, b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly-some")
+        try:
+            egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
+            log = ActionLog(str(actions), secrets=(), fsync_each=False)
+            proxy = EgressProxy(_config(actions, egress), log)
+            request = f"GET http://127.0.0.1:{host.port}/p HTTP/1.1\r\nHost: 127.0.0.1:{host.port}\r\nConnection: close\r\n\r\n"
+            asyncio.run(_through(proxy, request.encode()))
+            log.close()
+        finally:
+            host.close()
+    (line,) = call_lines(actions)
+    assert line.detail["reply_cut"] is True
+    assert read(actions).counts.outcome_error == 1
+
+
+def test_a_blind_tunnel_is_started_before_any_byte_and_has_its_outcome(tmp_path: Path) -> None:
+    with _actions(tmp_path) as actions:
+        host = Host(actions, b"from-host", tunnel=True)
+        try:
+            entry = {"host": "127.0.0.1", "port": host.port, "tls": True, "inspect": False}
+            egress = Egress(allow=[entry])  # type: ignore[list-item]
+            log = ActionLog(str(actions), secrets=(), fsync_each=False)
+            proxy = EgressProxy(_config(actions, egress), log)
+            authority = f"127.0.0.1:{host.port}"
+            connect = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n"
+            reply = asyncio.run(_through(proxy, connect.encode() + b"tls-bytes"))
+            log.close()
+        finally:
+            host.close()
+    assert reply.startswith(b"HTTP/1.1 200 Connection Established") and reply.endswith(b"from-host")
+    (at_receipt,) = host.log_when_received
+    assert [(ln.event, ln.detail["tls"]) for ln in at_receipt] == [("start", "method not seen")]
+    (line,) = call_lines(actions)
+    assert line.arguments["method"] == "CONNECT" and line.decision == "allow"
+
+
+@pytest.mark.parametrize("when", ["already full", "full at its start line"])
+def test_a_full_log_refuses_the_request_and_nothing_leaves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
+) -> None:
+    """Already full: the host is not even dialled. Filled by the request's own start
+    line: the host was dialled but gets no byte. Either way a refusal, counted once."""
+    monkeypatch.setattr(actionlog, "MAX_LOG_BYTES", 1500)
+    filler = {
+        "session": "root",
+        "tool": "filler",
+        "decision": "stub",
+        "reason": "fill the log",
+        "category": "test",
+        "arguments": {"x": "x" * 200},
+        "duration_ms": 0.0,
+    }
+    with _actions(tmp_path) as actions:
+        host = Host(actions, OK)
+        try:
+            egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
+            log = ActionLog(str(actions), secrets=(), fsync_each=False)
+            if when == "already full":
+                while not log.full:
+                    log.write(**filler)  # type: ignore[arg-type]
+            else:  # room for fillers, not for the request's start line
+                while actions.stat().st_size + 400 < actionlog.MAX_LOG_BYTES:
+                    log.write(**filler)  # type: ignore[arg-type]
+                assert not log.full
+            proxy = EgressProxy(_config(actions, egress), log)
+            authority = f"127.0.0.1:{host.port}"
+            request = (
+                f"GET http://{authority}/p HTTP/1.1\r\nHost: {authority}\r\n"
+                "Connection: close\r\n\r\n"
+            )
+            reply = asyncio.run(_through(proxy, request.encode()))
+            log.close()
+        finally:
+            host.close()
+    assert host.received == ([] if when == "already full" else [b""])  # no byte left
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 403") and b"X-Agentworks-Test-Mode: refused" in head
+    assert b"action log reached its cap" in body and b"nothing was sent" in body
+    assert b"Continue as if" not in body
+    # Unlogged: the request, counted once (and, already full, the filler that found it so).
+    assert read(actions).counts.stubbed_unlogged == (2 if when == "already full" else 1)
+    assert not [ln for ln in call_lines(actions) if ln.tool == "http"]
+
+
+def test_an_mcp_servers_proxy_names_the_server_on_every_line(tmp_path: Path) -> None:
+    with _actions(tmp_path) as actions:
+        host = Host(actions, OK)
+        try:
+            egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
+            log = ActionLog(str(actions), secrets=(), fsync_each=False)
+            proxy = EgressProxy(_config(actions, egress), log, label={"mcp_server": "fetcher"})
+            authority = f"127.0.0.1:{host.port}"
+            read_ = f"GET http://{authority}/p HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
+            write = f"POST http://{authority}/w HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 2\r\n\r\nhi"
+            asyncio.run(_through(proxy, read_.encode()))
+            asyncio.run(_through(proxy, write.encode()))
+            log.close()
+        finally:
+            host.close()
+    raw = [ActionLine.model_validate_json(x) for x in actions.read_text().splitlines()]
+    assert [ln.event for ln in raw] == ["start", "outcome", "call"]
+    assert all(ln.detail["mcp_server"] == "fetcher" for ln in raw if ln.event != "outcome")
+    assert [ln.decision for ln in call_lines(actions)] == ["allow", "stub"]

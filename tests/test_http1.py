@@ -1,0 +1,167 @@
+"""The egress proxy's strict HTTP/1.1 checks (pure: bytes in, verdicts out)."""
+
+from __future__ import annotations
+
+import h11
+import pytest
+
+from sandbox.guard import http1
+from sandbox.guard.http1 import Refused
+
+
+def parse(head: bytes) -> h11.Request:
+    end = http1.head_end(head)
+    assert end == len(head)
+    return http1.parse_request(head)[1]
+
+
+def refused(head: bytes) -> Refused:
+    with pytest.raises(Refused) as info:
+        end = http1.head_end(head)
+        assert end is not None, "incomplete"
+        http1.parse_request(head[:end])
+    return info.value
+
+
+GOOD = b"GET http://a.test/x HTTP/1.1\r\nHost: a.test\r\nAccept: */*\r\n\r\n"
+
+
+def test_a_plain_request_parses() -> None:
+    request = parse(GOOD)
+    assert (request.method, request.target) == (b"GET", b"http://a.test/x")
+
+
+@pytest.mark.parametrize(
+    ("head", "status", "words"),
+    [
+        (b"GET / HTTP/1.1\nHost: a\n\n", 400, "bare LF"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nX: a\nY: b\r\n\r\n", 400, "bare LF"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nX: a\rb\r\n\r\n", 400, "bare CR"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nX: a\r\n b\r\n\r\n", 400, "obs-fold"),
+        (b"GET / HTTP/1.1\r\n Host: a\r\n\r\n", 400, "obs-fold"),
+        (
+            b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nContent-Length: 0\r\n\r\n",
+            400,
+            "more than one Content-Length",
+        ),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 0, 0\r\n\r\n", 400, "plain decimal"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 007\r\n\r\n", 400, "plain decimal"),
+        (
+            b"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            400,
+            "both",
+        ),
+        (
+            b"GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n",
+            400,
+            "malformed",
+        ),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n", 400, "malformed"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "malformed"),
+        (b"GET / HTTP/1.1\r\nHost : a\r\n\r\n", 400, "malformed"),
+        (b"GET / HTTP/2.0\r\nHost: a\r\n\r\n", 505, "HTTP/2.0"),
+        (b"PRI * HTTP/2.0\r\n\r\n", 505, "HTTP/2.0"),
+        (b"GET / HTTP/1.1\r\n\r\n", 400, "Host"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\nX: " + b"a" * 70000 + b"\r\n\r\n", 431, "larger"),
+        (b"GET / HTTP/1.1\r\nHost: a\r\n" + b"X: a\r\n" * 101 + b"\r\n", 431, "header lines"),
+    ],
+)
+def test_ambiguous_heads_are_refused(head: bytes, status: int, words: str) -> None:
+    refusal = refused(head)
+    assert refusal.status == status and words in refusal.reason
+
+
+def test_an_incomplete_head_waits_but_a_bare_lf_is_refused_at_once() -> None:
+    assert http1.head_end(b"GET / HTTP/1.1\r\nHost: a\r") is None
+    with pytest.raises(Refused):
+        http1.head_end(b"GET / HTTP/1.1\nHost")  # no terminator yet: refused anyway
+    with pytest.raises(Refused) as info:
+        http1.head_end(b"G" * (http1.MAX_HEAD_BYTES + 1))
+    assert info.value.status == 431
+
+
+@pytest.mark.parametrize(
+    ("target", "host", "port", "origin"),
+    [
+        (b"http://a.test/x?y=1", "a.test", 80, "/x?y=1"),
+        (b"http://A.Test:8080", "a.test", 8080, "/"),
+        (b"http://[fd00::1]:81/p", "fd00::1", 81, "/p"),
+    ],
+)
+def test_absolute_targets(target: bytes, host: str, port: int, origin: str) -> None:
+    assert http1.absolute_target(target) == http1.Target(host, port, origin)
+
+
+@pytest.mark.parametrize(
+    ("target", "words"),
+    [
+        (b"/x", "absolute"),
+        (b"https://a.test/x", "absolute"),
+        (b"http://user@a.test/x", "userinfo"),
+        (b"http://a.test:80@b.test/x", "userinfo"),
+        (b"http://a.test/x#frag", "absolute"),
+        (b"http://a.test:99999/x", "out of range"),
+        (b"http://a%2etest/x", "absolute"),
+    ],
+)
+def test_bad_absolute_targets(target: bytes, words: str) -> None:
+    with pytest.raises(Refused) as info:
+        http1.absolute_target(target)
+    assert words in info.value.reason
+
+
+@pytest.mark.parametrize(
+    ("target", "ok"),
+    [
+        (b"/x", True),
+        (b"https://a.test/x", True),
+        (b"https://a.test:443/x", True),
+        (b"http://a.test/x", False),
+        (b"https://b.test/x", False),
+        (b"https://a.test:8443/x", False),
+        (b"@b.test/x", False),
+        (b"b.test/x", False),
+        (b"*", False),
+        (b"/x#y", False),
+    ],
+)
+def test_targets_inside_a_tunnel_stay_on_its_host(target: bytes, ok: bool) -> None:
+    if ok:
+        assert http1.tunnel_target(target, "a.test", 443).host == "a.test"
+    else:
+        with pytest.raises(Refused):
+            http1.tunnel_target(target, "a.test", 443)
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        (b"a.test", True),
+        (b"A.TEST:80", True),
+        (b"a.test.", True),
+        (b"a.test:8080", False),
+        (b"b.test", False),
+        (b"a.test@b.test", False),
+    ],
+)
+def test_the_host_header_must_name_the_target(value: bytes, ok: bool) -> None:
+    request = parse(b"GET http://a.test/x HTTP/1.1\r\nHost: " + value + b"\r\n\r\n")
+    if ok:
+        http1.check_host(request, "a.test", 80, 80)
+    else:
+        with pytest.raises(Refused):
+            http1.check_host(request, "a.test", 80, 80)
+
+
+def test_forwarded_headers_drop_hop_by_hop_and_what_connection_names() -> None:
+    request = parse(
+        b"GET http://a.test/x HTTP/1.1\r\nHost: a.test\r\nConnection: keep-alive, X-Secret-Hop\r\n"
+        b"X-Secret-Hop: 1\r\nProxy-Authorization: Basic eA==\r\nKeep-Alive: 5\r\nTE: trailers\r\n"
+        b"Upgrade: h2c\r\nAccept: */*\r\nX-Mixed-Case: v\r\n\r\n"
+    )
+    assert http1.forward_headers(request) == [(b"Accept", b"*/*"), (b"X-Mixed-Case", b"v")]
+    assert not http1.wants_keep_alive(
+        parse(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+    )
+    assert not http1.wants_keep_alive(parse(b"GET / HTTP/1.0\r\n\r\n"))
+    assert http1.wants_keep_alive(parse(GOOD))
