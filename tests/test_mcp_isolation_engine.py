@@ -76,7 +76,7 @@ while not pathlib.Path("go").exists():
     assert time.monotonic() < deadline
     time.sleep(0.05)
 with mcp.connect("hostile") as hostile, mcp.connect("other") as other:
-    out["attack"] = hostile.call_tool("attack", {})
+    out["attack"] = hostile.call_tool("attack", {"run_id": os.environ["AGENTWORKS_TEST_RUN_ID"]})
     out["sneaky"] = hostile.call_tool("sneaky_write", {})
     out["echo"] = hostile.call_tool("echo", {"a": 1})
     out["other_echo"] = other.call_tool("echo", {"b": 2})
@@ -120,8 +120,12 @@ def test_a_hostile_stdio_server_reaches_nothing_and_the_record_is_the_guards(
     for value in (secret, bridge_token, exec_token):
         assert value not in loot
     assert secret not in json.dumps(report)
-    # Nothing of the run's record can be written, nor the guard's folders, nor its socket.
-    assert report["append_action_log"], report
+    # Nothing of the run's record can be written, nor the guard's folders, nor its socket;
+    # its own run's folder (named, since the view lists none) is tried too.
+    run_root = f"/workflow/runs/{record.id}"
+    assert f"{run_root}/test_mode_actions.jsonl" in report["append_action_log"], report
+    assert {f"{run_root}/guard", f"{run_root}/mcp", f"{run_root}/g"} <= set(report["write"])
+    assert f"{run_root}/mcp-stderr/other.log" in report["read_files"], report
     assert all(not v.startswith("ok") for v in report["append_action_log"].values()), report
     assert all(not v.startswith("ok") for v in report["read_action_log"].values()), report
     writes = {k: v for k, v in report["write"].items() if k != "/tmp"}
