@@ -279,20 +279,38 @@ def foreign_running(engine: DockerClient) -> list[str]:
 # -- the runner killed -------------------------------------------------------------------------
 
 
+# A stdio MCP server that says nothing and waits: its container holds the run's view.
+IDLE_MCP_SERVER = """
+[[mcp_servers]]
+name = "idle"
+command = ["python3", "-c", "import time; time.sleep(600)"]
+"""
+
+
+@pytest.mark.parametrize("with_mcp", [False, True], ids=["step-and-guard", "with-mcp-server"])
 def test_runner_sigkilled_mid_run_gc_and_the_next_run_recover(
-    engine: DockerClient, make_workflow: WorkflowFactory, tmp_path: Path
+    engine: DockerClient, make_workflow: WorkflowFactory, tmp_path: Path, with_mcp: bool
 ) -> None:
-    wf = make_workflow(command="sleep 300", timeout_s=600, earlier_files={"in.txt": "x"})
+    """gc removes every container of a dead runner's run (the MCP servers' too, which
+    hold its view of the workflow folder), unmounts its disk and view, marks it killed."""
+    wf = make_workflow(
+        command="sleep 300",
+        timeout_s=600,
+        earlier_files={"in.txt": "x"},
+        extra_toml=IDLE_MCP_SERVER if with_mcp else "",
+    )
     before = tree_digest(wf)
+    roles = ["guard", "step", *(["mcp-idle"] if with_mcp else [])]
     runner = start_runner(wf, tmp_path / "logs")
     try:
         step = wait_for(lambda: running_step(engine, runner), 120, "the step to start")
+        run_id = step.labels[LABEL_RUN_ID]
+        wait_for(lambda: len(run_cids(engine, run_id)) == len(roles), 120, "every container")
     finally:
         runner.proc.send_signal(signal.SIGKILL)
         runner.proc.wait(timeout=30)
-    run_id = step.labels[LABEL_RUN_ID]
     cids = run_cids(engine, run_id)
-    assert len(cids) == 2, "a guard and a step run"
+    assert len(cids) == len(roles), f"containers: {roles}"
     assert processes_of(cids), "the step's processes are visible before gc (the check works)"
     (run_dir,) = run_dirs(wf)
     assert read_record(run_dir).status is RunStatus.RUNNING
@@ -302,7 +320,7 @@ def test_runner_sigkilled_mid_run_gc_and_the_next_run_recover(
     report = json.loads(gc.stdout)
     # gc also removes any other dead runner's leftovers on this engine; these are ours.
     removed_of_run = [name for name in report["containers_removed"] if run_id in name]
-    assert sorted(removed_of_run) == sorted([f"sandbox-{run_id}-guard", f"sandbox-{run_id}-step"])
+    assert sorted(removed_of_run) == sorted(f"sandbox-{run_id}-{role}" for role in roles)
     assert report["records_marked_killed"] == [str(run_dir)]
     # The run's disk (its loop device goes with it) and its view of the workflow folder.
     mounts = {Path(p).name for p in report["mounts_removed"] if p.startswith(str(run_dir) + "/")}
