@@ -58,13 +58,14 @@ from docker import DockerClient
 from docker.types import Mount as DockerMount
 from pydantic import BaseModel, Field
 
+from sandbox.config import load_workflow
 from sandbox.copytree import copy_execution_tree
 from sandbox.dbcopy import copy_db
 from sandbox.engine.client import connect
 from sandbox.engine.images import MCP_IMAGE, REPO_ROOT, STEP_IMAGE
 from sandbox.guard.config import BRIDGE_PORT, EGRESS_PORT, MCP_PATH
 from sandbox.launch import MCP_SERVER_PATH
-from sandbox.layout import GUARD_UID, STEP_UID
+from sandbox.layout import GUARD_UID, STEP_UID, TEST_RUN_PREFIX, RunLayout
 from sandbox.record import RunStatus, TestRunRecord
 from sandbox.run import RunOptions, TestRun
 from sandbox.wire import RUN_KIND_HEADER, ActionLine
@@ -1426,19 +1427,24 @@ class Held:
 def held_run(b: Bench, run: TestRun) -> Iterator[Held]:
     """Start `run`, yield once its step says ready; release it (or kill it) on the way out."""
     wf = run.workflow_dir
+    group = load_workflow(wf).step(run.step_id).group
     runner = _Background(run.execute)
     held: Held | None = None
 
-    def ready() -> Path | None:
+    def disk_groups() -> list[RunLayout]:
+        """Each test run's layout: while its step runs, its group folder is on its disk."""
+        roots = sorted((wf / "runs").glob(f"{TEST_RUN_PREFIX}*"))
+        return [RunLayout(wf, root.name, group) for root in roots]
+
+    def ready() -> RunLayout | None:
         if runner.done():
             record = runner.join(1)
             raise BenchError(f"the held run ended early: {record.status.value}: {record.reason}")
-        # While the step runs, its group folder is a folder of its disk.
-        return next(iter(wf.glob("runs/test-*/.disk/group/ready")), None)
+        return next((lay for lay in disk_groups() if (lay.disk_group / "ready").exists()), None)
 
     try:
-        ready_file: Path = _wait_for("the held run's step to be ready", ready, 180)
-        run_root = ready_file.parents[2]
+        layout: RunLayout = _wait_for("the held run's step to be ready", ready, 180)
+        run_root = layout.root
         live = b.run_containers(run_root)
         env = dict(e.split("=", 1) for e in live["step"]["Config"]["Env"])
         held = Held(
@@ -1449,9 +1455,9 @@ def held_run(b: Bench, run: TestRun) -> Iterator[Held]:
         )
         yield held
     finally:
-        for group in wf.glob("runs/test-*/.disk/group"):
+        for each in disk_groups():
             with contextlib.suppress(OSError):
-                (group / "release").touch()
+                (each.disk_group / "release").touch()
         try:
             record = runner.join(60)
         except BenchError:
