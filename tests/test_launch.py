@@ -152,6 +152,13 @@ def test_each_stdio_mcp_server_is_a_container_of_its_own(tmp_path: Path) -> None
         assert p.tokens.bridge not in repr(spec) and p.tokens.exec not in repr(spec)
     (own,) = [m for m in files.mounts if m.target == "/run/mcp"]
     assert own.source == str(p.layout.mcp_server_dir("files"))
+    for spec in (files, api):
+        # The run's view of the workflow folder (no db/, no runs/test-*), the step's own
+        # one; nothing of the step's disk, and its own small /tmp.
+        (workflow,) = [m for m in spec.mounts if m.target == "/workflow"]
+        assert workflow.source == str(p.layout.workflow_view)
+        assert not [m for m in spec.mounts if m.source.startswith(str(p.layout.disk_mount))]
+        assert set(spec.tmpfs) == {"/tmp"}
     assert files.command[-3:] == ["--", "srv", "a"]
     assert files.env == {
         "PATH": launch.MCP_SERVER_PATH,
