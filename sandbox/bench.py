@@ -58,17 +58,17 @@ from docker import DockerClient
 from docker.types import Mount as DockerMount
 from pydantic import BaseModel, Field
 
-from sandbox.config import load_workflow
-from sandbox.copytree import copy_execution_tree
-from sandbox.dbcopy import copy_db
-from sandbox.engine.client import connect
-from sandbox.engine.images import MCP_IMAGE, REPO_ROOT, STEP_IMAGE
+from sandbox.backends.docker.client import connect
+from sandbox.backends.docker.images import MCP_IMAGE, REPO_ROOT, STEP_IMAGE
+from sandbox.contracts.config import load_workflow
+from sandbox.contracts.layout import GUARD_UID, STEP_UID, TEST_RUN_PREFIX, RunLayout
+from sandbox.contracts.record import RunStatus, TestRunRecord
+from sandbox.contracts.wire import RUN_KIND_HEADER, ActionLine
 from sandbox.guard.config import BRIDGE_PORT, EGRESS_PORT, MCP_PATH
-from sandbox.launch import MCP_SERVER_PATH
-from sandbox.layout import GUARD_UID, STEP_UID, TEST_RUN_PREFIX, RunLayout
-from sandbox.record import RunStatus, TestRunRecord
-from sandbox.run import RunOptions, TestRun
-from sandbox.wire import RUN_KIND_HEADER, ActionLine
+from sandbox.launch.specs import MCP_SERVER_PATH
+from sandbox.prepare.copytree import copy_execution_tree
+from sandbox.prepare.dbcopy import copy_db
+from sandbox.run.testrun import RunOptions, TestRun
 
 RESULTS_PATH = REPO_ROOT / "bench" / "results.json"
 SERVER_PATH = REPO_ROOT / "examples" / "job-board" / "fake_api" / "server.py"

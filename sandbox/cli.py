@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from sandbox.errors import SandboxError
-from sandbox.record import RunStatus, TestRunRecord, read_record
+from sandbox.contracts.errors import SandboxError
+from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
 from sandbox.termsafe import clean
 
 
@@ -54,13 +54,13 @@ def _print_record(record: TestRunRecord, as_json: bool) -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    from sandbox.run import RunInterrupted
+    from sandbox.run.testrun import RunInterrupted
 
     raise RunInterrupted()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sandbox.run import RunOptions, TestRun
+    from sandbox.run.testrun import RunOptions, TestRun
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     options = RunOptions(
@@ -76,7 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from sandbox.errors import ConfigError
+    from sandbox.contracts.errors import ConfigError
 
     run_dir = Path(args.run_dir)
     try:
@@ -93,7 +93,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _listed_status(record: TestRunRecord) -> str:
     """`running` only while its runner lives; else what `sandbox gc` will record."""
-    from sandbox.engine.gc import runner_alive
+    from sandbox.backends.docker.gc import runner_alive
 
     if record.status is RunStatus.RUNNING and (
         record.runner is None or not runner_alive(record.runner.pid, record.runner.create_time)
@@ -103,7 +103,7 @@ def _listed_status(record: TestRunRecord) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from sandbox.errors import ConfigError
+    from sandbox.contracts.errors import ConfigError
 
     runs = Path(args.workflow_dir) / "runs"
     if not runs.is_dir():
@@ -121,8 +121,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from sandbox.engine import gc
-    from sandbox.engine.client import connect
+    from sandbox.backends.docker import gc
+    from sandbox.backends.docker.client import connect
 
     dirs = [Path(p) for p in args.workflow_dir]
     with contextlib.closing(connect()) as client:
@@ -144,8 +144,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_images(args: argparse.Namespace) -> int:
-    from sandbox.engine.client import connect
-    from sandbox.engine.images import build_all
+    from sandbox.backends.docker.client import connect
+    from sandbox.backends.docker.images import build_all
 
     with contextlib.closing(connect()) as client:
         built = build_all(client, base_image=args.base_image or None)

@@ -27,12 +27,12 @@ from pathlib import Path
 from docker import DockerClient
 from pydantic import BaseModel
 
-from sandbox.engine import containers, images
-from sandbox.engine.client import ENGINE_HINT, connect
-from sandbox.errors import SandboxError
-from sandbox.layout import STEP_UID
-from sandbox.seccomp import step_profile
-from sandbox.spec import ContainerSpec
+from sandbox.backends.docker import containers, images
+from sandbox.backends.docker.client import ENGINE_HINT, connect
+from sandbox.contracts.errors import SandboxError
+from sandbox.contracts.layout import STEP_UID
+from sandbox.contracts.spec import ContainerSpec
+from sandbox.launch.seccomp import step_profile
 
 
 class Check(BaseModel):

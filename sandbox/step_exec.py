@@ -13,8 +13,8 @@ boundary, the checks here keep tool calls inside the group folder and make
 every failure a readable tool result.
 
 Standard library only: the ``sandbox`` package (and pydantic) are not in the
-step image. The JSON shapes are those of ``sandbox.wire.ExecRequest`` (request)
-and ``sandbox.wire.ToolResult`` (reply), written by hand.
+step image. The JSON shapes are those of ``sandbox.contracts.wire.ExecRequest`` (request)
+and ``sandbox.contracts.wire.ToolResult`` (reply), written by hand.
 
 Start-up (:func:`main`):
 
@@ -154,7 +154,7 @@ GUARD_WAIT_ENV: Final = "AGENTWORKS_WAIT_FOR_GUARD"
 GUARD_WAIT_S: Final = 60.0
 GUARD_DOWN_EXIT: Final = 125
 
-MAX_REQUEST_BYTES: Final = 4 * 1024 * 1024  # same as sandbox.wire.MAX_REQUEST_BYTES
+MAX_REQUEST_BYTES: Final = 4 * 1024 * 1024  # same as sandbox.contracts.wire.MAX_REQUEST_BYTES
 MAX_DRAIN_BYTES: Final = 16 * 1024 * 1024  # read and drop an oversized body up to this
 SOCKET_TIMEOUT_S: Final = 60.0
 

@@ -23,14 +23,14 @@ import pytest
 from docker import DockerClient
 from docker.models.containers import Container
 
-from sandbox.config import load_workflow
-from sandbox.engine import images
-from sandbox.engine.containers import LABEL_MANAGED, LABEL_RUN_ROOT, LABEL_RUNNER_PID
-from sandbox.engine.gc import orphaned
-from sandbox.layout import TEST_RUN_PREFIX, RunLayout
-from sandbox.record import TestRunRecord
-from sandbox.run import RunOptions, TestRun
-from sandbox.wire import ActionLine
+from sandbox.backends.docker import images
+from sandbox.backends.docker.containers import LABEL_MANAGED, LABEL_RUN_ROOT, LABEL_RUNNER_PID
+from sandbox.backends.docker.gc import orphaned
+from sandbox.contracts.config import load_workflow
+from sandbox.contracts.layout import TEST_RUN_PREFIX, RunLayout
+from sandbox.contracts.record import TestRunRecord
+from sandbox.contracts.wire import ActionLine
+from sandbox.run.testrun import RunOptions, TestRun
 
 
 @pytest.fixture(scope="session")

@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
+from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app
 from sandbox.guard.config import GuardConfig
-from sandbox.wire import ActionLine
 from tests.conftest import call_lines
 
 TOKEN = "b" * 24
@@ -207,7 +207,7 @@ def test_an_upstream_reply_past_its_cap_is_a_tool_error_and_the_guard_goes_on(
 def test_with_the_action_log_full_a_call_is_stubbed_not_forwarded_and_counted_once(
     guard_at: Callable[[str | None], tuple[Guard, Path]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sandbox.actionsummary import read
+    from sandbox.collect.actionsummary import read
     from sandbox.guard import actionlog
 
     monkeypatch.setattr(actionlog, "MAX_LOG_BYTES", 1200)

@@ -12,9 +12,9 @@ from types import FrameType
 import pytest
 from docker import DockerClient
 
-from sandbox.engine import containers, images
-from sandbox.engine.containers import LABEL_MANAGED, OwnedContainers
-from sandbox.spec import ContainerSpec
+from sandbox.backends.docker import containers, images
+from sandbox.backends.docker.containers import LABEL_MANAGED, OwnedContainers
+from sandbox.contracts.spec import ContainerSpec
 
 
 class Interrupted(BaseException):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.copytree import CopyReport, LeftOut, copy_execution_tree, newest_real_run
+from sandbox.prepare.copytree import CopyReport, LeftOut, copy_execution_tree, newest_real_run
 
 KB = 1024
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sandbox.dbdiff import DbDiff, RowChange, TableDiff, diff_databases
+from sandbox.collect.dbdiff import DbDiff, RowChange, TableDiff, diff_databases
 
 EVIL = 'we"ird \'name"; DROP TABLE proposals; --'
 EVIL_COL = 'co"l'

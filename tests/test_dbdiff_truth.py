@@ -20,7 +20,7 @@ import apsw
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sandbox.dbdiff import DbDiff, TableDiff, diff_databases
+from sandbox.collect.dbdiff import DbDiff, TableDiff, diff_databases
 
 
 def _exec(db: Path, *sql: str) -> None:

@@ -19,8 +19,8 @@ import pytest
 from docker import DockerClient
 
 from sandbox import doctor
-from sandbox.engine import images
-from sandbox.engine.containers import LABEL_ROLE
+from sandbox.backends.docker import images
+from sandbox.backends.docker.containers import LABEL_ROLE
 
 EXPECTED_CHECKS = [
     "engine",

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandbox import launch
-from sandbox.config import Workflow
-from sandbox.engine import images
+from sandbox.backends.docker import images
+from sandbox.contracts.config import Workflow
+from sandbox.contracts.layout import C_DB_PATH, GUARD_UID, MCP_UID_BASE, RunLayout
+from sandbox.contracts.record import RunnerInfo
 from sandbox.guard import caps
 from sandbox.guard.config import CONFIG_FILE_ENV, DATA_DIR
-from sandbox.layout import C_DB_PATH, GUARD_UID, MCP_UID_BASE, RunLayout
-from sandbox.record import RunnerInfo
+from sandbox.launch import specs as launch
 
 
 def plan(tmp_path: Path, **overrides: object) -> launch.RunPlan:

@@ -29,13 +29,13 @@ import pytest
 from docker import DockerClient
 from docker.models.containers import Container
 
-from sandbox.engine import images
+from sandbox.backends.docker import images
+from sandbox.contracts.record import RunStatus, TestRunRecord
+from sandbox.contracts.wire import ActionLine
 from sandbox.guard.mcp_proxy import LOOKUP_DEADLINE_S
-from sandbox.launch import MCP_SERVER_PATH
+from sandbox.launch.specs import MCP_SERVER_PATH
 from sandbox.policy import stub_reply
-from sandbox.record import RunStatus, TestRunRecord
-from sandbox.run import RunOptions, TestRun
-from sandbox.wire import ActionLine
+from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import ThreadedRun, WorkflowFactory, tree_digest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "job-board" / "fake_api"))

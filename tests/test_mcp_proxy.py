@@ -16,7 +16,8 @@ from mcp.shared.exceptions import MCPError
 from starlette.testclient import TestClient
 
 from sandbox import mcp_client, policy
-from sandbox.config import McpServer
+from sandbox.contracts.config import McpServer
+from sandbox.contracts.wire import ActionLine
 from sandbox.guard import caps
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app
@@ -28,7 +29,6 @@ from sandbox.guard.mcp_proxy import (
     stub_result,
 )
 from sandbox.guard.schema_instance import instance_for, is_valid, valid_instance
-from sandbox.wire import ActionLine
 
 # Output schemas as real servers declare them (filesystem, memory, time), and the
 # JSON-Schema features a server may use.

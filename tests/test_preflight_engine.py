@@ -10,8 +10,8 @@ import pytest
 from docker import DockerClient
 
 from sandbox import preflight
-from sandbox.record import RunStatus
-from sandbox.run import RunOptions, TestRun
+from sandbox.contracts.record import RunStatus
+from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import WorkflowFactory, tree_digest
 from tests.fakes.harness import Outside, outside_server
 

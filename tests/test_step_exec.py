@@ -579,7 +579,7 @@ def test_runs_standalone_in_the_step_image_layout(tmp_path: Path) -> None:
     """Copied as agentworks_exec.py with its stdlib siblings, without the sandbox package."""
     lib = tmp_path / "lib"
     lib.mkdir()
-    from sandbox.engine.images import STEP_MODULES
+    from sandbox.backends.docker.images import STEP_MODULES
 
     for source, name in STEP_MODULES.items():  # exactly what the step image installs
         shutil.copy(source, lib / name)

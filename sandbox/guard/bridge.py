@@ -1,7 +1,7 @@
 """The bridge API the step calls: every tool call is checked, logged, then answered.
 
 Flow of one call: authenticate -> parse -> policy decision (on the arguments
-the step controls) -> bind the tool's identity paths (`sandbox.bindings`) ->
+the step controls) -> bind the tool's identity paths (`sandbox.guard.bindings`) ->
 execute by route (stub, refuse, upstream, executor, session) -> action-log
 line(s) -> reply. A call answered here (stub, refusal, session) is one line
 before the reply; a forwarded one (upstream, executor) gets its `start` line
@@ -33,8 +33,8 @@ from starlette.routing import BaseRoute
 from starlette.routing import Route as HttpRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandbox import bindings, policy
-from sandbox.guard import caps
+from sandbox import policy
+from sandbox.guard import bindings, caps
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.config import MCP_PATH, GuardConfig
 from sandbox.guard.upstream import ReplyTooLarge, UpstreamClient, UpstreamError
@@ -43,7 +43,7 @@ from sandbox.toolargs import executor_deadline_s
 
 if TYPE_CHECKING:
     from sandbox.guard.egress import EgressProxy
-from sandbox.wire import (
+from sandbox.contracts.wire import (
     RUN_KIND_HEADER,
     ExecRequest,
     SessionReply,

@@ -21,7 +21,7 @@ import docker
 import pytest
 from kubernetes import client, watch
 
-from sandbox.engine import images
+from sandbox.backends.docker import images
 from tests.kubernetes.cluster import (
     KUBELET_SYSCTLS,
     PRIVATE_PATHS,

@@ -1,7 +1,7 @@
 """The project's run shape as one Pod, on the real local cluster.
 
 Built by hand here (the backend will build it from a RunPlan): an init container
-with NET_ADMIN alone installs `sandbox.firewall.rules()` in the Pod's network
+with NET_ADMIN alone installs `sandbox.launch.firewall.rules()` in the Pod's network
 namespace and exits; the guard sidecar (uid 10002, no capabilities) serves on
 127.0.0.1:8790; the step (uid 10001, every capability dropped, no privilege
 escalation, read-only root, the project's `seccomp/step.json` as a Localhost
@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from kubernetes import watch
 
-from sandbox import firewall
-from sandbox.engine import images
-from sandbox.layout import GUARD_UID, STEP_UID
+from sandbox.backends.docker import images
+from sandbox.contracts.layout import GUARD_UID, STEP_UID
+from sandbox.launch import firewall
 
 # Room for a first build of the binaries when the fixture has to do it (make builds first).
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(1200)]

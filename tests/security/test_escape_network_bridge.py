@@ -23,9 +23,9 @@ import pytest
 from docker import DockerClient
 from docker.models.containers import Container
 
-from sandbox.engine import images
-from sandbox.run import RunOptions
-from sandbox.wire import ActionLine
+from sandbox.backends.docker import images
+from sandbox.contracts.wire import ActionLine
+from sandbox.run.testrun import RunOptions
 from tests.security.conftest import (
     Battery,
     assert_attempts_match,
