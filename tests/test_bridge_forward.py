@@ -341,7 +341,7 @@ def test_the_guard_waits_as_long_as_the_executor_may_run_the_command(
     guard_at: Callable[[str | None], tuple[Guard, Path]], asked: object
 ) -> None:
     """The guard's wait for a shell command comes from the executor's own timeout rule."""
-    from sandbox.toolargs import SHELL_KILL_GRACE_S, shell_timeout_s
+    from sandbox.stepside.agentworks_exec.toolargs import SHELL_KILL_GRACE_S, shell_timeout_s
 
     guard, _ = guard_at(None)
     seen: list[float] = []

@@ -15,7 +15,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from starlette.testclient import TestClient
 
-from sandbox import mcp_client, policy
+from sandbox import policy
 from sandbox.contracts.config import McpServer
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard import caps
@@ -29,6 +29,7 @@ from sandbox.guard.mcp_proxy import (
     stub_result,
 )
 from sandbox.guard.schema_instance import instance_for, is_valid, valid_instance
+from sandbox.stepside import agentworks_mcp as mcp_client
 
 # Output schemas as real servers declare them (filesystem, memory, time), and the
 # JSON-Schema features a server may use.

@@ -38,8 +38,8 @@ from sandbox.guard import bindings, caps
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.config import MCP_PATH, GuardConfig
 from sandbox.guard.upstream import ReplyTooLarge, UpstreamClient, UpstreamError
-from sandbox.pathsafety import check_tool_path
-from sandbox.toolargs import executor_deadline_s
+from sandbox.stepside.agentworks_exec.pathsafety import check_tool_path
+from sandbox.stepside.agentworks_exec.toolargs import executor_deadline_s
 
 if TYPE_CHECKING:
     from sandbox.guard.egress import EgressProxy
@@ -425,7 +425,8 @@ class Guard:
 
 def exec_wait_s(tool: str, arguments: dict[str, Any], grace_s: float) -> float:
     """How long the guard waits for the executor: the executor's own deadline for the
-    call (`sandbox.toolargs`, the function the executor uses) plus the grace window."""
+    call (`sandbox.stepside.agentworks_exec.toolargs`, the function the executor uses) plus
+    the grace window."""
     return executor_deadline_s(tool, arguments) + grace_s
 
 

@@ -56,8 +56,8 @@ from sandbox.guard.config import (
 )
 from sandbox.launch import firewall
 from sandbox.launch.mounts import step_mounts, workflow_mounts
-from sandbox.preflight import ENV as PREFLIGHT_ENV
-from sandbox.step_exec import GUARD_WAIT_ENV
+from sandbox.stepside.agentworks_exec.preflight import ENV as PREFLIGHT_ENV
+from sandbox.stepside.agentworks_exec.tools import GUARD_WAIT_ENV
 
 CA_BUNDLE_VARIABLES = (
     "SSL_CERT_FILE",
@@ -285,7 +285,8 @@ def step_spec(plan: RunPlan, guard_id: str, *, has_ca_bundle: bool) -> Container
 
 # What a stdio server finds on its PATH: the MCP image's servers, then the system.
 MCP_SERVER_PATH = "/opt/mcp/py/bin:/opt/mcp/node/node_modules/.bin:/usr/local/bin:/usr/bin:/bin"
-MCP_RELAY = ["python3", "/opt/mcp/relay.py"]
+# The system Python: the step side is on its path (the servers' venv has its own).
+MCP_RELAY = ["/usr/bin/python3", "-m", "agentworks_relay"]
 MCP_HOME = "/tmp"  # its own small tmpfs
 MCP_MEMORY_BYTES = 512 * 1024**2  # node or Python servers take ~70 MB
 MCP_PIDS = 64

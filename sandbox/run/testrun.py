@@ -65,15 +65,15 @@ from sandbox.launch import firewall
 from sandbox.launch import specs as launch
 from sandbox.launch.seccomp import step_profile
 from sandbox.launch.specs import EgressCA, RunPlan, egress_for_run
-from sandbox.preflight import FAILED_EXIT as PREFLIGHT_FAILED_EXIT
-from sandbox.preflight import MARK_FAILED as PREFLIGHT_FAILED
-from sandbox.preflight import MARK_OK as PREFLIGHT_OK
 from sandbox.prepare.copytree import copy_execution_tree, newest_real_run
 from sandbox.prepare.dbcopy import DbCopyError, copy_db, find_workflow_db
 from sandbox.prepare.lock import LockHeldError, workflow_run_lock
 from sandbox.prepare.prompt import with_test_mode_section
-from sandbox.step_exec import USAGE_MARK
 from sandbox.stepfs import lifecycle as stepfs
+from sandbox.stepside.agentworks_exec.preflight import FAILED_EXIT as PREFLIGHT_FAILED_EXIT
+from sandbox.stepside.agentworks_exec.preflight import MARK_FAILED as PREFLIGHT_FAILED
+from sandbox.stepside.agentworks_exec.preflight import MARK_OK as PREFLIGHT_OK
+from sandbox.stepside.agentworks_exec.tools import USAGE_MARK
 
 
 class RunInterrupted(BaseException):

@@ -38,17 +38,30 @@ IMAGE_TAG = os.environ.get("SANDBOX_IMAGE_TAG", "current")
 STEP_IMAGE = f"sandbox-step:{IMAGE_TAG}"
 GUARD_IMAGE = f"sandbox-guard:{IMAGE_TAG}"
 MCP_IMAGE = f"sandbox-mcp:{IMAGE_TAG}"
-MCP_RELAY = REPO_ROOT / "sandbox" / "mcp_relay.py"
 LABEL = "sandbox.image-inputs"
-# Stdlib-only modules installed in the step image, by the name steps import.
-STEP_MODULES = {
-    REPO_ROOT / "sandbox" / "bridge_client.py": "agentworks_bridge.py",
-    REPO_ROOT / "sandbox" / "step_exec.py": "agentworks_exec.py",
-    REPO_ROOT / "sandbox" / "pathsafety.py": "agentworks_pathsafety.py",
-    REPO_ROOT / "sandbox" / "preflight.py": "agentworks_preflight.py",
-    REPO_ROOT / "sandbox" / "mcp_client.py": "agentworks_mcp.py",
-    REPO_ROOT / "sandbox" / "toolargs.py": "agentworks_toolargs.py",
-}
+# Stdlib-only code run inside the images (the step's clients, the executor, the MCP
+# relay): the step image installs this folder's contents, each under its own name.
+STEP_SIDE = REPO_ROOT / "sandbox" / "stepside"
+
+
+def step_side_files() -> list[Path]:
+    """The files the step image installs from `STEP_SIDE` (no caches, not its __init__)."""
+    return sorted(
+        p
+        for p in STEP_SIDE.rglob("*")
+        if p.is_file()
+        and "__pycache__" not in p.parts
+        and p.suffix == ".py"
+        and p != STEP_SIDE / "__init__.py"
+    )
+
+
+def stage_step_side(into: Path) -> None:
+    """Copy what the step image installs into `into`, laid out as it is installed."""
+    for path in step_side_files():
+        target = into / path.relative_to(STEP_SIDE)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
 
 
 class BuiltImages(BaseModel):
@@ -250,21 +263,18 @@ def build_all(client: DockerClient, base_image: str | None = None) -> BuiltImage
     step_inputs = [
         *(IMAGES_DIR / "step").iterdir(),
         IMAGES_DIR / "base" / "packages.txt",
-        *STEP_MODULES,
+        *step_side_files(),
     ]
     step_tag = "sandbox-step:" + _hash_files(step_inputs, extra=base_id)
     guard_tag = "sandbox-guard:" + _hash_files(
         [*(IMAGES_DIR / "guard").iterdir(), *_package_sources()], extra=step_tag
     )
-    mcp_tag = "sandbox-mcp:" + _hash_files(
-        [*(IMAGES_DIR / "mcp").iterdir(), MCP_RELAY], extra=step_tag
-    )
+    mcp_tag = "sandbox-mcp:" + _hash_files([*(IMAGES_DIR / "mcp").iterdir()], extra=step_tag)
     with tempfile.TemporaryDirectory(prefix="sandbox-build-") as tmp:
         step_ctx = Path(tmp) / "step"
         shutil.copytree(IMAGES_DIR / "step", step_ctx)
         shutil.copy2(IMAGES_DIR / "base" / "packages.txt", step_ctx / "packages.txt")
-        for module in STEP_MODULES:
-            shutil.copy2(module, step_ctx / STEP_MODULES[module])
+        stage_step_side(step_ctx / "stepside")
         _build(client, step_ctx, step_tag, {"BASE_IMAGE": base}, rebuilt)
         client.images.get(step_tag).tag(STEP_IMAGE)
 
@@ -279,7 +289,6 @@ def build_all(client: DockerClient, base_image: str | None = None) -> BuiltImage
         if not _image_exists(client, mcp_tag):
             mcp_ctx = Path(tmp) / "mcp"
             shutil.copytree(IMAGES_DIR / "mcp", mcp_ctx)
-            shutil.copy2(MCP_RELAY, mcp_ctx / "relay.py")
             _mcp_servers(mcp_ctx)
             _build(client, mcp_ctx, mcp_tag, {"STEP_IMAGE": step_tag}, rebuilt)
         client.images.get(mcp_tag).tag(MCP_IMAGE)

@@ -4,8 +4,8 @@ The step container's command is wrapped as::
 
     python3 -m agentworks_exec -- <step argv...>
 
-(in the step image this file is installed as ``agentworks_exec.py`` beside
-``agentworks_pathsafety.py``; in this repository it is ``sandbox.step_exec``).
+(in the step image this package is ``agentworks_exec``; in this repository it is
+``sandbox.stepside.agentworks_exec``).
 The guard decides policy; this wrapper only *executes* what the guard allowed,
 inside the step container, with exactly the step's uid, mounts and limits. It
 therefore never grants more than the step already has: the container is the
@@ -113,35 +113,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from typing import Any, Final, cast
 
-try:
-    from sandbox.pathsafety import check_tool_path, normalize_tool_path
-except ImportError:  # inside the step image, where the sandbox package is absent
-    from agentworks_pathsafety import (  # type: ignore[no-redef]
-        check_tool_path,
-        normalize_tool_path,
-    )
-
-try:
-    from sandbox.toolargs import (
-        DB_BUSY_TIMEOUT_S,
-        DB_STATEMENT_DEADLINE_S,
-        SEARCH_DEADLINE_S,
-        SHELL_KILL_GRACE_S,
-        shell_timeout_s,
-    )
-except ImportError:  # inside the step image
-    from agentworks_toolargs import (  # type: ignore[no-redef]
-        DB_BUSY_TIMEOUT_S,
-        DB_STATEMENT_DEADLINE_S,
-        SEARCH_DEADLINE_S,
-        SHELL_KILL_GRACE_S,
-        shell_timeout_s,
-    )
-
-try:
-    from sandbox.preflight import gate as preflight_gate
-except ImportError:  # inside the step image
-    from agentworks_preflight import gate as preflight_gate  # type: ignore[no-redef]
+from .pathsafety import check_tool_path, normalize_tool_path
+from .preflight import gate as preflight_gate
+from .toolargs import (
+    DB_BUSY_TIMEOUT_S,
+    DB_STATEMENT_DEADLINE_S,
+    SEARCH_DEADLINE_S,
+    SHELL_KILL_GRACE_S,
+    shell_timeout_s,
+)
 
 __all__ = ["Executor", "main"]
 
@@ -1066,7 +1046,3 @@ def _reap_until_exit(step_pid: int) -> None:
                     os.waitpid(info.si_pid, 0)
         if ours:
             time.sleep(0.01)  # its tool thread is about to reap it
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,11 +1,11 @@
 """The entry point of a stdio MCP server's container: the server's stdio, over a socket.
 
-Standard library only; installed in the MCP image as `/opt/mcp/relay.py`. It
-connects to the unix socket the guard listens on in the server's own folder
-(mounted read-only at `/run/mcp`; the guard may still be starting, so it
-retries until a deadline), starts the server command with its stdin and
-stdout piped, and moves bytes both ways until either side ends. The server's
-stderr is the container's, which only the host reads.
+Standard library only; installed with the step side (the MCP image is built on the
+step image) and run as `/usr/bin/python3 -m agentworks_relay`. It connects to the
+unix socket the guard listens on in the server's own folder (mounted read-only at
+`/run/mcp`; the guard may still be starting, so it retries until a deadline), starts
+the server command with its stdin and stdout piped, and moves bytes both ways until
+either side ends. The server's stderr is the container's, which only the host reads.
 
 With `--proxy-port`, it also listens on 127.0.0.1:PORT in the server's own
 network namespace (which has nothing else: no interface but loopback) and
