@@ -11,10 +11,11 @@ import argparse
 import contextlib
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from sandbox.contracts.errors import SandboxError
+from sandbox.contracts.errors import ConfigError, SandboxError
 from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
 from sandbox.termsafe import clean
 
@@ -153,8 +154,27 @@ def cmd_images(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_main() -> Callable[[list[str]], int]:
+    """The benchmarks' entry point, from the source checkout this package runs from.
+
+    The benchmarks are not part of the installed package (they need the checkout's
+    fake upstreams and write its `bench/results.json`), so outside a checkout this is
+    a ConfigError that says where to run them."""
+    checkout = Path(__file__).resolve().parents[1]
+    if not (checkout / "bench" / "__init__.py").is_file():
+        raise ConfigError(
+            "`sandbox bench` runs from a source checkout (the benchmarks are not installed "
+            "with the package): run `make bench` in a clone of the repository"
+        )
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    from bench.harness import main
+
+    return main
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    from sandbox.bench import main as bench_main
+    bench_main = _bench_main()
 
     argv = ["--only", args.only] if args.only else []
     argv += ["--out", args.out] if args.out else []

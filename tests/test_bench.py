@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.bench import (
+from bench.harness import (
     BenchResults,
     Goal,
     HostInfo,
