@@ -1,4 +1,4 @@
-"""Loading the step's seccomp profile (built in `seccomp/`, see its README).
+"""Loading the step's seccomp profile (built in `sandbox/seccomp/`, see its README).
 
 The Engine API takes the profile's JSON text, not a path. A missing or
 malformed profile is an error, never a silent fall-back to the engine default.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sandbox.contracts.errors import ConfigError
 
-PROFILE_PATH = Path(__file__).resolve().parents[2] / "seccomp" / "step.json"
+PROFILE_PATH = Path(__file__).resolve().parents[1] / "seccomp" / "step.json"
 
 
 def step_profile(path: Path = PROFILE_PATH) -> str:

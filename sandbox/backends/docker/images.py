@@ -5,11 +5,11 @@ rebuilt: a base made by `mmdebstrap` from the host's apt sources (or any
 registry image given as BASE_IMAGE), the step image, and on top of it the
 guard image (the sandbox package, Python wheels built on the host; no
 third-party server code) and the MCP image (the stdio MCP servers of
-`images/mcp/mcp-servers.txt`, fetched on the host, and their relay). The
+`sandbox/images/mcp/mcp-servers.txt`, fetched on the host, and their relay). The
 `:current` tags are what runs use;
 `SANDBOX_IMAGE_TAG` names another tag instead, so several checkouts on one
 engine (parallel CI jobs, a developer beside CI) never run each other's images.
-Building needs the source checkout (the `images/` folder); running does not.
+Building needs the source checkout (the `sandbox/images/` folder); running does not.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from sandbox.contracts.errors import EngineError, ImageMissingError
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
-IMAGES_DIR = REPO_ROOT / "images"
+IMAGES_DIR = REPO_ROOT / "sandbox" / "images"
 BUILD_DIR = REPO_ROOT / "build"
 IMAGE_TAG = os.environ.get("SANDBOX_IMAGE_TAG", "current")
 STEP_IMAGE = f"sandbox-step:{IMAGE_TAG}"
@@ -210,7 +210,7 @@ def _wheels(into: Path) -> None:
 
 
 def _mcp_servers(into: Path) -> None:
-    """The MCP image's servers (`images/mcp/mcp-servers.txt`), built on the host.
+    """The MCP image's servers (`sandbox/images/mcp/mcp-servers.txt`), built on the host.
 
     `into/mcp-wheels` (wheels and a requirements.txt, installed with no index)
     and `into/mcp-node` (an npm prefix, install scripts off), cached in build/
