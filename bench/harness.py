@@ -59,9 +59,10 @@ from docker.types import Mount as DockerMount
 from pydantic import BaseModel, Field
 
 from sandbox.backends.docker.client import connect
-from sandbox.backends.docker.images import MCP_IMAGE, REPO_ROOT, STEP_IMAGE
+from sandbox.backends.docker.images import REPO_ROOT
 from sandbox.contracts.config import load_workflow
 from sandbox.contracts.layout import GUARD_UID, STEP_UID, TEST_RUN_PREFIX, RunLayout
+from sandbox.contracts.names import MCP_IMAGE, STEP_IMAGE
 from sandbox.contracts.record import RunStatus, TestRunRecord
 from sandbox.contracts.wire import RUN_KIND_HEADER, ActionLine
 from sandbox.guard.config import BRIDGE_PORT, EGRESS_PORT, MCP_PATH

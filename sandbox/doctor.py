@@ -29,6 +29,7 @@ from pydantic import BaseModel
 
 from sandbox.backends.docker import containers, images
 from sandbox.backends.docker.client import ENGINE_HINT, connect
+from sandbox.contracts import names
 from sandbox.contracts.errors import SandboxError
 from sandbox.contracts.layout import STEP_UID
 from sandbox.contracts.spec import ContainerSpec
@@ -99,7 +100,7 @@ def run_checks() -> list[Check]:
         _lsm(security),
     ]
     images_ok = True
-    for ref in (images.STEP_IMAGE, images.GUARD_IMAGE, images.MCP_IMAGE):
+    for ref in (names.STEP_IMAGE, names.GUARD_IMAGE, names.MCP_IMAGE):
         try:
             image_id = images.require(client, ref)
             checks.append(Check(name=f"image {ref}", ok=True, detail=image_id[:19]))
@@ -218,10 +219,10 @@ def _probe_spec(name: str, command: list[str], user: str, **kwargs: object) -> C
     return ContainerSpec.model_validate(
         {
             "name": f"sandbox-doctor-{name}-{secrets.token_hex(3)}",
-            "image": images.STEP_IMAGE,
+            "image": names.STEP_IMAGE,
             "command": command,
             "user": user,
-            "labels": {containers.LABEL_ROLE: "doctor"},
+            "labels": {names.LABEL_ROLE: "doctor"},
             "memory_bytes": 128 * 1024**2,
             "pids": 32,
             **kwargs,
@@ -348,7 +349,7 @@ def _run_iptables(client: DockerClient) -> Check:
         return Check(
             name=name,
             ok=True,
-            detail=f"{'; '.join(versions)} in {images.STEP_IMAGE}; OUTPUT chains readable in "
+            detail=f"{'; '.join(versions)} in {names.STEP_IMAGE}; OUTPUT chains readable in "
             "a fresh network namespace (IPv4 and IPv6)",
         )
     tail = " | ".join(output.strip().splitlines()[-2:])

@@ -24,10 +24,11 @@ from docker import DockerClient
 from docker.models.containers import Container
 
 from sandbox.backends.docker import images
-from sandbox.backends.docker.containers import LABEL_MANAGED, LABEL_RUN_ROOT, LABEL_RUNNER_PID
 from sandbox.backends.docker.gc import orphaned
+from sandbox.contracts import names
 from sandbox.contracts.config import load_workflow
 from sandbox.contracts.layout import TEST_RUN_PREFIX, RunLayout
+from sandbox.contracts.names import LABEL_MANAGED, LABEL_RUN_ROOT, LABEL_RUNNER_PID
 from sandbox.contracts.record import TestRunRecord
 from sandbox.contracts.wire import ActionLine
 from sandbox.run.testrun import RunOptions, TestRun
@@ -37,7 +38,7 @@ from sandbox.run.testrun import RunOptions, TestRun
 def engine() -> Iterator[DockerClient]:
     client = docker.from_env(timeout=120)
     client.ping()
-    images.require(client, images.STEP_IMAGE)
+    images.require(client, names.STEP_IMAGE)
     yield client
     # Ours are the runs of this process, and any run whose runner is gone; runs of
     # other processes on the same engine (a developer's, a parallel suite) are theirs.

@@ -51,15 +51,15 @@ import pytest
 from docker import DockerClient
 
 import sandbox.run.testrun as run_module
-from sandbox.backends.docker.containers import (
+from sandbox.backends.docker.gc import orphaned
+from sandbox.contracts.layout import RunLayout
+from sandbox.contracts.names import (
     LABEL_MANAGED,
     LABEL_ROLE,
     LABEL_RUN_ID,
     LABEL_RUN_ROOT,
     LABEL_RUNNER_PID,
 )
-from sandbox.backends.docker.gc import orphaned
-from sandbox.contracts.layout import RunLayout
 from sandbox.contracts.record import RECORD_FILE, RunStatus, TestRunRecord, read_record
 from sandbox.prepare.dbcopy import copy_db
 from sandbox.prepare.lock import INFO_DIR_NAME, holders, lock_home, workflow_run_lock

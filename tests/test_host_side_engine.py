@@ -25,9 +25,10 @@ from pathlib import Path
 import pytest
 from docker import DockerClient
 
-from sandbox.backends.docker.containers import LABEL_RUN_ID
 from sandbox.collect import dbdiff
+from sandbox.contracts.names import LABEL_RUN_ID
 from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
+from sandbox.contracts.reports import DbDiff
 from sandbox.run.testrun import TestRun
 from tests.conftest import ThreadedRun, WorkflowFactory, tree_digest
 from tests.fakes.harness import outside_server
@@ -482,7 +483,7 @@ def test_an_unexpected_error_in_collect_still_ends_the_record(
 ) -> None:
     wf = make_workflow(command="true")
 
-    def broken(*args: object, **kwargs: object) -> dbdiff.DbDiff:
+    def broken(*args: object, **kwargs: object) -> DbDiff:
         raise RecursionError("maximum recursion depth exceeded")
 
     monkeypatch.setattr(dbdiff, "diff_databases", broken)

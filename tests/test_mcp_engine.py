@@ -29,7 +29,7 @@ import pytest
 from docker import DockerClient
 from docker.models.containers import Container
 
-from sandbox.backends.docker import images
+from sandbox.contracts import names
 from sandbox.contracts.record import RunStatus, TestRunRecord
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.mcp_proxy import LOOKUP_DEADLINE_S
@@ -506,7 +506,7 @@ def openapi_server(engine: DockerClient, fake: FakeJobBoard, spec_dir: Path) -> 
         " --api-base-url http://jobboard:8080 --openapi-spec /spec/openapi.json"
     )
     container = engine.containers.run(
-        images.MCP_IMAGE,
+        names.MCP_IMAGE,
         entrypoint=["node", f"{NODE_MODULES}/supergateway/dist/index.js"],
         command=[
             "--stdio",

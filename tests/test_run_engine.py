@@ -15,7 +15,7 @@ import psutil
 import pytest
 from docker import DockerClient
 
-from sandbox.backends.docker.containers import LABEL_RUN_ID
+from sandbox.contracts.names import LABEL_RUN_ID
 from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
 from sandbox.run.testrun import RunOptions, TestRun, execute_step
 from tests.conftest import WorkflowFactory, containers_of, tree_digest

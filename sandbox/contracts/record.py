@@ -18,9 +18,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox.collect.dbdiff import DbDiff
-from sandbox.prepare.copytree import CopyReport
-from sandbox.prepare.dbcopy import DbCopyReport
+from sandbox.contracts.reports import CopyReport, DbCopyReport, DbDiff
 
 SCHEMA_VERSION: Literal[1] = 1
 RECORD_FILE = "test_mode.json"

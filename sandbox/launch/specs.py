@@ -15,15 +15,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandbox.backends.docker import images
-from sandbox.backends.docker.containers import (
-    LABEL_MCP_SERVER,
-    LABEL_ROLE,
-    LABEL_RUN_ID,
-    LABEL_RUN_ROOT,
-    LABEL_RUNNER_PID,
-    LABEL_RUNNER_START,
-)
+from sandbox.contracts import names
 from sandbox.contracts.config import Egress, EgressEntry, McpServer, Step, Workflow
 from sandbox.contracts.layout import (
     C_CA_BUNDLE,
@@ -38,6 +30,14 @@ from sandbox.contracts.layout import (
     STEP_UID,
     RunLayout,
     mcp_uid,
+)
+from sandbox.contracts.names import (
+    LABEL_MCP_SERVER,
+    LABEL_ROLE,
+    LABEL_RUN_ID,
+    LABEL_RUN_ROOT,
+    LABEL_RUNNER_PID,
+    LABEL_RUNNER_START,
 )
 from sandbox.contracts.record import RunnerInfo
 from sandbox.contracts.spec import ContainerSpec, Mount
@@ -194,7 +194,7 @@ def guard_spec(plan: RunPlan) -> ContainerSpec:
     mcp = [Mount(source=str(layout.mcp_dir), target=MCP_DIR, read_only=False)]
     return ContainerSpec(
         name=f"sandbox-{layout.run_id}-guard",
-        image=images.GUARD_IMAGE,
+        image=names.GUARD_IMAGE,
         entrypoint=["/bin/sh", "-c", script],
         command=[],
         user="0:0",
@@ -259,7 +259,7 @@ def step_spec(plan: RunPlan, guard_id: str, *, has_ca_bundle: bool) -> Container
     limits = plan.workflow.limits
     return ContainerSpec(
         name=f"sandbox-{plan.layout.run_id}-step",
-        image=images.STEP_IMAGE,
+        image=names.STEP_IMAGE,
         command=["python3", "-m", "agentworks_exec", "--", *plan.step.argv()],
         init=False,  # the executor is pid 1 and reaps; see step_exec._reap_until_exit
         user=f"{uid}:{gid}",
@@ -338,7 +338,7 @@ def mcp_server_spec(plan: RunPlan, index: int, server: McpServer) -> ContainerSp
         ]
     return ContainerSpec(
         name=f"sandbox-{plan.layout.run_id}-mcp-{server.name}",
-        image=images.MCP_IMAGE,
+        image=names.MCP_IMAGE,
         entrypoint=MCP_RELAY,
         command=[*relay, "--", *server.command],
         user=f"{uid}:{uid}",

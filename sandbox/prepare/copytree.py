@@ -21,24 +21,14 @@ from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Final
 
-from pydantic import BaseModel, Field
-
 from sandbox.contracts.errors import PrepareError
+from sandbox.contracts.reports import MAX_LISTED, CopyReport, LeftOut, SymlinkEntry
 from sandbox.hostfs.fdcopy import copy_fd
 
-__all__ = [
-    "DEFAULT_CAP_BYTES",
-    "CopyReport",
-    "CopyTreeError",
-    "LeftOut",
-    "SymlinkEntry",
-    "copy_execution_tree",
-    "newest_real_run",
-]
+__all__ = ["DEFAULT_CAP_BYTES", "CopyTreeError", "copy_execution_tree", "newest_real_run"]
 
 DEFAULT_CAP_BYTES: Final = 512 * 1024**2
 DEFAULT_MAX_ENTRIES: Final = 200_000
-MAX_LISTED: Final = 1000
 TEST_RUN_PREFIX: Final = "test-"
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -48,49 +38,6 @@ _CREATE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os
 
 class CopyTreeError(PrepareError):
     """The destination of a tree copy is unusable (the source's problems are only reported)."""
-
-
-class SymlinkEntry(BaseModel):
-    """A symlink copied as a link; ``target`` is its text, never resolved."""
-
-    path: str
-    target: str
-
-
-class LeftOut(BaseModel):
-    """A regular file not copied, and why (``cap``: it would have exceeded the byte cap)."""
-
-    path: str
-    size: int
-    reason: str
-
-
-class CopyReport(BaseModel):
-    """What :func:`copy_execution_tree` did. Paths are relative to ``source``, posix style."""
-
-    source: str
-    dest: str
-    source_missing: bool = False
-    cap_bytes: int
-    files_copied: int = 0
-    dirs_created: int = 0
-    bytes_copied: int = 0
-    symlinks: list[SymlinkEntry] = Field(default_factory=list)
-    left_out: list[LeftOut] = Field(default_factory=list)
-    skipped_special: list[str] = Field(default_factory=list)
-    errors: list[str] = Field(default_factory=list)
-    # The lists above keep the first MAX_LISTED entries; the counts are exact.
-    symlinks_count: int = 0
-    left_out_count: int = 0
-    skipped_special_count: int = 0
-    errors_count: int = 0
-    # True when the tree had more entries than the copy's entry cap (the rest not copied).
-    entries_capped: bool = False
-
-    def note_error(self, text: str) -> None:
-        self.errors_count += 1
-        if len(self.errors) < MAX_LISTED:
-            self.errors.append(text[:1000])
 
 
 def _display(parts: tuple[str, ...]) -> str:

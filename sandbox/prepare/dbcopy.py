@@ -21,13 +21,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Literal
-
-from pydantic import BaseModel
+from typing import Any
 
 from sandbox.contracts.errors import PrepareError
+from sandbox.contracts.reports import DbCopyReport
 
-__all__ = ["DbCopyError", "DbCopyReport", "copy_db", "find_workflow_db"]
+__all__ = ["DbCopyError", "copy_db", "find_workflow_db"]
 
 # How (measured on SQLite 3.40): a ``mode=ro`` connection is NOT enough. It rewrites the -shm
 # read marks while another connection is open, and on a quiescent WAL DB it *creates* -wal and
@@ -43,17 +42,6 @@ __all__ = ["DbCopyError", "DbCopyReport", "copy_db", "find_workflow_db"]
 
 class DbCopyError(PrepareError):
     """The workflow DB could not be copied (busy, unreadable, corrupt, not a database)."""
-
-
-class DbCopyReport(BaseModel):
-    """What :func:`copy_db` produced."""
-
-    source: str
-    dest: str
-    bytes: int
-    tables: int
-    method: Literal["vacuum_into"] = "vacuum_into"
-    seconds: float
 
 
 def find_workflow_db(workflow_dir: Path) -> Path | None:

@@ -32,6 +32,7 @@ from docker.models.containers import Container
 from sandbox.backends.docker import containers, images
 from sandbox.backends.docker.client import connect
 from sandbox.collect import actionsummary, dbdiff
+from sandbox.contracts import names
 from sandbox.contracts.config import (
     McpServer,
     Step,
@@ -57,6 +58,7 @@ from sandbox.contracts.record import (
     TestRunRecord,
     write_record,
 )
+from sandbox.contracts.reports import DbDiff
 from sandbox.guard.config import CONFIG_FILE_NAME, GuardConfig
 from sandbox.guard.tls import RunCA
 from sandbox.hostfs import fdtree
@@ -282,10 +284,10 @@ class TestRun:
         trusted_ca_pem: str,
         seccomp_text: str,
     ) -> TestRunRecord:
-        step_image = images.require(client, images.STEP_IMAGE)
+        step_image = images.require(client, names.STEP_IMAGE)
         used_images = {"step": step_image}
         if launch.stdio_servers(workflow):
-            used_images["mcp"] = images.require(client, images.MCP_IMAGE)
+            used_images["mcp"] = images.require(client, names.MCP_IMAGE)
 
         layout = RunLayout(self.workflow_dir, new_run_id(), step.group)
         runner = _runner_info()
@@ -701,7 +703,7 @@ class TestRun:
 
     # -- collect / record --------------------------------------------------------
 
-    def _db_diff(self, layout: RunLayout, record: TestRunRecord) -> dbdiff.DbDiff | None:
+    def _db_diff(self, layout: RunLayout, record: TestRunRecord) -> DbDiff | None:
         """dbdiff reads both files into private copies (holes kept, size-capped) without
         following links."""
         if record.no_db:

@@ -40,6 +40,7 @@ from typing import Final
 
 from sandbox.contracts.errors import PrepareError
 from sandbox.contracts.layout import DISK_IMAGE, RunLayout
+from sandbox.contracts.reports import CopyReport
 from sandbox.hostfs import fdtree
 from sandbox.hostfs.hostmount import (
     MS_NOATIME,
@@ -50,7 +51,7 @@ from sandbox.hostfs.hostmount import (
     mounts_below,
     unmount,
 )
-from sandbox.prepare.copytree import CopyReport, copy_execution_tree
+from sandbox.prepare.copytree import copy_execution_tree
 
 # One inode per 16 KiB of quota, at most this many: every host-side walk of the step's
 # folders is then bounded by the file system itself.

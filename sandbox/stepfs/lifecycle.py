@@ -21,8 +21,8 @@ from pathlib import Path
 from sandbox.collect import watch
 from sandbox.contracts.layout import RunLayout, make_private_dir
 from sandbox.contracts.record import FileChanges
+from sandbox.contracts.reports import CopyReport
 from sandbox.hostfs import fdtree
-from sandbox.prepare.copytree import CopyReport
 from sandbox.stepfs import view
 from sandbox.stepfs.disk import DiskUsage, DiskWatch, StepDisk
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from kubernetes import watch
 
-from sandbox.backends.docker import images
+from sandbox.contracts import names
 from sandbox.contracts.layout import GUARD_UID, STEP_UID
 from sandbox.launch import firewall
 
@@ -155,7 +155,7 @@ def outside_server_pod() -> dict[str, Any]:
             "containers": [
                 {
                     "name": "server",
-                    "image": images.GUARD_IMAGE,
+                    "image": names.GUARD_IMAGE,
                     "imagePullPolicy": "Never",
                     "command": [
                         "python3",
@@ -192,7 +192,7 @@ def run_pod(group: Path, workflow: Path, outside_ip: str, seccomp_profile: str) 
             "initContainers": [
                 {
                     "name": "firewall",
-                    "image": images.GUARD_IMAGE,
+                    "image": names.GUARD_IMAGE,
                     "imagePullPolicy": "Never",
                     "command": ["sh", "-c", firewall_script()],
                     "securityContext": firewall_context,
@@ -202,7 +202,7 @@ def run_pod(group: Path, workflow: Path, outside_ip: str, seccomp_profile: str) 
             "containers": [
                 {
                     "name": "guard",
-                    "image": images.GUARD_IMAGE,
+                    "image": names.GUARD_IMAGE,
                     "imagePullPolicy": "Never",
                     "command": ["python3", "-c", GUARD_SCRIPT],
                     "env": env,
@@ -211,7 +211,7 @@ def run_pod(group: Path, workflow: Path, outside_ip: str, seccomp_profile: str) 
                 },
                 {
                     "name": "step",
-                    "image": images.STEP_IMAGE,
+                    "image": names.STEP_IMAGE,
                     "imagePullPolicy": "Never",
                     "command": ["python3", "-c", STEP_SCRIPT],
                     "env": env,

@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 from docker import DockerClient
 
-from sandbox.backends.docker.containers import LABEL_RUN_ID
+from sandbox.contracts.names import LABEL_RUN_ID
 from sandbox.contracts.record import RunStatus, TestRunRecord
 from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import DEFAULT_DB_SQL, tree_digest, write_workflow

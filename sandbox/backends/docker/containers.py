@@ -26,16 +26,9 @@ from docker.types import LogConfig
 from docker.types import Mount as DockerMount
 
 from sandbox.contracts.errors import EngineError
+from sandbox.contracts.names import LABEL_MANAGED
 from sandbox.contracts.record import OutputTail
 from sandbox.contracts.spec import ContainerSpec
-
-LABEL_MANAGED = "sandbox.managed"
-LABEL_RUN_ID = "sandbox.run-id"
-LABEL_RUN_ROOT = "sandbox.run-root"
-LABEL_ROLE = "sandbox.role"
-LABEL_RUNNER_PID = "sandbox.runner-pid"
-LABEL_RUNNER_START = "sandbox.runner-start"
-LABEL_MCP_SERVER = "sandbox.mcp-server"
 
 TAIL_CHARS = 8000
 

@@ -21,13 +21,13 @@ import psutil
 from docker import DockerClient
 from pydantic import BaseModel
 
-from sandbox.backends.docker.containers import (
+from sandbox.contracts.layout import DISK_MOUNT, TEST_RUN_PREFIX, VIEW_LAYER, WORKFLOW_VIEW
+from sandbox.contracts.names import (
     LABEL_MANAGED,
     LABEL_RUN_ROOT,
     LABEL_RUNNER_PID,
     LABEL_RUNNER_START,
 )
-from sandbox.contracts.layout import DISK_MOUNT, TEST_RUN_PREFIX, VIEW_LAYER, WORKFLOW_VIEW
 from sandbox.contracts.record import RECORD_FILE, RunStatus, read_record, utcnow, write_record
 from sandbox.hostfs import fdtree, hostmount
 from sandbox.stepfs import disk

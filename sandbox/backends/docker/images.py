@@ -30,14 +30,11 @@ from docker import DockerClient
 from pydantic import BaseModel
 
 from sandbox.contracts.errors import EngineError, ImageMissingError
+from sandbox.contracts.names import GUARD_IMAGE, MCP_IMAGE, STEP_IMAGE
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 IMAGES_DIR = REPO_ROOT / "sandbox" / "images"
 BUILD_DIR = REPO_ROOT / "build"
-IMAGE_TAG = os.environ.get("SANDBOX_IMAGE_TAG", "current")
-STEP_IMAGE = f"sandbox-step:{IMAGE_TAG}"
-GUARD_IMAGE = f"sandbox-guard:{IMAGE_TAG}"
-MCP_IMAGE = f"sandbox-mcp:{IMAGE_TAG}"
 LABEL = "sandbox.image-inputs"
 # Stdlib-only code run inside the images (the step's clients, the executor, the MCP
 # relay): the step image installs this folder's contents, each under its own name.
