@@ -219,7 +219,18 @@ class DbExpectation(_Counted):
     change: Literal["inserted", "updated", "deleted", "any"] = "any"
     # Column -> value (equal) or a matcher table. An updated row is matched on its key
     # and its new values.
-    where: dict[str, JsonValue | Match] = Field(default_factory=dict)
+    where: dict[str, Match | JsonValue] = Field(default_factory=dict)
+
+    @field_validator("where", mode="before")
+    @classmethod
+    def _tables_are_matchers(cls, value: Any) -> Any:
+        """A table is a matcher (`{ regex = "..." }`); compare an object column with
+        `{ equals = {...} }`."""
+        if isinstance(value, dict):
+            return {
+                k: Match.model_validate(v) if isinstance(v, dict) else v for k, v in value.items()
+            }
+        return value
 
     def describe(self) -> str:
         what = "changed" if self.change == "any" else self.change
