@@ -124,7 +124,6 @@ def test_call_expectations_hold_and_fail_with_the_deciding_line(
     assert not wrong.ok
     assert wrong.line() == (
         "FAIL upwork_submit_proposal with $.connects == 20 would have run exactly 1 time(s): "
-        "expected upwork_submit_proposal with $.connects == 20 would have run exactly 1 time(s); "
         "0 matching call(s); nearest: line 2 has $.connects = 16"
     )
 

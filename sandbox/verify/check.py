@@ -42,7 +42,10 @@ class ExpectationResult(BaseModel):
 
     def line(self) -> str:
         mark = "PASS" if self.ok else "FAIL"
-        text = f"{mark} {self.label}: expected {self.expected}; {self.happened}"
+        if self.label == self.expected:
+            text = f"{mark} {self.expected}: {self.happened}"
+        else:
+            text = f"{mark} {self.label}: expected {self.expected}; {self.happened}"
         return text + (f" [{self.evidence[0]}]" if self.evidence else "")
 
 
