@@ -384,3 +384,70 @@ def test_a_run_that_errored_never_verifies(engine: DockerClient, tmp_path: Path)
         "status failed, exit code 3 (step exited with code 3)"
     )
     assert json.loads(verification.model_dump_json())["passed"] is False
+
+
+MCP_STEP = """
+import agentworks_mcp as mcp
+with mcp.connect("time") as s:
+    s.call_tool("get_current_time", {"timezone": "UTC"})
+with mcp.connect("memory") as s:
+    s.call_tool("read_graph", {})
+    s.call_tool("create_entities", {"entities": [{"name": "Acme", "entityType": "client",
+                                                   "observations": ["posted job 42"]}]})
+"""
+
+MCP_SERVERS = """
+[[mcp_servers]]
+name = "memory"
+command = ["mcp-server-memory"]
+env = { MEMORY_FILE_PATH = "/workflow/memory/graph.jsonl" }
+
+[[mcp_servers]]
+name = "time"
+command = ["mcp-server-time", "--local-timezone", "UTC"]
+"""
+
+MCP_EXPECT = """
+[[steps.expect]]
+name = "remembers the client"
+kind = "call"
+tool = "mcp:memory/create_entities"
+args = [{ path = "$.entities[0]", subset = { name = "Acme", entityType = "client" } }]
+count = 1
+
+[[steps.expect]]
+kind = "call"
+tool = "mcp:time/get_current_time"
+decision = "allow"
+count = 1
+
+[[steps.expect]]
+kind = "no_call"
+tool = "mcp:memory/delete_entities"
+
+[[steps.expect]]
+kind = "call"
+tool = "mcp:memory/create_relations"
+"""
+
+
+def test_mcp_tool_expectations(engine: DockerClient, tmp_path: Path) -> None:
+    """`mcp:<server>/<tool>` names a tool of a connected server, stubbed or passed."""
+    from sandbox.verify.verifystep import verify_step
+
+    wf = tmp_path / "wf"
+    (wf / "code").mkdir(parents=True)
+    (wf / "memory").mkdir()
+    (wf / "memory" / "graph.jsonl").write_text("")
+    head = 'name = "wf"\n[[steps]]\nid = "step1"\ngroup = "g"\n'
+    head += 'command = ["python3", "/workflow/code/step.py"]\n'
+    # [[steps.expect]] tables belong to the step: they come before the servers' tables.
+    (wf / "workflow.toml").write_text(head + MCP_EXPECT + MCP_SERVERS)
+    (wf / "code" / "step.py").write_text(textwrap.dedent(MCP_STEP))
+    verification = verify_step(wf, "step1")
+    remembers, reads_time, no_delete, relations, status = verification.results
+    assert remembers.ok and '"mcp:memory/create_entities"' in remembers.evidence[0]
+    assert reads_time.ok and '"decision":"allow"' in reads_time.evidence[0]
+    assert no_delete.ok and status.ok
+    assert not relations.ok and relations.happened == "0 matching call(s)"
+    assert verification.digest.stubbed == {"mcp:memory/create_entities": 1}
