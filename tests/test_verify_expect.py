@@ -185,3 +185,13 @@ def test_matchers_use_json_semantics() -> None:
     assert not matches(Match(path="$.zz", regex="."), value)
     call = CallExpectation(kind="call", tool="mcp:files/write_file")
     assert call.describe() == "mcp:files/write_file would have run at least 1 time(s)"
+
+
+def test_committed_verification_schema_matches_the_model() -> None:
+    from sandbox.verify.verdict import SCHEMA_PATH as VERIFICATION_SCHEMA
+    from sandbox.verify.verdict import verification_json_schema
+
+    assert VERIFICATION_SCHEMA.read_text() == verification_json_schema(), (
+        "regenerate with: python -c 'from sandbox.verify.verdict import *; "
+        "SCHEMA_PATH.write_text(verification_json_schema())'"
+    )

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections import Counter
 from datetime import datetime
@@ -19,6 +20,7 @@ from sandbox.verify.check import ExpectationResult
 from sandbox.verify.evidence import Evidence
 
 VERIFICATION_FILE = "verification.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "contracts" / "verification.schema.json"
 MAX_FILES_LISTED = 20
 
 
@@ -111,6 +113,11 @@ class Verification(BaseModel):
         if self.content is not None:
             out.append(f"content hash: {self.content.digest[:16]}")
         return out
+
+
+def verification_json_schema() -> str:
+    """The published schema of `verification.json` (and `sandbox verify --json`)."""
+    return json.dumps(Verification.model_json_schema(), indent=2, sort_keys=True) + "\n"
 
 
 def write_verification(run_root: Path, verification: Verification) -> Path:
