@@ -451,3 +451,49 @@ def test_mcp_tool_expectations(engine: DockerClient, tmp_path: Path) -> None:
     assert no_delete.ok and status.ok
     assert not relations.ok and relations.happened == "0 matching call(s)"
     assert verification.digest.stubbed == {"mcp:memory/create_entities": 1}
+
+
+def test_code_changed_while_the_step_ran_verifies_nothing(
+    engine: DockerClient, tmp_path: Path
+) -> None:
+    """The workflow folder is live in the step's view: a change to `code/` during the
+    run means the run tested something its content hash does not name."""
+    import threading
+    import time
+
+    from sandbox.verify.verifystep import verify_step
+
+    wf = write_workflow(
+        tmp_path,
+        command=["python3", "/workflow/code/step.py"],
+        extra_toml='[[steps.expect]]\nkind = "status"\n',
+    )
+    (wf / "code" / "flag.txt").write_text("wait")
+    (wf / "code" / "step.py").write_text(
+        textwrap.dedent(
+            """
+            import pathlib, time
+            end = time.monotonic() + 60
+            while pathlib.Path("/workflow/code/flag.txt").read_text() != "go":
+                assert time.monotonic() < end, "the flag never changed"
+                time.sleep(0.05)
+            """
+        )
+    )
+
+    def change_once_the_run_started() -> None:
+        end = time.monotonic() + 120
+        while not list((wf / "runs").glob("test-*/test_mode.json")):
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        (wf / "code" / "flag.txt").write_text("go")
+
+    changer = threading.Thread(target=change_once_the_run_started)
+    changer.start()
+    verification = verify_step(wf, "step1")
+    changer.join()
+    status, content = verification.results
+    assert status.ok, status
+    assert not verification.passed
+    assert content.label == "content unchanged during the run"
+    assert content.happened == "changed during the run (code/flag.txt)"

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from sandbox import policy
 from sandbox.contracts.config import Step, Workflow
+from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.record import ContentHash
 
 CODE_DIR = "code"
@@ -84,6 +85,19 @@ def policy_version() -> str:
     """The policy table's version: the hash of the module that is its one source."""
     with open(policy.__file__, "rb") as handle:
         return _sha(handle.read())
+
+
+def read_prompt(workflow_dir: Path, step: Step) -> str | None:
+    """The step's prompt as a run reads it (no link followed); ConfigError if unreadable."""
+    if step.prompt_file is None:
+        return None
+    path = workflow_dir / step.prompt_file
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"step {step.id}: prompt_file {path} unreadable: {exc}") from None
 
 
 def content_hash(

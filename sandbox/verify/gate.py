@@ -12,7 +12,6 @@ what is missing, naming the parts that changed since the last verification.
 from __future__ import annotations
 
 import contextlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,11 +19,10 @@ from sandbox.backends.docker import images
 from sandbox.backends.docker.client import connect
 from sandbox.contracts import names
 from sandbox.contracts.config import Step, Workflow, load_workflow
-from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.layout import TEST_RUN_PREFIX
 from sandbox.contracts.record import ContentHash, RunStatus, TestRunRecord, read_record
 from sandbox.launch import specs as launch
-from sandbox.prepare.contenthash import changed_parts, content_hash
+from sandbox.prepare.contenthash import changed_parts, content_hash, read_prompt
 from sandbox.verify import history
 from sandbox.verify.expect import expectations_digest, load_expectations
 from sandbox.verify.verifystep import with_implicit_status
@@ -36,24 +34,13 @@ class GateResult:
     reason: str
 
 
-def _prompt(workflow_dir: Path, step: Step) -> str | None:
-    if step.prompt_file is None:
-        return None
-    try:
-        fd = os.open(workflow_dir / step.prompt_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise ConfigError(f"step {step.id}: prompt_file unreadable: {exc.strerror}") from None
-    with os.fdopen(fd, encoding="utf-8") as handle:
-        return handle.read()
-
-
 def current_content(workflow_dir: Path, workflow: Workflow, step: Step) -> ContentHash:
     """The hash a test run of the step would record now."""
     with contextlib.closing(connect()) as client:
         used = {"step": images.require(client, names.STEP_IMAGE)}
         if launch.stdio_servers(workflow):
             used["mcp"] = images.require(client, names.MCP_IMAGE)
-    return content_hash(workflow_dir, workflow, step, _prompt(workflow_dir, step), used)
+    return content_hash(workflow_dir, workflow, step, read_prompt(workflow_dir, step), used)
 
 
 def _records_at(workflow_dir: Path, step_id: str, digest: str) -> list[TestRunRecord]:
