@@ -95,6 +95,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     verification = verify_step(Path(args.workflow_dir), args.step_id, _run_options(args))
     if args.junit:
         write_junit(Path(args.junit), verification)
+    if args.html:
+        from sandbox.verify.html import write_report
+
+        write_report(Path(args.workflow_dir) / "runs" / verification.run_id, Path(args.html))
     if args.json:
         say(verification.model_dump_json(indent=2))
     else:
@@ -274,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     _run_arguments(ver)
     ver.add_argument("--json", action="store_true", help="print the verification as JSON")
     ver.add_argument("--junit", default="", help="also write the verdict as JUnit XML here")
+    ver.add_argument("--html", default="", help="also write the run's HTML report here")
     ver.set_defaults(func=cmd_verify)
 
     gat = sub.add_parser("gate", help="exit 0 when the step's current version is verified")

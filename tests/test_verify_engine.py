@@ -338,7 +338,9 @@ def test_verify_cli_json_and_junit(
         "import agentworks_bridge as b\nb.call('notify_user', {'text': 'done'})\n"
     )
     junit = tmp_path / "verdict.xml"
-    assert main(["verify", str(wf), "step1", "--junit", str(junit)]) == 0
+    page = tmp_path / "report.html"
+    assert main(["verify", str(wf), "step1", "--junit", str(junit), "--html", str(page)]) == 0
+    assert "PASS: 3 of 3 expectation(s) held" in page.read_text()
     out = capsys.readouterr().out
     assert out.startswith("verdict: PASS: step step1, 3 of 3 expectation(s) held")
     assert "  PASS notify_user would have run exactly 1 time(s)" in out
