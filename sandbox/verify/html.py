@@ -208,7 +208,10 @@ def _preflight(record: TestRunRecord) -> str:
 def render(run_root: Path) -> str:
     ev = gather(run_root)
     record = ev.record
-    verification = read_verification(run_root)
+    try:
+        verification = read_verification(run_root)
+    except (OSError, ValueError):
+        verification = None  # shown as the run's status alone, never a half-read verdict
     sections = [
         ("verdict", "Verdict", _verdict(record, verification)),
         ("stubbed", "Stubbed actions (would have run)", _stubbed(ev.calls)),
