@@ -47,6 +47,21 @@ def _hash_fd(fd: int) -> str:
     return digest.hexdigest()
 
 
+def _entry_hash(name: str, dirfd: int) -> str:
+    entry = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+    if stat.S_ISLNK(entry.st_mode):
+        return "link:" + os.readlink(name, dir_fd=dirfd)
+    if not stat.S_ISREG(entry.st_mode):
+        return f"special:{stat.S_IFMT(entry.st_mode):o}"
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
+            return "special:changed"
+        return _hash_fd(fd) + ("+x" if entry.st_mode & 0o111 else "")
+    finally:
+        os.close(fd)
+
+
 def code_parts(workflow_dir: Path) -> dict[str, str]:
     """`code/<path>` -> hash, for every entry below the code folder (links not followed)."""
     root = workflow_dir / CODE_DIR
@@ -57,24 +72,23 @@ def code_parts(workflow_dir: Path) -> dict[str, str]:
     if stat.S_ISLNK(st.st_mode):
         return {CODE_DIR: "link:" + os.readlink(root)}
     parts: dict[str, str] = {}
-    for dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
+
+    def unreadable(exc: OSError) -> None:  # a folder the walk cannot list is named too
+        where = Path(os.path.relpath(str(exc.filename), workflow_dir)).as_posix()
+        parts[where] = f"unreadable:{exc.errno}"
+
+    walk = os.fwalk(root, follow_symlinks=False, onerror=unreadable)
+    for dirpath, dirnames, filenames, dirfd in walk:
         dirnames.sort()
         rel_dir = Path(os.path.relpath(dirpath, workflow_dir)).as_posix()
         for name in sorted(filenames) + [
             d for d in dirnames if os.path.islink(os.path.join(dirpath, d))
         ]:
             key = f"{rel_dir}/{name}"
-            entry = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-            if stat.S_ISLNK(entry.st_mode):
-                parts[key] = "link:" + os.readlink(name, dir_fd=dirfd)
-            elif stat.S_ISREG(entry.st_mode):
-                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dirfd)
-                try:
-                    parts[key] = _hash_fd(fd) + ("+x" if entry.st_mode & 0o111 else "")
-                finally:
-                    os.close(fd)
-            else:
-                parts[key] = f"special:{stat.S_IFMT(entry.st_mode):o}"
+            try:
+                parts[key] = _entry_hash(name, dirfd)
+            except OSError as exc:  # vanished or unreadable: named, never a crash
+                parts[key] = f"unreadable:{exc.errno}"
             if len(parts) > MAX_CODE_ENTRIES:
                 parts["code/[cut]"] = f"more than {MAX_CODE_ENTRIES} entries"
                 return parts
