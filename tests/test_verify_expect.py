@@ -195,3 +195,40 @@ def test_committed_verification_schema_matches_the_model() -> None:
         "regenerate with: python -c 'from sandbox.verify.verdict import *; "
         "SCHEMA_PATH.write_text(verification_json_schema())'"
     )
+
+
+def test_history_keeps_each_verification_and_skips_lines_that_do_not_parse(
+    tmp_path: Path,
+) -> None:
+    from datetime import UTC, datetime
+
+    from sandbox.verify import history
+    from sandbox.verify.verdict import RunDigest, Verification
+
+    def verification(n: int, passed: bool) -> Verification:
+        return Verification(
+            run_id=f"test-{n}",
+            workflow_name="wf",
+            step_id="s",
+            at=datetime.now(UTC),
+            passed=passed,
+            expectations_digest="e",
+            results=[],
+            digest=RunDigest(status="passed"),
+        )
+
+    wf = tmp_path / "wf"
+    (wf / "runs").mkdir(parents=True)
+    for n, passed in ((1, True), (2, False)):
+        history.append(wf, verification(n, passed))
+        with open(history.history_path(wf), "a") as handle:
+            handle.write('{"not": "an entry"}\nhalf a line\n')
+    entries = history.read(wf, "s")
+    assert [(e.run_id, e.passed) for e in entries] == [("test-1", True), ("test-2", False)]
+    assert history.read(wf, "other") == []
+    link = tmp_path / "elsewhere.jsonl"
+    history.history_path(wf).rename(link)
+    history.history_path(wf).symlink_to(link)
+    assert history.read(wf) == []  # never read through a link
+    with pytest.raises(OSError):
+        history.append(wf, verification(3, True))
