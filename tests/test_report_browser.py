@@ -90,6 +90,10 @@ def test_report_renders_verdict_first_and_reaches_nothing(
             assert "send_slack_message" in stubbed and "notify_user" in stubbed
             assert "<img src=http://outside.test/x.png> hi" in stubbed  # shown as text
             assert "<b>out<i>.txt" in page.inner_text("#files")
+            assert page.locator("#db table").count() == 1  # the DB diff as a table
+            assert "<iframe src=http://outside.test/>" in page.inner_text("#db table")
+            timeline = page.inner_text("#timeline")
+            assert "send_slack_message\tstub" in timeline and "root" in timeline
             assert page.evaluate("document.scripts.length + document.images.length") == 0
         finally:
             browser.close()
