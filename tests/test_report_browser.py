@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from docker import DockerClient
+from playwright.sync_api import Route, sync_playwright
 
 from sandbox.cli import main
 from sandbox.contracts.layout import RunLayout
@@ -46,7 +47,6 @@ tool = "notify_user"
 def test_report_renders_verdict_first_and_reaches_nothing(
     engine: DockerClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    playwright_api = pytest.importorskip("playwright.sync_api")
     chromium = shutil.which("chromium")
     assert chromium, "chromium is installed by scripts/ensure-chromium.sh (make test)"
     wf = write_workflow(tmp_path, command=["python3", "/workflow/code/step.py"], extra_toml=EXPECT)
@@ -61,18 +61,17 @@ def test_report_renders_verdict_first_and_reaches_nothing(
     assert "&lt;script&gt;" in text
 
     requests: list[str] = []
-    with playwright_api.sync_playwright() as p:
+    with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         try:
             page = browser.new_page()
 
-            def refuse(route: object) -> None:
-                request = route.request  # type: ignore[attr-defined]
-                requests.append(request.url)
-                if request.url == out.as_uri():
-                    route.continue_()  # type: ignore[attr-defined]
+            def refuse(route: Route) -> None:
+                requests.append(route.request.url)
+                if route.request.url == out.as_uri():
+                    route.continue_()
                 else:
-                    route.abort()  # type: ignore[attr-defined]
+                    route.abort()
 
             page.route("**/*", refuse)
             page.on("request", lambda r: requests.append("seen " + r.url))
