@@ -208,6 +208,10 @@ class Usage:
         if cpu:
             self.cpu_seconds = max(self.cpu_seconds or 0.0, cpu / 1e9)
 
+    def finish(self) -> None:
+        """Stop sampling (see `finish_usage`)."""
+        finish_usage(self)
+
 
 SAMPLE_INTERVAL_S = 0.25
 
