@@ -261,7 +261,7 @@ def step_spec(plan: RunPlan, guard_id: str, *, has_ca_bundle: bool) -> Container
         name=f"sandbox-{plan.layout.run_id}-step",
         image=names.STEP_IMAGE,
         command=["python3", "-m", "agentworks_exec", "--", *plan.step.argv()],
-        init=False,  # the executor is pid 1 and reaps; see agentworks_exec.supervisor.reap_until_exit
+        init=False,  # the executor is pid 1 and reaps (agentworks_exec.supervisor)
         user=f"{uid}:{gid}",
         workdir=plan.layout.container_workdir,
         env=step_env(plan, has_ca_bundle=has_ca_bundle),
