@@ -295,7 +295,7 @@ class TestRun:
             started_at=datetime.now(UTC),
             runner=runner,
             images=used_images,
-            content=content_hash(self.workflow_dir, workflow, step, prompt, used_images),
+            content=content_hash(self.workflow_dir, workflow, step, inputs.prompt, used_images),
         )
         try:
             lock = workflow_run_lock(

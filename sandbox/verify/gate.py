@@ -15,8 +15,6 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.backends.docker import images
-from sandbox.backends.docker.client import connect
 from sandbox.contracts import names
 from sandbox.contracts.config import Step, Workflow, load_workflow
 from sandbox.contracts.layout import TEST_RUN_PREFIX
@@ -35,11 +33,14 @@ class GateResult:
 
 
 def current_content(workflow_dir: Path, workflow: Workflow, step: Step) -> ContentHash:
-    """The hash a test run of the step would record now."""
-    with contextlib.closing(connect()) as client:
-        used = {"step": images.require(client, names.STEP_IMAGE)}
+    """The hash a test run of the step would record now (the images' ids from the
+    engine, through the same backend a run uses)."""
+    from sandbox.backends.docker.backend import DockerBackend
+
+    with contextlib.closing(DockerBackend.connect()) as backend:
+        used = {"step": backend.require_image(names.STEP_IMAGE)}
         if launch.stdio_servers(workflow):
-            used["mcp"] = images.require(client, names.MCP_IMAGE)
+            used["mcp"] = backend.require_image(names.MCP_IMAGE)
     return content_hash(workflow_dir, workflow, step, read_prompt(workflow_dir, step), used)
 
 
