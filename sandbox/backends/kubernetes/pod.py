@@ -1,0 +1,312 @@
+"""One test run as one Pod (and the guard's config as one Secret), as plain manifests.
+
+Pure: built from the same `RunPlan` and `ContainerSpec`s the Docker backend turns into
+containers (`sandbox.launch.specs`), so the users, mounts, environment and limits are
+decided in one place; this module only says how each becomes Pod fields. No API call.
+
+The Pod:
+- an init container `firewall` (uid 0, every capability dropped but NET_ADMIN) puts
+  `sandbox.launch.firewall.rules()` in the Pod's network namespace, prints them back
+  and fails unless they read back exactly, so no other container starts on a wrong wall;
+- the guard as a sidecar: uid and gid 10002, no capability, no privilege escalation,
+  read-only root; it alone mounts the Secret with its config (mode 0400, group 10002:
+  the kubelet adds group read for the Pod's fsGroup) and the run's action log;
+- the step: its uid (10001 under a root runner), no capability, no privilege escalation,
+  read-only root, memory and CPU limits, its three writable folders of the run's disk,
+  the workflow view and every Crew folder read-only;
+- the project's seccomp profile as a `Localhost` profile for every container; no
+  service-account token, no host network, PID or IPC namespace, no process namespace
+  shared between containers, no service links; `restartPolicy: Never`; an
+  `activeDeadlineSeconds` past the step's timeout, so a Pod whose runner died still ends.
+
+Storage: `hostPath` (the runner's own folders; one node, or the Pod pinned to the
+runner's node) or one PersistentVolumeClaim whose root the runner sees at `claim_root`,
+each folder a `subPath` of it (the kubelet resolves a subPath without following a link
+out of the volume).
+
+Limits, from the Pod API: IPC and UTS namespaces are the Pod's, shared by its
+containers (Docker gives the step a private IPC namespace); a Pod spec has no
+per-container pids limit (the node's `podPidsLimit` caps the whole Pod).
+"""
+
+from __future__ import annotations
+
+import base64
+from pathlib import PurePosixPath
+from typing import Any
+
+from sandbox.contracts import names
+from sandbox.contracts.errors import ConfigError
+from sandbox.contracts.hostconfig import BackendConfig
+from sandbox.contracts.layout import GUARD_UID
+from sandbox.contracts.names import (
+    LABEL_MANAGED,
+    LABEL_ROLE,
+    LABEL_RUN_ID,
+    LABEL_RUN_ROOT,
+    LABEL_RUNNER_PID,
+    LABEL_RUNNER_START,
+)
+from sandbox.contracts.spec import ContainerSpec, Mount
+from sandbox.guard.config import CONFIG_FILE_ENV, CONFIG_FILE_NAME
+from sandbox.launch import firewall
+from sandbox.launch import specs as launch
+from sandbox.launch.specs import RunPlan
+
+# Annotations (values a label cannot hold: paths, host names).
+ANNOTATION_RUN_ROOT = LABEL_RUN_ROOT
+ANNOTATION_RUNNER_HOST = "sandbox.runner-host"
+LABEL_RUNNER_HOST = "sandbox.runner-host"  # only when the host name is a valid label value
+FIREWALL = "firewall"
+GUARD = "guard"
+STEP = "step"
+SECRET_DIR = "/guard/secret"
+SECRET_MODE = 0o400
+GRACE_S = 2
+# Past the step's timeout: image pulls and start-up, then the runner's own kill.
+DEADLINE_MARGIN_S = 300
+CPU_REQUEST_MILLI = 100  # what the scheduler reserves; the limit is the spec's
+
+
+def object_name(run_id: str) -> str:
+    """The Pod's name: the run id as a DNS name (lower case)."""
+    return f"sandbox-{run_id.lower()}"
+
+
+def secret_name(run_id: str) -> str:
+    return f"{object_name(run_id)}-guard"
+
+
+def _label_value(text: str) -> str | None:
+    """`text` if Kubernetes takes it as a label value, else None."""
+    ok = len(text) <= 63 and all(c.isalnum() or c in "-_." for c in text)
+    return text if ok and (not text or (text[0].isalnum() and text[-1].isalnum())) else None
+
+
+def run_labels(plan: RunPlan) -> dict[str, str]:
+    """What `sandbox gc` selects by, on the Pod and the Secret alike."""
+    labels = {
+        LABEL_MANAGED: "true",
+        LABEL_RUN_ID: plan.layout.run_id,
+        LABEL_ROLE: "run",
+        LABEL_RUNNER_PID: str(plan.runner.pid),
+        LABEL_RUNNER_START: repr(plan.runner.create_time),
+    }
+    host = _label_value(plan.runner.hostname)
+    if host is not None:
+        labels[LABEL_RUNNER_HOST] = host
+    return labels
+
+
+def run_annotations(plan: RunPlan) -> dict[str, str]:
+    return {
+        ANNOTATION_RUN_ROOT: str(plan.layout.root),
+        ANNOTATION_RUNNER_HOST: plan.runner.hostname,
+    }
+
+
+class _Volumes:
+    """Each host folder or file once, as a hostPath volume or a subPath of the claim."""
+
+    def __init__(self, settings: BackendConfig, files: set[str]) -> None:
+        self.settings = settings
+        self.files = files
+        self.volumes: list[dict[str, Any]] = []
+        self._by_source: dict[str, str] = {}
+        if settings.storage == "pvc":
+            self.volumes.append(
+                {"name": "storage", "persistentVolumeClaim": {"claimName": settings.claim}}
+            )
+
+    def mount(self, mount: Mount) -> dict[str, Any]:
+        if self.settings.storage == "pvc":
+            assert self.settings.claim_root is not None
+            root = PurePosixPath(self.settings.claim_root)
+            source = PurePosixPath(mount.source)
+            if not source.is_relative_to(root) or ".." in source.parts:
+                raise ConfigError(
+                    f"{mount.source} is not on the run's storage claim (claim_root {root})"
+                )
+            sub = str(source.relative_to(root))
+            return {
+                "name": "storage",
+                "mountPath": mount.target,
+                "readOnly": mount.read_only,
+                **({"subPath": sub} if sub != "." else {}),
+            }
+        name = self._by_source.get(mount.source)
+        if name is None:
+            name = f"host-{len(self._by_source)}"
+            self._by_source[mount.source] = name
+            kind = "File" if mount.source in self.files else "Directory"
+            self.volumes.append({"name": name, "hostPath": {"path": mount.source, "type": kind}})
+        return {"name": name, "mountPath": mount.target, "readOnly": mount.read_only}
+
+
+def _resources(spec: ContainerSpec) -> dict[str, Any]:
+    milli = max(1, round(spec.cpus * 1000))
+    memory = str(spec.memory_bytes)
+    return {
+        "limits": {"cpu": f"{milli}m", "memory": memory},
+        "requests": {"cpu": f"{min(milli, CPU_REQUEST_MILLI)}m", "memory": memory},
+    }
+
+
+def _locked_down(uid: int, gid: int, *, add: list[str] | None = None) -> dict[str, Any]:
+    return {
+        "runAsUser": uid,
+        "runAsGroup": gid,
+        "runAsNonRoot": uid != 0,
+        "capabilities": {"drop": ["ALL"], **({"add": add} if add else {})},
+        "allowPrivilegeEscalation": False,
+        "privileged": False,
+        "readOnlyRootFilesystem": True,
+        "procMount": "Default",
+    }
+
+
+def _user(spec: ContainerSpec) -> tuple[int, int]:
+    uid, _, gid = spec.user.partition(":")
+    return int(uid), int(gid or uid)
+
+
+def _env(env: dict[str, str]) -> list[dict[str, str]]:
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def _image(settings: BackendConfig, image: str) -> str:
+    return settings.image_prefix + image
+
+
+def _tmpfs_size(options: str) -> str | None:
+    for option in options.split(","):
+        key, _, value = option.partition("=")
+        if key == "size" and value:
+            return value[:-1] + "Mi" if value.endswith("m") else value
+    return None
+
+
+def pod_manifest(plan: RunPlan, settings: BackendConfig) -> dict[str, Any]:
+    """The run's Pod. Raises ConfigError for what a Pod cannot hold as Docker would."""
+    if launch.stdio_servers(plan.workflow):
+        raise ConfigError(
+            "stdio MCP servers run on the Docker backend only: a Pod's containers share "
+            "one network namespace, so a server could not be kept off the network"
+        )
+    if len(plan.networks) > 0:
+        raise ConfigError(
+            "bridge.networks names Docker networks; on Kubernetes the guard reaches its "
+            "upstream through the Pod network (give --upstream an address it can reach)"
+        )
+    layout = plan.layout
+    has_ca_bundle = plan.egress_ca is not None
+    step = launch.step_spec(plan, "", has_ca_bundle=has_ca_bundle)
+    guard = launch.guard_spec(plan)
+    files = {str(layout.prompt), str(layout.ca_bundle), str(layout.actions)}
+    volumes = _Volumes(settings, files)
+    pull = settings.image_pull_policy
+
+    step_uid, step_gid = _user(step)
+    step_container: dict[str, Any] = {
+        "name": STEP,
+        "image": _image(settings, step.image),
+        "imagePullPolicy": pull,
+        "args": step.command,
+        "workingDir": step.workdir,
+        "env": _env(step.env),
+        "securityContext": _locked_down(step_uid, step_gid),
+        "resources": _resources(step),
+        "volumeMounts": [volumes.mount(m) for m in step.mounts],
+        "terminationMessagePolicy": "File",
+    }
+
+    guard_mounts = [volumes.mount(m) for m in guard.mounts]
+    guard_mounts.append({"name": "guard-config", "mountPath": SECRET_DIR, "readOnly": True})
+    tmp_size = _tmpfs_size(guard.tmpfs.get("/tmp", ""))
+    guard_mounts.append({"name": "guard-tmp", "mountPath": "/tmp"})
+    guard_container: dict[str, Any] = {
+        "name": GUARD,
+        "image": _image(settings, guard.image),
+        "imagePullPolicy": pull,
+        "command": ["tini", "--", *launch.GUARD_COMMAND],
+        "env": _env({**guard.env, CONFIG_FILE_ENV: f"{SECRET_DIR}/{CONFIG_FILE_NAME}"}),
+        "securityContext": _locked_down(GUARD_UID, GUARD_UID),
+        "resources": _resources(guard),
+        "volumeMounts": guard_mounts,
+    }
+    firewall_container: dict[str, Any] = {
+        "name": FIREWALL,
+        "image": _image(settings, names.GUARD_IMAGE),
+        "imagePullPolicy": pull,
+        "command": ["/bin/sh", "-c"],
+        "args": [firewall.init_container_script(GUARD_UID, install=plan.install_firewall)],
+        "securityContext": _locked_down(0, 0, add=["NET_ADMIN"]),
+        "resources": {
+            "limits": {"cpu": "500m", "memory": "64Mi"},
+            "requests": {"cpu": "10m", "memory": "64Mi"},
+        },
+    }
+
+    volumes_list = [
+        *volumes.volumes,
+        {
+            "name": "guard-config",
+            "secret": {
+                "secretName": secret_name(layout.run_id),
+                "defaultMode": SECRET_MODE,
+                "items": [{"key": CONFIG_FILE_NAME, "path": CONFIG_FILE_NAME}],
+            },
+        },
+        {"name": "guard-tmp", "emptyDir": {"medium": "Memory", "sizeLimit": tmp_size or "16Mi"}},
+    ]
+    spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "hostNetwork": False,
+        "hostPID": False,
+        "hostIPC": False,
+        "shareProcessNamespace": False,
+        "terminationGracePeriodSeconds": GRACE_S,
+        "activeDeadlineSeconds": int(plan.step.timeout_s) + DEADLINE_MARGIN_S,
+        "securityContext": {
+            "seccompProfile": {"type": "Localhost", "localhostProfile": settings.seccomp_profile},
+            # The Secret's group: the guard's, so its uid reads its config (mode 0400 + g+r).
+            "fsGroup": GUARD_UID,
+            "sysctls": [{"name": k, "value": v} for k, v in guard.sysctls.items()],
+        },
+        "initContainers": [firewall_container],
+        "containers": [guard_container, step_container],
+        "volumes": volumes_list,
+    }
+    if settings.node_selector:
+        spec["nodeSelector"] = dict(settings.node_selector)
+    if settings.node_name:
+        spec["nodeName"] = settings.node_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": object_name(layout.run_id),
+            "namespace": settings.namespace,
+            "labels": run_labels(plan),
+            "annotations": run_annotations(plan),
+        },
+        "spec": spec,
+    }
+
+
+def secret_manifest(plan: RunPlan, settings: BackendConfig, config_json: str) -> dict[str, Any]:
+    """The guard's config as a Secret: only the guard's container mounts it."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": secret_name(plan.layout.run_id),
+            "namespace": settings.namespace,
+            "labels": {**run_labels(plan), LABEL_ROLE: "guard-config"},
+            "annotations": run_annotations(plan),
+        },
+        "data": {CONFIG_FILE_NAME: base64.b64encode(config_json.encode()).decode("ascii")},
+    }
