@@ -64,7 +64,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sandbox.run.testrun import RunOptions, TestRun
 
     signal.signal(signal.SIGTERM, _on_sigterm)
+    from sandbox.contracts.hostconfig import load_host_config
+
+    backend = load_host_config(args.host_config).backend
+    if args.backend is not None:
+        backend = backend.model_copy(update={"kind": args.backend})
     options = RunOptions(
+        backend=backend,
         timeout_s=args.timeout,
         upstream_bridge=args.upstream_bridge,
         upstream_networks=tuple(args.upstream_network),
@@ -123,11 +129,26 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from sandbox.backends.docker import gc
-    from sandbox.backends.docker.client import connect
+    from sandbox.contracts.hostconfig import load_host_config
 
     dirs = [Path(p) for p in args.workflow_dir]
-    with contextlib.closing(connect()) as client:
-        report = gc.collect(client, dirs, remove_runs=args.remove_runs)
+    backend = load_host_config(args.host_config).backend
+    if backend.kind == "kubernetes":
+        from sandbox.backends.kubernetes import podrun
+        from sandbox.backends.kubernetes.gc import collect_cluster
+
+        report = gc.GcReport()
+        api = podrun.connect(backend)
+        try:
+            roots = collect_cluster(api, backend, report)
+        finally:
+            api.close()
+        report = gc.collect_host(report, roots, dirs, remove_runs=args.remove_runs)
+    else:
+        from sandbox.backends.docker.client import connect
+
+        with contextlib.closing(connect()) as client:
+            report = gc.collect(client, dirs, remove_runs=args.remove_runs)
     say(report.model_dump_json(indent=2))
     return 0
 
@@ -200,6 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-host", action="append", default=[], help="add an egress host for this run only"
     )
     run.add_argument("--canary", default=None, help="HOST:PORT the preflight must find unreachable")
+    run.add_argument(
+        "--backend",
+        choices=("docker", "kubernetes"),
+        default=None,
+        help="the engine that runs the containers (default: the host config's, else docker)",
+    )
+    run.add_argument("--host-config", type=Path, default=None, help="the host's settings (TOML)")
     run.set_defaults(func=cmd_run)
 
     show = sub.add_parser("show", help="show a test run's record")
@@ -218,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also delete the folders of these workflows' finished test runs",
     )
+    gcp.add_argument("--host-config", type=Path, default=None, help="the host's settings (TOML)")
     gcp.set_defaults(func=cmd_gc)
 
     doctor = sub.add_parser("doctor", help="check this host's isolation posture")

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import docker.errors
 import psutil
@@ -41,6 +42,7 @@ from sandbox.contracts.config import (
     resolve_crew_folder,
 )
 from sandbox.contracts.errors import ConfigError, LaunchError, PrepareError, SandboxError
+from sandbox.contracts.hostconfig import BackendConfig, load_host_config
 from sandbox.contracts.layout import (
     GUARD_UID,
     RunLayout,
@@ -77,6 +79,9 @@ from sandbox.stepside.agentworks_exec.preflight import MARK_FAILED as PREFLIGHT_
 from sandbox.stepside.agentworks_exec.preflight import MARK_OK as PREFLIGHT_OK
 from sandbox.stepside.agentworks_exec.tools import USAGE_MARK
 
+if TYPE_CHECKING:
+    from sandbox.backends.kubernetes.backend import KubernetesBackend
+
 
 class RunInterrupted(BaseException):
     """The runner was told to stop (SIGTERM/SIGINT): the record says `killed`."""
@@ -95,6 +100,8 @@ class RunOptions:
     install_firewall: bool = True
     # fdatasync each action-log line before the reply (benchmarks measure the cost).
     fsync_action_log: bool = True
+    # The engine and its settings; None: the host's config (`sandbox.contracts.hostconfig`).
+    backend: BackendConfig | None = None
 
 
 def _preflight_from(stderr: str, firewall_verified: bool) -> Preflight | None:
@@ -266,6 +273,17 @@ class TestRun:
         mcp_host_env = _mcp_host_env(workflow)  # a missing credential fails before any folder
         trusted_ca_pem = self._trusted_cas(workflow)
         seccomp_text = step_profile()
+        backend = self.options.backend or load_host_config().backend
+        if backend.kind == "kubernetes":
+            from sandbox.backends.kubernetes.backend import KubernetesBackend
+
+            kube = KubernetesBackend(backend)
+            try:
+                return self._execute(
+                    kube, workflow, step, crew, prompt, mcp_host_env, trusted_ca_pem, seccomp_text
+                )
+            finally:
+                kube.close()
         # One client per run, closed with it: its pooled connections to the engine must
         # not outlive the run (a caller running many runs in one process would pile them up).
         with contextlib.closing(connect()) as client:
@@ -275,7 +293,7 @@ class TestRun:
 
     def _execute(
         self,
-        client: DockerClient,
+        client: DockerClient | KubernetesBackend,
         workflow: Workflow,
         step: Step,
         crew: dict[str, Path],
@@ -284,10 +302,12 @@ class TestRun:
         trusted_ca_pem: str,
         seccomp_text: str,
     ) -> TestRunRecord:
-        step_image = images.require(client, names.STEP_IMAGE)
-        used_images = {"step": step_image}
-        if launch.stdio_servers(workflow):
-            used_images["mcp"] = images.require(client, names.MCP_IMAGE)
+        if isinstance(client, DockerClient):
+            used_images = {"step": images.require(client, names.STEP_IMAGE)}
+            if launch.stdio_servers(workflow):
+                used_images["mcp"] = images.require(client, names.MCP_IMAGE)
+        else:  # the nodes hold (or pull) the images: the record names the references
+            used_images = {"step": client.image(names.STEP_IMAGE)}
 
         layout = RunLayout(self.workflow_dir, new_run_id(), step.group)
         runner = _runner_info()
@@ -302,6 +322,7 @@ class TestRun:
             started_at=datetime.now(UTC),
             runner=runner,
             images=used_images,
+            backend="docker" if isinstance(client, DockerClient) else "kubernetes",
         )
         try:
             lock = workflow_run_lock(
@@ -340,7 +361,104 @@ class TestRun:
                 install_firewall=self.options.install_firewall,
                 fsync_action_log=self.options.fsync_action_log,
             )
+            if not isinstance(client, DockerClient):
+                return self._run_locked_pod(client, plan, real_db, prompt, record)
             return self._run_locked(client, plan, real_db, prompt, record)
+
+    def _run_locked_pod(
+        self,
+        kube: KubernetesBackend,
+        plan: RunPlan,
+        real_db: Path | None,
+        prompt: str | None,
+        record: TestRunRecord,
+    ) -> TestRunRecord:
+        """The same phases with the containers in one Pod on a cluster (see
+        `sandbox.backends.kubernetes`): the host prepares and collects as on Docker."""
+        from sandbox.backends.kubernetes.podrun import PodRun
+
+        layout, workflow = plan.layout, plan.workflow
+        files = stepfs.StepFs(layout, workflow.limits.disk_quota_mb * 1024**2)
+        pod: PodRun | None = None
+        step_started = False
+        discard = False
+        phase = "prepare"
+        try:
+            t0 = time.monotonic()
+            self._prepare(workflow, layout, record, real_db, prompt, files)
+            record.phases.prepare_s = time.monotonic() - t0
+
+            phase = "launch"
+            t0 = time.monotonic()
+            if plan.egress_ca is not None:
+                self._trust_egress_ca(layout, plan.egress_ca)
+            pod = kube.start(plan)
+            step_started = True
+            started = pod
+            files.watch(on_full=lambda _usage: started.kill())
+            record.phases.container_start_s = time.monotonic() - t0
+
+            phase = "the step"
+            t0 = time.monotonic()
+            timeout_s = self.options.timeout_s or plan.step.timeout_s
+            exit_code = kube.wait(pod, timeout_s)
+            record.exit_code = exit_code
+            record.phases.step_s = time.monotonic() - t0
+
+            phase = "collect"
+            t0 = time.monotonic()
+            outcome = kube.collect(pod)
+            record.node = outcome.node
+            record.guard_log = outcome.guard_log
+            record.stdout = outcome.output
+            record.preflight = _preflight_from(outcome.output.text, plan.install_firewall)
+            record.resources = _resources(containers.Usage(), outcome.output.text)
+            record.stdout = _without_reports(outcome.output)
+            kube.remove(pod)
+            collected = files.collect(has_db=not record.no_db)
+            files.close()
+            record.disk_used_bytes = collected.peak_bytes
+            record.files = collected.files
+            record.export_report = collected.export
+            record.db_diff = self._db_diff(layout, record)
+            actions = actionsummary.read(layout.actions)
+            record.stubbed = actions.stubbed
+            record.actions = actions.counts
+            record.egress = actions.egress
+            record.outcome_unknown = actions.outcome_unknown
+            record.phases.collect_s = time.monotonic() - t0
+            status, reason = _verdict(
+                exit_code,
+                timeout_s,
+                outcome.guard_running,
+                outcome.guard_exit,
+                actions,
+                preflight=record.preflight,
+                quota_mb=workflow.limits.disk_quota_mb if collected.full else None,
+                oom_mb=workflow.limits.memory_mb if outcome.oom else None,
+            )
+            return self._finish(layout, record, status, reason)
+        except SandboxError as exc:
+            discard = not step_started
+            return self._finish(layout, record, RunStatus.ERROR, str(exc))
+        except (RunInterrupted, KeyboardInterrupt):
+            return self._finish(layout, record, RunStatus.KILLED, "the runner was stopped")
+        except Exception as exc:
+            discard = not step_started
+            return self._finish(layout, record, RunStatus.ERROR, _internal_reason(phase, exc))
+        finally:
+            if pod is not None:
+                try:
+                    kube.remove(pod)
+                except Exception as exc:
+                    record.reason += ("; " if record.reason else "") + _internal_reason(
+                        "clean-up", exc
+                    )
+                    write_record(layout.root, record)
+            self._close_files(layout, record, files, export=step_started)
+            if discard:
+                with contextlib.suppress(Exception):
+                    self._discard_partial(layout, record)
 
     def _run_locked(
         self,
