@@ -70,14 +70,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.backend is not None:
         backend = backend.model_copy(update={"kind": args.backend})
     options = RunOptions(
-        backend=backend,
         timeout_s=args.timeout,
         upstream_bridge=args.upstream_bridge,
         upstream_networks=tuple(args.upstream_network),
         allow_hosts=tuple(args.allow_host),
         canary=args.canary,
     )
-    record = TestRun(Path(args.workflow_dir), args.step_id, options).execute()
+    from sandbox.backends.choose import connect_backend
+
+    record = TestRun(
+        Path(args.workflow_dir), args.step_id, options, backend=lambda: connect_backend(backend)
+    ).execute()
     _print_record(record, args.json)
     return EXIT_BY_STATUS[record.status]
 

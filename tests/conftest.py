@@ -23,6 +23,7 @@ import pytest
 from docker import DockerClient
 from docker.models.containers import Container
 
+from sandbox.backends import BackendFactory
 from sandbox.backends.docker import images
 from sandbox.backends.docker.gc import orphaned
 from sandbox.contracts import names
@@ -149,14 +150,21 @@ class ThreadedRun:
     its processes, let the step go on). Leaving the block waits for the run to end."""
 
     def __init__(
-        self, workflow_dir: Path, options: RunOptions | None = None, *, join_s: float = 180
+        self,
+        workflow_dir: Path,
+        options: RunOptions | None = None,
+        *,
+        join_s: float = 180,
+        backend: BackendFactory | None = None,
     ) -> None:
         self.workflow_dir = workflow_dir
         self._layout: RunLayout | None = None
         self._join_s = join_s
         self._result: list[TestRunRecord] = []
         self._thread = threading.Thread(
-            target=lambda: self._result.append(TestRun(workflow_dir, "step1", options).execute())
+            target=lambda: self._result.append(
+                TestRun(workflow_dir, "step1", options, backend=backend).execute()
+            )
         )
 
     def __enter__(self) -> ThreadedRun:
@@ -165,6 +173,13 @@ class ThreadedRun:
 
     def __exit__(self, *exc_info: object) -> None:
         self._thread.join(timeout=self._join_s)
+
+    def _ended(self) -> str:
+        """How the run ended, for a test that expected it still running."""
+        if not self._result:
+            return "no record (the run raised)"
+        record = self._result[0]
+        return f"{record.status.value}: {record.reason}"
 
     def wait_for_file(self, pattern: str, deadline_s: float = 120) -> Path:
         """The first path under the workflow's `runs/` matching `pattern`, once it exists
@@ -176,7 +191,9 @@ class ThreadedRun:
             if found is not None:
                 return found
             assert time.monotonic() < end, f"{pattern} never appeared"
-            assert self._thread.is_alive(), f"the run ended before {pattern} appeared"
+            assert self._thread.is_alive(), (
+                f"the run ended before {pattern} appeared: {self._ended()}"
+            )
             time.sleep(0.05)
 
     def wait_for_in_group(self, name: str, deadline_s: float = 120) -> Path:
@@ -194,7 +211,7 @@ class ThreadedRun:
                     self._layout = layout
                     return layout.disk_group / name
             assert time.monotonic() < end, f"{name} never appeared in the group folder"
-            assert self._thread.is_alive(), f"the run ended before {name} appeared"
+            assert self._thread.is_alive(), f"the run ended before {name} appeared: {self._ended()}"
             time.sleep(0.05)
 
     @property

@@ -48,6 +48,17 @@ def plan(tmp_path: Path, **overrides: object) -> launch.RunPlan:
     return launch.RunPlan(**values)  # type: ignore[arg-type]
 
 
+def build(
+    p: launch.RunPlan, settings: BackendConfig = SETTINGS
+) -> tuple[dict[str, Any], manifests.RunMeta]:
+    """The Pod from the same specs the Docker backend gets, and its run's metadata."""
+    guard = launch.guard_spec(p)
+    step = launch.step_spec(p, "", has_ca_bundle=p.egress_ca is not None)
+    files = frozenset({str(p.layout.prompt), str(p.layout.ca_bundle), str(p.layout.actions)})
+    meta = manifests.RunMeta.of(guard, runner_host=p.runner.hostname, files=files)
+    return manifests.pod_manifest(guard, step, settings, meta), meta
+
+
 def containers(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
     spec = pod["spec"]
     return {c["name"]: c for c in [*spec["initContainers"], *spec["containers"]]}
@@ -58,7 +69,7 @@ def volumes(pod: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def test_pod_level_isolation(tmp_path: Path) -> None:
-    pod = manifests.pod_manifest(plan(tmp_path), SETTINGS)
+    pod = build(plan(tmp_path), SETTINGS)[0]
     spec = pod["spec"]
     assert pod["metadata"]["name"] == "sandbox-test-20261201t120000-abcdef"
     assert pod["metadata"]["namespace"] == "runs"
@@ -77,7 +88,7 @@ def test_pod_level_isolation(tmp_path: Path) -> None:
 
 
 def test_only_the_init_container_holds_a_capability(tmp_path: Path) -> None:
-    pod = manifests.pod_manifest(plan(tmp_path), SETTINGS)
+    pod = build(plan(tmp_path), SETTINGS)[0]
     by_name = containers(pod)
     for name, container in by_name.items():
         context = container["securityContext"]
@@ -94,7 +105,7 @@ def test_only_the_init_container_holds_a_capability(tmp_path: Path) -> None:
 
 
 def test_the_init_container_installs_and_checks_the_firewall(tmp_path: Path) -> None:
-    init = containers(manifests.pod_manifest(plan(tmp_path), SETTINGS))["firewall"]
+    init = containers(build(plan(tmp_path), SETTINGS)[0])["firewall"]
     script = init["args"][0]
     for args in firewall.rules().values():
         assert firewall.restore_input(args) in script
@@ -107,7 +118,7 @@ def test_the_init_container_installs_and_checks_the_firewall(tmp_path: Path) -> 
 
 def test_the_step_is_the_docker_backends_step(tmp_path: Path) -> None:
     p = plan(tmp_path)
-    pod = manifests.pod_manifest(p, SETTINGS)
+    pod = build(p, SETTINGS)[0]
     step = containers(pod)["step"]
     spec = launch.step_spec(p, "", has_ca_bundle=False)
     assert step["args"] == spec.command and step["workingDir"] == spec.workdir
@@ -136,7 +147,7 @@ def test_the_step_is_the_docker_backends_step(tmp_path: Path) -> None:
 
 def test_the_guard_alone_mounts_its_config_secret(tmp_path: Path) -> None:
     p = plan(tmp_path)
-    pod = manifests.pod_manifest(p, SETTINGS)
+    pod, meta = build(p, SETTINGS)
     by_name = containers(pod)
     guard = by_name["guard"]
     mounts = {m["mountPath"]: m for m in guard["volumeMounts"]}
@@ -151,8 +162,8 @@ def test_the_guard_alone_mounts_its_config_secret(tmp_path: Path) -> None:
         assert "guard-config" not in {m["name"] for m in by_name[name].get("volumeMounts", [])}
     assert guard["command"][:2] == ["tini", "--"]
 
-    config = launch.guard_config(p).model_dump_json()
-    secret = manifests.secret_manifest(p, SETTINGS, config)
+    config = launch.guard_config(p).model_dump_json().encode()
+    secret = manifests.secret_manifest(meta, SETTINGS, config)
     assert secret["metadata"]["name"] == secret_volume["secretName"]
     data = secret["data"]["config.json"]
     assert json.loads(base64.b64decode(data))["exec_token"] == p.tokens.exec
@@ -160,8 +171,8 @@ def test_the_guard_alone_mounts_its_config_secret(tmp_path: Path) -> None:
 
 def test_everything_is_labelled_for_gc(tmp_path: Path) -> None:
     p = plan(tmp_path)
-    pod = manifests.pod_manifest(p, SETTINGS)
-    secret = manifests.secret_manifest(p, SETTINGS, "{}")
+    pod, meta = build(p, SETTINGS)
+    secret = manifests.secret_manifest(meta, SETTINGS, b"{}")
     for obj in (pod, secret):
         labels = obj["metadata"]["labels"]
         assert labels[names.LABEL_MANAGED] == "true"
@@ -175,7 +186,7 @@ def test_everything_is_labelled_for_gc(tmp_path: Path) -> None:
 
 def test_a_host_name_no_label_can_hold_is_an_annotation_only(tmp_path: Path) -> None:
     p = plan(tmp_path, runner=RunnerInfo(pid=1, create_time=1.0, hostname="x" * 70))
-    pod = manifests.pod_manifest(p, SETTINGS)
+    pod = build(p, SETTINGS)[0]
     assert manifests.LABEL_RUNNER_HOST not in pod["metadata"]["labels"]
     assert pod["metadata"]["annotations"][manifests.ANNOTATION_RUNNER_HOST] == "x" * 70
 
@@ -185,7 +196,7 @@ def test_a_claim_gives_each_folder_as_a_subpath(tmp_path: Path) -> None:
         kind="kubernetes", storage="pvc", claim="workflows", claim_root=str(tmp_path)
     )
     p = plan(tmp_path)
-    pod = manifests.pod_manifest(p, settings)
+    pod = build(p, settings)[0]
     vols = volumes(pod)
     assert vols["storage"] == {
         "name": "storage",
@@ -204,7 +215,7 @@ def test_a_folder_off_the_claim_is_refused(tmp_path: Path) -> None:
         kind="kubernetes", storage="pvc", claim="w", claim_root=str(tmp_path / "elsewhere")
     )
     with pytest.raises(ConfigError, match="not on the run's storage claim"):
-        manifests.pod_manifest(plan(tmp_path), settings)
+        build(plan(tmp_path), settings)[0]
 
 
 def test_node_placement_and_registry(tmp_path: Path) -> None:
@@ -215,7 +226,7 @@ def test_node_placement_and_registry(tmp_path: Path) -> None:
         image_prefix="registry.example/",
         image_pull_policy="Always",
     )
-    pod = manifests.pod_manifest(plan(tmp_path), settings)
+    pod = build(plan(tmp_path), settings)[0]
     assert pod["spec"]["nodeSelector"] == {"pool": "sandbox"}
     assert pod["spec"]["nodeName"] == "n1"
     for container in containers(pod).values():
@@ -225,16 +236,18 @@ def test_node_placement_and_registry(tmp_path: Path) -> None:
 
 def test_what_a_pod_cannot_hold_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="Docker networks"):
-        manifests.pod_manifest(plan(tmp_path, networks=["net-a"]), SETTINGS)
-    workflow = Workflow.model_validate(
-        {
-            "name": "wf",
-            "steps": [{"id": "s", "group": "g", "command": "true"}],
-            "mcp_servers": [{"name": "m", "command": ["srv"]}],
-        }
-    )
-    with pytest.raises(ConfigError, match="stdio MCP servers"):
-        manifests.pod_manifest(plan(tmp_path, workflow=workflow), SETTINGS)
+        build(plan(tmp_path, networks=["net-a"]), SETTINGS)[0]
+
+
+def test_the_deadline_follows_the_step_and_a_test_may_skip_the_firewall(tmp_path: Path) -> None:
+    pod, meta = build(plan(tmp_path))
+    assert pod["spec"]["activeDeadlineSeconds"] == manifests.MAX_DEADLINE_S
+    assert meta.install_firewall
+    patch = manifests.deadline_patch(elapsed_s=3.2, timeout_s=60)
+    assert patch == {"spec": {"activeDeadlineSeconds": 63 + manifests.DEADLINE_MARGIN_S}}
+    pod, meta = build(plan(tmp_path, install_firewall=False))
+    assert not meta.install_firewall
+    assert "iptables-restore" not in containers(pod)["firewall"]["args"][0]
 
 
 def test_host_config(tmp_path: Path) -> None:

@@ -25,6 +25,8 @@ import psutil
 import pytest
 from kubernetes import stream
 
+from sandbox.backends import BackendFactory
+from sandbox.backends.choose import connect_backend
 from sandbox.backends.kubernetes import pod as manifests
 from sandbox.contracts import names
 from sandbox.contracts.hostconfig import BackendConfig
@@ -57,6 +59,12 @@ def settings(kube_cluster: Cluster, kube_namespace: str) -> BackendConfig:
         image_pull_policy="Never",
         seccomp_profile="step.json",
     )
+
+
+@pytest.fixture
+def pods(settings: BackendConfig) -> BackendFactory:
+    """A run's backend: the cluster, as the host config would name it."""
+    return lambda: connect_backend(settings)
 
 
 @pytest.fixture
@@ -146,7 +154,7 @@ def _no_pods_or_secrets(core: Any, namespace: str) -> None:
 
 
 def test_job_board_bid_submit_passes_with_its_stubs(
-    kube_core: Any, kube_namespace: str, settings: BackendConfig, node_dir: Path
+    kube_core: Any, kube_namespace: str, pods: BackendFactory, node_dir: Path
 ) -> None:
     wf = node_dir / "job-board"
     shutil.copytree(
@@ -163,10 +171,10 @@ def test_job_board_bid_submit_passes_with_its_stubs(
         kube_namespace,
         _server_pod("jobboard", command, {"/api": wf / "fake_api"}),
     )
-    options = RunOptions(backend=settings, upstream_bridge=f"http://{board_ip}:{JOBBOARD_PORT}")
-    record = TestRun(wf, "bid-submit", options).execute()
+    options = RunOptions(upstream_bridge=f"http://{board_ip}:{JOBBOARD_PORT}")
+    record = TestRun(wf, "bid-submit", options, backend=pods).execute()
 
-    assert record.status is RunStatus.PASSED, (record.reason, record.stdout.text)
+    assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text)
     assert record.backend == "kubernetes" and record.node == "127.0.0.1"
     assert record.preflight is not None and record.preflight.ok
     assert {s.tool for s in record.stubbed} >= {"upwork_submit_proposal", "agent_browser"}
@@ -216,7 +224,7 @@ print("PROBE " + json.dumps(out), flush=True)
 
 
 def test_the_step_cannot_reach_outside_or_write_the_workflow(
-    kube_core: Any, kube_namespace: str, settings: BackendConfig, node_dir: Path
+    kube_core: Any, kube_namespace: str, pods: BackendFactory, node_dir: Path
 ) -> None:
     outside_ip = _start_server(kube_core, kube_namespace, outside_server_pod())
     wf = write_workflow(
@@ -225,13 +233,13 @@ def test_the_step_cannot_reach_outside_or_write_the_workflow(
     )
     (wf / "code" / "probe.py").write_text(PROBE_STEP)
     before = tree_digest(wf)
-    options = RunOptions(backend=settings, canary=f"{outside_ip}:{OUTSIDE_PORT}")
-    record = TestRun(wf, "step1", options).execute()
+    options = RunOptions(canary=f"{outside_ip}:{OUTSIDE_PORT}")
+    record = TestRun(wf, "step1", options, backend=pods).execute()
 
-    assert record.status is RunStatus.PASSED, (record.reason, record.stdout.text)
+    assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text)
     # The executor's own check found the fake outside server closed before the step ran.
     assert record.preflight is not None and record.preflight.ok, record.preflight
-    line = next(ln for ln in record.stdout.text.splitlines() if ln.startswith("PROBE "))
+    line = next(ln for ln in record.stderr.text.splitlines() if ln.startswith("PROBE "))
     probe = json.loads(line[6:])
     assert probe["outside"] == "ECONNREFUSED", probe
     assert probe["workflow_write"] == probe["workflow_code_write"] == "EROFS"
@@ -259,10 +267,10 @@ def _hold_workflow(node_dir: Path) -> Path:
 
 
 def test_the_running_step_holds_no_capability_read_from_the_node(
-    kube_core: Any, kube_namespace: str, settings: BackendConfig, node_dir: Path
+    kube_core: Any, kube_namespace: str, pods: BackendFactory, node_dir: Path
 ) -> None:
     wf = _hold_workflow(node_dir)
-    with ThreadedRun(wf, RunOptions(backend=settings)) as run:
+    with ThreadedRun(wf, backend=pods) as run:
         ready = run.wait_for_in_group("ready")
         pod = _pod_of(kube_core, kube_namespace, run.layout.run_id)
         steps = _processes_of(pod.metadata.uid, STEP_UID)
@@ -275,15 +283,15 @@ def test_the_running_step_holds_no_capability_read_from_the_node(
             assert status["NoNewPrivs"].strip() == "1"
             assert status["Seccomp"].strip() == "2"
         (ready.parent / "go").touch()
-    assert run.record.status is RunStatus.PASSED, (run.record.reason, run.record.stdout.text)
-    assert "released" in run.record.stdout.text
+    assert run.record.status is RunStatus.PASSED, (run.record.reason, run.record.stderr.text)
+    assert "released" in run.record.stderr.text
 
 
 def test_killing_the_guard_kills_the_step(
-    kube_core: Any, kube_namespace: str, settings: BackendConfig, node_dir: Path
+    kube_core: Any, kube_namespace: str, pods: BackendFactory, node_dir: Path
 ) -> None:
     wf = _hold_workflow(node_dir)
-    with ThreadedRun(wf, RunOptions(backend=settings), join_s=180) as run:
+    with ThreadedRun(wf, join_s=180, backend=pods) as run:
         run.wait_for_in_group("ready")
         pod = _pod_of(kube_core, kube_namespace, run.layout.run_id)
         guards = _processes_of(pod.metadata.uid, GUARD_UID)
@@ -294,7 +302,7 @@ def test_killing_the_guard_kills_the_step(
     record = run.record
     assert record.status is RunStatus.ERROR and "guard stopped" in record.reason, record.reason
     assert record.exit_code != 0
-    assert "released" not in record.stdout.text
+    assert "released" not in record.stderr.text
     assert time.monotonic() - started < 120
     _no_pods_or_secrets(kube_core, kube_namespace)
 
@@ -303,7 +311,6 @@ def test_a_killed_runner_leaves_a_valid_record_and_gc_removes_the_pod(
     kube_cluster: Cluster,
     kube_core: Any,
     kube_namespace: str,
-    settings: BackendConfig,
     node_dir: Path,
 ) -> None:
     wf = _hold_workflow(node_dir)

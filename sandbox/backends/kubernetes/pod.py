@@ -1,8 +1,9 @@
 """One test run as one Pod (and the guard's config as one Secret), as plain manifests.
 
-Pure: built from the same `RunPlan` and `ContainerSpec`s the Docker backend turns into
-containers (`sandbox.launch.specs`), so the users, mounts, environment and limits are
-decided in one place; this module only says how each becomes Pod fields. No API call.
+Pure: built from the same `ContainerSpec`s (`sandbox.launch.specs`, from the run's
+`RunPlan`) the Docker backend turns into containers, so the users, mounts, environment
+and limits are decided in one place; this module only says how each becomes Pod
+fields. No API call.
 
 The Pod:
 - an init container `firewall` (uid 0, every capability dropped but NET_ADMIN) puts
@@ -17,7 +18,8 @@ The Pod:
 - the project's seccomp profile as a `Localhost` profile for every container; no
   service-account token, no host network, PID or IPC namespace, no process namespace
   shared between containers, no service links; `restartPolicy: Never`; an
-  `activeDeadlineSeconds` past the step's timeout, so a Pod whose runner died still ends.
+  `activeDeadlineSeconds` (the longest step timeout, lowered to the step's own once it
+  runs), so a Pod whose runner died still ends.
 
 Storage: `hostPath` (the runner's own folders; one node, or the Pod pinned to the
 runner's node) or one PersistentVolumeClaim whose root the runner sees at `claim_root`,
@@ -32,6 +34,7 @@ per-container pids limit (the node's `podPidsLimit` caps the whole Pod).
 from __future__ import annotations
 
 import base64
+from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -51,7 +54,6 @@ from sandbox.contracts.spec import ContainerSpec, Mount
 from sandbox.guard.config import CONFIG_FILE_ENV, CONFIG_FILE_NAME
 from sandbox.launch import firewall
 from sandbox.launch import specs as launch
-from sandbox.launch.specs import RunPlan
 
 # Annotations (values a label cannot hold: paths, host names).
 ANNOTATION_RUN_ROOT = LABEL_RUN_ROOT
@@ -63,8 +65,10 @@ STEP = "step"
 SECRET_DIR = "/guard/secret"
 SECRET_MODE = 0o400
 GRACE_S = 2
-# Past the step's timeout: image pulls and start-up, then the runner's own kill.
-DEADLINE_MARGIN_S = 300
+# The Pod's life: at most the longest step timeout and a margin, until the run lowers
+# it to the step's own timeout; past it the kubelet stops every container.
+DEADLINE_MARGIN_S = 120
+MAX_DEADLINE_S = 24 * 3600 + DEADLINE_MARGIN_S
 CPU_REQUEST_MILLI = 100  # what the scheduler reserves; the limit is the spec's
 
 
@@ -83,26 +87,54 @@ def _label_value(text: str) -> str | None:
     return text if ok and (not text or (text[0].isalnum() and text[-1].isalnum())) else None
 
 
-def run_labels(plan: RunPlan) -> dict[str, str]:
+@dataclass(frozen=True)
+class RunMeta:
+    """What the Pod says about its run, beside its containers."""
+
+    run_id: str
+    run_root: str
+    runner_pid: str
+    runner_start: str
+    runner_host: str
+    install_firewall: bool = True
+    # Host sources that are files (a hostPath says File or Directory).
+    files: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, guard: ContainerSpec, *, runner_host: str, files: frozenset[str]) -> RunMeta:
+        """From the guard's spec: its labels name the run, its entry script says whether
+        it installs the firewall (only tests of the preflight run without)."""
+        labels = guard.labels
+        script = (guard.entrypoint or [""])[-1]
+        return cls(
+            run_id=labels[LABEL_RUN_ID],
+            run_root=labels[LABEL_RUN_ROOT],
+            runner_pid=labels[LABEL_RUNNER_PID],
+            runner_start=labels[LABEL_RUNNER_START],
+            runner_host=runner_host,
+            install_firewall=script
+            != firewall.guard_entry_script(launch.GUARD_COMMAND, GUARD_UID, install=False),
+            files=files,
+        )
+
+
+def run_labels(meta: RunMeta) -> dict[str, str]:
     """What `sandbox gc` selects by, on the Pod and the Secret alike."""
     labels = {
         LABEL_MANAGED: "true",
-        LABEL_RUN_ID: plan.layout.run_id,
+        LABEL_RUN_ID: meta.run_id,
         LABEL_ROLE: "run",
-        LABEL_RUNNER_PID: str(plan.runner.pid),
-        LABEL_RUNNER_START: repr(plan.runner.create_time),
+        LABEL_RUNNER_PID: meta.runner_pid,
+        LABEL_RUNNER_START: meta.runner_start,
     }
-    host = _label_value(plan.runner.hostname)
+    host = _label_value(meta.runner_host)
     if host is not None:
         labels[LABEL_RUNNER_HOST] = host
     return labels
 
 
-def run_annotations(plan: RunPlan) -> dict[str, str]:
-    return {
-        ANNOTATION_RUN_ROOT: str(plan.layout.root),
-        ANNOTATION_RUNNER_HOST: plan.runner.hostname,
-    }
+def run_annotations(meta: RunMeta) -> dict[str, str]:
+    return {ANNOTATION_RUN_ROOT: meta.run_root, ANNOTATION_RUNNER_HOST: meta.runner_host}
 
 
 class _Volumes:
@@ -186,24 +218,16 @@ def _tmpfs_size(options: str) -> str | None:
     return None
 
 
-def pod_manifest(plan: RunPlan, settings: BackendConfig) -> dict[str, Any]:
+def pod_manifest(
+    guard: ContainerSpec, step: ContainerSpec, settings: BackendConfig, meta: RunMeta
+) -> dict[str, Any]:
     """The run's Pod. Raises ConfigError for what a Pod cannot hold as Docker would."""
-    if launch.stdio_servers(plan.workflow):
-        raise ConfigError(
-            "stdio MCP servers run on the Docker backend only: a Pod's containers share "
-            "one network namespace, so a server could not be kept off the network"
-        )
-    if len(plan.networks) > 0:
+    if guard.network_mode != "none":
         raise ConfigError(
             "bridge.networks names Docker networks; on Kubernetes the guard reaches its "
-            "upstream through the Pod network (give --upstream an address it can reach)"
+            "upstream through the Pod network (give --upstream-bridge an address it can reach)"
         )
-    layout = plan.layout
-    has_ca_bundle = plan.egress_ca is not None
-    step = launch.step_spec(plan, "", has_ca_bundle=has_ca_bundle)
-    guard = launch.guard_spec(plan)
-    files = {str(layout.prompt), str(layout.ca_bundle), str(layout.actions)}
-    volumes = _Volumes(settings, files)
+    volumes = _Volumes(settings, set(meta.files))
     pull = settings.image_pull_policy
 
     step_uid, step_gid = _user(step)
@@ -239,7 +263,7 @@ def pod_manifest(plan: RunPlan, settings: BackendConfig) -> dict[str, Any]:
         "image": _image(settings, names.GUARD_IMAGE),
         "imagePullPolicy": pull,
         "command": ["/bin/sh", "-c"],
-        "args": [firewall.init_container_script(GUARD_UID, install=plan.install_firewall)],
+        "args": [firewall.init_container_script(GUARD_UID, install=meta.install_firewall)],
         "securityContext": _locked_down(0, 0, add=["NET_ADMIN"]),
         "resources": {
             "limits": {"cpu": "500m", "memory": "64Mi"},
@@ -252,7 +276,7 @@ def pod_manifest(plan: RunPlan, settings: BackendConfig) -> dict[str, Any]:
         {
             "name": "guard-config",
             "secret": {
-                "secretName": secret_name(layout.run_id),
+                "secretName": secret_name(meta.run_id),
                 "defaultMode": SECRET_MODE,
                 "items": [{"key": CONFIG_FILE_NAME, "path": CONFIG_FILE_NAME}],
             },
@@ -268,7 +292,7 @@ def pod_manifest(plan: RunPlan, settings: BackendConfig) -> dict[str, Any]:
         "hostIPC": False,
         "shareProcessNamespace": False,
         "terminationGracePeriodSeconds": GRACE_S,
-        "activeDeadlineSeconds": int(plan.step.timeout_s) + DEADLINE_MARGIN_S,
+        "activeDeadlineSeconds": MAX_DEADLINE_S,
         "securityContext": {
             "seccompProfile": {"type": "Localhost", "localhostProfile": settings.seccomp_profile},
             # The Secret's group: the guard's, so its uid reads its config (mode 0400 + g+r).
@@ -287,26 +311,32 @@ def pod_manifest(plan: RunPlan, settings: BackendConfig) -> dict[str, Any]:
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": object_name(layout.run_id),
+            "name": object_name(meta.run_id),
             "namespace": settings.namespace,
-            "labels": run_labels(plan),
-            "annotations": run_annotations(plan),
+            "labels": run_labels(meta),
+            "annotations": run_annotations(meta),
         },
         "spec": spec,
     }
 
 
-def secret_manifest(plan: RunPlan, settings: BackendConfig, config_json: str) -> dict[str, Any]:
+def secret_manifest(meta: RunMeta, settings: BackendConfig, config_json: bytes) -> dict[str, Any]:
     """The guard's config as a Secret: only the guard's container mounts it."""
     return {
         "apiVersion": "v1",
         "kind": "Secret",
         "type": "Opaque",
         "metadata": {
-            "name": secret_name(plan.layout.run_id),
+            "name": secret_name(meta.run_id),
             "namespace": settings.namespace,
-            "labels": {**run_labels(plan), LABEL_ROLE: "guard-config"},
-            "annotations": run_annotations(plan),
+            "labels": {**run_labels(meta), LABEL_ROLE: "guard-config"},
+            "annotations": run_annotations(meta),
         },
-        "data": {CONFIG_FILE_NAME: base64.b64encode(config_json.encode()).decode("ascii")},
+        "data": {CONFIG_FILE_NAME: base64.b64encode(config_json).decode("ascii")},
     }
+
+
+def deadline_patch(elapsed_s: float, timeout_s: float) -> dict[str, Any]:
+    """The Pod's deadline lowered to the step's timeout (from the Pod's start) and a margin."""
+    seconds = min(MAX_DEADLINE_S, int(elapsed_s + timeout_s) + DEADLINE_MARGIN_S)
+    return {"spec": {"activeDeadlineSeconds": seconds}}
