@@ -376,3 +376,61 @@ def test_a_killed_runner_leaves_a_valid_record_and_gc_removes_the_pod(
             time.sleep(0.2)
     conn = sqlite3.connect(f"file:{wf / 'db' / 'db.sqlite'}?mode=ro", uri=True)
     assert conn.execute("SELECT v FROM t").fetchall() == [("one",)]
+
+
+def _bare_pod_s(core: Any, namespace: str, index: int) -> float:
+    """Create -> container ended -> deleted, for one `true` container with no hardening."""
+    name = f"bare-{index}"
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "c",
+                    "image": names.STEP_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["true"],
+                }
+            ],
+        },
+    }
+    started = time.monotonic()
+    created = core.create_namespaced_pod(namespace, manifest)
+    watch_pod(
+        core,
+        namespace,
+        name,
+        created.metadata.resource_version,
+        lambda p: getattr(container_state(p, "c"), "terminated", None) is not None,
+    )
+    core.delete_namespaced_pod(name, namespace, grace_period_seconds=1)
+    gone = time.monotonic() + 60
+    while time.monotonic() < gone:
+        if not core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}").items:
+            break
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_startup_figures_noop_run_against_a_bare_pod(
+    kube_core: Any, kube_namespace: str, pods: BackendFactory, node_dir: Path, capsys: Any
+) -> None:
+    """Figures, not a target: a no-op test run on the cluster against a bare Pod."""
+    wf = write_workflow(node_dir, command="true", db_sql=None)
+    runs, bare = [], []
+    for i in range(4):
+        t0 = time.monotonic()
+        record = TestRun(wf, "step1", backend=pods).execute()
+        runs.append(time.monotonic() - t0)
+        assert record.status is RunStatus.PASSED, record.reason
+        bare.append(_bare_pod_s(kube_core, kube_namespace, i))
+    run_s, bare_s = sorted(runs[1:])[1], sorted(bare[1:])[1]  # the median after a warm-up
+    with capsys.disabled():
+        print(
+            f"\nno-op test run {run_s:.2f} s, bare one-container Pod {bare_s:.2f} s: "
+            f"{run_s / bare_s:.2f}x (create to gone, median of 3 after one warm-up)"
+        )
