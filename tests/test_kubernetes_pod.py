@@ -153,7 +153,7 @@ def test_the_guard_alone_mounts_its_config_secret(tmp_path: Path) -> None:
     mounts = {m["mountPath"]: m for m in guard["volumeMounts"]}
     assert mounts[manifests.SECRET_DIR]["readOnly"] is True
     env = {e["name"]: e["value"] for e in guard["env"]}
-    assert env[CONFIG_FILE_ENV].startswith(manifests.SECRET_DIR + "/")
+    assert env[CONFIG_FILE_ENV] == f"{manifests.SECRET_DIR}/..data/config.json"
     secret_volume = volumes(pod)["guard-config"]["secret"]
     assert secret_volume["secretName"] == manifests.secret_name(p.layout.run_id)
     assert secret_volume["defaultMode"] == 0o400

@@ -30,7 +30,7 @@ from sandbox.backends.choose import connect_backend
 from sandbox.backends.kubernetes import pod as manifests
 from sandbox.contracts import names
 from sandbox.contracts.hostconfig import BackendConfig
-from sandbox.contracts.layout import GUARD_UID, STEP_UID
+from sandbox.contracts.layout import DISK_MOUNT, GUARD_UID, STEP_UID
 from sandbox.contracts.record import RunStatus, read_record
 from sandbox.hostfs import hostmount
 from sandbox.run.testrun import RunOptions, TestRun
@@ -336,7 +336,9 @@ def test_a_killed_runner_leaves_a_valid_record_and_gc_removes_the_pod(
         deadline = time.monotonic() + 120
         ready: Path | None = None
         while ready is None:
-            ready = next(runs.glob("test-*/disk/group/ready"), None) if runs.exists() else None
+            ready = (
+                next(runs.glob(f"test-*/{DISK_MOUNT}/group/ready"), None) if runs.exists() else None
+            )
             assert time.monotonic() < deadline, "the step never started"
             assert runner.poll() is None, "the runner ended before its step started"
             time.sleep(0.05)

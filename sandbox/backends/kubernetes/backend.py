@@ -156,13 +156,20 @@ class PodContainer:
             # The Pod ends by itself past the step's timeout, even if the runner dies.
             run.patch(manifests.deadline_patch(self._backend.pod_age_s(), timeout_s))
         ended = run.wait_for(lambda v: v.role(self.role).exit_code is not None or v.over, timeout_s)
+        if not ended:
+            return None
+        # A Pod that ended (killed, past its deadline) says its containers' codes a
+        # moment later.
+        run.wait_for(lambda v: v.role(self.role).exit_code is not None or v.gone, STOP_DEADLINE_S)
         code = run.view.role(self.role).exit_code
-        return code if ended and code is not None else None
+        if code is None:
+            raise EngineError(f"the Pod ended and its {self.role}'s exit code is unknown")
+        return code
 
     def kill(self) -> None:
         run = self._backend.pod_run()
         run.kill()
-        run.wait_for(lambda v: v.role(self.role).exit_code is not None or v.over, STOP_DEADLINE_S)
+        run.wait_for(lambda v: v.role(self.role).exit_code is not None or v.gone, STOP_DEADLINE_S)
 
     def stop(self, grace_s: int = 5) -> None:
         self.kill()  # the Pod's grace period (a few seconds) applies

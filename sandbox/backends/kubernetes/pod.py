@@ -64,6 +64,9 @@ GUARD = "guard"
 STEP = "step"
 SECRET_DIR = "/guard/secret"
 SECRET_MODE = 0o400
+# The kubelet writes a Secret's files into a timestamped folder and links `..data` and
+# each file's name to it: the guard opens the file itself (it follows no final link).
+SECRET_CONFIG_PATH = f"{SECRET_DIR}/..data/{CONFIG_FILE_NAME}"
 GRACE_S = 2
 # The Pod's life: at most the longest step timeout and a margin, until the run lowers
 # it to the step's own timeout; past it the kubelet stops every container.
@@ -253,7 +256,7 @@ def pod_manifest(
         "image": _image(settings, guard.image),
         "imagePullPolicy": pull,
         "command": ["tini", "--", *launch.GUARD_COMMAND],
-        "env": _env({**guard.env, CONFIG_FILE_ENV: f"{SECRET_DIR}/{CONFIG_FILE_NAME}"}),
+        "env": _env({**guard.env, CONFIG_FILE_ENV: SECRET_CONFIG_PATH}),
         "securityContext": _locked_down(GUARD_UID, GUARD_UID),
         "resources": _resources(guard),
         "volumeMounts": guard_mounts,
