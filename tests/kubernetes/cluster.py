@@ -345,7 +345,7 @@ class Cluster:
         """A `kubernetes.client.ApiClient` with the cluster's admin token."""
         from kubernetes import config
 
-        return config.new_client_from_config(  # type: ignore[no-untyped-call]
+        return config.new_client_from_config(
             config_file=str(self.state.kubeconfig)
         )
 
