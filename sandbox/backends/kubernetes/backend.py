@@ -334,4 +334,3 @@ def _take_guard_config(guard: ContainerSpec) -> bytes:
     if len(data) > CONFIG_MAX_BYTES:
         raise LaunchError("the guard's config is too large for a Secret")
     return data
-
