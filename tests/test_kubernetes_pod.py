@@ -263,3 +263,64 @@ def test_host_config(tmp_path: Path) -> None:
     path.write_text('[backend]\nkind = "podman"\n')
     with pytest.raises(ConfigError, match=r"backend\.kind"):
         load_host_config(path)
+
+
+def _pod_object(phase: str, **states: Any) -> Any:
+    from kubernetes import client
+
+    def status(name: str, state: Any) -> Any:
+        return client.V1ContainerStatus(
+            name=name, image="i", image_id="", ready=False, restart_count=0, state=state
+        )
+
+    init = states.pop("firewall", None)
+    return client.V1Pod(
+        spec=client.V1PodSpec(containers=[], node_name="n1"),
+        status=client.V1PodStatus(
+            phase=phase,
+            init_container_statuses=[status("firewall", init)] if init else None,
+            container_statuses=[status(name, state) for name, state in states.items()],
+        ),
+    )
+
+
+def test_the_pod_view_reads_each_containers_state() -> None:
+    from kubernetes import client
+
+    from sandbox.backends.kubernetes.podrun import PodView
+
+    done = client.V1ContainerState(
+        terminated=client.V1ContainerStateTerminated(exit_code=0, reason="Completed")
+    )
+    oom = client.V1ContainerState(
+        terminated=client.V1ContainerStateTerminated(exit_code=137, reason="OOMKilled")
+    )
+    running = client.V1ContainerState(running=client.V1ContainerStateRunning())
+    missing = client.V1ContainerState(
+        waiting=client.V1ContainerStateWaiting(reason="ErrImageNeverPull", message="no image")
+    )
+    creating = client.V1ContainerState(
+        waiting=client.V1ContainerStateWaiting(reason="ContainerCreating")
+    )
+    view = PodView.of(_pod_object("Running", firewall=done, guard=running, step=oom))
+    assert view.node_name == "n1" and not view.over and view.stuck() == ""
+    assert view.firewall.exit_code == 0 and view.guard.running
+    assert view.step.exit_code == 137 and view.step.reason == "OOMKilled"
+    view = PodView.of(_pod_object("Pending", firewall=done, guard=missing, step=creating))
+    assert view.stuck() == "guard: ErrImageNeverPull: no image"
+    assert PodView.of(_pod_object("Failed", guard=running)).over
+    assert PodView(gone=True).over
+
+
+def test_the_guards_config_moves_off_the_host(tmp_path: Path) -> None:
+    from sandbox.backends.kubernetes.backend import _take_guard_config
+
+    p = plan(tmp_path)
+    guard = launch.guard_spec(p)
+    p.layout.guard_dir.mkdir(parents=True)
+    (p.layout.guard_dir / "config.json").write_text('{"a": 1}')
+    assert _take_guard_config(guard) == b'{"a": 1}'
+    assert not (p.layout.guard_dir / "config.json").exists()
+    (p.layout.guard_dir / "config.json").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError):
+        _take_guard_config(guard)
