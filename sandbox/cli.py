@@ -138,15 +138,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     dirs = [Path(p) for p in args.workflow_dir]
     backend = load_host_config(args.host_config).backend
     if backend.kind == "kubernetes":
-        from sandbox.backends.kubernetes import podrun
-        from sandbox.backends.kubernetes.gc import collect_cluster
+        from sandbox.backends.choose import collect_cluster
 
         report = gc.GcReport()
-        api = podrun.connect(backend)
-        try:
-            roots = collect_cluster(api, backend, report)
-        finally:
-            api.close()
+        roots = collect_cluster(backend, report)
         report = gc.collect_host(report, roots, dirs, remove_runs=args.remove_runs)
     else:
         from sandbox.backends.docker.client import connect
