@@ -307,6 +307,18 @@ def test_killing_the_guard_kills_the_step(
     _no_pods_or_secrets(kube_core, kube_namespace)
 
 
+def test_a_step_past_its_timeout_is_killed(
+    kube_core: Any, kube_namespace: str, pods: BackendFactory, node_dir: Path
+) -> None:
+    wf = _hold_workflow(node_dir)
+    started = time.monotonic()
+    record = TestRun(wf, "step1", RunOptions(timeout_s=3), backend=pods).execute()
+    assert record.status is RunStatus.TIMEOUT, (record.reason, record.stderr.text)
+    assert record.exit_code is None and "released" not in record.stderr.text
+    assert time.monotonic() - started < 120
+    _no_pods_or_secrets(kube_core, kube_namespace)
+
+
 def test_a_killed_runner_leaves_a_valid_record_and_gc_removes_the_pod(
     kube_cluster: Cluster,
     kube_core: Any,

@@ -9,8 +9,7 @@ Docker). What the run then asks of each container is answered from the Pod's wat
 - the guard's output while it starts is the init container's log (the firewall's
   read-back and its ready line), so the run checks the same read-back as on Docker;
 - `wait`, `state`, `watch_exit` read the watch; `kill` and `stop` stop the whole Pod
-  (its containers share one fate: no container of a Pod can be killed alone), and the
-  Pod's logs stay readable until `remove_all` deletes it;
+  (no container of a Pod can be killed alone), its logs read just before;
 - each container's log is both its streams (`output_tails` gives it as stderr, where
   the run reads the executor's report lines);
 - no live usage samples (no metrics server is assumed): the executor's own report

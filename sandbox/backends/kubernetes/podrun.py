@@ -4,10 +4,11 @@ The runner creates the guard's Secret, then the Pod, then makes the Pod the Secr
 owner (the cluster's garbage collector deletes the Secret with the Pod, whoever
 deletes the Pod). What the run learns comes from one watch of the Pod, followed by
 one thread for the Pod's life (`PodWatch`), never by polling: the init container's
-end, the step's start and end, the guard's end. Killing sets the Pod's
-`activeDeadlineSeconds` to 1: the kubelet stops every container and the Pod stays,
-so its logs can still be read. Deleting the Pod (grace 0) and its Secret ends every
-run, and waits (on the same watch) until the Pod is gone.
+end, the step's start and end, the guard's end. Killing reads the containers' logs,
+then deletes the Pod with its grace period: the kubelet stops every container and
+reports each one's end before the Pod goes (the last event carries the exit codes).
+Deleting the Pod and its Secret ends every run, and waits (on the same watch) until
+the Pod is gone.
 
 Limits: the API merges a container's stdout and stderr into one log.
 """
@@ -15,6 +16,7 @@ Limits: the API merges a container's stdout and stderr into one log.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -218,8 +220,8 @@ class PodWatch:
                             self._version = ""
                             break
                         self._version = obj.metadata.resource_version
-                        if kind == "DELETED":
-                            self._set(PodView(gone=True, node_name=self.view.node_name))
+                        if kind == "DELETED":  # its last status: the containers' ends
+                            self._set(dataclasses.replace(PodView.of(obj), gone=True))
                             return
                         self._set(PodView.of(obj))
                         if self._stopped.is_set():
@@ -258,6 +260,7 @@ class PodRun:
         self.core, self.namespace, self.name, self.secret = core, namespace, name, secret
         self.watch: PodWatch | None = None
         self.killed = False
+        self._logs: dict[str, OutputTail] = {}
 
     @classmethod
     def create(cls, api: Any, pod: dict[str, Any], secret: dict[str, Any]) -> PodRun:
@@ -299,12 +302,29 @@ class PodRun:
             )
 
     def kill(self) -> None:
-        """Every container of the Pod stopped by the kubelet; the Pod and its logs stay."""
-        if not self.killed:
-            self.killed = True
-            self.patch({"spec": {"activeDeadlineSeconds": 1}})
+        """Every container of the Pod stopped: its logs are read first (they go with the
+        Pod), then the Pod is deleted with its grace period, during which the kubelet
+        reports each container's end (a Pod past its deadline would stop reporting)."""
+        if self.killed:
+            return
+        self.killed = True
+        for name in (manifests.STEP, manifests.GUARD):
+            self._logs[name] = self._read_log(name)
+        try:
+            self.core.delete_namespaced_pod(
+                self.name, self.namespace, grace_period_seconds=manifests.GRACE_S
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise EngineError(f"stopping the run's Pod failed: {api_reason(exc)}") from None
 
     def log_tail(self, container: str) -> OutputTail:
+        """A container's log: as read when the Pod was stopped, else now."""
+        if container in self._logs:
+            return self._logs[container]
+        return self._read_log(container)
+
+    def _read_log(self, container: str) -> OutputTail:
         try:
             response = self.core.read_namespaced_pod_log(
                 self.name, self.namespace, container=container, _preload_content=False
@@ -322,7 +342,10 @@ class PodRun:
             self.core.delete_namespaced_secret(self.secret, self.namespace)
         try:
             self.core.delete_namespaced_pod(
-                self.name, self.namespace, grace_period_seconds=1, propagation_policy="Background"
+                self.name,
+                self.namespace,
+                grace_period_seconds=manifests.GRACE_S,
+                propagation_policy="Background",
             )
         except ApiException as exc:
             if exc.status != 404:
