@@ -24,6 +24,7 @@ from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
 from sandbox.termsafe import clean
 
 if TYPE_CHECKING:
+    from sandbox.backends import BackendFactory
     from sandbox.run.testrun import RunOptions
 
 
@@ -79,11 +80,26 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
     )
 
 
+def _backend(args: argparse.Namespace) -> BackendFactory | None:
+    """The backend `--backend`/`--host-config` name; None leaves it to the host's config."""
+    if args.backend is None and args.host_config is None:
+        return None
+    from sandbox.backends.choose import connect_backend
+    from sandbox.contracts.hostconfig import load_host_config
+
+    config = load_host_config(args.host_config).backend
+    if args.backend is not None:
+        config = config.model_copy(update={"kind": args.backend})
+    return lambda: connect_backend(config)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from sandbox.run.testrun import TestRun
 
     signal.signal(signal.SIGTERM, _on_sigterm)
-    record = TestRun(Path(args.workflow_dir), args.step_id, _run_options(args)).execute()
+    record = TestRun(
+        Path(args.workflow_dir), args.step_id, _run_options(args), backend=_backend(args)
+    ).execute()
     _print_record(record, args.json)
     return EXIT_BY_STATUS[record.status]
 
@@ -93,7 +109,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from sandbox.verify.verifystep import verify_step
 
     signal.signal(signal.SIGTERM, _on_sigterm)
-    verification = verify_step(Path(args.workflow_dir), args.step_id, _run_options(args))
+    verification = verify_step(
+        Path(args.workflow_dir), args.step_id, _run_options(args), backend=_backend(args)
+    )
     if args.junit:
         write_junit(Path(args.junit), verification)
     if args.html:
@@ -190,11 +208,21 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def cmd_gc(args: argparse.Namespace) -> int:
     from sandbox.backends.docker import gc
-    from sandbox.backends.docker.client import connect
+    from sandbox.contracts.hostconfig import load_host_config
 
     dirs = [Path(p) for p in args.workflow_dir]
-    with contextlib.closing(connect()) as client:
-        report = gc.collect(client, dirs, remove_runs=args.remove_runs)
+    backend = load_host_config(args.host_config).backend
+    if backend.kind == "kubernetes":
+        from sandbox.backends.choose import collect_cluster
+
+        report = gc.GcReport()
+        roots = collect_cluster(backend, report)
+        report = gc.collect_host(report, roots, dirs, remove_runs=args.remove_runs)
+    else:
+        from sandbox.backends.docker.client import connect
+
+        with contextlib.closing(connect()) as client:
+            report = gc.collect(client, dirs, remove_runs=args.remove_runs)
     say(report.model_dump_json(indent=2))
     return 0
 
@@ -264,6 +292,13 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--canary", default=None, help="HOST:PORT the preflight must find unreachable"
     )
+    parser.add_argument(
+        "--backend",
+        choices=("docker", "kubernetes"),
+        default=None,
+        help="the engine that runs the containers (default: the host config's, else docker)",
+    )
+    parser.add_argument("--host-config", type=Path, default=None, help="the host's settings (TOML)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -313,6 +348,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also delete the folders of these workflows' finished test runs",
     )
+    gcp.add_argument("--host-config", type=Path, default=None, help="the host's settings (TOML)")
     gcp.set_defaults(func=cmd_gc)
 
     doctor = sub.add_parser("doctor", help="check this host's isolation posture")

@@ -23,6 +23,7 @@ import pytest
 from docker import DockerClient
 from docker.models.containers import Container
 
+from sandbox.backends import BackendFactory
 from sandbox.backends.docker import images
 from sandbox.backends.docker.gc import orphaned
 from sandbox.contracts import names
@@ -149,14 +150,21 @@ class ThreadedRun:
     its processes, let the step go on). Leaving the block waits for the run to end."""
 
     def __init__(
-        self, workflow_dir: Path, options: RunOptions | None = None, *, join_s: float = 180
+        self,
+        workflow_dir: Path,
+        options: RunOptions | None = None,
+        *,
+        join_s: float = 180,
+        backend: BackendFactory | None = None,
     ) -> None:
         self.workflow_dir = workflow_dir
         self._layout: RunLayout | None = None
         self._join_s = join_s
         self._result: list[TestRunRecord] = []
         self._thread = threading.Thread(
-            target=lambda: self._result.append(TestRun(workflow_dir, "step1", options).execute())
+            target=lambda: self._result.append(
+                TestRun(workflow_dir, "step1", options, backend=backend).execute()
+            )
         )
 
     def __enter__(self) -> ThreadedRun:

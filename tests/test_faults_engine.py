@@ -325,6 +325,8 @@ def test_runner_sigkilled_mid_run_gc_and_the_next_run_recover(
         "networks_removed": [],
         "mounts_removed": [],
         "records_marked_killed": [],
+        "pods_removed": [],
+        "secrets_removed": [],
         "runs_removed": [],
         "errors": [],
     }

@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from sandbox.contracts.record import OutputTail
 from sandbox.contracts.spec import ContainerSpec
@@ -121,6 +121,12 @@ class Backend(Protocol):
     """One test run's connection to a container engine."""
 
     engine_errors: tuple[type[Exception], ...]
+    kind: Literal["docker", "kubernetes"]  # the record's `backend`
+    engine_label: str  # for a reason: "the Docker engine failed during the run: ..."
+
+    def node(self) -> str | None:
+        """Where the containers ran, when the engine spans machines (a cluster's node)."""
+        ...
 
     def require_image(self, ref: str) -> str:
         """The image's id, or `EngineError` saying how to build it."""

@@ -224,6 +224,9 @@ class TestRunRecord(BaseModel):
     runner: RunnerInfo | None = None
     images: dict[str, str] = Field(default_factory=dict)
     content: ContentHash | None = None
+    # The engine that ran the containers, and on Kubernetes the node the Pod ran on.
+    backend: Literal["docker", "kubernetes"] = "docker"
+    node: str | None = None
 
     def summary_lines(self) -> list[str]:
         """The result starts with every stubbed action, then the verdict."""

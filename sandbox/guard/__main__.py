@@ -7,6 +7,7 @@ non-dumpable (its memory holds both tokens), and the web stack comes after.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -26,7 +27,8 @@ MCP_EGRESS_SOCKET = "egress.sock"  # sandbox.contracts.layout.MCP_EGRESS_SOCKET
 
 
 def _take_config_text() -> bytes | None:
-    """Read the config file once and remove it, so nothing started later can read it."""
+    """Read the config file once and remove it, so nothing started later can read it
+    (a read-only Secret mount stays: see the comment below)."""
     path = os.environ.pop(CONFIG_FILE_ENV, None)
     if not path:
         print(f"guard: {CONFIG_FILE_ENV} is not set", file=sys.stderr)
@@ -35,7 +37,13 @@ def _take_config_text() -> bytes | None:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         with os.fdopen(fd, "rb") as handle:
             raw = handle.read(4 * 1024 * 1024)
-        os.unlink(path)
+        try:
+            os.unlink(path)
+        except OSError as exc:
+            # A Kubernetes Secret is a read-only mount only this container has; the
+            # runner deletes the Secret itself, and nothing the guard starts runs here.
+            if exc.errno != errno.EROFS:
+                raise
     except OSError as exc:
         print(f"guard: config file {path} unreadable: {exc}", file=sys.stderr)
         return None

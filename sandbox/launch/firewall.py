@@ -73,6 +73,22 @@ def restore_input(args: list[str]) -> str:
     return "\n".join(["*filter", *chains, *(a for a in args if a.startswith("-A")), "COMMIT"])
 
 
+def _install_lines(guard_uid: int, *, install: bool) -> list[str]:
+    """Shell lines that put the rules in the current network namespace in one go."""
+    if not install:
+        return []
+    # A socket bound to lo (SO_BINDTODEVICE) connecting to an address not on lo gets
+    # a source address of lo's link scope: with only 127.0.0.1 (host scope) there is
+    # none, and the reset the rules send to 0.0.0.0 never arrives (the connect would
+    # hang for its timeout). This address is the source such packets get instead.
+    lines = [f"ip -4 addr add {LOOPBACK_SOURCE}/32 dev lo scope link"]
+    for tool, args in rules(guard_uid).items():
+        lines.append(f"{tool}-restore -w <<'RULES'")
+        lines.append(restore_input(args))
+        lines.append("RULES")
+    return lines
+
+
 def guard_entry_script(
     guard_command: list[str], guard_uid: int = GUARD_UID, *, install: bool = True
 ) -> str:
@@ -85,17 +101,7 @@ def guard_entry_script(
 
     `install=False` exists only so tests can prove the preflight catches an open
     namespace; a real run always installs."""
-    lines = ["set -eu"]
-    if install:
-        # A socket bound to lo (SO_BINDTODEVICE) connecting to an address not on lo gets
-        # a source address of lo's link scope: with only 127.0.0.1 (host scope) there is
-        # none, and the reset the rules send to 0.0.0.0 never arrives (the connect would
-        # hang for its timeout). This address is the source such packets get instead.
-        lines.append(f"ip -4 addr add {LOOPBACK_SOURCE}/32 dev lo scope link")
-    for tool, args in rules(guard_uid).items() if install else ():
-        lines.append(f"{tool}-restore -w <<'RULES'")
-        lines.append(restore_input(args))
-        lines.append("RULES")
+    lines = ["set -eu", *_install_lines(guard_uid, install=install)]
     drop = [
         "setpriv",
         f"--reuid={guard_uid}",
@@ -129,3 +135,29 @@ def expected_readback() -> list[str]:
         out.extend(policy)
         out.extend(a for a in args if a.startswith("-A"))
     return out
+
+
+def init_container_script(guard_uid: int = GUARD_UID, *, install: bool = True) -> str:
+    """Shell for a Pod's init container (root with NET_ADMIN and nothing else), in the
+    network namespace the Pod's containers share: install the rules, print them back,
+    and fail (so no container of the Pod ever starts) unless they read back exactly as
+    `expected_readback()`. It ends there: the guard starts later as its own uid.
+
+    `install=False` (tests of the preflight only) installs nothing and checks nothing."""
+    expected = "\n".join(expected_readback())
+    lines = ["set -eu", *_install_lines(guard_uid, install=install)]
+    lines += [
+        "echo '--- rules ---'",
+        'got="$(iptables -w -S OUTPUT; ip6tables -w -S OUTPUT)"',
+        "printf '%s\\n' \"$got\"",
+    ]
+    if install:
+        lines += [
+            "expected=$(cat <<'EXPECTED'",
+            expected,
+            "EXPECTED",
+            ")",
+            '[ "$got" = "$expected" ] || { echo "FIREWALL-MISMATCH"; exit 1; }',
+        ]
+    lines.append(f"echo {READY_MARK}")
+    return "\n".join(lines) + "\n"

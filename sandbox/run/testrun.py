@@ -47,6 +47,7 @@ from sandbox.contracts.config import (
     resolve_crew_folder,
 )
 from sandbox.contracts.errors import ConfigError, LaunchError, PrepareError, SandboxError
+from sandbox.contracts.hostconfig import load_host_config
 from sandbox.contracts.layout import (
     GUARD_UID,
     RunLayout,
@@ -213,11 +214,11 @@ def _internal_reason(phase: str, exc: BaseException) -> str:
     return f"internal error during {phase}: {type(exc).__name__}" + (f": {text}" if text else "")
 
 
-def _docker_backend() -> Backend:
-    """The default backend (imported here: the run itself names no engine)."""
-    from sandbox.backends.docker.backend import DockerBackend
+def _host_backend() -> Backend:
+    """The default backend: the one the host's config names (Docker without one)."""
+    from sandbox.backends.choose import connect_backend
 
-    return DockerBackend.connect()
+    return connect_backend(load_host_config().backend)
 
 
 GUARD_START_DEADLINE_S = 60.0
@@ -249,7 +250,7 @@ class TestRun:
         self.workflow_dir = Path(workflow_dir).absolute()
         self.step_id = step_id
         self.options = options or RunOptions()
-        self._connect: BackendFactory = backend or _docker_backend
+        self._connect: BackendFactory = backend or _host_backend
 
     # -- the whole flow ------------------------------------------------------
 
@@ -296,6 +297,7 @@ class TestRun:
             runner=runner,
             images=used_images,
             content=content_hash(self.workflow_dir, workflow, step, inputs.prompt, used_images),
+            backend=backend.kind,
         )
         try:
             lock = workflow_run_lock(
@@ -383,7 +385,7 @@ class TestRun:
             except backend.engine_errors as exc:
                 # The engine went away (stopped, restarted) mid-run: a record, never a traceback.
                 detail = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-                reason = f"the Docker engine failed during the run: {detail}"
+                reason = f"the {backend.engine_label} failed during the run: {detail}"
                 return self._finish(layout, record, RunStatus.ERROR, reason)
             except (RunInterrupted, KeyboardInterrupt):
                 return self._finish(layout, record, RunStatus.KILLED, "the runner was stopped")
@@ -625,6 +627,7 @@ class TestRun:
         record.mcp_servers = self._collect_mcp(layout, launched.mcp)
         # The step is dead: nothing writes its disk any more. Its folders move off the
         # disk into the run folder, then the disk goes.
+        record.node = backend.node()
         backend.remove_all()
         collected = files.collect(has_db=not record.no_db)
         files.close()

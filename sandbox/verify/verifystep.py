@@ -14,6 +14,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+from sandbox.backends import BackendFactory
 from sandbox.contracts.config import load_workflow
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.layout import RunLayout
@@ -91,7 +92,11 @@ def _content_result(expected: str, happened: str) -> ExpectationResult:
 
 
 def verify_step(
-    workflow_dir: Path | str, step_id: str, options: RunOptions | None = None
+    workflow_dir: Path | str,
+    step_id: str,
+    options: RunOptions | None = None,
+    *,
+    backend: BackendFactory | None = None,
 ) -> Verification:
     """Run `step_id` once in test mode and judge it; raises ConfigError before the run
     when its expectations do not parse."""
@@ -99,7 +104,7 @@ def verify_step(
     workflow = load_workflow(wf_dir)
     step = workflow.step(step_id)
     named = with_implicit_status(load_expectations(wf_dir, workflow, step))
-    record = TestRun(wf_dir, step_id, options).execute()
+    record = TestRun(wf_dir, step_id, options, backend=backend).execute()
     run_root = RunLayout(wf_dir, record.id, step.group).root
     verification = judge(run_root, named, _content_kept(wf_dir, step_id, record))
     write_verification(run_root, verification)

@@ -130,6 +130,8 @@ class ClusterState(BaseModel):
     mount_ns: str | None = None
     net_ns: str | None = None
     created_paths: list[str] = []
+    # A folder of the host whose later mounts the node sees (see share_node_storage).
+    node_storage: Path | None = None
     kubeconfig: Path
     containerd_socket: Path
     seccomp_root: Path
@@ -325,6 +327,14 @@ class Cluster:
     @property
     def node_name(self) -> str:
         return self.state.node_name
+
+    @property
+    def node_storage(self) -> Path:
+        """Where a test puts host folders a Pod mounts through a hostPath: mounts made
+        under it on the host after start (a run's disk, its workflow view) reach the
+        node. The host's own mounts are private, so elsewhere they would not."""
+        assert self.state.node_storage is not None
+        return self.state.node_storage
 
     @property
     def seccomp_root(self) -> Path:
@@ -642,6 +652,7 @@ class Cluster:
         )
 
         self._make_cgroup_root()
+        self._share_node_storage()
         self._start_namespaces()
         containerd = self._start_containerd(bin_root)
         ctr_ok = lambda: self.ctr("version", check=False).returncode == 0  # noqa: E731
@@ -746,6 +757,28 @@ class Cluster:
         self.state.mount_ns = _ns_id(proc.pid, "mnt")
         self.state.net_ns = _ns_id(proc.pid, "net")
         self._save()
+
+    def _share_node_storage(self) -> None:
+        """A shared bind mount of the cluster's `node/` folder on the host, made before the
+        node's mount namespace (propagation slave) copies the host's mounts: that copy
+        receives every mount made under it on the host later, and nothing goes back."""
+        storage = self.state.directory / "node"
+        storage.mkdir(mode=0o755)
+        subprocess.run(["mount", "--bind", str(storage), str(storage)], check=True)
+        self.state.node_storage = storage
+        self._save()
+        subprocess.run(["mount", "--make-shared", str(storage)], check=True)
+
+    def _unshare_node_storage(self) -> list[str]:
+        storage = self.state.node_storage
+        if storage is None or not _mounts_under(storage):
+            return []
+        done = subprocess.run(
+            ["umount", "--recursive", str(storage)], capture_output=True, text=True, check=False
+        )
+        if done.returncode != 0:
+            return [f"node storage {storage} still mounted: {done.stderr.strip()}"]
+        return []
 
     def _ensure_mountpoint(self, path: Path) -> None:
         """Make `path` (and missing parents) if absent, marked so the last cluster removes it."""
@@ -977,7 +1010,8 @@ disabled_plugins = [
         self._kill_namespace_members()
         if "namespaces" in by_name:
             self._terminate([by_name["namespaces"]], 5)
-        problems = self._remove_cgroup_root()
+        problems = self._unshare_node_storage()
+        problems += self._remove_cgroup_root()
         problems += self._remove_created_paths()
         mounts = _mounts_under(s.directory)
         if mounts:

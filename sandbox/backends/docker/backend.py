@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from typing import Literal
 
 import docker.errors
 import requests
@@ -85,6 +86,8 @@ class DockerBackend:
         docker.errors.DockerException,
         requests.exceptions.RequestException,
     )
+    kind: Literal["docker", "kubernetes"] = "docker"
+    engine_label = "Docker engine"
 
     def __init__(self, client: DockerClient) -> None:
         self.client = client
@@ -98,6 +101,9 @@ class DockerBackend:
 
     def require_image(self, ref: str) -> str:
         return images.require(self.client, ref)
+
+    def node(self) -> str | None:
+        return None  # this host's engine
 
     def create(self, spec: ContainerSpec, *, independent: bool = False) -> DockerContainer:
         return DockerContainer(self._owned.create(spec, independent=independent), self._watches)

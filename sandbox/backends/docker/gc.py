@@ -38,6 +38,9 @@ class GcReport(BaseModel):
     networks_removed: list[str] = []
     mounts_removed: list[str] = []
     records_marked_killed: list[str] = []
+    # On a cluster (the Kubernetes backend): the runs' Pods and the guards' Secrets.
+    pods_removed: list[str] = []
+    secrets_removed: list[str] = []
     runs_removed: list[str] = []
     errors: list[str] = []
 
@@ -131,6 +134,19 @@ def collect(
         with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
             network.remove()
             report.networks_removed.append(network.name or "?")
+    return collect_host(report, roots, workflow_dirs, remove_runs=remove_runs)
+
+
+def collect_host(
+    report: GcReport,
+    roots: set[Path],
+    workflow_dirs: list[Path] | None = None,
+    *,
+    remove_runs: bool = False,
+) -> GcReport:
+    """This host's part, whatever engine ran the containers (which must be gone): the
+    dead runs' mounts and `running` records, found from `roots`, the workflows named and
+    the mount table; with `remove_runs`, the finished runs' folders."""
     for workflow_dir in workflow_dirs or []:
         runs = workflow_dir / "runs"
         if runs.is_dir() and not runs.is_symlink():

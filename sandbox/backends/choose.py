@@ -1,0 +1,44 @@
+"""The backend a host's config names (each engine imported only when chosen)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sandbox.backends import Backend
+from sandbox.backends.docker.gc import GcReport
+from sandbox.contracts.errors import ConfigError
+from sandbox.contracts.hostconfig import BackendConfig
+
+
+@contextmanager
+def _needs_client() -> Iterator[None]:
+    try:
+        yield
+    except ModuleNotFoundError as exc:
+        raise ConfigError(
+            f"the Kubernetes backend needs {exc.name!r}: pip install 'sandbox[kubernetes]'"
+        ) from None
+
+
+def connect_backend(config: BackendConfig) -> Backend:
+    """One run's backend, connected."""
+    if config.kind == "kubernetes":
+        with _needs_client():
+            from sandbox.backends.kubernetes.backend import KubernetesBackend
+        return KubernetesBackend.connect(config)
+    from sandbox.backends.docker.backend import DockerBackend
+
+    return DockerBackend.connect()
+
+
+def collect_cluster(config: BackendConfig, report: GcReport) -> set[Path]:
+    """`sandbox gc` on the cluster: the dead runs' Pods and Secrets; their run roots."""
+    with _needs_client():
+        from sandbox.backends.kubernetes import gc, podrun
+    api = podrun.connect(config)
+    try:
+        return gc.collect_cluster(api, config, report)
+    finally:
+        api.close()

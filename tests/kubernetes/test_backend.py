@@ -1,0 +1,450 @@
+"""Test runs on the real local cluster through the Kubernetes backend (`TestRun` as is).
+
+Each test's workflow lives under the node's storage (`Cluster.node_storage`), so the
+run's disk and workflow view, mounted on the host by the runner, are what the node's
+hostPath volumes show. Processes are read and signalled from the host by their
+cgroup (the run's Pod uid), never by name: other runs on this host use the same uids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from kubernetes import stream
+
+from sandbox.backends import BackendFactory
+from sandbox.backends.choose import connect_backend
+from sandbox.backends.kubernetes import pod as manifests
+from sandbox.contracts import names
+from sandbox.contracts.hostconfig import BackendConfig
+from sandbox.contracts.layout import DISK_MOUNT, GUARD_UID, STEP_UID
+from sandbox.contracts.record import RunStatus, read_record
+from sandbox.hostfs import hostmount
+from sandbox.run.testrun import RunOptions, TestRun
+from tests.conftest import ThreadedRun, tree_digest, write_workflow
+from tests.kubernetes.cluster import Cluster
+from tests.kubernetes.test_pod_shape import (
+    OUTSIDE_PORT,
+    container_state,
+    outside_server_pod,
+    watch_pod,
+)
+
+pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
+
+REPO = Path(__file__).resolve().parents[2]
+JOBBOARD = REPO / "examples" / "job-board"
+JOBBOARD_PORT = 8080
+
+
+@pytest.fixture
+def settings(kube_cluster: Cluster, kube_namespace: str) -> BackendConfig:
+    return BackendConfig(
+        kind="kubernetes",
+        kubeconfig=str(kube_cluster.kubeconfig),
+        namespace=kube_namespace,
+        image_pull_policy="Never",
+        seccomp_profile="step.json",
+    )
+
+
+@pytest.fixture
+def pods(settings: BackendConfig) -> BackendFactory:
+    """A run's backend: the cluster, as the host config would name it."""
+    return lambda: connect_backend(settings)
+
+
+@pytest.fixture
+def node_dir(kube_cluster: Cluster) -> Iterator[Path]:
+    """A folder of this test on the node's storage, gone after it."""
+    path = kube_cluster.node_storage / f"t-{secrets.token_hex(4)}"
+    path.mkdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _server_pod(name: str, command: list[str], volumes: dict[str, Path]) -> dict[str, Any]:
+    pod = outside_server_pod()
+    pod["metadata"]["name"] = name
+    container = pod["spec"]["containers"][0]
+    container["command"] = command
+    container["volumeMounts"] = [
+        {"name": f"v{i}", "mountPath": target, "readOnly": True} for i, target in enumerate(volumes)
+    ]
+    pod["spec"]["volumes"] = [
+        {"name": f"v{i}", "hostPath": {"path": str(source), "type": "Directory"}}
+        for i, source in enumerate(volumes.values())
+    ]
+    return pod
+
+
+def _start_server(core: Any, namespace: str, manifest: dict[str, Any]) -> str:
+    """Create a server Pod; its IP once its container runs."""
+    name = manifest["metadata"]["name"]
+    created = core.create_namespaced_pod(namespace, manifest)
+    ready = watch_pod(
+        core,
+        namespace,
+        name,
+        created.metadata.resource_version,
+        lambda p: p.status.pod_ip and getattr(container_state(p, "server"), "running", None),
+    )
+    return str(ready.status.pod_ip)
+
+
+def _exec(core: Any, namespace: str, pod: str, argv: list[str]) -> str:
+    return str(
+        stream.stream(
+            core.connect_get_namespaced_pod_exec,
+            pod,
+            namespace,
+            command=argv,
+            stderr=True,
+            stdin=False,
+            stdout=True,
+            tty=False,
+        )
+    )
+
+
+def _pod_of(core: Any, namespace: str, run_id: str) -> Any:
+    (pod,) = core.list_namespaced_pod(
+        namespace, label_selector=f"{names.LABEL_RUN_ID}={run_id}"
+    ).items
+    return pod
+
+
+def _processes_of(pod_uid: str, uid: int) -> list[psutil.Process]:
+    """The host's processes in the Pod's cgroups running as `uid`."""
+    marker = "pod" + pod_uid
+    found = []
+    for proc in psutil.process_iter(["uids"]):
+        try:
+            if proc.info["uids"].real != uid:
+                continue
+            if marker in Path(f"/proc/{proc.pid}/cgroup").read_text():
+                found.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def _status(pid: int) -> dict[str, str]:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def _no_pods_or_secrets(core: Any, namespace: str) -> None:
+    selector = f"{names.LABEL_MANAGED}=true"
+    assert core.list_namespaced_pod(namespace, label_selector=selector).items == []
+    assert core.list_namespaced_secret(namespace, label_selector=selector).items == []
+
+
+def test_job_board_bid_submit_passes_with_its_stubs(
+    kube_core: Any, kube_namespace: str, pods: BackendFactory, node_dir: Path
+) -> None:
+    wf = node_dir / "job-board"
+    shutil.copytree(
+        JOBBOARD, wf, ignore=shutil.ignore_patterns("test-*", "db.sqlite*", "__pycache__")
+    )
+    sys.path.insert(0, str(JOBBOARD.parent))
+    from setup import ensure_db
+
+    ensure_db(wf)
+    before = tree_digest(wf)
+    command = ["python3", "/api/server.py", "--port", str(JOBBOARD_PORT)]
+    board_ip = _start_server(
+        kube_core,
+        kube_namespace,
+        _server_pod("jobboard", command, {"/api": wf / "fake_api"}),
+    )
+    options = RunOptions(upstream_bridge=f"http://{board_ip}:{JOBBOARD_PORT}")
+    record = TestRun(wf, "bid-submit", options, backend=pods).execute()
+
+    assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text)
+    assert record.backend == "kubernetes" and record.node == "127.0.0.1"
+    assert record.preflight is not None and record.preflight.ok
+    assert {s.tool for s in record.stubbed} >= {"upwork_submit_proposal", "agent_browser"}
+    assert record.actions.allow > 0  # its reads reached the fake API through the guard
+    assert tree_digest(wf) == before
+    state = json.loads(
+        _exec(
+            kube_core,
+            kube_namespace,
+            "jobboard",
+            [
+                "python3",
+                "-c",
+                "import urllib.request;"
+                f"print(urllib.request.urlopen('http://127.0.0.1:{JOBBOARD_PORT}/state').read().decode())",
+            ],
+        )
+    )
+    assert state["proposals"] == [] and state["connects"] == 100
+    assert read_record(wf / "runs" / record.id) == record
+    _no_pods_or_secrets(kube_core, kube_namespace)
+    assert not hostmount.mounts_below(wf)
+
+
+PROBE_STEP = r"""
+import errno, json, os, socket, sys
+out = {}
+def attempt(fn):
+    try:
+        fn()
+        return "ok"
+    except OSError as e:
+        return errno.errorcode.get(e.errno, str(e))
+def write(path):
+    with open(path, "w") as f:
+        f.write("x")
+out["workflow_write"] = attempt(lambda: write("/workflow/probe"))
+out["workflow_code_write"] = attempt(lambda: write("/workflow/code/probe"))
+out["root_write"] = attempt(lambda: write("/probe"))
+out["group_write"] = attempt(lambda: write("out.txt"))
+host, port = sys.argv[1], int(sys.argv[2])
+out["outside"] = attempt(lambda: socket.create_connection((host, port), timeout=5).close())
+status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitlines() if ":\t" in l)
+out["caps"] = {k: status[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")}
+print("PROBE " + json.dumps(out), flush=True)
+"""
+
+
+def test_the_step_cannot_reach_outside_or_write_the_workflow(
+    kube_core: Any, kube_namespace: str, pods: BackendFactory, node_dir: Path
+) -> None:
+    outside_ip = _start_server(kube_core, kube_namespace, outside_server_pod())
+    wf = write_workflow(
+        node_dir,
+        command=["python3", "/workflow/code/probe.py", outside_ip, str(OUTSIDE_PORT)],
+    )
+    (wf / "code" / "probe.py").write_text(PROBE_STEP)
+    before = tree_digest(wf)
+    options = RunOptions(canary=f"{outside_ip}:{OUTSIDE_PORT}")
+    record = TestRun(wf, "step1", options, backend=pods).execute()
+
+    assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text)
+    # The executor's own check found the fake outside server closed before the step ran.
+    assert record.preflight is not None and record.preflight.ok, record.preflight
+    line = next(ln for ln in record.stderr.text.splitlines() if ln.startswith("PROBE "))
+    probe = json.loads(line[6:])
+    assert probe["outside"] == "ECONNREFUSED", probe
+    assert probe["workflow_write"] == probe["workflow_code_write"] == "EROFS"
+    assert probe["root_write"] == "EROFS" and probe["group_write"] == "ok"
+    assert all(int(v, 16) == 0 for v in probe["caps"].values()), probe["caps"]
+    assert tree_digest(wf) == before
+    assert "out.txt" in record.files.created
+    _no_pods_or_secrets(kube_core, kube_namespace)
+
+
+HOLD_STEP = r"""
+import os, time
+open("ready", "w").close()
+deadline = time.monotonic() + 240
+while not os.path.exists("go") and time.monotonic() < deadline:
+    time.sleep(0.05)
+print("released", flush=True)
+"""
+
+
+def _hold_workflow(node_dir: Path) -> Path:
+    wf = write_workflow(node_dir, command=["python3", "/workflow/code/hold.py"], timeout_s=300)
+    (wf / "code" / "hold.py").write_text(HOLD_STEP)
+    return wf
+
+
+def test_the_running_step_holds_no_capability_read_from_the_node(
+    kube_core: Any, kube_namespace: str, pods: BackendFactory, node_dir: Path
+) -> None:
+    wf = _hold_workflow(node_dir)
+    with ThreadedRun(wf, backend=pods) as run:
+        ready = run.wait_for_in_group("ready")
+        pod = _pod_of(kube_core, kube_namespace, run.layout.run_id)
+        steps = _processes_of(pod.metadata.uid, STEP_UID)
+        guards = _processes_of(pod.metadata.uid, GUARD_UID)
+        assert steps and guards
+        for proc in [*steps, *guards]:
+            status = _status(proc.pid)
+            for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
+                assert int(status[key], 16) == 0, (proc.pid, key, status[key])
+            assert status["NoNewPrivs"].strip() == "1"
+            assert status["Seccomp"].strip() == "2"
+        (ready.parent / "go").touch()
+    assert run.record.status is RunStatus.PASSED, (run.record.reason, run.record.stderr.text)
+    assert "released" in run.record.stderr.text
+
+
+def test_killing_the_guard_kills_the_step(
+    kube_core: Any, kube_namespace: str, pods: BackendFactory, node_dir: Path
+) -> None:
+    wf = _hold_workflow(node_dir)
+    with ThreadedRun(wf, join_s=180, backend=pods) as run:
+        run.wait_for_in_group("ready")
+        pod = _pod_of(kube_core, kube_namespace, run.layout.run_id)
+        guards = _processes_of(pod.metadata.uid, GUARD_UID)
+        assert guards
+        started = time.monotonic()
+        for proc in guards:
+            os.kill(proc.pid, signal.SIGKILL)
+    record = run.record
+    assert record.status is RunStatus.ERROR and "guard stopped" in record.reason, record.reason
+    assert record.exit_code != 0
+    assert "released" not in record.stderr.text
+    assert time.monotonic() - started < 120
+    _no_pods_or_secrets(kube_core, kube_namespace)
+
+
+def test_a_step_past_its_timeout_is_killed(
+    kube_core: Any, kube_namespace: str, pods: BackendFactory, node_dir: Path
+) -> None:
+    wf = _hold_workflow(node_dir)
+    started = time.monotonic()
+    record = TestRun(wf, "step1", RunOptions(timeout_s=3), backend=pods).execute()
+    assert record.status is RunStatus.TIMEOUT, (record.reason, record.stderr.text)
+    assert record.exit_code is None and "released" not in record.stderr.text
+    assert time.monotonic() - started < 120
+    _no_pods_or_secrets(kube_core, kube_namespace)
+
+
+def test_a_killed_runner_leaves_a_valid_record_and_gc_removes_the_pod(
+    kube_cluster: Cluster,
+    kube_core: Any,
+    kube_namespace: str,
+    node_dir: Path,
+) -> None:
+    wf = _hold_workflow(node_dir)
+    host_config = node_dir / "host.toml"
+    host_config.write_text(
+        "[backend]\n"
+        'kind = "kubernetes"\n'
+        f'kubeconfig = "{kube_cluster.kubeconfig}"\n'
+        f'namespace = "{kube_namespace}"\n'
+        'image_pull_policy = "Never"\n'
+        'seccomp_profile = "step.json"\n'
+    )
+    cli = [sys.executable, "-m", "sandbox.cli"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    runner = subprocess.Popen(
+        [*cli, "run", str(wf), "step1", "--host-config", str(host_config)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        runs = wf / "runs"
+        deadline = time.monotonic() + 120
+        ready: Path | None = None
+        while ready is None:
+            ready = (
+                next(runs.glob(f"test-*/{DISK_MOUNT}/group/ready"), None) if runs.exists() else None
+            )
+            assert time.monotonic() < deadline, "the step never started"
+            assert runner.poll() is None, "the runner ended before its step started"
+            time.sleep(0.05)
+        run_root = ready.parents[2]
+        runner.send_signal(signal.SIGKILL)
+        runner.wait(timeout=30)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.wait()
+    assert read_record(run_root).status is RunStatus.RUNNING
+    pod = _pod_of(kube_core, kube_namespace, run_root.name)
+    assert pod.metadata.name == manifests.object_name(run_root.name)
+
+    done = subprocess.run(
+        [*cli, "gc", str(wf), "--host-config", str(host_config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=True,
+    )
+    report = json.loads(done.stdout)
+    assert report["pods_removed"] == [pod.metadata.name], report
+    assert report["errors"] == []
+    record = read_record(run_root)
+    assert record.status is RunStatus.KILLED and "runner died" in record.reason
+    assert not hostmount.mounts_below(run_root)
+    # The Secret goes with its Pod (the cluster's garbage collector, or gc itself).
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            _no_pods_or_secrets(kube_core, kube_namespace)
+            break
+        except AssertionError:
+            assert time.monotonic() < deadline, "the run's Secret outlived its Pod"
+            time.sleep(0.2)
+    conn = sqlite3.connect(f"file:{wf / 'db' / 'db.sqlite'}?mode=ro", uri=True)
+    assert conn.execute("SELECT v FROM t").fetchall() == [("one",)]
+
+
+def _bare_pod_s(core: Any, namespace: str, index: int) -> float:
+    """Create -> container ended -> deleted, for one `true` container with no hardening."""
+    name = f"bare-{index}"
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "containers": [
+                {
+                    "name": "c",
+                    "image": names.STEP_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": ["true"],
+                }
+            ],
+        },
+    }
+    started = time.monotonic()
+    created = core.create_namespaced_pod(namespace, manifest)
+    watch_pod(
+        core,
+        namespace,
+        name,
+        created.metadata.resource_version,
+        lambda p: getattr(container_state(p, "c"), "terminated", None) is not None,
+    )
+    core.delete_namespaced_pod(name, namespace, grace_period_seconds=1)
+    gone = time.monotonic() + 60
+    while time.monotonic() < gone:
+        if not core.list_namespaced_pod(namespace, field_selector=f"metadata.name={name}").items:
+            break
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def test_startup_figures_noop_run_against_a_bare_pod(
+    kube_core: Any, kube_namespace: str, pods: BackendFactory, node_dir: Path, capsys: Any
+) -> None:
+    """Figures, not a target: a no-op test run on the cluster against a bare Pod."""
+    wf = write_workflow(node_dir, command="true", db_sql=None)
+    runs, bare = [], []
+    for i in range(4):
+        t0 = time.monotonic()
+        record = TestRun(wf, "step1", backend=pods).execute()
+        runs.append(time.monotonic() - t0)
+        assert record.status is RunStatus.PASSED, record.reason
+        bare.append(_bare_pod_s(kube_core, kube_namespace, i))
+    run_s, bare_s = sorted(runs[1:])[1], sorted(bare[1:])[1]  # the median after a warm-up
+    with capsys.disabled():
+        print(
+            f"\nno-op test run {run_s:.2f} s, bare one-container Pod {bare_s:.2f} s: "
+            f"{run_s / bare_s:.2f}x (create to gone, median of 3 after one warm-up)"
+        )
