@@ -419,7 +419,7 @@ class EgressProxy:
         except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
             seen.tls = "inspected"
             reason = f"the step's TLS handshake with the proxy failed: {exc}"
-            self._record(seen, "refuse", reason, started, status=None)
+            await self._record(seen, "refuse", reason, started, status=None)
             return False
         client.tls, client.replying = True, False
         keep = True
@@ -480,7 +480,7 @@ class EgressProxy:
             assert head is not None
             kind = "model call" if entry.model else "read"
             where = " (inspected inside TLS)" if seen.tls else ""
-            logged = self._begin(
+            logged = await self._begin(
                 seen,
                 f"allow-listed {kind}{where}",
                 category="model" if entry.model else "egress",
@@ -502,7 +502,7 @@ class EgressProxy:
                 raise
             finally:
                 ok = "error" not in outcome and not outcome.get("reply_cut")
-                self.log.outcome(logged, ok=ok, detail=outcome)
+                await self.log.outcome(logged, ok=ok, detail=outcome)
         finally:
             upstream.close()
 
@@ -566,7 +566,7 @@ class EgressProxy:
         upstream = await self._dial(host, port)
         seen.tls = "method not seen"
         try:
-            logged = self._begin(
+            logged = await self._begin(
                 seen,
                 "allow-listed CONNECT to a host with inspect = false; "
                 "the method inside TLS was not seen",
@@ -585,7 +585,7 @@ class EgressProxy:
                 outcome["error"] = _failure(exc)
                 raise
             finally:
-                self.log.outcome(logged, ok="error" not in outcome, detail=outcome)
+                await self.log.outcome(logged, ok="error" not in outcome, detail=outcome)
         finally:
             upstream.close()
 
@@ -718,14 +718,16 @@ class EgressProxy:
             body["first_line"] = first.decode("latin-1")
         decision = "stub" if denied.stub else "refuse"
         if not denied.unlogged:
-            self._record(seen, decision, denied.reason, started, status=denied.status, body=body)
+            await self._record(
+                seen, decision, denied.reason, started, status=denied.status, body=body
+            )
         if client.replying:
             return  # a reply is under way: ending the connection is the only honest answer
         with contextlib.suppress(ConnectionError, RuntimeError):
             await client.write(_error_reply(denied, seen))
         client.denied = True
 
-    def _record(
+    async def _record(
         self,
         seen: _Seen,
         decision: str,
@@ -738,7 +740,7 @@ class EgressProxy:
     ) -> None:
         """The one line of a request that was not forwarded (a denial)."""
         arguments, detail = self._facts(seen, status=status, body=body)
-        self.log.write(
+        await self.log.write(
             session="egress",
             tool="http",
             decision=decision,
@@ -749,7 +751,7 @@ class EgressProxy:
             detail=detail,
         )
 
-    def _begin(
+    async def _begin(
         self,
         seen: _Seen,
         reason: str,
@@ -764,7 +766,7 @@ class EgressProxy:
             seen, status=None, extra_detail=extra_detail, extra_arguments=extra_arguments
         )
         try:
-            return self.log.begin(
+            return await self.log.begin(
                 session="egress",
                 tool="http",
                 decision="allow",
