@@ -112,6 +112,7 @@ async def _through(proxy: EgressProxy, payload: bytes) -> bytes:
         return data
     finally:
         server.close()
+        proxy.close()  # its idle upstream connections too: the proxy is done
 
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"

@@ -763,6 +763,7 @@ class McpProxy:
                 config = self.config.model_copy(update={"egress": server.own_egress()})
                 proxy = egress.EgressProxy(config, self.log, label={"mcp_server": name})
                 unix_server = await egress.listen(proxy, listener)
+                stack.callback(proxy.close)
                 stack.callback(unix_server.close)
             async with anyio.create_task_group() as tg:
                 for upstream in self.upstreams.values():

@@ -1,6 +1,7 @@
 """A fake "outside" server for egress tests (stdlib only; runs in its own container).
 
-HTTP on 8080 (GET/HEAD answer, every request recorded, body hashed), a plain
+HTTP/1.1 on 8080 with keep-alive (GET/HEAD answer, every request recorded with the
+number of the connection it came on, body hashed), a plain
 TCP listener on 8443 standing in for an HTTPS site (records connections), and a
 UDP listener on 9999 (records datagrams). `GET /__seen` returns the record.
 On 8081 a sloppy HTTP server: it answers the first request and then records
@@ -23,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 SEEN: list[dict[str, object]] = []
 LOCK = threading.Lock()
+CONNECTIONS = [0]  # HTTP connections accepted on 8080 (each request notes its own)
 
 
 def note(entry: dict[str, object]) -> None:
@@ -38,6 +40,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         return
+
+    def setup(self) -> None:
+        super().setup()
+        with LOCK:
+            CONNECTIONS[0] += 1
+            self.connection_number = CONNECTIONS[0]
 
     def _body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)
@@ -57,7 +65,7 @@ class Handler(BaseHTTPRequestHandler):
                 data = json.dumps(SEEN if self.path == "/__seen" else RAW).encode()
             self._answer(data)
             return
-        note({"proto": "http", "method": "GET", "path": self.path})
+        note({"proto": "http", "method": "GET", "path": self.path, "conn": self.connection_number})
         if self.path.startswith("/bytes/"):
             n = int(self.path.rsplit("/", 1)[1])
             self.send_response(200)
