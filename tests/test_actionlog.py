@@ -318,3 +318,31 @@ def test_a_failed_sync_fails_the_call_and_every_later_one(
 
     assert asyncio.run(main()) == ["a: Input/output error", "b: Input/output error"]
     log.close()
+
+
+def test_a_queued_outcome_is_on_disk_before_the_next_line_is_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Egress: the outcome of a reply already sent is not waited for, but it precedes the
+    next request's start line on disk, and is covered by that line's sync."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    disk = _SlowDisk(path, 0.01)
+    monkeypatch.setattr(os, "fdatasync", disk)
+    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    call = {"session": "egress", "decision": "allow", "reason": "r", "category": "egress"}
+
+    async def main() -> bool:
+        first = await log.begin(tool="http", arguments={"n": 1}, **call)  # type: ignore[arg-type]
+        log.outcome_queued(first, ok=True)
+        await log.begin(tool="http", arguments={"n": 2}, **call)  # type: ignore[arg-type]
+        return disk.synced_bytes == path.stat().st_size
+
+    assert asyncio.run(main())
+    log.close()
+    lines = [ActionLine.model_validate_json(x) for x in path.read_text().splitlines()]
+    assert [(ln.event, ln.call_id) for ln in lines] == [
+        ("start", "c1"),
+        ("outcome", "c1"),
+        ("start", "c2"),
+    ]

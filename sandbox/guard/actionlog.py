@@ -44,7 +44,6 @@ import os
 import re
 import threading
 import time
-from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -148,6 +147,12 @@ def _settle(waiters: list[_Waiter], error: BaseException | None) -> None:
             waiter.future.set_result(None)
         else:
             waiter.future.set_exception(error)
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """A line nobody waits for: its failure is the log's (every later call fails too)."""
+    if not future.cancelled():
+        future.exception()
 
 
 class _GroupCommit:
@@ -321,7 +326,25 @@ class ActionLog:
         self, call: Started, *, ok: bool, reason: str = "", detail: dict[str, Any] | None = None
     ) -> None:
         """The `outcome` line of a started call: ok or error, its duration, its sizes."""
-        line = self._line(
+        line = self._outcome_line(call, ok=ok, reason=reason, detail=detail)
+        if self._room_for(len(line), reserve=True):
+            await self._append(line)
+
+    def outcome_queued(
+        self, call: Started, *, ok: bool, reason: str = "", detail: dict[str, Any] | None = None
+    ) -> None:
+        """The `outcome` line of a call whose reply has already gone out (egress), queued
+        in order but not waited for, so the connection's next request does not wait for
+        this line's sync. It is on disk no later than any line queued after it (the
+        next request's `start` line), and `close` writes it if nothing else does."""
+        line = self._outcome_line(call, ok=ok, reason=reason, detail=detail)
+        if self._room_for(len(line), reserve=True):
+            self._append(line).add_done_callback(_retrieved)
+
+    def _outcome_line(
+        self, call: Started, *, ok: bool, reason: str, detail: dict[str, Any] | None
+    ) -> bytes:
+        return self._line(
             event="outcome",
             call_id=call.call_id,
             outcome="ok" if ok else "error",
@@ -334,8 +357,6 @@ class ActionLog:
             duration_ms=(time.perf_counter() - call.started) * 1000,
             detail=detail,
         )
-        if self._room_for(len(line), reserve=True):
-            await self._append(line)
 
     # -- the file --------------------------------------------------------------------
 
@@ -386,8 +407,8 @@ class ActionLog:
         self._bytes += len(data)
         self._writer.put(data, waiter)
 
-    def _append(self, data: bytes) -> Awaitable[None]:
-        """Queue one line, in call order; the awaitable is done once it is on disk."""
+    def _append(self, data: bytes) -> asyncio.Future[None]:
+        """Queue one line, in call order; the future is done once it is on disk."""
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         self._queue(data, _Waiter(loop, future))

@@ -619,8 +619,10 @@ class EgressProxy:
                 upstream.reusable = False
                 raise
             finally:
+                # the reply has gone out: the next request on this connection need not
+                # wait for this line's sync (it is on disk before that request's start)
                 ok = "error" not in outcome and not outcome.get("reply_cut")
-                await self.log.outcome(logged, ok=ok, detail=outcome)
+                self.log.outcome_queued(logged, ok=ok, detail=outcome)
         finally:
             if not given_back:
                 self._pool.give_back(target.host, target.port, upstream)
