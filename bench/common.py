@@ -41,14 +41,8 @@ def program(name: str) -> str:
 
 
 SERVER_PATH = REPO_ROOT / "examples" / "job-board" / "fake_api" / "server.py"
-
-
 UPSTREAM_PORT = 8080
-
-
 BENCH_LABEL = "sandbox.bench"
-
-
 MIB = 1024**2
 
 
@@ -65,6 +59,7 @@ class Sizes(BaseModel):
     guard_conc_procs: int = 4
     guard_conc_n: int = 250  # per client per round
     guard_stub_n: int = 300
+    guard_sync_n: int = 300  # per round: the log's sync alone
     scale_runs: int = 10
     egress_big_mib: int = 100
     egress_small_n: int = 300
@@ -84,6 +79,7 @@ QUICK = Sizes(
     guard_seq_n=200,
     guard_conc_n=100,
     guard_stub_n=100,
+    guard_sync_n=100,
     scale_runs=3,
     egress_big_mib=10,
     egress_small_n=100,
@@ -445,3 +441,25 @@ def hold_workflow(b: Bench, name: str, calls: int, extra_toml: str) -> Path:
         extra_toml=extra_toml,
         code={"hold.py": HOLD_STEP},
     )
+
+
+SYNC_LINE_BYTES = 600  # about one forwarded call's start line
+
+
+def log_sync_alone(where: Path, n: int) -> list[int]:
+    """The durability floor on the runs' disk: `n` times one line appended with write(2)
+    and fdatasync'ed, as the guard's log writer does for a lone call (microseconds)."""
+    path = where / "sync-alone.jsonl"
+    line = b'{"event":"start",' + b'"x":"' + b"x" * (SYNC_LINE_BYTES - 24) + b'"}\n'
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    samples = []
+    try:
+        for _ in range(n):
+            t = time.perf_counter_ns()
+            os.write(fd, line)
+            os.fdatasync(fd)
+            samples.append((time.perf_counter_ns() - t) // 1000)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return samples

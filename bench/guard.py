@@ -11,6 +11,7 @@ from typing import Any
 
 from bench.common import (
     POST_CLIENT,
+    SYNC_LINE_BYTES,
     UPSTREAM_PORT,
     Bench,
     BenchError,
@@ -18,6 +19,7 @@ from bench.common import (
     Upstream,
     held_run,
     hold_workflow,
+    log_sync_alone,
     upstream_server,
 )
 from bench.results import Goal, GuardDetail, GuardSession, LatencyStats, Row, make_row
@@ -50,6 +52,7 @@ def _tagged(cfg: dict[str, Any], tag: str) -> dict[str, Any]:
 class _GuardSamples:
     seq: dict[str, list[int]] = field(default_factory=lambda: {"guarded": [], "direct": []})
     rate: dict[str, list[float]] = field(default_factory=lambda: {"guarded": [], "direct": []})
+    conc: dict[str, list[int]] = field(default_factory=lambda: {"guarded": [], "direct": []})
     stub: list[int] = field(default_factory=list)
 
 
@@ -110,6 +113,7 @@ def _guard_round(b: Bench, held: Held, fake: Upstream, acc: _GuardSamples, r: in
             },
         )
         acc.rate[name].append(out["calls"] / out["wall_s"])
+        acc.conc[name] += out["lat_us"]
     out = b.helper(
         netns_of=held.guard_id,
         user=STEP_UID,
@@ -152,6 +156,8 @@ def _guard_session(b: Bench, held: Held, acc: _GuardSamples, fsync_each: bool) -
         guarded_calls_per_s=round(statistics.median(acc.rate["guarded"]), 1),
         direct_calls_per_s=round(statistics.median(acc.rate["direct"]), 1),
         concurrent_clients=b.sizes.guard_conc_procs,
+        concurrent=LatencyStats.from_us(acc.conc["guarded"]),
+        concurrent_direct=LatencyStats.from_us(acc.conc["direct"]),
         guard_handler=LatencyStats.from_us(handler_us) if handler_us else None,
         agentworks_bridge=step_check,
         calls_logged=len(lines),
@@ -169,6 +175,7 @@ def bench_guard(b: Bench) -> list[Row]:
         wf_on = hold_workflow(b, "guardfsync", 220, bridge)
         wf_off = hold_workflow(b, "guardnofsync", 220, bridge)
         acc = {True: _GuardSamples(), False: _GuardSamples()}
+        sync_us: list[int] = []
         b.say("guard: two held test runs, fsync_each on and off")
         with (
             held_run(b, TestRun(wf_on, "hold", options)) as held_on,
@@ -180,6 +187,7 @@ def bench_guard(b: Bench) -> list[Row]:
                     pair.reverse()
                 for held, fsync_each in pair:
                     _guard_round(b, held, fake, acc[fsync_each], r)
+                sync_us += log_sync_alone(held_on.run_root.parent, b.sizes.guard_sync_n)
                 b.say(
                     f"guard: round {r + 1}/{rounds}: guarded median "
                     f"{statistics.median(acc[True].seq['guarded']) / 1000:.2f} ms (fsync), "
@@ -206,6 +214,10 @@ def bench_guard(b: Bench) -> list[Row]:
         )
     added = on.guarded.median_ms - on.direct.median_ms
     added_off = off.guarded.median_ms - off.direct.median_ms
+    sync = LatencyStats.from_us(sync_us)
+    detail.log_sync_alone = sync
+    floor = on.direct.median_ms + 2 * sync.median_ms
+    assert on.concurrent is not None and on.concurrent_direct is not None
     return [
         make_row(
             "guard_latency",
@@ -225,6 +237,34 @@ def bench_guard(b: Bench) -> list[Row]:
             on.direct_calls_per_s,
             Goal(kind="abs_min", threshold=1000, text="> 1,000 calls/s"),
             baseline_name="direct",
+        ),
+        make_row(
+            "guard_p99",
+            f"guard: allowed call, {on.concurrent_clients} clients, p99",
+            "ms",
+            on.concurrent.p99_ms,
+            on.concurrent_direct.p99_ms,
+            Goal(kind="abs_max", threshold=3.0, text="< 3 ms"),
+            baseline_name="direct",
+            note=f"median {on.concurrent.median_ms:.2f} ms vs {on.concurrent_direct.median_ms:.2f}",
+        ),
+        make_row(
+            "guard_log_sync",
+            "guard: the log's write + fdatasync alone, same disk",
+            "ms",
+            sync.median_ms,
+            None,
+            note=f"p99 {sync.p99_ms:.2f} ms; {sync.n} samples of one {SYNC_LINE_BYTES}-byte line",
+        ),
+        make_row(
+            "guard_vs_sync_floor",
+            "guard: allowed call vs direct + its 2 log syncs",
+            "ms",
+            on.guarded.median_ms,
+            floor,
+            baseline_name="direct + 2 syncs",
+            note="a forwarded call waits for two synced lines (start, outcome); what is left"
+            f" above this floor is the guard's own work: {on.guarded.median_ms - floor:.2f} ms",
         ),
         make_row(
             "guard_latency_nofsync",

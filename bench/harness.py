@@ -9,7 +9,11 @@ sample, the phase breakdown, the host) to `bench/results.json`.
 Benchmarks, one module each (see the README's Performance section for what each
 goal means): `startup`, `treecopy`, `dbcopy`, `guard`, `scale`, `mcp`,
 `egress`; `results` is the arithmetic and the table, `common` what they share,
-and `programs/` the client programs they run inside containers.
+and `programs/` the client programs they run inside containers. Peers run in
+the same benchmark as the guard: Squid and tinyproxy (`peers`, in containers built
+here) for egress, the log's sync alone for the guard. `--load` runs the same
+figures with a CPU hog and a disk hog beside them (`load`), into
+`bench/results-load.json`.
 
 Nothing here is part of `make test`: speed targets live here, not in tests.
 Everything the bench creates (a temp dir, containers labelled `sandbox.bench`,
@@ -38,6 +42,7 @@ from bench.common import MIB, QUICK, Bench, Sizes
 from bench.dbcopy import bench_db
 from bench.egress import bench_egress
 from bench.guard import bench_guard
+from bench.load import hogs
 from bench.mcp import bench_mcp
 from bench.results import BenchResults, HostInfo, Row, format_table, status_row
 from bench.scale import bench_scale
@@ -47,6 +52,7 @@ from sandbox.backends.docker.client import connect
 from sandbox.backends.docker.images import REPO_ROOT
 
 RESULTS_PATH = REPO_ROOT / "bench" / "results.json"
+LOAD_RESULTS_PATH = REPO_ROOT / "bench" / "results-load.json"  # a full run with --load
 
 
 ALL_BENCHMARKS = ("startup", "copy", "db", "guard", "scale", "mcp", "egress")
@@ -89,12 +95,15 @@ def scratch_dir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-def run(selected: list[str], sizes: Sizes) -> BenchResults:
+def run(selected: list[str], sizes: Sizes, *, load: bool = False) -> BenchResults:
+    """Run the selected benchmarks; `load`: with the CPU and disk hogs beside them."""
     client = connect()
-    results = BenchResults(started_at=datetime.now(UTC), host=host_info(client))
+    results = BenchResults(started_at=datetime.now(UTC), host=host_info(client), load=load)
     started = time.monotonic()
-    with scratch_dir() as work:
+    with scratch_dir() as work, hogs(work) if load else contextlib.nullcontext():
         bench = Bench(client, work, sizes, results)
+        if load:
+            bench.say("--load: a CPU hog and a disk hog run beside every benchmark")
         try:
             for key in selected:
                 title, func = BENCHMARKS[key]
@@ -134,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--markdown", action="store_true", help="print the table of the results file as markdown"
     )
+    parser.add_argument(
+        "--load",
+        action="store_true",
+        help="the same figures with a CPU hog and a disk hog beside them (bounded in time)",
+    )
     args = parser.parse_args(argv)
-    out = Path(args.out) if args.out else RESULTS_PATH
+    out = Path(args.out) if args.out else LOAD_RESULTS_PATH if args.load else RESULTS_PATH
     if args.markdown:
         saved = BenchResults.model_validate_json(out.read_text())
         print(format_table(saved.rows, markdown=True))
@@ -145,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown benchmark(s): {', '.join(unknown)}")
     sizes = QUICK if args.quick else Sizes()
-    results = run(selected, sizes)
+    results = run(selected, sizes, load=args.load)
     results.complete = not args.quick and selected == list(ALL_BENCHMARKS)
     print(format_table(results.rows))
     print()

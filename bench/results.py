@@ -276,6 +276,8 @@ class GuardSession(BaseModel):
     guarded_calls_per_s: float
     direct_calls_per_s: float
     concurrent_clients: int
+    concurrent: LatencyStats | None = None  # each call of the concurrent clients
+    concurrent_direct: LatencyStats | None = None
     guard_handler: LatencyStats | None = None  # the guard's own duration_ms per logged call
     agentworks_bridge: dict[str, Any] = Field(default_factory=dict)  # the step's own check
     calls_logged: int = 0
@@ -284,6 +286,7 @@ class GuardSession(BaseModel):
 class GuardDetail(BaseModel):
     design: str
     sessions: list[GuardSession] = Field(default_factory=list)
+    log_sync_alone: LatencyStats | None = None  # one line's write + fdatasync, same disk
 
 
 class ScaleDetail(BaseModel):
@@ -315,10 +318,10 @@ class McpDetail(BaseModel):
 
 class EgressDetail(BaseModel):
     big_bytes: int
-    proxied_mb_s: list[float] = Field(default_factory=list)
-    direct_mb_s: list[float] = Field(default_factory=list)
-    proxied: LatencyStats | None = None
-    direct: LatencyStats | None = None
+    # "guard/new", "squid/keep", ...: the small GETs of each target, by connection mode
+    small: dict[str, LatencyStats] = Field(default_factory=dict)
+    mb_s: dict[str, list[float]] = Field(default_factory=dict)  # the big GET, by target
+    log_sync_alone: LatencyStats | None = None  # one line's write + fdatasync, same disk
 
 
 class HostInfo(BaseModel):
@@ -336,6 +339,7 @@ class BenchResults(BaseModel):
     started_at: datetime
     duration_s: float = 0.0
     complete: bool = False  # every benchmark ran with full sizes
+    load: bool = False  # run with --load: the CPU and disk hogs beside every figure
     host: HostInfo
     rows: list[Row] = Field(default_factory=list)
     notes: list[str] = Field(default_factory=list)

@@ -1,4 +1,5 @@
-# GETs through an HTTP proxy or straight to the server; a new connection per GET (both ways).
+# GETs through an HTTP proxy or straight to the server: a new connection per GET, or
+# (keepalive) one connection for all of them; then, when asked, one big GET.
 import http.client
 import json
 import sys
@@ -6,15 +7,25 @@ import time
 from urllib.parse import urlsplit
 
 cfg = json.loads(sys.argv[1])
+kept = None
+
+
+def connection(host):
+    global kept
+    if cfg.get("keepalive"):
+        if kept is None:
+            kept = http.client.HTTPConnection(host[0], host[1], timeout=120)
+        return kept
+    return http.client.HTTPConnection(host[0], host[1], timeout=120)
 
 
 def get(url, expect):
     u = urlsplit(url)
     if cfg["proxy"]:
-        conn = http.client.HTTPConnection(cfg["proxy"][0], cfg["proxy"][1], timeout=120)
+        conn = connection(cfg["proxy"])
         conn.request("GET", url)
     else:
-        conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+        conn = connection((u.hostname, u.port))
         conn.request("GET", u.path)
     resp = conn.getresponse()
     n = 0
@@ -23,7 +34,8 @@ def get(url, expect):
         if not chunk:
             break
         n += len(chunk)
-    conn.close()
+    if not cfg.get("keepalive") or resp.will_close:
+        conn.close()
     if resp.status != 200 or n != expect:
         raise SystemExit(f"GET {url}: HTTP {resp.status}, {n} bytes (expected {expect})")
 
@@ -35,7 +47,9 @@ for _ in range(cfg["n"]):
     t = time.perf_counter()
     get(cfg["small_url"], cfg["small_bytes"])
     lat.append(round((time.perf_counter() - t) * 1e6))
-t = time.perf_counter()
-get(cfg["big_url"], cfg["big_bytes"])
-big_s = time.perf_counter() - t
+big_s = None
+if cfg.get("big_url"):
+    t = time.perf_counter()
+    get(cfg["big_url"], cfg["big_bytes"])
+    big_s = time.perf_counter() - t
 print(json.dumps({"lat_us": lat, "big_s": big_s}))
