@@ -35,6 +35,8 @@ def worker(ready_w, go_r, out_w):
         one()
     os.write(ready_w, b"r")
     os.read(go_r, 1)
+    # the wait for the others may outlast the server's keep-alive timeout: start afresh
+    conn.close()
     lat = []
     start = time.monotonic()
     for _ in range(cfg["n"]):
