@@ -127,7 +127,7 @@ def tree_digest(root: Path, *, skip_test_runs: bool = True) -> dict[str, str]:
     for dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
         rel_dir = os.path.relpath(dirpath, root)
         if skip_test_runs and rel_dir == "runs":
-            dirnames[:] = [d for d in dirnames if not d.startswith("test-")]
+            dirnames[:] = [d for d in dirnames if not d.startswith(TEST_RUN_PREFIX)]
         for name in dirnames:
             if skip_test_runs and rel_dir == "." and name == "runs":
                 continue  # a test run may create runs/ itself to hold runs/test-<id>/
@@ -166,6 +166,13 @@ class ThreadedRun:
     def __exit__(self, *exc_info: object) -> None:
         self._thread.join(timeout=self._join_s)
 
+    def _ended(self) -> str:
+        """How the run ended, for a test that expected it still running."""
+        if not self._result:
+            return "no record (the run raised)"
+        record = self._result[0]
+        return f"{record.status.value}: {record.reason}"
+
     def wait_for_file(self, pattern: str, deadline_s: float = 120) -> Path:
         """The first path under the workflow's `runs/` matching `pattern`, once it exists
         (for the step's group folder, `wait_for_in_group`)."""
@@ -176,7 +183,9 @@ class ThreadedRun:
             if found is not None:
                 return found
             assert time.monotonic() < end, f"{pattern} never appeared"
-            assert self._thread.is_alive(), f"the run ended before {pattern} appeared"
+            assert self._thread.is_alive(), (
+                f"the run ended before {pattern} appeared: {self._ended()}"
+            )
             time.sleep(0.05)
 
     def wait_for_in_group(self, name: str, deadline_s: float = 120) -> Path:
@@ -194,7 +203,7 @@ class ThreadedRun:
                     self._layout = layout
                     return layout.disk_group / name
             assert time.monotonic() < end, f"{name} never appeared in the group folder"
-            assert self._thread.is_alive(), f"the run ended before {name} appeared"
+            assert self._thread.is_alive(), f"the run ended before {name} appeared: {self._ended()}"
             time.sleep(0.05)
 
     @property

@@ -1,36 +1,42 @@
-"""One test run of one step: prepare -> launch -> collect -> record.
+"""One test run of one step: prepare -> launch -> guard -> collect -> record.
 
 `TestRun.execute()` is the whole product in one call. It takes the workflow's
-exclusive lock, prepares `runs/test-<id>/` (copy of the newest real run's
-execution tree, VACUUM INTO copy of the DB, prompt with its TEST MODE
-section), runs the step in a hardened container, collects what happened, and
-writes the record. A record exists from the moment the run folder does; it
-says `running` until the end, and `sandbox gc` turns it into `killed` if the
-runner died. Containers, the step's disk and its view of the workflow folder
-(`sandbox.stepfs.lifecycle`) never outlive `execute()`; any error on the way still ends the
-record with a final status and a reason naming the phase.
+exclusive lock and runs the five phases, each a method with a typed result:
+
+- prepare: `runs/test-<id>/` made (copy of the newest real run's execution tree,
+  VACUUM INTO copy of the DB, prompt with its TEST MODE section) -> `Prepared`;
+- launch: the guard up with its firewall in, the step and MCP servers' containers
+  started -> `Launched`;
+- guard: the step runs under the guard, watched for a dead guard, a full disk and
+  its timeout -> `Guarded`;
+- collect: outputs, usage, file changes, DB diff and action summary read, every
+  container gone -> `Collected`;
+- record: the verdict written into the record.
+
+Containers are driven only through a `sandbox.backends.Backend` (Docker by
+default). A record exists from the moment the run folder does; it says `running`
+until the end, and `sandbox gc` turns it into `killed` if the runner died.
+Containers, the watchers, the step's disk and its view of the workflow folder
+(`sandbox.stepfs.lifecycle`) never outlive `execute()`: one `ExitStack` holds their
+clean-up, and any error on the way still ends the record with a final status and
+a reason naming the phase.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import json
 import os
 import socket
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-import docker.errors
 import psutil
-import requests
-from docker import DockerClient
-from docker.models.containers import Container
 
-from sandbox.backends.docker import containers, images
-from sandbox.backends.docker.client import connect
+from sandbox.backends import Backend, BackendFactory, ExitWatcher, RunContainer, UsageWatcher
 from sandbox.collect import actionsummary, dbdiff
 from sandbox.contracts import names
 from sandbox.contracts.config import (
@@ -50,9 +56,6 @@ from sandbox.contracts.layout import (
 )
 from sandbox.contracts.record import (
     McpServerReport,
-    OutputTail,
-    Preflight,
-    Resources,
     RunnerInfo,
     RunStatus,
     TestRunRecord,
@@ -71,11 +74,8 @@ from sandbox.prepare.copytree import copy_execution_tree, newest_real_run
 from sandbox.prepare.dbcopy import DbCopyError, copy_db, find_workflow_db
 from sandbox.prepare.lock import LockHeldError, workflow_run_lock
 from sandbox.prepare.prompt import with_test_mode_section
+from sandbox.run import verdict
 from sandbox.stepfs import lifecycle as stepfs
-from sandbox.stepside.agentworks_exec.preflight import FAILED_EXIT as PREFLIGHT_FAILED_EXIT
-from sandbox.stepside.agentworks_exec.preflight import MARK_FAILED as PREFLIGHT_FAILED
-from sandbox.stepside.agentworks_exec.preflight import MARK_OK as PREFLIGHT_OK
-from sandbox.stepside.agentworks_exec.tools import USAGE_MARK
 
 
 class RunInterrupted(BaseException):
@@ -97,42 +97,68 @@ class RunOptions:
     fsync_action_log: bool = True
 
 
-def _preflight_from(stderr: str, firewall_verified: bool) -> Preflight | None:
-    """The executor's preflight report: the first stderr line, before the step's own."""
-    for line in stderr.splitlines()[:5]:
-        marker, _, payload = line.partition(" ")
-        if marker in (PREFLIGHT_OK, PREFLIGHT_FAILED):
-            try:
-                report = Preflight.model_validate_json(payload)
-            except ValueError:
-                return Preflight(ok=False, open=["unreadable preflight report"])
-            # The guard's entry script read the rules back before this container started.
-            return report.model_copy(update={"firewall_verified": firewall_verified})
-    return None
+# -- the phases' results --------------------------------------------------------
 
 
-def _resources(usage: containers.Usage, stderr: str) -> Resources:
-    """Peak memory and CPU: the executor's final rusage report, else the engine's samples."""
-    peak, cpu = usage.peak_memory_bytes, usage.cpu_seconds
-    for line in reversed(stderr.splitlines()[-5:]):
-        marker, _, payload = line.partition(" ")
-        if marker == USAGE_MARK:
-            try:
-                report = json.loads(payload)
-                cpu = float(report["cpu_seconds"])
-                measured = [int(report["max_rss_bytes"]), int(report.get("cgroup_peak_bytes", 0))]
-                peak = max(peak or 0, *measured) or None
-            except (ValueError, KeyError, TypeError):
-                pass
-            break
-    return Resources(peak_memory_bytes=peak, cpu_seconds=cpu)
+@dataclass(frozen=True)
+class StepInputs:
+    """What the run reads from the workflow folder before any run folder exists."""
+
+    workflow: Workflow
+    step: Step
+    crew: dict[str, Path]
+    prompt: str | None
+    mcp_host_env: dict[str, dict[str, str]]
+    trusted_ca_pem: str
+    seccomp_text: str
 
 
-def _without_reports(tail: OutputTail) -> OutputTail:
-    """The step's own stderr: the executor's report lines live in their own fields."""
-    markers = (PREFLIGHT_OK, PREFLIGHT_FAILED, USAGE_MARK)
-    kept = [ln for ln in tail.text.splitlines(keepends=True) if not ln.startswith(markers)]
-    return tail.model_copy(update={"text": "".join(kept)})
+@dataclass(frozen=True)
+class Prepared:
+    """The run folder ready for containers: the step's disk mounted and filled."""
+
+    plan: RunPlan
+    files: stepfs.StepFs
+
+
+@dataclass(frozen=True)
+class Launched:
+    """The run's containers, all started: the guard's firewall is in."""
+
+    guard: RunContainer
+    step: RunContainer
+    mcp: dict[str, RunContainer]
+
+
+@dataclass(frozen=True)
+class Guarded:
+    """The step's end under the guard: its exit code, None when its timeout hit."""
+
+    exit_code: int | None
+    timeout_s: float
+    exit_watch: ExitWatcher  # the guard's: cancelled before the runner stops the guard
+    usage: UsageWatcher  # the step's: finished once the step is dead
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What the record's verdict is drawn from, every container gone."""
+
+    guard_running: bool
+    guard_exit: int | None
+    oom_killed: bool
+    disk_full: bool
+    actions: actionsummary.ActionSummary
+
+
+@dataclass
+class _Progress:
+    """How far a run got, for its clean-up and for the reason of an unplanned error."""
+
+    phase: str = "prepare"
+    step_started: bool = False
+    discard: bool = False  # a run that failed before its step started leaves only its record
+    mcp_jobs: dict[str, concurrent.futures.Future[RunContainer]] = field(default_factory=dict)
 
 
 def _mcp_host_env(workflow: Workflow) -> dict[str, dict[str, str]]:
@@ -146,51 +172,6 @@ def _mcp_host_env(workflow: Workflow) -> dict[str, dict[str, str]]:
             )
         out[server.name] = {name: os.environ[name] for name in server.env_from_host}
     return out
-
-
-def _verdict(
-    exit_code: int | None,
-    timeout_s: float,
-    guard_running: bool,
-    guard_exit: int | None,
-    actions: actionsummary.ActionSummary,
-    *,
-    preflight: Preflight | None,
-    quota_mb: int | None,
-    oom_mb: int | None = None,
-) -> tuple[RunStatus, str]:
-    """The run's status, most telling cause first: a step that never started, a fence it
-    hit, a dead guard, a refused Crew call, and only then its own exit code."""
-    if preflight is not None and not preflight.ok:
-        opened = "; ".join(preflight.open)
-        return (
-            RunStatus.ERROR,
-            f"preflight found a way out open, so the step never started: {opened}",
-        )
-    if preflight is None and exit_code == PREFLIGHT_FAILED_EXIT:
-        return RunStatus.ERROR, "the preflight failed without a report"
-    if quota_mb is not None:
-        return RunStatus.QUOTA, (
-            f"the step's disk (group folder, DB copy and /tmp) reached its disk quota of "
-            f"{quota_mb} MB; the step was stopped"
-        )
-    if exit_code is None:
-        return RunStatus.TIMEOUT, f"step exceeded its timeout of {timeout_s:g} s"
-    if not guard_running:
-        return RunStatus.ERROR, (
-            f"the guard stopped during the run (exit {guard_exit}); "
-            "the step's calls after that failed closed"
-        )
-    if actions.fails_step:
-        return RunStatus.FAILED, actions.fails_step
-    if oom_mb is not None:
-        return RunStatus.FAILED, (
-            f"memory limit of {oom_mb} MB reached: the kernel killed the step "
-            f"(exit code {exit_code})"
-        )
-    if exit_code != 0:
-        return RunStatus.FAILED, f"step exited with code {exit_code}"
-    return RunStatus.PASSED, ""
 
 
 def _copy_file(src: Path, dst: Path) -> None:
@@ -231,6 +212,13 @@ def _internal_reason(phase: str, exc: BaseException) -> str:
     return f"internal error during {phase}: {type(exc).__name__}" + (f": {text}" if text else "")
 
 
+def _docker_backend() -> Backend:
+    """The default backend (imported here: the run itself names no engine)."""
+    from sandbox.backends.docker.backend import DockerBackend
+
+    return DockerBackend.connect()
+
+
 GUARD_START_DEADLINE_S = 60.0
 MCP_STDERR_CAP_BYTES = 2 * launch.MCP_LOG_BYTES  # the engine keeps about MCP_LOG_BYTES
 
@@ -250,44 +238,48 @@ class TestRun:
 
     __test__ = False  # not a pytest test class
 
-    def __init__(self, workflow_dir: Path, step_id: str, options: RunOptions | None = None):
+    def __init__(
+        self,
+        workflow_dir: Path,
+        step_id: str,
+        options: RunOptions | None = None,
+        backend: BackendFactory | None = None,
+    ):
         self.workflow_dir = Path(workflow_dir).absolute()
         self.step_id = step_id
         self.options = options or RunOptions()
+        self._connect: BackendFactory = backend or _docker_backend
 
     # -- the whole flow ------------------------------------------------------
 
     def execute(self) -> TestRunRecord:
         """Run it. Raises SandboxError only before a run folder exists."""
+        inputs = self._read_inputs()
+        # One backend per run, closed with it: its connections and threads must not
+        # outlive the run (a caller running many runs in one process would pile them up).
+        with contextlib.closing(self._connect()) as backend:
+            return self._execute(backend, inputs)
+
+    def _read_inputs(self) -> StepInputs:
+        """Everything read from the workflow folder; a missing credential fails here,
+        before any folder exists."""
         workflow = load_workflow(self.workflow_dir)
         step = workflow.step(self.step_id)
-        crew = {c.name: resolve_crew_folder(self.workflow_dir, c) for c in workflow.crew_folders}
-        prompt = self._read_prompt(step)
-        mcp_host_env = _mcp_host_env(workflow)  # a missing credential fails before any folder
-        trusted_ca_pem = self._trusted_cas(workflow)
-        seccomp_text = step_profile()
-        # One client per run, closed with it: its pooled connections to the engine must
-        # not outlive the run (a caller running many runs in one process would pile them up).
-        with contextlib.closing(connect()) as client:
-            return self._execute(
-                client, workflow, step, crew, prompt, mcp_host_env, trusted_ca_pem, seccomp_text
-            )
+        return StepInputs(
+            workflow=workflow,
+            step=step,
+            crew={c.name: resolve_crew_folder(self.workflow_dir, c) for c in workflow.crew_folders},
+            prompt=self._read_prompt(step),
+            mcp_host_env=_mcp_host_env(workflow),
+            trusted_ca_pem=self._trusted_cas(workflow),
+            seccomp_text=step_profile(),
+        )
 
-    def _execute(
-        self,
-        client: DockerClient,
-        workflow: Workflow,
-        step: Step,
-        crew: dict[str, Path],
-        prompt: str | None,
-        mcp_host_env: dict[str, dict[str, str]],
-        trusted_ca_pem: str,
-        seccomp_text: str,
-    ) -> TestRunRecord:
-        step_image = images.require(client, names.STEP_IMAGE)
-        used_images = {"step": step_image}
+    def _execute(self, backend: Backend, inputs: StepInputs) -> TestRunRecord:
+        workflow, step = inputs.workflow, inputs.step
+        used_images = {"step": backend.require_image(names.STEP_IMAGE)}
         if launch.stdio_servers(workflow):
-            used_images["mcp"] = images.require(client, names.MCP_IMAGE)
+            used_images["mcp"] = backend.require_image(names.MCP_IMAGE)
 
         layout = RunLayout(self.workflow_dir, new_run_id(), step.group)
         runner = _runner_info()
@@ -316,294 +308,89 @@ class TestRun:
             real_db = find_workflow_db(self.workflow_dir)
             self._make_run_root(layout)
             write_record(layout.root, record)
-            egress = egress_for_run(workflow, self.options.allow_hosts)
-            plan = RunPlan(
-                workflow_dir=self.workflow_dir,
-                workflow=workflow,
-                step=step,
-                layout=layout,
-                runner=runner,
-                crew=crew,
-                has_db=real_db is not None,
-                has_prompt=prompt is not None,
-                seccomp_profile=seccomp_text,
-                upstream=self.options.upstream_bridge or workflow.bridge.upstream,
-                networks=[*workflow.bridge.networks, *self.options.upstream_networks],
-                egress=egress,
-                egress_ca=(
-                    _egress_ca(layout.run_id) if launch.needs_egress_ca(workflow, egress) else None
-                ),
-                trusted_ca_pem=trusted_ca_pem,
-                mcp_host_env=mcp_host_env,
-                canary=self.options.canary,
-                canary6=self.options.canary6,
-                install_firewall=self.options.install_firewall,
-                fsync_action_log=self.options.fsync_action_log,
-            )
-            return self._run_locked(client, plan, real_db, prompt, record)
+            plan = self._plan(inputs, layout, runner, has_db=real_db is not None)
+            return self._run_phases(backend, plan, real_db, inputs.prompt, record)
 
-    def _run_locked(
+    def _plan(
+        self, inputs: StepInputs, layout: RunLayout, runner: RunnerInfo, *, has_db: bool
+    ) -> RunPlan:
+        workflow = inputs.workflow
+        egress = egress_for_run(workflow, self.options.allow_hosts)
+        return RunPlan(
+            workflow_dir=self.workflow_dir,
+            workflow=workflow,
+            step=inputs.step,
+            layout=layout,
+            runner=runner,
+            crew=inputs.crew,
+            has_db=has_db,
+            has_prompt=inputs.prompt is not None,
+            seccomp_profile=inputs.seccomp_text,
+            upstream=self.options.upstream_bridge or workflow.bridge.upstream,
+            networks=[*workflow.bridge.networks, *self.options.upstream_networks],
+            egress=egress,
+            egress_ca=(
+                _egress_ca(layout.run_id) if launch.needs_egress_ca(workflow, egress) else None
+            ),
+            trusted_ca_pem=inputs.trusted_ca_pem,
+            mcp_host_env=inputs.mcp_host_env,
+            canary=self.options.canary,
+            canary6=self.options.canary6,
+            install_firewall=self.options.install_firewall,
+            fsync_action_log=self.options.fsync_action_log,
+        )
+
+    def _run_phases(
         self,
-        client: DockerClient,
+        backend: Backend,
         plan: RunPlan,
         real_db: Path | None,
         prompt: str | None,
         record: TestRunRecord,
     ) -> TestRunRecord:
         layout, workflow = plan.layout, plan.workflow
-        owned = containers.OwnedContainers(client)
         files = stepfs.StepFs(layout, workflow.limits.disk_quota_mb * 1024**2)
-        step_started = False
-        discard = False  # a run that failed before its step started leaves only its record
-        guard_watch: containers.ExitWatch | None = None
-        usage: containers.Usage | None = None
-        mcp: dict[str, Container] = {}
+        progress = _Progress()
         servers = launch.stdio_servers(workflow)
-        # The MCP servers' containers are created and started in these threads, beside
-        # the guard's and the step's start; the run waits for them only once the step runs.
-        mcp_pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(servers)))
-        mcp_jobs: dict[str, concurrent.futures.Future[Container]] = {}
-        phase = "prepare"
-        try:
-            t0 = time.monotonic()
-            self._prepare(workflow, layout, record, real_db, prompt, files)
-            record.phases.prepare_s = time.monotonic() - t0
-
-            phase = "launch"
-            t0 = time.monotonic()
-            if plan.egress_ca is not None:  # before any container that trusts it exists
-                self._trust_egress_ca(layout, plan.egress_ca)
-            for index, server in servers:
-                mcp_jobs[server.name] = mcp_pool.submit(self._start_mcp, owned, plan, index, server)
-            guard, step_container = self._launch(client, plan, owned)
-            step_container.start()
-            step_started = True
-            # Started after the step, so a guard already dead kills a step that runs.
-            guard_watch = containers.ExitWatch(
-                guard, on_exit=lambda: containers.kill(step_container)
+        with contextlib.ExitStack() as cleanup:
+            # Unwound last to first, on every way out: the watchers stop, every container
+            # creation returns, the containers go, then the mounts, then what a run that
+            # failed before its step started left.
+            cleanup.callback(self._discard_unstarted, layout, record, progress)
+            cleanup.callback(self._close_files, layout, record, files, progress)
+            cleanup.callback(_quietly, backend.remove_all)
+            cleanup.callback(self._collect_mcp_early, layout, record, progress)
+            # The MCP servers' containers are created and started in these threads, beside
+            # the guard's and the step's start; the run waits for them only once the step runs.
+            mcp_pool = cleanup.enter_context(
+                concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(servers)))
             )
-            files.watch(on_full=lambda _usage: containers.kill(step_container))
-            usage = containers.watch_usage(step_container)
-            for name, job in mcp_jobs.items():
-                mcp[name] = job.result()
-            record.phases.container_start_s = time.monotonic() - t0
-
-            phase = "the step"
-            t0 = time.monotonic()
-            timeout_s = self.options.timeout_s or plan.step.timeout_s
-            exit_code = containers.wait(step_container, timeout_s)
-            if exit_code is None:
-                containers.kill(step_container)
-            record.exit_code = exit_code
-            record.phases.step_s = time.monotonic() - t0
-
-            phase = "collect"
-            t0 = time.monotonic()
-            guard_watch.cancel()
-            guard_running, guard_exit = containers.is_running(guard)
-            oom = containers.oom_killed(step_container)
-            containers.stop(guard)
-            record.guard_log = containers.output_tails(guard)[1]
-            record.stdout, record.stderr = containers.output_tails(step_container)
-            record.preflight = _preflight_from(record.stderr.text, plan.install_firewall)
-            containers.finish_usage(usage)
-            record.resources = _resources(usage, record.stderr.text)
-            record.stderr = _without_reports(record.stderr)
-            # What the servers said is read from the engine before their containers go.
-            record.mcp_servers = self._collect_mcp(layout, mcp)
-            # The step is dead: nothing writes its disk any more. Its folders move off the
-            # disk into the run folder, then the disk goes.
-            owned.remove_all()
-            collected = files.collect(has_db=not record.no_db)
-            files.close()
-            record.disk_used_bytes = collected.peak_bytes
-            record.files = collected.files
-            record.export_report = collected.export
-            record.db_diff = self._db_diff(layout, record)
-            actions = actionsummary.read(layout.actions)
-            record.stubbed = actions.stubbed
-            record.actions = actions.counts
-            record.egress = actions.egress
-            record.outcome_unknown = actions.outcome_unknown
-            record.phases.collect_s = time.monotonic() - t0
-            status, reason = _verdict(
-                exit_code,
-                timeout_s,
-                guard_running,
-                guard_exit,
-                actions,
-                preflight=record.preflight,
-                quota_mb=workflow.limits.disk_quota_mb if collected.full else None,
-                oom_mb=workflow.limits.memory_mb if oom else None,
-            )
-            return self._finish(layout, record, status, reason)
-        except SandboxError as exc:
-            discard = not step_started
-            return self._finish(layout, record, RunStatus.ERROR, str(exc))
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
-            # The engine went away (stopped, restarted) mid-run: a record, never a traceback.
-            detail = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-            reason = f"the Docker engine failed during the run: {detail}"
-            return self._finish(layout, record, RunStatus.ERROR, reason)
-        except (RunInterrupted, KeyboardInterrupt):
-            return self._finish(layout, record, RunStatus.KILLED, "the runner was stopped")
-        except Exception as exc:
-            # Whatever went wrong, the record ends with the phase and the error.
-            discard = not step_started
-            return self._finish(layout, record, RunStatus.ERROR, _internal_reason(phase, exc))
-        finally:
-            # On every way out, the watchers stop and the containers go, then the mounts.
-            if usage is not None:
-                containers.finish_usage(usage)
-            if guard_watch is not None:
-                guard_watch.cancel()
-            # Every creation has returned before the clean-up, so none outlives the run.
-            mcp_pool.shutdown(wait=True)
-            if not record.mcp_servers:  # a run that ended early keeps what its servers said
-                started = {
-                    name: job.result()
-                    for name, job in mcp_jobs.items()
-                    if job.done() and job.exception() is None
-                }
-                if started:
-                    # Best effort: the clean-up below must run whatever the engine says.
-                    with contextlib.suppress(Exception):
-                        record.mcp_servers = self._collect_mcp(layout, started)
-                        write_record(layout.root, record)
-            with contextlib.suppress(Exception):
-                owned.remove_all()
-            if guard_watch is not None:
-                guard_watch.join()
-            self._close_files(layout, record, files, export=step_started)
-            if discard:  # after the containers that mounted any of it are gone
-                with contextlib.suppress(Exception):
-                    self._discard_partial(layout, record)
-
-    def _close_files(
-        self, layout: RunLayout, record: TestRunRecord, files: stepfs.StepFs, *, export: bool
-    ) -> None:
-        """Unmount the run's disk and view; a failure to is said in the record.
-
-        A run that ended early after its step started still gets what the step left
-        copied into the run folder first (best effort: the copy is capped and link-safe
-        whatever state the step left the disk in)."""
-        try:
-            if export and files.disk is not None and not files.collected:
-                with contextlib.suppress(Exception):
-                    record.export_report = files.collect(has_db=not record.no_db).export
-                    write_record(layout.root, record)
-            files.close()
-        except Exception as exc:
-            record.reason += ("; " if record.reason else "") + _internal_reason("clean-up", exc)
-            write_record(layout.root, record)
-
-    # -- launch ----------------------------------------------------------------
-
-    def _trusted_cas(self, workflow: Workflow) -> str:
-        texts = []
-        for name in workflow.egress.trust_ca_files:
-            path = self.workflow_dir / name
             try:
-                texts.append(path.read_text(encoding="ascii"))
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ConfigError(f"egress.trust_ca_files: {path} unreadable: {exc}") from None
-        return "\n".join(texts)
-
-    def _trust_egress_ca(self, layout: RunLayout, ca: EgressCA) -> None:
-        """The step (and any MCP server whose egress is inspected) trusts this run's CA
-        (its certificate only) beside the system's."""
-        system = Path("/etc/ssl/certs/ca-certificates.crt")
-        bundle = (system.read_bytes() if system.is_file() else b"") + b"\n" + ca.cert_pem.encode()
-        fd = os.open(layout.ca_bundle, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(bundle)
-
-    def _launch(
-        self, client: DockerClient, plan: RunPlan, owned: containers.OwnedContainers
-    ) -> tuple[Container, Container]:
-        """The guard up with its firewall in, and the step created but not started.
-
-        The step is created beside the guard's start and started while the guard is
-        still importing (its executor waits for the guard to listen), so the guard's
-        start-up and the step container's overlap; only the firewall must be in first.
-        The step's CA bundle (with TLS inspection) holds the CA the runner made, so
-        nothing waits for the guard. (The MCP servers' containers start beside all of
-        it; each relay waits for its socket.)"""
-        write_guard_config(plan.layout, launch.guard_config(plan))
-        guard = owned.create(launch.guard_spec(plan))
-        containers.connect_networks(client, guard, plan.networks[1:])
-        spec = launch.step_spec(plan, str(guard.id), has_ca_bundle=plan.egress_ca is not None)
-        # Leaving the pool waits for the creation on every way out, so an interrupted
-        # launch never leaves a container that `owned` does not hold.
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            early_step = pool.submit(owned.create, spec)
-            with containers.OutputFollower(guard, deadline_s=GUARD_START_DEADLINE_S) as output:
-                guard.start()
-                self._await_firewall(plan, output)
-            step_container = early_step.result()
-        return guard, step_container
-
-    def _start_mcp(
-        self, owned: containers.OwnedContainers, plan: RunPlan, index: int, server: McpServer
-    ) -> Container:
-        container = owned.create(launch.mcp_server_spec(plan, index, server), independent=True)
-        container.start()
-        return container
-
-    def _collect_mcp(
-        self, layout: RunLayout, mcp: dict[str, Container]
-    ) -> dict[str, McpServerReport]:
-        """Each server's exit and its output, saved by the host into mcp-stderr/ (root
-        only, a folder no container sees): the folder is opened once without following a
-        link, and each file is made in it with O_EXCL | O_NOFOLLOW, never through a path."""
-        reports: dict[str, McpServerReport] = {}
-        try:
-            folder_fd: int | None = fdtree.open_root(layout.mcp_stderr_dir)
-        except OSError:
-            folder_fd = None
-        try:
-            for name, container in sorted(mcp.items()):
-                running, code = containers.is_running(container)
-                user = str(container.attrs.get("Config", {}).get("User", "")).partition(":")[0]
-                report = McpServerReport(
-                    uid=int(user) if user.isdigit() else -1,
-                    exit_code=None if running else code,
+                with _phase(progress, record, "prepare", "prepare_s"):
+                    prepared = self._prepare(plan, files, real_db, prompt, record)
+                with _phase(progress, record, "launch", "container_start_s"):
+                    launched = self._launch(backend, prepared, mcp_pool, progress)
+                with _phase(progress, record, "the step", "step_s"):
+                    guarded = self._guard(prepared, launched, cleanup, record)
+                with _phase(progress, record, "collect", "collect_s"):
+                    collected = self._collect(backend, prepared, launched, guarded, record)
+                return self._record(layout, record, plan, guarded, collected)
+            except SandboxError as exc:
+                progress.discard = not progress.step_started
+                return self._finish(layout, record, RunStatus.ERROR, str(exc))
+            except backend.engine_errors as exc:
+                # The engine went away (stopped, restarted) mid-run: a record, never a traceback.
+                detail = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+                reason = f"the Docker engine failed during the run: {detail}"
+                return self._finish(layout, record, RunStatus.ERROR, reason)
+            except (RunInterrupted, KeyboardInterrupt):
+                return self._finish(layout, record, RunStatus.KILLED, "the runner was stopped")
+            except Exception as exc:
+                # Whatever went wrong, the record ends with the phase and the error.
+                progress.discard = not progress.step_started
+                return self._finish(
+                    layout, record, RunStatus.ERROR, _internal_reason(progress.phase, exc)
                 )
-                reports[name] = report
-                if folder_fd is None:
-                    continue
-                try:
-                    fd = os.open(
-                        f"{name}.log",
-                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                        0o600,
-                        dir_fd=folder_fd,
-                    )
-                except OSError:
-                    continue
-                try:
-                    size, cut = containers.save_output(container, fd, MCP_STDERR_CAP_BYTES)
-                finally:
-                    os.close(fd)
-                reports[name] = report.model_copy(
-                    update={
-                        "stderr_file": f"{layout.mcp_stderr_dir.name}/{name}.log",
-                        "stderr_bytes": size,
-                        "stderr_truncated": cut,
-                    }
-                )
-        finally:
-            if folder_fd is not None:
-                os.close(folder_fd)
-        return reports
-
-    def _await_firewall(self, plan: RunPlan, output: containers.OutputFollower) -> None:
-        """The guard's entry script printed the rules back; they must be exactly ours."""
-        if not output.wait_for_line(firewall.READY_MARK):
-            raise LaunchError(f"the run's firewall did not come up: {output.tail()}")
-        installed = [ln for ln in output.lines() if ln.startswith(("-P", "-A"))]
-        if plan.install_firewall and installed != firewall.expected_readback():
-            raise LaunchError(f"the run's firewall reads back wrong: {' | '.join(installed)}")
 
     # -- prepare ---------------------------------------------------------------
 
@@ -618,6 +405,16 @@ class TestRun:
         except OSError as exc:
             raise ConfigError(f"step {step.id}: prompt_file {path} unreadable: {exc}") from None
 
+    def _trusted_cas(self, workflow: Workflow) -> str:
+        texts = []
+        for name in workflow.egress.trust_ca_files:
+            path = self.workflow_dir / name
+            try:
+                texts.append(path.read_text(encoding="ascii"))
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"egress.trust_ca_files: {path} unreadable: {exc}") from None
+        return "\n".join(texts)
+
     def _make_run_root(self, layout: RunLayout) -> None:
         runs = layout.runs_dir
         if runs.is_symlink():
@@ -630,13 +427,15 @@ class TestRun:
 
     def _prepare(
         self,
-        workflow: Workflow,
-        layout: RunLayout,
-        record: TestRunRecord,
+        plan: RunPlan,
+        files: stepfs.StepFs,
         real_db: Path | None,
         prompt: str | None,
-        files: stepfs.StepFs,
-    ) -> None:
+        record: TestRunRecord,
+    ) -> Prepared:
+        """The guard's folders, the step's disk with the copies on it, the prompt; the
+        copy and DB-copy reports go into the record."""
+        workflow, layout = plan.workflow, plan.layout
         uid, gid = launch.step_user()
         # The guard's alone: no other uid of the run may write (or read) it.
         layout.actions.touch(mode=0o600)
@@ -681,6 +480,9 @@ class TestRun:
         if prompt is not None:
             layout.prompt.write_text(with_test_mode_section(prompt), encoding="utf-8")
             layout.prompt.chmod(0o644)
+        if plan.egress_ca is not None:  # before any container that trusts it exists
+            self._trust_egress_ca(layout, plan.egress_ca)
+        return Prepared(plan=plan, files=files)
 
     def _prepare_mcp(self, workflow: Workflow, layout: RunLayout) -> None:
         """Per stdio server, a folder for the guard's sockets: the guard's, and only that
@@ -701,7 +503,192 @@ class TestRun:
                 os.chown(folder, GUARD_UID, mcp_uid(index), follow_symlinks=False)
                 os.chmod(folder, 0o2710, follow_symlinks=False)
 
-    # -- collect / record --------------------------------------------------------
+    def _trust_egress_ca(self, layout: RunLayout, ca: EgressCA) -> None:
+        """The step (and any MCP server whose egress is inspected) trusts this run's CA
+        (its certificate only) beside the system's."""
+        system = Path("/etc/ssl/certs/ca-certificates.crt")
+        bundle = (system.read_bytes() if system.is_file() else b"") + b"\n" + ca.cert_pem.encode()
+        fd = os.open(layout.ca_bundle, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(bundle)
+
+    # -- launch ----------------------------------------------------------------
+
+    def _launch(
+        self,
+        backend: Backend,
+        prepared: Prepared,
+        mcp_pool: concurrent.futures.ThreadPoolExecutor,
+        progress: _Progress,
+    ) -> Launched:
+        """Every container of the run started: the MCP servers' in `mcp_pool`, the guard
+        with its firewall in, then the step."""
+        plan = prepared.plan
+        for index, server in launch.stdio_servers(plan.workflow):
+            progress.mcp_jobs[server.name] = mcp_pool.submit(
+                self._start_mcp, backend, plan, index, server
+            )
+        guard, step = self._start_guard(backend, plan)
+        step.start()
+        progress.step_started = True
+        mcp = {name: job.result() for name, job in progress.mcp_jobs.items()}
+        return Launched(guard=guard, step=step, mcp=mcp)
+
+    def _start_guard(self, backend: Backend, plan: RunPlan) -> tuple[RunContainer, RunContainer]:
+        """The guard up with its firewall in, and the step created but not started.
+
+        The step is created beside the guard's start and started while the guard is
+        still importing (its executor waits for the guard to listen), so the guard's
+        start-up and the step container's overlap; only the firewall must be in first.
+        The step's CA bundle (with TLS inspection) holds the CA the runner made, so
+        nothing waits for the guard. (The MCP servers' containers start beside all of
+        it; each relay waits for its socket.)"""
+        write_guard_config(plan.layout, launch.guard_config(plan))
+        guard = backend.create(launch.guard_spec(plan))
+        backend.connect_networks(guard, plan.networks[1:])
+        spec = launch.step_spec(plan, guard.id, has_ca_bundle=plan.egress_ca is not None)
+        # Leaving the pool waits for the creation on every way out, so an interrupted
+        # launch never leaves a container that the backend does not hold.
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            early_step = pool.submit(backend.create, spec)
+            with guard.follow_output(deadline_s=GUARD_START_DEADLINE_S) as output:
+                guard.start()
+                if not output.wait_for_line(firewall.READY_MARK):
+                    raise LaunchError(f"the run's firewall did not come up: {output.tail()}")
+                # The guard's entry script printed the rules back; they must be exactly ours.
+                installed = [ln for ln in output.lines() if ln.startswith(("-P", "-A"))]
+                if plan.install_firewall and installed != firewall.expected_readback():
+                    raise LaunchError(
+                        f"the run's firewall reads back wrong: {' | '.join(installed)}"
+                    )
+            step = early_step.result()
+        return guard, step
+
+    def _start_mcp(
+        self, backend: Backend, plan: RunPlan, index: int, server: McpServer
+    ) -> RunContainer:
+        container = backend.create(launch.mcp_server_spec(plan, index, server), independent=True)
+        container.start()
+        return container
+
+    # -- guard -----------------------------------------------------------------
+
+    def _guard(
+        self,
+        prepared: Prepared,
+        launched: Launched,
+        cleanup: contextlib.ExitStack,
+        record: TestRunRecord,
+    ) -> Guarded:
+        """The step runs under its guard until it exits or its timeout hits; a dead
+        guard or a full disk kills it at once. The watchers' stops are held by `cleanup`."""
+        step = launched.step
+        # Started after the step, so a guard already dead kills a step that runs.
+        exit_watch = launched.guard.watch_exit(on_exit=step.kill)
+        cleanup.callback(exit_watch.cancel)
+        prepared.files.watch(on_full=lambda _usage: step.kill())
+        usage = step.watch_usage()
+        cleanup.callback(usage.finish)
+        timeout_s = self.options.timeout_s or prepared.plan.step.timeout_s
+        exit_code = step.wait(timeout_s)
+        if exit_code is None:
+            step.kill()
+        record.exit_code = exit_code
+        return Guarded(exit_code=exit_code, timeout_s=timeout_s, exit_watch=exit_watch, usage=usage)
+
+    # -- collect ---------------------------------------------------------------
+
+    def _collect(
+        self,
+        backend: Backend,
+        prepared: Prepared,
+        launched: Launched,
+        guarded: Guarded,
+        record: TestRunRecord,
+    ) -> Collected:
+        """Read everything the run left, in the order that keeps it true: the engine's
+        view of the containers before they go, the step's disk once nothing writes it."""
+        plan, files, layout = prepared.plan, prepared.files, prepared.plan.layout
+        guarded.exit_watch.cancel()
+        guard_state = launched.guard.state()
+        step_state = launched.step.state()
+        launched.guard.stop()
+        record.guard_log = launched.guard.output_tails()[1]
+        record.stdout, record.stderr = launched.step.output_tails()
+        record.preflight = verdict.preflight_from(record.stderr.text, plan.install_firewall)
+        guarded.usage.finish()
+        record.resources = verdict.resources(guarded.usage, record.stderr.text)
+        record.stderr = verdict.without_reports(record.stderr)
+        # What the servers said is read from the engine before their containers go.
+        record.mcp_servers = self._collect_mcp(layout, launched.mcp)
+        # The step is dead: nothing writes its disk any more. Its folders move off the
+        # disk into the run folder, then the disk goes.
+        backend.remove_all()
+        collected = files.collect(has_db=not record.no_db)
+        files.close()
+        record.disk_used_bytes = collected.peak_bytes
+        record.files = collected.files
+        record.export_report = collected.export
+        record.db_diff = self._db_diff(layout, record)
+        actions = actionsummary.read(layout.actions)
+        record.stubbed = actions.stubbed
+        record.actions = actions.counts
+        record.egress = actions.egress
+        record.outcome_unknown = actions.outcome_unknown
+        return Collected(
+            guard_running=guard_state.running,
+            guard_exit=guard_state.exit_code,
+            oom_killed=step_state.oom_killed,
+            disk_full=collected.full,
+            actions=actions,
+        )
+
+    def _collect_mcp(
+        self, layout: RunLayout, mcp: dict[str, RunContainer]
+    ) -> dict[str, McpServerReport]:
+        """Each server's exit and its output, saved by the host into mcp-stderr/ (root
+        only, a folder no container sees): the folder is opened once without following a
+        link, and each file is made in it with O_EXCL | O_NOFOLLOW, never through a path."""
+        reports: dict[str, McpServerReport] = {}
+        try:
+            folder_fd: int | None = fdtree.open_root(layout.mcp_stderr_dir)
+        except OSError:
+            folder_fd = None
+        try:
+            for name, container in sorted(mcp.items()):
+                state = container.state()
+                user = container.user.partition(":")[0]
+                report = McpServerReport(
+                    uid=int(user) if user.isdigit() else -1,
+                    exit_code=None if state.running else state.exit_code,
+                )
+                reports[name] = report
+                if folder_fd is None:
+                    continue
+                try:
+                    fd = os.open(
+                        f"{name}.log",
+                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        0o600,
+                        dir_fd=folder_fd,
+                    )
+                except OSError:
+                    continue
+                try:
+                    size, cut = container.save_output(fd, MCP_STDERR_CAP_BYTES)
+                finally:
+                    os.close(fd)
+                reports[name] = report.model_copy(
+                    update={
+                        "stderr_file": f"{layout.mcp_stderr_dir.name}/{name}.log",
+                        "stderr_bytes": size,
+                        "stderr_truncated": cut,
+                    }
+                )
+        finally:
+            if folder_fd is not None:
+                os.close(folder_fd)
+        return reports
 
     def _db_diff(self, layout: RunLayout, record: TestRunRecord) -> DbDiff | None:
         """dbdiff reads both files into private copies (holes kept, size-capped) without
@@ -711,22 +698,28 @@ class TestRun:
         # Its private copies live in the run root: on the workflow's disk, gone after.
         return dbdiff.diff_databases(layout.baseline_db, layout.db_path, work_dir=layout.root)
 
-    def _discard_partial(self, layout: RunLayout, record: TestRunRecord) -> None:
-        """Leave only the record: nothing half-made survives a failed prepare or launch
-        (fd-based, any depth: whatever the guard left in its folders is deleted too).
-        The servers' stderr files stay when the record names them."""
-        said = any(report.stderr_file for report in record.mcp_servers.values())
-        stepfs.discard(
-            [
-                layout.group_dir,
-                layout.db_dir,
-                layout.baseline_db.parent,
-                layout.prompt,
-                layout.guard_dir,
-                layout.mcp_dir,
-                *([] if said else [layout.mcp_stderr_dir]),
-            ]
+    # -- record ----------------------------------------------------------------
+
+    def _record(
+        self,
+        layout: RunLayout,
+        record: TestRunRecord,
+        plan: RunPlan,
+        guarded: Guarded,
+        collected: Collected,
+    ) -> TestRunRecord:
+        limits = plan.workflow.limits
+        status, reason = verdict.verdict(
+            guarded.exit_code,
+            guarded.timeout_s,
+            collected.guard_running,
+            collected.guard_exit,
+            collected.actions,
+            preflight=record.preflight,
+            quota_mb=limits.disk_quota_mb if collected.disk_full else None,
+            oom_mb=limits.memory_mb if collected.oom_killed else None,
         )
+        return self._finish(layout, record, status, reason)
 
     def _finish(
         self, layout: RunLayout, record: TestRunRecord, status: RunStatus, reason: str
@@ -737,6 +730,81 @@ class TestRun:
         record.duration_s = (record.finished_at - record.started_at).total_seconds()
         write_record(layout.root, record)
         return record
+
+    # -- clean-up ----------------------------------------------------------------
+
+    def _collect_mcp_early(
+        self, layout: RunLayout, record: TestRunRecord, progress: _Progress
+    ) -> None:
+        """A run that ended before its collect phase keeps what its servers said (best
+        effort: the clean-up after it must run whatever the engine says)."""
+        if record.mcp_servers:
+            return
+        started = {
+            name: job.result()
+            for name, job in progress.mcp_jobs.items()
+            if job.done() and job.exception() is None
+        }
+        if started:
+            with contextlib.suppress(Exception):
+                record.mcp_servers = self._collect_mcp(layout, started)
+                write_record(layout.root, record)
+
+    def _close_files(
+        self, layout: RunLayout, record: TestRunRecord, files: stepfs.StepFs, progress: _Progress
+    ) -> None:
+        """Unmount the run's disk and view; a failure to is said in the record.
+
+        A run that ended early after its step started still gets what the step left
+        copied into the run folder first (best effort: the copy is capped and link-safe
+        whatever state the step left the disk in)."""
+        try:
+            if progress.step_started and files.disk is not None and not files.collected:
+                with contextlib.suppress(Exception):
+                    record.export_report = files.collect(has_db=not record.no_db).export
+                    write_record(layout.root, record)
+            files.close()
+        except Exception as exc:
+            record.reason += ("; " if record.reason else "") + _internal_reason("clean-up", exc)
+            write_record(layout.root, record)
+
+    def _discard_unstarted(
+        self, layout: RunLayout, record: TestRunRecord, progress: _Progress
+    ) -> None:
+        """Leave only the record: nothing half-made survives a failed prepare or launch
+        (fd-based, any depth: whatever the guard left in its folders is deleted too).
+        The servers' stderr files stay when the record names them. Runs after the
+        containers that mounted any of it are gone."""
+        if not progress.discard:
+            return
+        said = any(report.stderr_file for report in record.mcp_servers.values())
+        with contextlib.suppress(Exception):
+            stepfs.discard(
+                [
+                    layout.group_dir,
+                    layout.db_dir,
+                    layout.baseline_db.parent,
+                    layout.prompt,
+                    layout.guard_dir,
+                    layout.mcp_dir,
+                    *([] if said else [layout.mcp_stderr_dir]),
+                ]
+            )
+
+
+@contextlib.contextmanager
+def _phase(progress: _Progress, record: TestRunRecord, name: str, timing: str) -> Iterator[None]:
+    """Name the phase (for an unplanned error's reason) and time it into the record."""
+    progress.phase = name
+    t0 = time.monotonic()
+    yield
+    setattr(record.phases, timing, time.monotonic() - t0)
+
+
+def _quietly(action: Callable[[], None]) -> None:
+    """A clean-up step whose failure must not stop the ones after it."""
+    with contextlib.suppress(Exception):
+        action()
 
 
 def execute_step(workflow_dir: Path | str, step_id: str, test_mode: bool = True) -> TestRunRecord:

@@ -1,6 +1,7 @@
-"""Everything that talks to the Docker engine lives in this package.
+"""The Docker Engine backend: everything that talks to the Docker engine lives here.
 
-The rest of `sandbox` hands it plain data (mounts, limits, labels) and gets
-plain data back; no other module imports `docker`. A Kubernetes backend would
-sit beside this package with the same surface.
+`backend.DockerBackend` implements the run's seam (`sandbox.backends.Backend`);
+`containers`, `images` and `gc` are the Engine API calls it and the CLI's
+`images`, `gc` and `doctor` commands use. The rest of `sandbox` hands this package
+plain data (container specs, image names, labels) and gets plain data back.
 """

@@ -182,11 +182,35 @@ class OwnedContainers:
         self.remove_all()
 
 
+REMOVE_DEADLINE_S = 180.0
+REMOVE_POLL_S = 0.2
+
+
 def remove(container: Container) -> None:
     """Force-remove; a container already gone is fine, and so is an engine that is gone
-    (the container is labelled: `sandbox gc` removes it once the engine is back)."""
-    with contextlib.suppress(docker.errors.APIError, requests.exceptions.ConnectionError):
-        container.remove(force=True, v=True)
+    (the container is labelled: `sandbox gc` removes it once the engine is back).
+
+    An engine too loaded to answer within the client's timeout is asked again (and a
+    removal it already has in progress is waited for) until the container is gone or
+    REMOVE_DEADLINE_S passed."""
+    deadline = time.monotonic() + REMOVE_DEADLINE_S
+    while True:
+        try:
+            container.remove(force=True, v=True)
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409 or "in progress" not in str(exc):
+                return
+        except requests.exceptions.ReadTimeout:
+            pass
+        except requests.exceptions.ConnectionError as exc:
+            if not _is_read_timeout(exc):
+                return
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(REMOVE_POLL_S)
 
 
 @dataclass
@@ -207,6 +231,10 @@ class Usage:
         cpu = ((sample.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
         if cpu:
             self.cpu_seconds = max(self.cpu_seconds or 0.0, cpu / 1e9)
+
+    def finish(self) -> None:
+        """Stop sampling (see `finish_usage`)."""
+        finish_usage(self)
 
 
 SAMPLE_INTERVAL_S = 0.25
@@ -242,6 +270,13 @@ def finish_usage(usage: Usage) -> None:
     usage._stop.set()
 
 
+def _is_read_timeout(exc: requests.exceptions.ConnectionError) -> bool:
+    """requests reports some read timeouts of a long call as a ConnectionError."""
+    return "Read timed out" in str(exc) or any(
+        isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args
+    )
+
+
 def wait(container: Container, timeout_s: float) -> int | None:
     """The exit code, or None when the timeout passed first (container still running)."""
     try:
@@ -249,10 +284,7 @@ def wait(container: Container, timeout_s: float) -> int | None:
     except requests.exceptions.ReadTimeout:
         return None
     except requests.exceptions.ConnectionError as exc:
-        # requests reports some read timeouts of a long wait as a ConnectionError.
-        if "Read timed out" in str(exc) or any(
-            isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args
-        ):
+        if _is_read_timeout(exc):
             return None
         raise EngineError(f"the Docker engine stopped answering during the run ({exc})") from None
     except docker.errors.NotFound:
