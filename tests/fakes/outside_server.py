@@ -7,9 +7,9 @@ UDP listener on 9999 (records datagrams). `GET /__seen` returns the record.
 On 8081 a sloppy HTTP server: it answers the first request and then records
 every request line that still arrives on the connection, `Connection: close` or
 not, so a test can see whether any byte of a pipelined request left the proxy.
-On 8082 (plain) and 8445 (TLS) a raw server: it answers the first head it sees
-with a fixed reply and records every byte each connection brought, until the
-peer closes; `GET /__raw` on 8080 returns them (base64, one entry per
+On 8082 (plain) and 8445 (TLS) a raw server: it answers each head it sees with
+a fixed reply (so a proxy may keep the connection) and records every byte each
+connection brought, until the peer closes; `GET /__raw` on 8080 returns them (base64, one entry per
 connection), so a test can compare what arrived with what the proxy logged.
 """
 
@@ -152,7 +152,7 @@ def raw_connection(conn: socket.socket) -> None:
     import base64
 
     received = b""
-    answered = False
+    answered = 0
     with conn:
         conn.settimeout(30)
         while True:
@@ -163,9 +163,9 @@ def raw_connection(conn: socket.socket) -> None:
             if not chunk:
                 break
             received += chunk
-            if not answered and b"\r\n\r\n" in received:
+            while received.count(b"\r\n\r\n") > answered:  # one reply per head, in order
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nraw")
-                answered = True
+                answered += 1
     with LOCK:
         RAW.append(base64.b64encode(received).decode())
 
