@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?=
 
-.PHONY: demo test test-kubernetes venv engine images lint typecheck bench clean
+.PHONY: demo test test-kubernetes venv engine images lint typecheck bench bench-load clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -43,6 +43,9 @@ lint: venv
 
 bench: images
 	$(BIN)/sandbox bench
+
+bench-load: images
+	$(BIN)/sandbox bench --load
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache

@@ -275,6 +275,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     argv += ["--out", args.out] if args.out else []
     argv += ["--quick"] if args.quick else []
     argv += ["--markdown"] if args.markdown else []
+    argv += ["--load"] if args.load else []
     return bench_main(argv)
 
 
@@ -364,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="small sizes (developing the bench)")
     bench.add_argument("--out", default="", help="results JSON (default bench/results.json)")
     bench.add_argument("--markdown", action="store_true", help="print the saved table as markdown")
+    bench.add_argument(
+        "--load", action="store_true", help="the same figures beside a CPU and disk hog"
+    )
     bench.set_defaults(func=cmd_bench)
     return parser
 

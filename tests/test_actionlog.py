@@ -3,8 +3,13 @@ secrets never written down, sizes capped."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
+import os
+import subprocess
+import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -19,6 +24,7 @@ from sandbox.guard.actionlog import (
     REDACTED,
     ActionLog,
     LogFull,
+    Started,
     redact,
 )
 
@@ -43,24 +49,28 @@ def test_lines_are_valid_records_and_summarized(tmp_path: Path) -> None:
     path = tmp_path / "actions.jsonl"
     path.touch()
     log = ActionLog(str(path), secrets=("tok",), fsync_each=True)
-    log.write(
-        session="root",
-        tool="notify_user",
-        decision="stub",
-        reason="messaging",
-        category="messaging",
-        arguments={"text": "hi tok"},
-        duration_ms=0.5,
+    asyncio.run(
+        log.write(
+            session="root",
+            tool="notify_user",
+            decision="stub",
+            reason="messaging",
+            category="messaging",
+            arguments={"text": "hi tok"},
+            duration_ms=0.5,
+        )
     )
-    log.write(
-        session="root",
-        tool="crew",
-        decision="refuse",
-        reason="crew calls refused",
-        category="crew",
-        arguments={},
-        duration_ms=0.1,
-        detail={"fails_step": True},
+    asyncio.run(
+        log.write(
+            session="root",
+            tool="crew",
+            decision="refuse",
+            reason="crew calls refused",
+            category="crew",
+            arguments={},
+            duration_ms=0.1,
+            detail={"fails_step": True},
+        )
     )
     log.close()
     lines = [ActionLine.model_validate_json(x) for x in path.read_text().splitlines()]
@@ -92,14 +102,16 @@ def _log(tmp_path: Path) -> tuple[ActionLog, Path]:
 
 def test_a_forwarded_call_has_a_start_line_before_and_an_outcome_after(tmp_path: Path) -> None:
     log, path = _log(tmp_path)
-    started = log.begin(
-        session="root",
-        tool="generate_text_llm",
-        decision="allow",
-        reason="model call",
-        category="model",
-        arguments={"prompt": "hi"},
-        detail={"budget_s": 40},
+    started = asyncio.run(
+        log.begin(
+            session="root",
+            tool="generate_text_llm",
+            decision="allow",
+            reason="model call",
+            category="model",
+            arguments={"prompt": "hi"},
+            detail={"budget_s": 40},
+        )
     )
     (line,) = [ActionLine.model_validate_json(x) for x in path.read_text().splitlines()]
     assert (line.event, line.call_id, line.arguments) == (
@@ -112,7 +124,7 @@ def test_a_forwarded_call_has_a_start_line_before_and_an_outcome_after(tmp_path:
     assert summary.counts.allow == 1 and summary.counts.outcome_unknown == 1
     (unknown,) = summary.outcome_unknown
     assert (unknown.tool, unknown.call_id) == ("generate_text_llm", started.call_id)
-    log.outcome(started, ok=False, detail={"error": "boom", "reply_bytes": 3})
+    asyncio.run(log.outcome(started, ok=False, detail={"error": "boom", "reply_bytes": 3}))
     log.close()
     start, outcome = [ActionLine.model_validate_json(x) for x in path.read_text().splitlines()]
     assert (outcome.event, outcome.call_id, outcome.outcome) == ("outcome", start.call_id, "error")
@@ -138,14 +150,16 @@ def test_long_values_are_cut_and_hashed_and_huge_lines_summarized(tmp_path: Path
     assert len(redact(list(range(1000)))) == MAX_ITEMS + 1
     log, path = _log(tmp_path)
     wide = {f"k{n}": "w" * 1500 for n in range(150)}  # each value fits; the line does not
-    log.write(
-        session="root",
-        tool="notify_user",
-        decision="stub",
-        reason="messaging",
-        category="messaging",
-        arguments=wide,
-        duration_ms=0.1,
+    asyncio.run(
+        log.write(
+            session="root",
+            tool="notify_user",
+            decision="stub",
+            reason="messaging",
+            category="messaging",
+            arguments=wide,
+            duration_ms=0.1,
+        )
     )
     raw = path.read_bytes()
     assert len(raw) < MAX_LINE_BYTES
@@ -159,12 +173,17 @@ def test_a_full_log_marks_itself_and_later_calls_are_stubbed(
     monkeypatch.setattr(actionlog, "MAX_LOG_BYTES", 2000)
     log, path = _log(tmp_path)
     common = {"session": "root", "category": "model", "arguments": {"p": "x" * 300}}
-    before = log.begin(tool="a", decision="allow", reason="r", **common)  # type: ignore[arg-type]
-    for _ in range(10):
-        log.write(tool="n", decision="stub", reason="r", duration_ms=0.1, **common)  # type: ignore[arg-type]
-    with pytest.raises(LogFull):
-        log.begin(tool="b", decision="allow", reason="r", **common)  # type: ignore[arg-type]
-    log.outcome(before, ok=True)  # a call already started still gets its outcome
+
+    async def calls() -> Started:
+        before = await log.begin(tool="a", decision="allow", reason="r", **common)  # type: ignore[arg-type]
+        for _ in range(10):
+            await log.write(tool="n", decision="stub", reason="r", duration_ms=0.1, **common)  # type: ignore[arg-type]
+        with pytest.raises(LogFull):
+            await log.begin(tool="b", decision="allow", reason="r", **common)  # type: ignore[arg-type]
+        await log.outcome(before, ok=True)  # a call already started still gets its outcome
+        return before
+
+    before = asyncio.run(calls())
     log.close()
     lines = [ActionLine.model_validate_json(x) for x in path.read_text().splitlines()]
     markers = [ln for ln in lines if ln.event == "log_full"]
@@ -177,3 +196,153 @@ def test_a_full_log_marks_itself_and_later_calls_are_stubbed(
         and summary.counts.stubbed_unlogged == markers[-1].detail["stubbed_unlogged"]
     )
     assert summary.counts.outcome_unknown == 0
+
+
+class _SlowDisk:
+    """`fdatasync` as a slow shared disk does it: each takes a while. Records, per sync,
+    the thread it ran on and how many bytes of the file it covered."""
+
+    def __init__(self, fd_path: Path, seconds: float) -> None:
+        self.path = fd_path
+        self.seconds = seconds
+        self.threads: set[int] = set()
+        self.synced_bytes = 0
+        self._real = os.fdatasync
+
+    def __call__(self, fd: int) -> None:
+        self.threads.add(threading.get_ident())
+        size = os.fstat(fd).st_size
+        threading.Event().wait(self.seconds)
+        self._real(fd)
+        self.synced_bytes = size
+
+
+def test_concurrent_calls_are_logged_in_order_with_fewer_syncs_than_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Group commit: N calls at once, each answered only once its own line is synced,
+    in the order they were made, with far fewer than N syncs and none of them on the
+    event loop's thread."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    disk = _SlowDisk(path, 0.02)
+    monkeypatch.setattr(os, "fdatasync", disk)
+    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    calls = 40
+    covered: list[bool] = []
+
+    async def call(n: int) -> None:
+        await log.write(
+            session="root",
+            tool=f"t{n}",
+            decision="stub",
+            reason="r",
+            category="test",
+            arguments={},
+            duration_ms=0.0,
+        )
+        # answered: this call's line (and every earlier one) is within a finished sync
+        lines = path.read_bytes().split(b"\n")
+        mine = next(i for i, ln in enumerate(lines) if f'"tool":"t{n}"'.encode() in ln)
+        end = sum(len(ln) + 1 for ln in lines[: mine + 1])
+        covered.append(disk.synced_bytes >= end)
+
+    async def main() -> int:
+        await asyncio.gather(*(call(n) for n in range(calls)))
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    log.close()
+    tools = [ActionLine.model_validate_json(x).tool for x in path.read_text().splitlines()]
+    assert tools == [f"t{n}" for n in range(calls)]
+    assert covered == [True] * calls
+    assert 1 <= log.syncs <= calls // 4
+    assert loop_thread not in disk.threads
+
+
+def test_a_guard_that_dies_right_after_a_reply_loses_none_of_its_lines(tmp_path: Path) -> None:
+    """Nothing in memory: once a call is answered its lines are in the file, even when
+    the process dies the next instant without closing the log."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    program = f"""
+import asyncio, os, sys
+from sandbox.guard.actionlog import ActionLog
+
+log = ActionLog({str(path)!r}, secrets=(), fsync_each=True)
+
+async def main():
+    call = dict(session="root", decision="allow", reason="r", category="t", arguments={{}})
+    started = await log.begin(tool="a", **call)
+    await asyncio.gather(*(log.write(tool=f"w{{n}}", duration_ms=0.0, **call) for n in range(5)))
+    await log.outcome(started, ok=True)
+    sys.stdout.write("answered\\n")
+    sys.stdout.flush()
+    os._exit(9)
+
+asyncio.run(main())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.returncode, done.stdout) == (9, "answered\n"), done.stderr
+    lines = [ActionLine.model_validate_json(x) for x in path.read_text().splitlines()]
+    assert [(ln.event, ln.tool) for ln in lines] == [
+        ("start", "a"),
+        *[("call", f"w{n}") for n in range(5)],
+        ("outcome", "a"),
+    ]
+
+
+def test_a_failed_sync_fails_the_call_and_every_later_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+
+    def broken(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", broken)
+    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    call = {"session": "root", "decision": "allow", "reason": "r", "category": "t", "arguments": {}}
+
+    async def main() -> list[str]:
+        failures = []
+        for tool in ("a", "b"):
+            try:
+                await log.begin(tool=tool, **call)  # type: ignore[arg-type]
+            except OSError as exc:
+                failures.append(f"{tool}: {exc.strerror}")
+        return failures
+
+    assert asyncio.run(main()) == ["a: Input/output error", "b: Input/output error"]
+    log.close()
+
+
+def test_a_queued_outcome_is_on_disk_before_the_next_line_is_answered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Egress: the outcome of a reply already sent is not waited for, but it precedes the
+    next request's start line on disk, and is covered by that line's sync."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    disk = _SlowDisk(path, 0.01)
+    monkeypatch.setattr(os, "fdatasync", disk)
+    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    call = {"session": "egress", "decision": "allow", "reason": "r", "category": "egress"}
+
+    async def main() -> bool:
+        first = await log.begin(tool="http", arguments={"n": 1}, **call)  # type: ignore[arg-type]
+        log.outcome_queued(first, ok=True)
+        await log.begin(tool="http", arguments={"n": 2}, **call)  # type: ignore[arg-type]
+        return disk.synced_bytes == path.stat().st_size
+
+    assert asyncio.run(main())
+    log.close()
+    lines = [ActionLine.model_validate_json(x) for x in path.read_text().splitlines()]
+    assert [(ln.event, ln.call_id) for ln in lines] == [
+        ("start", "c1"),
+        ("outcome", "c1"),
+        ("start", "c2"),
+    ]

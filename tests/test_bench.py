@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.harness import (
+from bench.harness import main
+from bench.results import (
     BenchResults,
     Goal,
     HostInfo,
@@ -17,7 +18,6 @@ from bench.harness import (
     Row,
     fmt_value,
     format_table,
-    main,
     make_row,
     percentile,
     ratio,
@@ -115,7 +115,7 @@ def _rows() -> list[Row]:
             0.3,
             Goal(kind="added_max", threshold=1.0, text="< 1 ms added"),
         ),
-        status_row("mcp_latency", "mcp: latency", "not built yet", "placeholder"),
+        status_row("mcp_latency", "mcp: latency", "not measured", "skipped"),
     ]
 
 
@@ -129,7 +129,7 @@ def test_plain_table_is_aligned_with_one_line_per_row() -> None:
     assert "600 MB/s" in copy and "800 MB/s (cp -a)" in copy and "0.75x" in copy
     assert copy.rstrip().endswith("NO")
     assert "1.10 ms" in guard and "3.67x" in guard and guard.rstrip().endswith("yes")
-    assert mcp.rstrip().endswith("not built yet")
+    assert mcp.rstrip().endswith("not measured")
     # Columns line up: every row's ratio starts where the header's does.
     col = lines[0].index("ratio")
     assert copy[col:].startswith("0.75x") and guard[col:].startswith("3.67x")

@@ -215,14 +215,16 @@ def test_with_the_action_log_full_a_call_is_stubbed_not_forwarded_and_counted_on
     try:
         guard, actions = guard_at(upstream.url)
         while not guard.log.full:
-            guard.log.write(
-                session="root",
-                tool="filler",
-                decision="stub",
-                reason="fill",
-                category="test",
-                arguments={"x": "x" * 200},
-                duration_ms=0.0,
+            asyncio.run(
+                guard.log.write(
+                    session="root",
+                    tool="filler",
+                    decision="stub",
+                    reason="fill",
+                    category="test",
+                    arguments={"x": "x" * 200},
+                    duration_ms=0.0,
+                )
             )
         replies = call_all(guard, [("web_fetch", {"url": "https://a/1"})])
         guard.log.close()

@@ -455,8 +455,10 @@ print(json.dumps({k: v[:5] + [len(v)] for k, v in failures.items()}))
 def test_keep_alive_clients_through_the_guard_never_fail(
     engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
 ) -> None:
-    """The upstream (Python's http.server in HTTP/1.1 mode) closes after each reply
-    without saying so; clients that reuse their connection to the proxy see no failure."""
+    """httpx and requests in the step keep their connection to the guard's proxy, the
+    proxy keeps its connection to the host (Python's http.server in HTTP/1.1 mode):
+    every request is judged and logged on its own, reaches the host exactly once, and
+    none fails."""
     n = 1000
     record, out, lines = run_step(
         make_workflow, outside, KEEP_ALIVE.replace("range(N)", f"range({n})"), EGRESS_TOML
@@ -468,3 +470,9 @@ def test_keep_alive_clients_through_the_guard_never_fail(
         [f"/page-h{i}" for i in range(n)] + [f"/page-r{i}" for i in range(n)]
     )  # every request exactly once
     assert [ln.decision for ln in lines if ln.tool == "http"] == ["allow"] * (2 * n)
+    # reused on both sides: a few upstream connections, one client connection per client
+    upstream_connections = {s["conn"] for s in outside.seen() if s["proto"] == "http"}
+    assert len(upstream_connections) <= 4, upstream_connections
+    assert len({ln.detail["connection"] for ln in lines if ln.tool == "http"}) == 2
+    reused = [ln for ln in lines if ln.tool == "http" and ln.detail.get("upstream_reused")]
+    assert len(reused) >= 2 * n - 4

@@ -7,9 +7,19 @@ before any byte of it leaves the guard (what was asked, the decision, a
 `call_id`) and an `outcome` line after (ok or error, duration, sizes), so a
 guard that dies mid-call leaves "started, outcome unknown" behind.
 
-Lines are appended with one `write(2)` each on an O_APPEND descriptor (never
-interleaved or half-visible after a crash of the guard) and, by default,
-`fdatasync`ed before the call goes on. Only the guard's uid can write the file
+Durability without stalling (group commit): `write`, `begin` and `outcome`
+return only once their line is on disk (written, and by default
+`fdatasync`ed), yet neither the write nor the sync runs on the event loop's
+thread. One writer thread takes every line queued since its last round, in the
+order the calls queued them, appends them with one `write(2)` on an O_APPEND
+descriptor (lines never interleave; a crash leaves whole lines before a
+possibly cut last one) and syncs once for all of them; then it wakes their
+callers. N calls that arrive while a sync is under way cost one more sync, not
+N, and a slow disk stalls only the calls waiting for their own lines, never the
+other connections of the run. Order, call ids and size accounting are decided
+on the loop, when a line is queued. A failed write or sync fails that line's
+call and every later one (the log no longer says what it should: fail closed).
+Only the guard's uid can write the file
 (the runner makes it 0600, owned by that uid; no other process of the run runs
 as it, and it is mounted into no other container).
 
@@ -26,10 +36,13 @@ a credential, and any occurrence of this run's own tokens.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import json
 import os
 import re
+import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -116,16 +129,117 @@ class Started:
     started: float  # time.perf_counter() at the start line
 
 
+class _Waiter:
+    """A caller waiting for its line: its loop and future (None: nobody waits)."""
+
+    __slots__ = ("future", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> None:
+        self.loop = loop
+        self.future = future
+
+
+def _settle(waiters: list[_Waiter], error: BaseException | None) -> None:
+    for waiter in waiters:
+        if waiter.future.done():
+            continue  # its caller was cancelled; the line is written all the same
+        if error is None:
+            waiter.future.set_result(None)
+        else:
+            waiter.future.set_exception(error)
+
+
+def _retrieved(future: asyncio.Future[None]) -> None:
+    """A line nobody waits for: its failure is the log's (every later call fails too)."""
+    if not future.cancelled():
+        future.exception()
+
+
+class _GroupCommit:
+    """The writer thread: appends queued lines in order, one `write(2)` and one
+    `fdatasync` per round for all the lines queued since the last one."""
+
+    def __init__(self, fd: int, *, sync: bool) -> None:
+        self._fd = fd
+        self._sync = sync
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queue: list[tuple[bytes, _Waiter | None]] = []
+        self._stopping = False
+        self._error: OSError | None = None
+        self.syncs = 0  # fdatasync calls made: what the group commit saves is visible
+        self._thread = threading.Thread(target=self._run, name="action-log", daemon=True)
+        self._thread.start()
+
+    def put(self, data: bytes, waiter: _Waiter | None) -> None:
+        with self._wake:
+            if self._error is not None or self._stopping:
+                error = self._error or OSError("the action log is closed")
+                if waiter is not None:
+                    waiter.loop.call_soon(_settle, [waiter], error)
+                return
+            self._queue.append((data, waiter))
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._stopping:
+                    self._wake.wait()
+                batch, self._queue = self._queue, []
+                if not batch:
+                    return  # stopping, with nothing left
+            error: OSError | None = None
+            try:
+                data = memoryview(b"".join(line for line, _ in batch))
+                while data:
+                    data = data[os.write(self._fd, data) :]
+                if self._sync:
+                    os.fdatasync(self._fd)
+                    self.syncs += 1
+            except OSError as exc:
+                error = exc
+                with self._wake:
+                    self._error = exc
+                    for _, late in self._queue:  # queued behind a failed line: failed too
+                        batch.append((b"", late))
+                    self._queue = []
+            by_loop: dict[asyncio.AbstractEventLoop, list[_Waiter]] = {}
+            for _, waiter in batch:
+                if waiter is not None:
+                    by_loop.setdefault(waiter.loop, []).append(waiter)
+            for loop, waiters in by_loop.items():
+                with contextlib.suppress(RuntimeError):  # a loop already closed: nobody waits
+                    loop.call_soon_threadsafe(_settle, waiters, error)
+            if error is not None:
+                return
+
+    def stop(self) -> None:
+        """Write what is queued, then end the thread (blocks until it has)."""
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join()
+
+
 class ActionLog:
+    """The run's action log. Every method that writes a line is a coroutine that
+    returns once the line is on disk (see the module's docstring)."""
+
     def __init__(self, path: str, *, secrets: tuple[str, ...], fsync_each: bool = True) -> None:
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
         self._secrets = secrets
-        self._fsync_each = fsync_each
         self._bytes = os.fstat(self._fd).st_size
         self._next_call = 0
         self._full = False
         self._unlogged = 0  # calls answered without a line since the log filled
         self._closed = False
+        self._writer = _GroupCommit(self._fd, sync=fsync_each)
+
+    @property
+    def syncs(self) -> int:
+        """How many times the log was synced so far (one per group of lines)."""
+        return self._writer.syncs
 
     @property
     def full(self) -> bool:
@@ -140,7 +254,7 @@ class ActionLog:
 
     # -- one-line decisions --------------------------------------------------------
 
-    def write(
+    async def write(
         self,
         *,
         session: str,
@@ -170,11 +284,11 @@ class ActionLog:
         if not self._room_for(len(line), reserve=False):
             self._unlogged += 1
             return
-        self._append(line)
+        await self._append(line)
 
     # -- forwarded calls -------------------------------------------------------------
 
-    def begin(
+    async def begin(
         self,
         *,
         session: str,
@@ -205,14 +319,32 @@ class ActionLog:
         if not self._room_for(len(line), reserve=False):
             self._unlogged += 1
             raise LogFull(_full_reason())
-        self._append(line)
+        await self._append(line)
         return Started(call_id, session, tool, decision, reason, category, time.perf_counter())
 
-    def outcome(
+    async def outcome(
         self, call: Started, *, ok: bool, reason: str = "", detail: dict[str, Any] | None = None
     ) -> None:
         """The `outcome` line of a started call: ok or error, its duration, its sizes."""
-        line = self._line(
+        line = self._outcome_line(call, ok=ok, reason=reason, detail=detail)
+        if self._room_for(len(line), reserve=True):
+            await self._append(line)
+
+    def outcome_queued(
+        self, call: Started, *, ok: bool, reason: str = "", detail: dict[str, Any] | None = None
+    ) -> None:
+        """The `outcome` line of a call whose reply has already gone out (egress), queued
+        in order but not waited for, so the connection's next request does not wait for
+        this line's sync. It is on disk no later than any line queued after it (the
+        next request's `start` line), and `close` writes it if nothing else does."""
+        line = self._outcome_line(call, ok=ok, reason=reason, detail=detail)
+        if self._room_for(len(line), reserve=True):
+            self._append(line).add_done_callback(_retrieved)
+
+    def _outcome_line(
+        self, call: Started, *, ok: bool, reason: str, detail: dict[str, Any] | None
+    ) -> bytes:
+        return self._line(
             event="outcome",
             call_id=call.call_id,
             outcome="ok" if ok else "error",
@@ -225,8 +357,6 @@ class ActionLog:
             duration_ms=(time.perf_counter() - call.started) * 1000,
             detail=detail,
         )
-        if self._room_for(len(line), reserve=True):
-            self._append(line)
 
     # -- the file --------------------------------------------------------------------
 
@@ -256,7 +386,8 @@ class ActionLog:
         limit = MAX_LOG_BYTES + (OUTCOME_RESERVE_BYTES if reserve else 0)
         if not self._full and self._bytes + size > MAX_LOG_BYTES:
             self._full = True
-            self._append(self._marker(f"the action log reached its cap of {MAX_LOG_BYTES} bytes"))
+            marker = self._marker(f"the action log reached its cap of {MAX_LOG_BYTES} bytes")
+            self._queue(marker, None)  # on disk with (before) the line that found it full
         return self._bytes + size <= limit and not (self._full and not reserve)
 
     def _marker(self, reason: str, detail: dict[str, Any] | None = None) -> bytes:
@@ -272,24 +403,30 @@ class ActionLog:
         )
         return (line.model_dump_json() + "\n").encode()
 
-    def _append(self, data: bytes) -> None:
-        os.write(self._fd, data)
+    def _queue(self, data: bytes, waiter: _Waiter | None) -> None:
         self._bytes += len(data)
-        if self._fsync_each:
-            os.fdatasync(self._fd)
+        self._writer.put(data, waiter)
+
+    def _append(self, data: bytes) -> asyncio.Future[None]:
+        """Queue one line, in call order; the future is done once it is on disk."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
+        self._queue(data, _Waiter(loop, future))
+        return future
 
     def close(self) -> None:
-        """Flush; when the log filled up, say how many calls went unlogged since."""
+        """Write what is queued and sync it; when the log filled up, say how many calls
+        went unlogged since. Blocks until the writer thread is done (the guard is
+        stopping; nothing else waits on the loop)."""
         if self._closed:
             return
         try:
             if self._full and self._bytes < MAX_LOG_BYTES + OUTCOME_RESERVE_BYTES:
-                self._append(
-                    self._marker(
-                        "the action log was full",
-                        {"stubbed_unlogged": self._unlogged},
-                    )
+                marker = self._marker(
+                    "the action log was full", {"stubbed_unlogged": self._unlogged}
                 )
+                self._queue(marker, None)
+            self._writer.stop()
             os.fsync(self._fd)
         finally:
             self._closed = True

@@ -126,22 +126,24 @@ class Guard:
                 return None
         return bytes(body)
 
-    def _reject(self, status: int, reason: str, started: float, tool: str = "?") -> Response:
-        return reject_and_log(self.log, status, reason, tool=tool, session="?", started=started)
+    async def _reject(self, status: int, reason: str, started: float, tool: str = "?") -> Response:
+        return await reject_and_log(
+            self.log, status, reason, tool=tool, session="?", started=started
+        )
 
     async def tools_call(self, request: Request) -> Response:
         started = time.perf_counter()
         if not self._authorized(request):
-            return self._reject(401, BAD_TOKEN, started)
+            return await self._reject(401, BAD_TOKEN, started)
         body = await self._body(request)
         if body is None:
-            return self._reject(413, _too_large_request(), started)
+            return await self._reject(413, _too_large_request(), started)
         try:
             call = ToolCall.model_validate_json(body)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "body"
-            return self._reject(400, f"malformed request: {where}: {first['msg']}", started)
+            return await self._reject(400, f"malformed request: {where}: {first['msg']}", started)
         self._next_call += 1
         call_id = self._next_call
         self._inflight[call_id] = f"{call.tool} (session {call.session or ROOT_SESSION})"
@@ -151,7 +153,7 @@ class Guard:
             del self._inflight[call_id]
         if not logged:  # a forwarded call has its start and outcome lines already;
             # a call the full log refused is counted there (as the MCP proxy does)
-            self.log.write(
+            await self.log.write(
                 session=reply.session,
                 tool=call.tool,
                 decision=reply.decision,
@@ -166,17 +168,17 @@ class Guard:
     async def new_session(self, request: Request) -> Response:
         started = time.perf_counter()
         if not self._authorized(request):
-            return self._reject(401, BAD_TOKEN, started)
+            return await self._reject(401, BAD_TOKEN, started)
         body = await self._body(request)
         try:
             asked = SessionRequest.model_validate_json(body or b"{}")
         except ValidationError:
-            return self._reject(400, "malformed session request", started)
+            return await self._reject(400, "malformed session request", started)
         parent = asked.parent or ROOT_SESSION
         if not self.sessions.known(parent):
-            return self._reject(400, f"unknown parent session {parent!r}", started)
+            return await self._reject(400, f"unknown parent session {parent!r}", started)
         session = self.sessions.child(parent)
-        self.log.write(
+        await self.log.write(
             session=session,
             tool="session.create",
             decision="allow",
@@ -256,7 +258,7 @@ class Guard:
             detail["budget_s"] = self.config.budget_for(call.tool)
         detail["request_bytes"] = request_bytes
         try:
-            logged = self.log.begin(
+            logged = await self.log.begin(
                 session=session,
                 tool=call.tool,
                 decision=decision,
@@ -272,7 +274,7 @@ class Guard:
             result = await self._forward(call.tool, arguments, session, outcome)
         else:
             result = await self._execute_in_step(call.tool, arguments, outcome)
-        self._outcome(logged, result, outcome)
+        await self._outcome(logged, result, outcome)
         reply = ToolReply(
             ok=not result.is_error,
             tool=call.tool,
@@ -292,11 +294,11 @@ class Guard:
             bindings.Bound.RUN_KIND: "test",
         }
 
-    def _outcome(self, logged: Started, result: ToolResult, detail: dict[str, Any]) -> None:
+    async def _outcome(self, logged: Started, result: ToolResult, detail: dict[str, Any]) -> None:
         if result.is_error:
             detail["error"] = result.text[:500]
         detail.setdefault("reply_bytes", len(result.text) + len(json.dumps(result.data)))
-        self.log.outcome(logged, ok=not result.is_error, detail=detail)
+        await self.log.outcome(logged, ok=not result.is_error, detail=detail)
 
     async def _execute_in_step(
         self, tool: str, arguments: dict[str, Any], outcome: dict[str, Any]
@@ -516,7 +518,7 @@ class CappedRequests:
         started: float,
     ) -> None:
         path = str(scope.get("path", "?"))[:100]
-        self.log.write(
+        await self.log.write(
             session="?",
             tool=f"mcp:{path}" if path.startswith(MCP_PATH) else path,
             decision="refuse",
@@ -556,10 +558,10 @@ class NoMcpServers:
     async def _none(self, request: Request) -> Response:
         started = time.perf_counter()
         if not self._guard._authorized(request):
-            return self._guard._reject(401, BAD_TOKEN, started, tool="mcp")
+            return await self._guard._reject(401, BAD_TOKEN, started, tool="mcp")
         if request.path_params.get("rest", "").strip("/") == "" and request.method == "GET":
             return JSONResponse({"servers": []})
-        return self._guard._reject(
+        return await self._guard._reject(
             404, "no MCP server is configured for this run", started, tool=f"mcp:{request.url.path}"
         )
 

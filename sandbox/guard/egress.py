@@ -33,14 +33,29 @@ recorded as model calls.
 Replies are framed by the proxy: the upstream reply head is parsed by h11 and
 rebuilt (hop-by-hop headers dropped, Content-Length or chunked set from the
 parsed framing, `Connection: close` whenever the proxy will close), so a client
-that reuses its connection to the proxy can trust where each reply ends. Each
-request gets its own upstream connection (`Connection: close`); the client's
-connection to the proxy is kept alive between requests, and a pipelined request
-is judged like any other. A Content-Length or close-delimited body of a plain
-HTTP reply moves with `splice(2)`, past Python. Limits: a head is at most
-64 KiB and 100 lines (431 past that); a denied request's body is hashed up to
-16 MiB; an upstream that fails after a request was forwarded ends the client's
-connection (or gets a 502 if no reply had started).
+that reuses its connection to the proxy can trust where each reply ends. The
+client's connection to the proxy is kept alive between requests (each one judged
+and logged on its own; a pipelined request is judged like any other; a denial
+closes it).
+
+Keep-alive upstream: each proxy (one run's guard, or one MCP server's proxy of
+that run; never shared between runs or between those) keeps a few idle plain-TCP
+connections per host:port it dialled (`_Pool`). One is reused only when its last
+exchange ended exactly where the reply's framing said (a Content-Length body
+read in full, a chunked body to its last chunk, no body for HEAD, 204, 304),
+the host spoke HTTP/1.1 without `Connection: close`, no byte arrived past the
+reply, and, just before the next request goes out, a poll of the socket shows
+neither EOF nor stray bytes. A request is never sent twice: once its first
+byte was written to a reused connection, a failure is that request's error
+(502 before any reply, or the client's connection ends), as on a new one.
+TLS connections to hosts (inside an inspected tunnel) are one per request
+(`Connection: close`): the TLS layer may hold bytes a poll cannot see.
+
+A Content-Length or close-delimited body of a plain HTTP reply moves with
+`splice(2)`, past Python. Limits: a head is at most 64 KiB and 100 lines (431
+past that); a denied request's body is hashed up to 16 MiB; an upstream that
+fails after a request was forwarded ends the client's connection (or gets a 502
+if no reply had started).
 """
 
 from __future__ import annotations
@@ -50,6 +65,7 @@ import contextlib
 import hashlib
 import ipaddress
 import re
+import select
 import socket
 import ssl
 import time
@@ -78,6 +94,9 @@ READ_TIMEOUT_S = 30.0  # a request head or body that stops arriving
 REPLY_TIMEOUT_S = 300.0  # the upstream's reply head, and each read of its body
 LINGER_S, LINGER_IDLE_S, LINGER_BYTES = 2.0, 0.2, 1024 * 1024  # after a denial
 READ_METHODS = frozenset({b"GET", b"HEAD"})
+POOL_IDLE_PER_HOST = 4  # idle upstream connections kept per host:port
+POOL_IDLE_TOTAL = 32  # and per proxy
+POOL_IDLE_S = 15.0  # an idle upstream connection older than this is closed, not reused
 ESTABLISHED = b"HTTP/1.1 200 Connection Established\r\n\r\n"
 # Header values never written to the log (the step's credentials for real hosts).
 _SECRET_HEADER = re.compile(
@@ -162,13 +181,17 @@ class _Seen:
     url: str = ""
     host: str = ""
     tls: str = ""  # "inspected" | "method not seen" | "" (plain HTTP)
+    connection: int = 0  # which of the step's connections to this proxy carried it
     forwarded: bool = False  # its start line is written and its bytes went out
 
 
 class _Client:
     """The step's end of one connection, with the bytes received but not yet parsed."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int
+    ) -> None:
+        self.number = number
         self.reader = reader
         self.writer = writer
         self.buffer = bytearray()
@@ -206,10 +229,25 @@ class _Upstream:
         self.address = address
         self.sock = sock  # plain TCP, never read by asyncio: its bytes can be spliced
         self._streams = streams  # TLS
+        # Whether the connection may carry another request: nothing was sent on it yet,
+        # or its last exchange ended cleanly (see `_Pool`).
+        self.reusable = True
+        self.reused = False  # it came from the pool
+        self.overread = False  # bytes arrived past the end of a reply
+
+    def looks_open(self) -> bool:
+        """Plain TCP with no EOF and no byte waiting: the host has not closed it and sent
+        nothing unasked-for. Polled on the socket itself, just before reuse."""
+        if self.sock is None or self.sock.fileno() < 0:
+            return False
+        poller = select.poll()
+        poller.register(self.sock.fileno(), select.POLLIN | select.POLLPRI)
+        return not poller.poll(0)
 
     async def send(self, data: bytes) -> None:
         if not data:
             return
+        self.reusable = False  # until the exchange is seen to end cleanly
         if self.sock is not None:
             await asyncio.get_running_loop().sock_sendall(self.sock, data)
         else:
@@ -239,6 +277,61 @@ class _Upstream:
                 self._streams[1].close()
 
 
+class _Pool:
+    """Idle plain-TCP upstream connections of one proxy, by (host, port): the most
+    recently used first; at most POOL_IDLE_PER_HOST per host:port and POOL_IDLE_TOTAL
+    in all, none older than POOL_IDLE_S."""
+
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int], list[tuple[float, _Upstream]]] = {}
+        self.reuses = 0
+
+    def take(self, host: str, port: int) -> _Upstream | None:
+        conns = self._idle.get((host, port))
+        now = time.monotonic()
+        while conns:
+            since, upstream = conns.pop()
+            if now - since < POOL_IDLE_S and upstream.looks_open():
+                upstream.reused = True
+                self.reuses += 1
+                return upstream
+            upstream.close()
+        return None
+
+    def give_back(self, host: str, port: int, upstream: _Upstream) -> None:
+        """Keep `upstream` for the next request to host:port if it may carry one."""
+        if not upstream.reusable or upstream.sock is None:
+            upstream.close()
+            return
+        now = time.monotonic()
+        for key in list(self._idle):  # expired ones go now, not at their next use
+            kept = []
+            for since, conn in self._idle[key]:
+                if now - since < POOL_IDLE_S:
+                    kept.append((since, conn))
+                else:
+                    conn.close()
+            if kept:
+                self._idle[key] = kept
+            else:
+                del self._idle[key]
+        conns = self._idle.setdefault((host, port), [])
+        if len(conns) >= POOL_IDLE_PER_HOST:
+            conns.pop(0)[1].close()
+        if sum(len(c) for c in self._idle.values()) >= POOL_IDLE_TOTAL:
+            oldest = min(self._idle, key=lambda k: self._idle[k][0][0] if self._idle[k] else now)
+            if self._idle[oldest]:
+                self._idle[oldest].pop(0)[1].close()
+        upstream.reused = False
+        conns.append((now, upstream))
+
+    def close(self) -> None:
+        for conns in self._idle.values():
+            for _, upstream in conns:
+                upstream.close()
+        self._idle.clear()
+
+
 @dataclass
 class _Incoming:
     """One parsed request and the h11 connection that reads its body."""
@@ -263,12 +356,24 @@ class EgressProxy:
     # Added to every line's detail: whose proxy this is (an MCP server's, by name).
     label: dict[str, object] = field(default_factory=dict)
     _ca: RunCA | None = field(default=None, repr=False)
+    _pool: _Pool = field(default_factory=_Pool, repr=False)
+    _connections: int = field(default=0, repr=False)
     _upstream_tls: ssl.SSLContext | None = field(default=None, repr=False)
+
+    @property
+    def upstream_reuses(self) -> int:
+        """How many requests went out on a kept-alive upstream connection."""
+        return self._pool.reuses
+
+    def close(self) -> None:
+        """Close the idle upstream connections (the proxy is stopping)."""
+        self._pool.close()
 
     # -- one client connection -------------------------------------------------
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        client = _Client(reader, writer)
+        self._connections += 1
+        client = _Client(reader, writer, self._connections)
         self.open_connections += 1
         try:
             keep = True
@@ -289,7 +394,7 @@ class EgressProxy:
     ) -> bool:
         """Read, judge and answer one request; whether the connection carries another."""
         started = time.perf_counter()
-        seen = _Seen(tls="inspected" if tunnel else "")
+        seen = _Seen(tls="inspected" if tunnel else "", connection=client.number)
         incoming: _Incoming | None = None
         try:
             incoming = await self._next_request(client)
@@ -389,7 +494,9 @@ class EgressProxy:
             reason = f"{target.host}:{target.port} is not on the egress allow list"
             raise Denied(403, reason, stub=True)
         _judge_read(incoming, entry)
-        upstream = await self._dial(target.host, target.port)
+        upstream = self._pool.take(target.host, target.port)
+        if upstream is None:
+            upstream = await self._dial(target.host, target.port)
         return await self._forward(client, incoming, upstream, target, entry, seen, started)
 
     async def _connect(
@@ -420,7 +527,7 @@ class EgressProxy:
         except (ssl.SSLError, ConnectionError, TimeoutError) as exc:
             seen.tls = "inspected"
             reason = f"the step's TLS handshake with the proxy failed: {exc}"
-            self._record(seen, "refuse", reason, started, status=None)
+            await self._record(seen, "refuse", reason, started, status=None)
             return False
         client.tls, client.replying = True, False
         keep = True
@@ -464,7 +571,8 @@ class EgressProxy:
         started: float,
     ) -> bool:
         """Send the rebuilt request, then relay the reply; whether the client's connection
-        carries another request."""
+        carries another request. `upstream` goes back to the pool (or is closed) either way."""
+        given_back = False
         try:
             request = incoming.request
             default_port = 443 if seen.tls else 80
@@ -472,8 +580,9 @@ class EgressProxy:
             headers = [
                 (b"Host", target.authority(default_port).encode("ascii")),
                 *http1.forward_headers(request, keep=framing),
-                (b"Connection", b"close"),
             ]
+            if upstream.sock is None:  # TLS to the host: one connection per request
+                headers.append((b"Connection", b"close"))
             outgoing = h11.Connection(h11.CLIENT, max_incomplete_event_size=http1.MAX_HEAD_BYTES)
             head = outgoing.send(
                 h11.Request(method=request.method, target=target.origin, headers=headers)
@@ -481,11 +590,15 @@ class EgressProxy:
             assert head is not None
             kind = "model call" if entry.model else "read"
             where = " (inspected inside TLS)" if seen.tls else ""
-            logged = self._begin(
+            logged = await self._begin(
                 seen,
                 f"allow-listed {kind}{where}",
                 category="model" if entry.model else "egress",
-                extra_detail={"resolved": upstream.address, "forwarded_sha256": _sha(head)},
+                extra_detail={
+                    "resolved": upstream.address,
+                    "forwarded_sha256": _sha(head),
+                    **({"upstream_reused": True} if upstream.reused else {}),
+                },
                 extra_arguments={"forwarded_head": _shown_head(head)},
             )
             seen.forwarded = True
@@ -497,15 +610,23 @@ class EgressProxy:
                 async for chunk in self._body(client, incoming):  # empty for a read
                     await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
                 await upstream.send(outgoing.send(h11.EndOfMessage()) or b"")
-                return await self._relay_reply(client, upstream, outgoing, request, outcome)
+                keep = await self._relay_reply(client, upstream, outgoing, request, outcome)
+                # free for the next request at once, while this one's outcome is written
+                given_back = True
+                self._pool.give_back(target.host, target.port, upstream)
+                return keep
             except BaseException as exc:  # a cancelled exchange (the guard stopping) too
                 outcome["error"] = _failure(exc)
+                upstream.reusable = False
                 raise
             finally:
+                # the reply has gone out: the next request on this connection need not
+                # wait for this line's sync (it is on disk before that request's start)
                 ok = "error" not in outcome and not outcome.get("reply_cut")
-                self.log.outcome(logged, ok=ok, detail=outcome)
+                self.log.outcome_queued(logged, ok=ok, detail=outcome)
         finally:
-            upstream.close()
+            if not given_back:
+                self._pool.give_back(target.host, target.port, upstream)
 
     async def _relay_reply(
         self,
@@ -546,6 +667,7 @@ class EgressProxy:
         head = b"HTTP/1.1 %d %s\r\n" % (status, response.reason)
         head += b"".join(name + b": " + value + b"\r\n" for name, value in headers) + b"\r\n"
         client.replying = True
+        complete = True
         if framing == "none":
             await client.write(head)
         elif framing == "chunked":
@@ -558,6 +680,16 @@ class EgressProxy:
                 outcome["reply_cut"] = True
             keep = keep and complete
         client.replying = False
+        # The upstream connection may carry the next request only when this reply ended
+        # exactly where its framing said and nothing came after it.
+        upstream.reusable = (
+            complete
+            and framing != "close"
+            and response.http_version == b"1.1"
+            and b"close" not in http1.connection_tokens(response)
+            and not upstream.overread
+            and not outgoing.trailing_data[0]
+        )
         return keep
 
     async def _blind_tunnel(
@@ -567,7 +699,7 @@ class EgressProxy:
         upstream = await self._dial(host, port)
         seen.tls = "method not seen"
         try:
-            logged = self._begin(
+            logged = await self._begin(
                 seen,
                 "allow-listed CONNECT to a host with inspect = false; "
                 "the method inside TLS was not seen",
@@ -586,7 +718,7 @@ class EgressProxy:
                 outcome["error"] = _failure(exc)
                 raise
             finally:
-                self.log.outcome(logged, ok="error" not in outcome, detail=outcome)
+                await self.log.outcome(logged, ok="error" not in outcome, detail=outcome)
         finally:
             upstream.close()
 
@@ -719,14 +851,16 @@ class EgressProxy:
             body["first_line"] = first.decode("latin-1")
         decision = "stub" if denied.stub else "refuse"
         if not denied.unlogged:
-            self._record(seen, decision, denied.reason, started, status=denied.status, body=body)
+            await self._record(
+                seen, decision, denied.reason, started, status=denied.status, body=body
+            )
         if client.replying:
             return  # a reply is under way: ending the connection is the only honest answer
         with contextlib.suppress(ConnectionError, RuntimeError):
             await client.write(_error_reply(denied, seen))
         client.denied = True
 
-    def _record(
+    async def _record(
         self,
         seen: _Seen,
         decision: str,
@@ -739,7 +873,7 @@ class EgressProxy:
     ) -> None:
         """The one line of a request that was not forwarded (a denial)."""
         arguments, detail = self._facts(seen, status=status, body=body)
-        self.log.write(
+        await self.log.write(
             session="egress",
             tool="http",
             decision=decision,
@@ -750,7 +884,7 @@ class EgressProxy:
             detail=detail,
         )
 
-    def _begin(
+    async def _begin(
         self,
         seen: _Seen,
         reason: str,
@@ -765,7 +899,7 @@ class EgressProxy:
             seen, status=None, extra_detail=extra_detail, extra_arguments=extra_arguments
         )
         try:
-            return self.log.begin(
+            return await self.log.begin(
                 session="egress",
                 tool="http",
                 decision="allow",
@@ -787,11 +921,12 @@ class EgressProxy:
         extra_arguments: dict[str, Any] | None = None,
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         """A line's arguments (method, URL, body facts, forwarded head) and detail (whose
-        proxy, host, status, TLS, calls in flight): every egress line is made here."""
+        proxy, host, the step's connection it came on, status, TLS, calls in flight):
+        every egress line is made here."""
         arguments: dict[str, Any] = {"method": seen.method, "url": seen.url}
         arguments.update(body or {})
         arguments.update(extra_arguments or {})
-        detail: dict[str, Any] = {**self.label, "host": seen.host}
+        detail: dict[str, Any] = {**self.label, "host": seen.host, "connection": seen.connection}
         if status is not None:
             detail["status"] = status
         if seen.tls:
@@ -867,6 +1002,8 @@ async def _relay_counted(
         if not data:
             return remaining is None
         if remaining is not None:
+            if len(data) > remaining:
+                upstream.overread = True
             data = data[:remaining]
             remaining -= len(data)
         await client.write(data)
@@ -1019,5 +1156,6 @@ async def running(
         yield proxy
     finally:
         server.close()
+        proxy.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(server.wait_closed(), 5)

@@ -24,11 +24,12 @@ def bearer_ok(given: str | bytes, token: str) -> bool:
     return hmac.compare_digest(raw, f"Bearer {token}".encode())
 
 
-def reject_and_log(
+async def reject_and_log(
     log: ActionLog, status: int, reason: str, *, tool: str, session: str, started: float
 ) -> Response:
-    """Log the refusal (category `request`), then answer it with `status`."""
-    log.write(
+    """Log the refusal (category `request`), then answer it with `status` (once the line
+    is on disk)."""
+    await log.write(
         session=session,
         tool=tool,
         decision="refuse",

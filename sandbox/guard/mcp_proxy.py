@@ -477,7 +477,7 @@ class Endpoint:
     ) -> HandlerResult:
         if ctx.request_id is None or ctx.method in SERVED:
             return await call_next(ctx)
-        self.proxy.log_line(
+        await self.proxy.log_line(
             tool=f"mcp:{self.name}/{ctx.method}",
             decision="refuse",
             reason=f"MCP method {ctx.method} is not served in test mode",
@@ -504,7 +504,7 @@ class Endpoint:
                 return await self._judged_call(params, started, budget)
         except SlotTimeout:
             reason = f"the guard had no free forward slot within {budget:g} s"
-            self.proxy.log_line(
+            await self.proxy.log_line(
                 tool=f"mcp:{self.name}/{params.name}",
                 decision="stub",
                 reason=reason,
@@ -553,7 +553,7 @@ class Endpoint:
             result, valid = stub_result(tool, verdict.reason, schema)
             if valid is not None:
                 detail["structured_content_valid"] = valid
-            self.proxy.log_line(
+            await self.proxy.log_line(
                 tool=f"mcp:{self.name}/{tool}",
                 decision="stub",
                 reason=verdict.reason,
@@ -567,7 +567,7 @@ class Endpoint:
             params=types.CallToolRequestParams(name=tool, arguments=params.arguments)
         )
         try:
-            logged = self.proxy.log.begin(
+            logged = await self.proxy.log.begin(
                 session="root",
                 tool=f"mcp:{self.name}/{tool}",
                 decision="allow",
@@ -603,7 +603,7 @@ class Endpoint:
         if result.get("isError") is True:
             outcome["is_error"] = True
         failed = error is not None or "error" in outcome or outcome.get("is_error") is True
-        self.proxy.log.outcome(logged, ok=not failed, detail=outcome)
+        await self.proxy.log.outcome(logged, ok=not failed, detail=outcome)
         if error is not None:
             raise error
         return result
@@ -653,7 +653,7 @@ class Endpoint:
         self, method: str, request: types.Request[Any, Any], arguments: dict[str, Any]
     ) -> dict[str, Any]:
         try:
-            logged = self.proxy.log.begin(
+            logged = await self.proxy.log.begin(
                 session="root",
                 tool=f"mcp:{self.name}/{method}",
                 decision="allow",
@@ -679,7 +679,7 @@ class Endpoint:
         outcome: dict[str, Any] = {}
         if failure is not None:
             outcome["error"] = f"{failure.code}: {failure.message}"[:300]
-        self.proxy.log.outcome(logged, ok=failure is None, detail=outcome)
+        await self.proxy.log.outcome(logged, ok=failure is None, detail=outcome)
         if failure is not None:
             raise failure
         return result
@@ -697,7 +697,7 @@ class _Authorized:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not self.proxy.authorized(scope):
-            response = self.proxy.reject(scope, 401, BAD_TOKEN)
+            response = await self.proxy.reject(scope, 401, BAD_TOKEN)
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -763,6 +763,7 @@ class McpProxy:
                 config = self.config.model_copy(update={"egress": server.own_egress()})
                 proxy = egress.EgressProxy(config, self.log, label={"mcp_server": name})
                 unix_server = await egress.listen(proxy, listener)
+                stack.callback(proxy.close)
                 stack.callback(unix_server.close)
             async with anyio.create_task_group() as tg:
                 for upstream in self.upstreams.values():
@@ -801,13 +802,13 @@ class McpProxy:
                 break
         return bearer_ok(given, self.config.bridge_token)
 
-    def reject(self, scope: Scope, status: int, reason: str) -> Response:
+    async def reject(self, scope: Scope, status: int, reason: str) -> Response:
         tool = f"mcp:{scope.get('path', '?')}"
-        return reject_and_log(
+        return await reject_and_log(
             self.log, status, reason, tool=tool, session="root", started=time.perf_counter()
         )
 
-    def log_line(
+    async def log_line(
         self,
         *,
         tool: str,
@@ -818,7 +819,7 @@ class McpProxy:
         detail: dict[str, Any] | None = None,
         category: str = "mcp",
     ) -> None:
-        self.log.write(
+        await self.log.write(
             session="root",
             tool=tool,
             decision=decision,
@@ -831,7 +832,7 @@ class McpProxy:
 
     async def _index(self, request: Request) -> Response:
         if not self.authorized(request.scope):
-            return self.reject(request.scope, 401, BAD_TOKEN)
+            return await self.reject(request.scope, 401, BAD_TOKEN)
         base = str(request.url).rstrip("/")
         return JSONResponse(
             {"servers": [{"name": name, "url": f"{base}/{name}"} for name in self.endpoints]}
@@ -839,9 +840,9 @@ class McpProxy:
 
     async def _unknown(self, request: Request) -> Response:
         if not self.authorized(request.scope):
-            return self.reject(request.scope, 401, BAD_TOKEN)
+            return await self.reject(request.scope, 401, BAD_TOKEN)
         name = request.path_params.get("rest", "")
         known = ", ".join(self.endpoints) or "none"
-        return self.reject(
+        return await self.reject(
             request.scope, 404, f"no MCP server {json.dumps(name)} in this run (known: {known})"
         )

@@ -1,14 +1,15 @@
 """A fake "outside" server for egress tests (stdlib only; runs in its own container).
 
-HTTP on 8080 (GET/HEAD answer, every request recorded, body hashed), a plain
+HTTP/1.1 on 8080 with keep-alive (GET/HEAD answer, every request recorded with the
+number of the connection it came on, body hashed), a plain
 TCP listener on 8443 standing in for an HTTPS site (records connections), and a
 UDP listener on 9999 (records datagrams). `GET /__seen` returns the record.
 On 8081 a sloppy HTTP server: it answers the first request and then records
 every request line that still arrives on the connection, `Connection: close` or
 not, so a test can see whether any byte of a pipelined request left the proxy.
-On 8082 (plain) and 8445 (TLS) a raw server: it answers the first head it sees
-with a fixed reply and records every byte each connection brought, until the
-peer closes; `GET /__raw` on 8080 returns them (base64, one entry per
+On 8082 (plain) and 8445 (TLS) a raw server: it answers each head it sees with
+a fixed reply (so a proxy may keep the connection) and records every byte each
+connection brought, until the peer closes; `GET /__raw` on 8080 returns them (base64, one entry per
 connection), so a test can compare what arrived with what the proxy logged.
 """
 
@@ -23,6 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 SEEN: list[dict[str, object]] = []
 LOCK = threading.Lock()
+CONNECTIONS = [0]  # HTTP connections accepted on 8080 (each request notes its own)
 
 
 def note(entry: dict[str, object]) -> None:
@@ -38,6 +40,12 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         return
+
+    def setup(self) -> None:
+        super().setup()
+        with LOCK:
+            CONNECTIONS[0] += 1
+            self.connection_number = CONNECTIONS[0]
 
     def _body(self) -> bytes:
         length = int(self.headers.get("Content-Length") or 0)
@@ -57,7 +65,7 @@ class Handler(BaseHTTPRequestHandler):
                 data = json.dumps(SEEN if self.path == "/__seen" else RAW).encode()
             self._answer(data)
             return
-        note({"proto": "http", "method": "GET", "path": self.path})
+        note({"proto": "http", "method": "GET", "path": self.path, "conn": self.connection_number})
         if self.path.startswith("/bytes/"):
             n = int(self.path.rsplit("/", 1)[1])
             self.send_response(200)
@@ -144,7 +152,7 @@ def raw_connection(conn: socket.socket) -> None:
     import base64
 
     received = b""
-    answered = False
+    answered = 0
     with conn:
         conn.settimeout(30)
         while True:
@@ -155,9 +163,9 @@ def raw_connection(conn: socket.socket) -> None:
             if not chunk:
                 break
             received += chunk
-            if not answered and b"\r\n\r\n" in received:
+            while received.count(b"\r\n\r\n") > answered:  # one reply per head, in order
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nraw")
-                answered = True
+                answered += 1
     with LOCK:
         RAW.append(base64.b64encode(received).decode())
 

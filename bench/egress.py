@@ -1,0 +1,201 @@
+"""Egress: GETs through the guard's proxy vs straight to the server, from the run's
+network namespace."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+
+import docker.errors
+from docker.types import Mount as DockerMount
+
+from bench import peers
+from bench.common import (
+    BENCH_LABEL,
+    GET_CLIENT,
+    MIB,
+    Bench,
+    BenchError,
+    address_on,
+    bench_network,
+    healthy,
+    held_run,
+    hold_workflow,
+    log_sync_alone,
+    program,
+    wait_for,
+)
+from bench.results import EgressDetail, Goal, LatencyStats, Row, make_row
+from sandbox.contracts.layout import GUARD_UID, STEP_UID
+from sandbox.contracts.names import STEP_IMAGE
+from sandbox.contracts.record import RunStatus
+from sandbox.guard.config import EGRESS_PORT
+from sandbox.run.testrun import RunOptions, TestRun
+
+TARGETS = ("guard", "direct", "squid", "tinyproxy")
+MODES = ("new", "keep")  # a new connection per GET; one kept-alive connection for all
+
+
+def bench_egress(b: Bench) -> list[Row]:
+    s = b.sizes
+    files = b.work / "egress-files"
+    files.mkdir()
+    files.chmod(0o755)
+    big = s.egress_big_mib * MIB
+    with open(files / "big.bin", "wb") as handle:
+        for _ in range(s.egress_big_mib):
+            handle.write(os.urandom(MIB))
+    (files / "small.txt").write_bytes(b"x" * 1024)
+    for f in files.iterdir():
+        f.chmod(0o644)
+    server_program = b.work / "file_server.py"  # where the server's uid can read it
+    server_program.write_text(program("file_server.py"))
+    server_program.chmod(0o644)
+    detail = EgressDetail(big_bytes=big)
+    b.results.egress = detail
+    lat: dict[str, list[int]] = {}
+    mb_s: dict[str, list[float]] = {}
+    sync_us: list[int] = []
+    with bench_network(b) as network:
+        # HTTP/1.1 with keep-alive, so that every proxy may keep its connection to it
+        server = b.client.containers.run(
+            STEP_IMAGE,
+            ["python3", "/bench/file_server.py", "8081", "/srv"],
+            user=f"{STEP_UID}:{STEP_UID}",
+            network=network,
+            mounts=[
+                DockerMount("/srv", str(files), type="bind", read_only=True),
+                DockerMount(
+                    "/bench/file_server.py",
+                    str(server_program),
+                    type="bind",
+                    read_only=True,
+                ),
+            ],
+            labels={BENCH_LABEL: b.bench_id},
+            detach=True,
+        )
+        try:
+            server.reload()
+            address = address_on(b, str(server.id), network)
+            small_url = f"http://{address}:8081/small.txt"
+            wait_for("the egress bench's file server", lambda: healthy(small_url), 30)
+            wf = hold_workflow(b, "egress", 0, f'[egress]\nallow = ["{address}:8081"]\n')
+            run = TestRun(wf, "hold", RunOptions(upstream_networks=(network,)))
+            with peers.running(b, network, small_url) as peer_at, held_run(b, run) as held:
+                base = {
+                    "small_url": small_url,
+                    "small_bytes": 1024,
+                    "big_bytes": big,
+                    "n": s.egress_small_n,
+                    "warmup": 20,
+                }
+                proxies: dict[str, tuple[int, list[object] | None]] = {
+                    "guard": (STEP_UID, ["127.0.0.1", EGRESS_PORT]),
+                    "direct": (GUARD_UID, None),
+                    **{name: (GUARD_UID, [a, port]) for name, (a, port) in peer_at.items()},
+                }
+                for r in range(s.egress_rounds):
+                    order = TARGETS[r % len(TARGETS) :] + TARGETS[: r % len(TARGETS)]
+                    for name in order:
+                        user, proxy = proxies[name]
+                        for mode in MODES if name != "tinyproxy" else ("new",):
+                            cfg = {**base, "proxy": proxy, "keepalive": mode == "keep"}
+                            if mode == "new":
+                                cfg["big_url"] = f"http://{address}:8081/big.bin"
+                            out = b.helper(
+                                netns_of=held.guard_id, user=user, script=GET_CLIENT, cfg=cfg
+                            )
+                            lat.setdefault(f"{name}/{mode}", []).extend(out["lat_us"])
+                            if out["big_s"]:
+                                rate = round(big / 1e6 / out["big_s"], 1)
+                                mb_s.setdefault(name, []).append(rate)
+                    sync_us += log_sync_alone(held.run_root.parent, b.sizes.guard_sync_n)
+                    b.say(f"egress: round {r + 1}/{s.egress_rounds}")
+        finally:
+            with contextlib.suppress(docker.errors.NotFound):
+                server.remove(force=True)
+    record = held.record
+    if record is None or record.status is not RunStatus.PASSED:
+        why = "no record" if record is None else f"{record.status.value}: {record.reason}"
+        raise BenchError(f"egress bench run did not pass: {why}")
+    detail.small = {key: LatencyStats.from_us(samples) for key, samples in lat.items()}
+    detail.mb_s = mb_s
+    detail.log_sync_alone = LatencyStats.from_us(sync_us)
+    sync_ms = detail.log_sync_alone.median_ms
+    b.note(
+        "egress: a helper in the run's network namespace GETs a 1 KiB file from an HTTP/1.1"
+        " keep-alive http.server container (Nagle off) through the guard's proxy as the"
+        " step's uid, directly as the guard's uid, and through Squid and tinyproxy"
+        " (Debian's, each in its own container on the same network, 1 CPU, caching off,"
+        " access log on; neither syncs its log) as the guard's uid: a new connection per"
+        " GET, then one kept-alive connection for all (not through tinyproxy: it closes the"
+        " client's connection after every reply, without saying so); and one 100 MiB GET"
+        " each way per round."
+    )
+    small = detail.small
+    rate = {name: statistics.median(v) for name, v in mb_s.items()}
+
+    def p99(key: str) -> str:
+        return f"p99 {small[key].p99_ms:.2f} ms" if key in small else "p99 -"
+
+    def vs(mode: str, peer: str, goal: Goal | None = None) -> Row:
+        ours, theirs = small[f"guard/{mode}"], small.get(f"{peer}/{mode}")
+        what = "new connection" if mode == "new" else "keep-alive"
+        return make_row(
+            f"egress_{mode}_{peer}",
+            f"egress: small GET, {what}, median",
+            "ms",
+            ours.median_ms,
+            theirs.median_ms if theirs else None,
+            goal,
+            baseline_name=peer,
+            note=f"{p99(f'guard/{mode}')} vs {p99(f'{peer}/{mode}')}",
+        )
+
+    at_most_squid = Goal(kind="ratio_max", threshold=1.0, text="<= 1.0x Squid")
+    return [
+        make_row(
+            "egress_rate",
+            f"egress: {s.egress_big_mib} MiB GET",
+            "MB/s",
+            rate["guard"],
+            rate["direct"],
+            Goal(kind="ratio_min", threshold=0.9, text=">= 0.9x direct"),
+            baseline_name="direct",
+        ),
+        make_row(
+            "egress_rate_squid",
+            f"egress: {s.egress_big_mib} MiB GET",
+            "MB/s",
+            rate["guard"],
+            rate.get("squid"),
+            baseline_name="squid",
+        ),
+        make_row(
+            "egress_latency",
+            "egress: small GET, new connection, median",
+            "ms",
+            small["guard/new"].median_ms,
+            small["direct/new"].median_ms,
+            Goal(kind="added_max", threshold=1.0, text="< 1 ms added"),
+            baseline_name="direct",
+            note=f"added {small['guard/new'].median_ms - small['direct/new'].median_ms:.2f} ms"
+            f"; {p99('guard/new')} vs {p99('direct/new')}",
+        ),
+        vs("new", "squid", at_most_squid),
+        vs("new", "tinyproxy"),
+        vs("keep", "squid", at_most_squid),
+        make_row(
+            "egress_keep_squid_sync",
+            "egress: small GET, keep-alive, vs Squid + 1 log sync",
+            "ms",
+            small["guard/keep"].median_ms,
+            small["squid/keep"].median_ms + sync_ms if "squid/keep" in small else None,
+            baseline_name="squid + sync",
+            note=f"a forwarded request waits for its start line's sync ({sync_ms:.2f} ms median"
+            f" on this disk, p99 {detail.log_sync_alone.p99_ms:.2f}); Squid syncs nothing",
+        ),
+        vs("keep", "direct"),
+    ]

@@ -1,0 +1,99 @@
+"""A fake outside host for keep-alive tests: raw HTTP/1.1 on loopback that counts its
+connections and the requests each one carried, and frames its replies as the path asks.
+
+Paths (any GET or HEAD):
+- `/len/...`: a Content-Length reply, connection kept open;
+- `/chunked/...`: a chunked reply, kept open;
+- `/close/...`: a Content-Length reply with `Connection: close`, then the close;
+- `/http10/...`: an HTTP/1.0 reply (no keep-alive), then the close;
+- `/extra/...`: a Content-Length reply followed by stray bytes nobody asked for;
+- `/quiet-close/...`: a Content-Length reply, then the close, without saying so;
+- `/drop/...`: no reply at all: the connection closes once the request arrived.
+
+It reads each request head whole (requests here carry no body) and answers in
+order; it never reads ahead of what it answered, so a request it counts is a
+request that arrived. Runs as a thread of the test process (the "outside world";
+the proxy under test is the real code).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Seen:
+    """Requests per connection, in arrival order: (connection number, method, path)."""
+
+    requests: list[tuple[int, str, str]] = field(default_factory=list)
+    connections: int = 0
+
+
+class KeepAliveHost:
+    def __init__(self) -> None:
+        self.seen = Seen()
+        self._lock = threading.Lock()
+        self._srv = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self._srv.getsockname()[1]
+        self._conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.seen.connections += 1
+                number = self.seen.connections
+                self._conns.append(conn)
+            threading.Thread(target=self._serve, args=(conn, number), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, number: int) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buffer = b""
+        with conn, contextlib.suppress(OSError):
+            while True:
+                while b"\r\n\r\n" not in buffer:
+                    chunk = conn.recv(65536)
+                    if not chunk:
+                        return
+                    buffer += chunk
+                head, _, buffer = buffer.partition(b"\r\n\r\n")
+                method, path, _ = head.split(b"\r\n", 1)[0].decode("latin-1").split(" ", 2)
+                with self._lock:
+                    self.seen.requests.append((number, method, path))
+                if path.startswith("/drop/"):
+                    return
+                body = f"hello {path}".encode()
+                shown = b"" if method == "HEAD" else body
+                kind = path.split("/")[1]
+                if kind == "chunked":
+                    data = b"" if method == "HEAD" else b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + data)
+                    continue
+                version = b"HTTP/1.0" if kind == "http10" else b"HTTP/1.1"
+                extra = b"Connection: close\r\n" if kind == "close" else b""
+                reply = b"%s 200 OK\r\nContent-Length: %d\r\n%s\r\n" % (version, len(body), extra)
+                conn.sendall(reply + shown + (b"stray bytes" if kind == "extra" else b""))
+                if kind in ("close", "http10", "quiet-close"):
+                    return
+
+    def drop_connections(self) -> None:
+        """Close every connection this host has (an idle timeout on the host's side)."""
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self._srv.close()
+        with self._lock:
+            for conn in self._conns:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)

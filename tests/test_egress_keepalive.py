@@ -1,0 +1,204 @@
+"""Keep-alive through the egress proxy, both sides: the step's client keeps its
+connection to the proxy, the proxy keeps its connection to the host, each request is
+still judged and logged on its own, and no request is ever sent twice.
+
+The proxy is the guard's real code on loopback; the host is a fake outside server
+(tests/fakes/keepalive_host.py) that counts its connections; the clients are httpx
+and requests, as steps use them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import requests
+
+from sandbox.collect.actionsummary import read
+from sandbox.contracts.config import Egress
+from sandbox.contracts.wire import ActionLine
+from sandbox.guard import http1
+from sandbox.guard.actionlog import ActionLog
+from sandbox.guard.config import GuardConfig
+from sandbox.guard.egress import EgressProxy
+from tests.fakes.keepalive_host import KeepAliveHost
+
+
+@dataclass
+class Proxied:
+    url: str  # the proxy's
+    proxy: EgressProxy
+    actions: Path
+    accepted: list[int]  # client connections the proxy accepted (one item, a counter)
+
+    def lines(self) -> list[ActionLine]:
+        return [ActionLine.model_validate_json(x) for x in self.actions.read_text().splitlines()]
+
+
+@pytest.fixture
+def host() -> Iterator[KeepAliveHost]:
+    server = KeepAliveHost()
+    yield server
+    server.close()
+
+
+@contextlib.contextmanager
+def proxy_for(tmp_path: Path, host: KeepAliveHost, *, fsync: bool = False) -> Iterator[Proxied]:
+    actions = tmp_path / "actions.jsonl"
+    actions.touch()
+    config = GuardConfig(
+        run_id="test-keepalive",
+        workflow="wf",
+        step="s",
+        bridge_token="b" * 24,
+        exec_token="e" * 24,
+        has_db=False,
+        actions_path=str(actions),
+        data_dir=str(tmp_path),
+        fsync_each=fsync,
+        egress=Egress(allow=[{"host": "127.0.0.1", "port": host.port}]),  # type: ignore[list-item]
+    )
+    log = ActionLog(str(actions), secrets=(), fsync_each=fsync)
+    proxy = EgressProxy(config, log)
+    accepted = [0]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted[0] += 1
+        await proxy.handle(reader, writer)
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    start = asyncio.start_server(handle, "127.0.0.1", 0, limit=http1.MAX_HEAD_BYTES)
+    server = asyncio.run_coroutine_threadsafe(start, loop).result(10)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield Proxied(f"http://127.0.0.1:{port}", proxy, actions, accepted)
+    finally:
+
+        async def stop() -> None:
+            server.close()
+            proxy.close()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            if tasks:  # handlers finishing their last lines, or idle on a client still open
+                _, idle = await asyncio.wait(tasks, timeout=1)
+                for task in idle:
+                    task.cancel()
+                await asyncio.gather(*idle, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+        log.close()
+
+
+def test_a_thousand_requests_each_from_httpx_and_requests_reuse_both_connections(
+    tmp_path: Path, host: KeepAliveHost
+) -> None:
+    n = 1000
+    base = f"http://127.0.0.1:{host.port}/len"
+    failures: dict[str, list[str]] = {"httpx": [], "requests": []}
+    with proxy_for(tmp_path, host, fsync=True) as proxied:
+        with httpx.Client(proxy=proxied.url, timeout=20, trust_env=False) as client:
+            for i in range(n):
+                try:
+                    reply = client.get(f"{base}/h{i}")
+                    assert reply.status_code == 200 and reply.text == f"hello /len/h{i}"
+                except Exception as exc:
+                    failures["httpx"].append(f"{i}: {type(exc).__name__}: {exc}")
+        with requests.Session() as session:
+            session.trust_env = False
+            session.proxies = {"http": proxied.url}
+            for i in range(n):
+                try:
+                    got = session.get(f"{base}/r{i}", timeout=20)
+                    assert got.status_code == 200 and got.text == f"hello /len/r{i}"
+                except Exception as exc:
+                    failures["requests"].append(f"{i}: {type(exc).__name__}: {exc}")
+        lines = proxied.lines()
+        accepted = proxied.accepted[0]
+        reuses = proxied.proxy.upstream_reuses
+    assert failures == {"httpx": [], "requests": []}
+    # every request reached the host exactly once, over one upstream connection
+    paths = [path for _, _, path in host.seen.requests]
+    assert paths == [f"/len/h{i}" for i in range(n)] + [f"/len/r{i}" for i in range(n)]
+    # (a second only if the next client's first request came while the last one's
+    # reply was still being finished)
+    assert host.seen.connections <= 2 and reuses == 2 * n - host.seen.connections
+    # one connection from each client to the proxy, and each request logged on its own
+    assert accepted == 2
+    starts = [ln for ln in lines if ln.event == "start"]
+    assert len(starts) == 2 * n and all(ln.decision == "allow" for ln in starts)
+    assert {ln.detail["connection"] for ln in starts[:n]} == {1}
+    assert {ln.detail["connection"] for ln in starts[n:]} == {2}
+    assert sum(1 for ln in starts if ln.detail.get("upstream_reused")) == reuses
+    counts = read(proxied.actions).counts
+    assert (counts.allow, counts.outcome_unknown, counts.outcome_error) == (2 * n, 0, 0)
+
+
+@pytest.mark.parametrize(
+    ("kind", "reused"),
+    [
+        ("len", True),
+        ("chunked", True),
+        ("close", False),
+        ("http10", False),
+        ("extra", False),
+    ],
+)
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_an_upstream_connection_is_reused_only_after_a_cleanly_framed_reply(
+    tmp_path: Path, host: KeepAliveHost, kind: str, reused: bool, method: str
+) -> None:
+    with (
+        proxy_for(tmp_path, host) as proxied,
+        httpx.Client(proxy=proxied.url, timeout=20, trust_env=False) as client,
+    ):
+        for i in range(3):
+            reply = client.request(method, f"http://127.0.0.1:{host.port}/{kind}/{i}")
+            assert reply.status_code == 200
+            assert reply.text == ("" if method == "HEAD" else f"hello /{kind}/{i}")
+        accepted = proxied.accepted[0]
+    assert [path for _, _, path in host.seen.requests] == [f"/{kind}/{i}" for i in range(3)]
+    assert host.seen.connections == (1 if reused else 3)
+    assert accepted == 1  # the client's connection to the proxy carried all three
+
+
+def test_an_idle_connection_the_host_closed_is_not_reused(
+    tmp_path: Path, host: KeepAliveHost
+) -> None:
+    with (
+        proxy_for(tmp_path, host) as proxied,
+        httpx.Client(proxy=proxied.url, timeout=20, trust_env=False) as client,
+    ):
+        assert client.get(f"http://127.0.0.1:{host.port}/len/a").text == "hello /len/a"
+        host.drop_connections()  # the host's idle timeout, while the proxy holds it
+        assert client.get(f"http://127.0.0.1:{host.port}/len/b").text == "hello /len/b"
+    assert [c for c, _, _ in host.seen.requests] == [1, 2]
+
+
+def test_a_request_that_failed_on_a_reused_connection_is_never_sent_again(
+    tmp_path: Path, host: KeepAliveHost
+) -> None:
+    """The host took the request and closed without a reply: it may have acted on it.
+    The step gets an error, the log says sent-and-failed, the host saw it once."""
+    with (
+        proxy_for(tmp_path, host) as proxied,
+        httpx.Client(proxy=proxied.url, timeout=20, trust_env=False) as client,
+    ):
+        assert client.get(f"http://127.0.0.1:{host.port}/len/a").status_code == 200
+        reply = client.get(f"http://127.0.0.1:{host.port}/drop/b")
+    lines = proxied.lines()  # the proxy has stopped: every outcome is written
+    assert reply.status_code == 502 and "was sent but failed" in reply.text
+    assert host.seen.requests == [(1, "GET", "/len/a"), (1, "GET", "/drop/b")]
+    (start,) = [ln for ln in lines if ln.arguments.get("url", "").endswith("/drop/b")]
+    (outcome,) = [ln for ln in lines if ln.event == "outcome" and ln.call_id == start.call_id]
+    assert start.event == "start" and start.detail.get("upstream_reused") is True
+    assert outcome.event == "outcome" and outcome.outcome == "error"
