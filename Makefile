@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?=
 
-.PHONY: demo test test-kubernetes venv engine images lint typecheck bench clean
+.PHONY: demo test test-walls test-kubernetes venv engine images lint typecheck bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ demo: images
 test: images lint
 	$(BIN)/python examples/setup.py
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The second walls (gVisor for the step, userns-remap) in second engines that the
+# tests start and stop themselves (tests/engines/README.md); the host's engine is
+# never reconfigured. Installs runsc (Debian package) when missing.
+test-walls: images
+	bash scripts/ensure-runsc.sh >/dev/null
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m second_engine tests
 
 # The same run shape as Pods on a real local cluster (tests/kubernetes/README.md).
 # The first run builds the Kubernetes binaries from Debian's source (minutes, cached

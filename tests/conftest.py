@@ -32,6 +32,9 @@ from sandbox.record import TestRunRecord
 from sandbox.run import RunOptions, TestRun
 from sandbox.wire import ActionLine
 
+# Second engines (runsc runtimes, userns-remap) for the tests of the second walls.
+from tests.engines.fixtures import runsc_engine, second_engines, userns_engine  # noqa: F401
+
 
 @pytest.fixture(scope="session")
 def engine() -> Iterator[DockerClient]:

@@ -1,0 +1,52 @@
+"""Session fixtures for second engines (imported by tests/conftest.py).
+
+`second_engines` is the pool: one engine per configuration for the whole session,
+started when a test first asks for it, all stopped at the end, then the host's engine
+checked. It runs only with `-m second_engine` (`make test-walls`); without it a test
+that asks for it is skipped. Before the pool starts, `sweep()` stops what a killed
+session left. The session's base temp folder is shared with every engine, so
+`tmp_path` folders (and a run's disk and view mounted in them) work as bind sources.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from sandbox.engine import images
+from tests.engines.second_engine import EngineConfig, EnginePool, SecondEngine, sweep
+
+MARKER = "second_engine"
+# What a test run needs in the engine: the step, the guard and the MCP server images.
+RUN_IMAGES = (images.STEP_IMAGE, images.GUARD_IMAGE, images.MCP_IMAGE)
+
+
+def selected(config: pytest.Config) -> bool:
+    return MARKER in (config.getoption("markexpr") or "")
+
+
+@pytest.fixture(scope="session")
+def second_engines(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EnginePool]:
+    if not selected(request.config):
+        pytest.skip(f"second engines run with -m {MARKER} (make test-walls)")
+    sweep()
+    pool = EnginePool(share=(tmp_path_factory.getbasetemp(),))
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="session")
+def runsc_engine(second_engines: EnginePool) -> SecondEngine:
+    """runc by default; `runsc`, `runsc-host`, `runsc-host-sc` registered; run images loaded."""
+    return second_engines.get(EngineConfig.runsc(), images=RUN_IMAGES)
+
+
+@pytest.fixture(scope="session")
+def userns_engine(second_engines: EnginePool) -> SecondEngine:
+    """userns-remap on (`engine.remap`: the host range); run images loaded."""
+    return second_engines.get(EngineConfig.userns(), images=RUN_IMAGES)

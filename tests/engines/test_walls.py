@@ -1,0 +1,157 @@
+"""The two second walls work in a second engine, with plain containers of our images.
+
+gVisor: a step-image container under `runsc-host-sc` (passthrough network, the OCI
+seccomp profile applied) joins the network namespace of a runc container and reaches
+its loopback port, as the step will reach its guard. userns-remap: the engine reports
+the remapping, and a container's uid 10001 is host uid base + 10001.
+Opt-in (`-m second_engine`, `make test-walls`): each engine costs a start and an image
+load (see tests/engines/README.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import docker.errors
+import pytest
+from docker.models.containers import Container
+
+from sandbox.engine.images import STEP_IMAGE
+from tests.engines.second_engine import EngineConfig, EnginePool, SecondEngine, id_map, read_remap
+
+pytestmark = pytest.mark.second_engine
+
+PORT = 8790
+OWNER = f"""
+import os, socket
+s = socket.socket()
+s.bind(("127.0.0.1", {PORT}))
+s.listen()
+print("listening", flush=True)
+while True:
+    c, _ = s.accept()
+    c.sendall(os.environ["TOKEN"].encode())
+    c.close()
+"""
+CLIENT = f"""
+import os, socket
+print(os.uname().release)
+try:
+    with socket.create_connection(("127.0.0.1", {PORT}), timeout=10) as s:
+        print("got", s.recv(100).decode())
+except OSError as exc:
+    print("error", type(exc).__name__)
+"""
+STEP_SHAPE: dict[str, Any] = {
+    "user": "10001:10001",
+    "cap_drop": ["ALL"],
+    "security_opt": ["no-new-privileges"],
+    "read_only": True,
+}
+
+
+def _wait_for_log(container: Container, text: str, deadline_s: float = 60) -> None:
+    end = time.monotonic() + deadline_s
+    while text not in container.logs().decode(errors="replace"):
+        container.reload()
+        assert container.status == "running", container.logs().decode(errors="replace")
+        assert time.monotonic() < end, f"{text!r} never appeared in the logs"
+        time.sleep(0.05)
+
+
+def _run_to_end(engine: SecondEngine, **kwargs: Any) -> tuple[int, str, Container]:
+    container = engine.client.containers.run(STEP_IMAGE, detach=True, **kwargs)
+    status = container.wait(timeout=120)
+    return status["StatusCode"], container.logs().decode(errors="replace"), container
+
+
+@pytest.fixture(scope="module")
+def runsc(second_engines: EnginePool) -> SecondEngine:
+    return second_engines.get(EngineConfig.runsc(), images=(STEP_IMAGE,))
+
+
+@pytest.fixture(scope="module")
+def userns(second_engines: EnginePool) -> SecondEngine:
+    return second_engines.get(EngineConfig.userns(), images=(STEP_IMAGE,))
+
+
+@pytest.fixture
+def cleanup(request: pytest.FixtureRequest) -> Iterator[list[Container]]:
+    made: list[Container] = []
+    yield made
+    for container in made:
+        with contextlib.suppress(docker.errors.NotFound):
+            container.remove(force=True)
+
+
+def test_runsc_step_reaches_the_loopback_of_the_namespace_it_joins(
+    runsc: SecondEngine, cleanup: list[Container]
+) -> None:
+    token = secrets.token_hex(8)
+    owner = runsc.client.containers.run(
+        STEP_IMAGE,
+        ["python3", "-c", OWNER],
+        detach=True,
+        network_mode="none",
+        environment={"TOKEN": token},
+        **STEP_SHAPE,
+    )
+    cleanup.append(owner)
+    _wait_for_log(owner, "listening")
+    code, out, joined = _run_to_end(
+        runsc,
+        command=["python3", "-c", CLIENT],
+        runtime="runsc-host-sc",
+        network_mode=f"container:{owner.id}",
+        **STEP_SHAPE,
+    )
+    cleanup.append(joined)
+    assert code == 0, out
+    assert joined.attrs["HostConfig"]["Runtime"] == "runsc-host-sc"
+    release, reply = out.split("\n")[:2]
+    assert release != os.uname().release, "the container saw the host kernel, not gVisor's"
+    assert reply == f"got {token}"
+    # The same container in a namespace of its own finds nothing there.
+    code, out, alone = _run_to_end(
+        runsc,
+        command=["python3", "-c", CLIENT],
+        runtime="runsc-host-sc",
+        network_mode="none",
+        **STEP_SHAPE,
+    )
+    cleanup.append(alone)
+    assert code == 0 and out.split("\n")[1] == "error ConnectionRefusedError", out
+
+
+def test_userns_remap_puts_container_uid_10001_at_base_plus_10001(
+    userns: SecondEngine, cleanup: list[Container]
+) -> None:
+    assert userns.remap is not None
+    base = userns.remap.outside
+    info = userns.client.info()
+    assert "name=userns" in " ".join(info["SecurityOptions"])
+    assert read_remap(info) == (base, base)
+    container = userns.client.containers.run(
+        STEP_IMAGE, ["sleep", "600"], detach=True, network_mode="none", **STEP_SHAPE
+    )
+    cleanup.append(container)
+    container.reload()
+    pid = container.attrs["State"]["Pid"]
+    status = dict(
+        line.split(":", 1)
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+        if ":" in line
+    )
+    assert status["Uid"].split() == [str(base + 10001)] * 4
+    assert status["Gid"].split() == [str(base + 10001)] * 4
+    (uid_range,) = id_map(pid)
+    assert (uid_range.inside, uid_range.outside, uid_range.count) == (0, base, 65536)
+    assert uid_range.host_id(10001) == base + 10001
+    # The remap's own files never reached the host.
+    assert str(base) not in Path("/etc/subuid").read_text() + Path("/etc/subgid").read_text()
