@@ -43,8 +43,8 @@ test-kubernetes: images
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m kubernetes tests/kubernetes
 
 lint: venv
-	$(BIN)/ruff check sandbox tests examples seccomp
-	$(BIN)/ruff format --check sandbox tests examples seccomp
+	$(BIN)/ruff check sandbox bench tests examples
+	$(BIN)/ruff format --check sandbox bench tests examples
 	$(BIN)/mypy
 
 bench: images

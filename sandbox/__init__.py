@@ -15,23 +15,23 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sandbox.errors import ConfigError, EngineError, RefusedError, SandboxError
-    from sandbox.lock import LockHeldError, workflow_run_lock
-    from sandbox.record import RunStatus, TestRunRecord
-    from sandbox.run import RunOptions, TestRun, execute_step
+    from sandbox.contracts.errors import ConfigError, EngineError, RefusedError, SandboxError
+    from sandbox.contracts.record import RunStatus, TestRunRecord
+    from sandbox.prepare.lock import LockHeldError, workflow_run_lock
+    from sandbox.run.testrun import RunOptions, TestRun, execute_step
 
 _WHERE = {
-    "ConfigError": "sandbox.errors",
-    "EngineError": "sandbox.errors",
-    "RefusedError": "sandbox.errors",
-    "SandboxError": "sandbox.errors",
-    "LockHeldError": "sandbox.lock",
-    "workflow_run_lock": "sandbox.lock",
-    "RunStatus": "sandbox.record",
-    "TestRunRecord": "sandbox.record",
-    "RunOptions": "sandbox.run",
-    "TestRun": "sandbox.run",
-    "execute_step": "sandbox.run",
+    "ConfigError": "sandbox.contracts.errors",
+    "EngineError": "sandbox.contracts.errors",
+    "RefusedError": "sandbox.contracts.errors",
+    "SandboxError": "sandbox.contracts.errors",
+    "LockHeldError": "sandbox.prepare.lock",
+    "workflow_run_lock": "sandbox.prepare.lock",
+    "RunStatus": "sandbox.contracts.record",
+    "TestRunRecord": "sandbox.contracts.record",
+    "RunOptions": "sandbox.run.testrun",
+    "TestRun": "sandbox.run.testrun",
+    "execute_step": "sandbox.run.testrun",
 }
 
 __all__ = [

@@ -11,11 +11,12 @@ import argparse
 import contextlib
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from sandbox.errors import SandboxError
-from sandbox.record import RunStatus, TestRunRecord, read_record
+from sandbox.contracts.errors import ConfigError, SandboxError
+from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
 from sandbox.termsafe import clean
 
 
@@ -54,13 +55,13 @@ def _print_record(record: TestRunRecord, as_json: bool) -> None:
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    from sandbox.run import RunInterrupted
+    from sandbox.run.testrun import RunInterrupted
 
     raise RunInterrupted()
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sandbox.run import RunOptions, TestRun
+    from sandbox.run.testrun import RunOptions, TestRun
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     options = RunOptions(
@@ -76,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from sandbox.errors import ConfigError
+    from sandbox.contracts.errors import ConfigError
 
     run_dir = Path(args.run_dir)
     try:
@@ -93,7 +94,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _listed_status(record: TestRunRecord) -> str:
     """`running` only while its runner lives; else what `sandbox gc` will record."""
-    from sandbox.engine.gc import runner_alive
+    from sandbox.backends.docker.gc import runner_alive
 
     if record.status is RunStatus.RUNNING and (
         record.runner is None or not runner_alive(record.runner.pid, record.runner.create_time)
@@ -103,7 +104,7 @@ def _listed_status(record: TestRunRecord) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from sandbox.errors import ConfigError
+    from sandbox.contracts.errors import ConfigError
 
     runs = Path(args.workflow_dir) / "runs"
     if not runs.is_dir():
@@ -121,8 +122,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    from sandbox.engine import gc
-    from sandbox.engine.client import connect
+    from sandbox.backends.docker import gc
+    from sandbox.backends.docker.client import connect
 
     dirs = [Path(p) for p in args.workflow_dir]
     with contextlib.closing(connect()) as client:
@@ -144,8 +145,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_images(args: argparse.Namespace) -> int:
-    from sandbox.engine.client import connect
-    from sandbox.engine.images import build_all
+    from sandbox.backends.docker.client import connect
+    from sandbox.backends.docker.images import build_all
 
     with contextlib.closing(connect()) as client:
         built = build_all(client, base_image=args.base_image or None)
@@ -153,8 +154,27 @@ def cmd_images(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_main() -> Callable[[list[str]], int]:
+    """The benchmarks' entry point, from the source checkout this package runs from.
+
+    The benchmarks are not part of the installed package (they need the checkout's
+    fake upstreams and write its `bench/results.json`), so outside a checkout this is
+    a ConfigError that says where to run them."""
+    checkout = Path(__file__).resolve().parents[1]
+    if not (checkout / "bench" / "__init__.py").is_file():
+        raise ConfigError(
+            "`sandbox bench` runs from a source checkout (the benchmarks are not installed "
+            "with the package): run `make bench` in a clone of the repository"
+        )
+    if str(checkout) not in sys.path:
+        sys.path.insert(0, str(checkout))
+    from bench.harness import main
+
+    return main
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
-    from sandbox.bench import main as bench_main
+    bench_main = _bench_main()
 
     argv = ["--only", args.only] if args.only else []
     argv += ["--out", args.out] if args.out else []

@@ -27,12 +27,13 @@ from pathlib import Path
 from docker import DockerClient
 from pydantic import BaseModel
 
-from sandbox.engine import containers, images
-from sandbox.engine.client import ENGINE_HINT, connect
-from sandbox.errors import SandboxError
-from sandbox.layout import STEP_UID
-from sandbox.seccomp import step_profile
-from sandbox.spec import ContainerSpec
+from sandbox.backends.docker import containers, images
+from sandbox.backends.docker.client import ENGINE_HINT, connect
+from sandbox.contracts import names
+from sandbox.contracts.errors import SandboxError
+from sandbox.contracts.layout import STEP_UID
+from sandbox.contracts.spec import ContainerSpec
+from sandbox.launch.seccomp import step_profile
 
 
 class Check(BaseModel):
@@ -52,7 +53,8 @@ PROBE_TIMEOUT_S = 60
 MAX_USERNS = Path("/proc/sys/user/max_user_namespaces")
 UNPRIVILEGED_USERNS = Path("/proc/sys/kernel/unprivileged_userns_clone")  # Debian/Ubuntu only
 
-# Runs as the step (uid 10001, no capabilities) under seccomp/step.json; prints one JSON line.
+# Runs as the step (uid 10001, no capabilities) under sandbox/seccomp/step.json; prints one
+# JSON line.
 # x86_64 syscall numbers; on another architecture the names it cannot try say "unknown".
 SECCOMP_PROBE = r"""
 import ctypes, errno, json, os, platform
@@ -98,7 +100,7 @@ def run_checks() -> list[Check]:
         _lsm(security),
     ]
     images_ok = True
-    for ref in (images.STEP_IMAGE, images.GUARD_IMAGE, images.MCP_IMAGE):
+    for ref in (names.STEP_IMAGE, names.GUARD_IMAGE, names.MCP_IMAGE):
         try:
             image_id = images.require(client, ref)
             checks.append(Check(name=f"image {ref}", ok=True, detail=image_id[:19]))
@@ -162,7 +164,7 @@ def _engine(client: DockerClient, info: dict[str, object]) -> Check:
             facts,
             f"engines before {DEFAULT_PROFILE_DENIES_IO_URING}.0 ship a built-in seccomp "
             "default that allows io_uring (and ptrace/process_vm_* on kernels >= 4.8); steps "
-            "and the guard (its root entry script included) run under seccomp/step.json "
+            "and the guard (its root entry script included) run under sandbox/seccomp/step.json "
             "regardless, but any other container on this engine uses the weaker default",
             f"upgrade to Docker Engine >= {DEFAULT_PROFILE_DENIES_IO_URING} (docker-ce)",
         )
@@ -217,10 +219,10 @@ def _probe_spec(name: str, command: list[str], user: str, **kwargs: object) -> C
     return ContainerSpec.model_validate(
         {
             "name": f"sandbox-doctor-{name}-{secrets.token_hex(3)}",
-            "image": images.STEP_IMAGE,
+            "image": names.STEP_IMAGE,
             "command": command,
             "user": user,
-            "labels": {containers.LABEL_ROLE: "doctor"},
+            "labels": {names.LABEL_ROLE: "doctor"},
             "memory_bytes": 128 * 1024**2,
             "pids": 32,
             **kwargs,
@@ -260,7 +262,8 @@ def _seccomp_profile(probe: dict[str, str] | str | None, images_ok: bool) -> Che
             name="seccomp profile",
             ok=False,
             detail=probe,
-            fix="see seccomp/README.md; regenerate with `python seccomp/tighten.py`",
+            fix="see sandbox/seccomp/README.md; regenerate with "
+            "`python sandbox/seccomp/tighten.py`",
         )
     open_calls = sorted(k for k, v in probe.items() if v not in (DENIED, "unknown"))
     said = ", ".join(f"{k} {v}" for k, v in sorted(probe.items()))
@@ -268,10 +271,10 @@ def _seccomp_profile(probe: dict[str, str] | str | None, images_ok: bool) -> Che
         return Check(
             name="seccomp profile",
             ok=False,
-            detail=f"seccomp/step.json loads, but a step can still call {', '.join(open_calls)}"
-            f" ({said})",
-            fix="regenerate the profile with `python seccomp/tighten.py` and check the engine "
-            "applies it (docker-py security_opt 'seccomp=<json text>')",
+            detail="sandbox/seccomp/step.json loads, but a step can still call "
+            f"{', '.join(open_calls)} ({said})",
+            fix="regenerate the profile with `python sandbox/seccomp/tighten.py` and check the "
+            "engine applies it (docker-py security_opt 'seccomp=<json text>')",
         )
     if all(v == "unknown" for v in probe.values()):
         said = "the syscall probe knows x86_64 only"
@@ -280,7 +283,7 @@ def _seccomp_profile(probe: dict[str, str] | str | None, images_ok: bool) -> Che
     return Check(
         name="seccomp profile",
         ok=True,
-        detail=f"seccomp/step.json loads and Python runs under it; {said}",
+        detail=f"sandbox/seccomp/step.json loads and Python runs under it; {said}",
     )
 
 
@@ -307,8 +310,9 @@ def _user_namespaces(security: list[str], probe: dict[str, str] | str | None) ->
             ok=False,
             detail=f"{host}; {engine}; a step CAN create a user namespace "
             f"(unshare(CLONE_NEWUSER): {step_verdict})",
-            fix="the step profile must deny unshare/clone namespace flags (seccomp/tighten.py); "
-            "as a host-wide stopgap: sysctl -w user.max_user_namespaces=0",
+            fix="the step profile must deny unshare/clone namespace flags "
+            "(sandbox/seccomp/tighten.py); as a host-wide stopgap: "
+            "sysctl -w user.max_user_namespaces=0",
         )
     facts = f"{host}; {engine}; " + (
         "steps cannot create one (unshare(CLONE_NEWUSER) denied: EPERM)"
@@ -345,7 +349,7 @@ def _run_iptables(client: DockerClient) -> Check:
         return Check(
             name=name,
             ok=True,
-            detail=f"{'; '.join(versions)} in {images.STEP_IMAGE}; OUTPUT chains readable in "
+            detail=f"{'; '.join(versions)} in {names.STEP_IMAGE}; OUTPUT chains readable in "
             "a fresh network namespace (IPv4 and IPv6)",
         )
     tail = " | ".join(output.strip().splitlines()[-2:])
@@ -354,7 +358,7 @@ def _run_iptables(client: DockerClient) -> Check:
         name=name,
         ok=False,
         detail=f"the firewall's tools failed (exit {code}): {tail}",
-        fix="rebuild the images (`make images`; images/step/packages.txt lists iptables)"
+        fix="rebuild the images (`make images`; sandbox/images/step/packages.txt lists iptables)"
         if missing
         else "load the kernel's netfilter modules (modprobe nf_tables ip6_tables) or use a "
         "kernel with nf_tables and IPv6",

@@ -28,7 +28,8 @@ What it does not guarantee:
   effects (an unsubscribe or magic-login link), and an allowed ``reload`` reloads
   whatever the page is.
 * Local tools are allowed here; which paths they may touch is decided by
-  :mod:`sandbox.pathsafety` and by the container's mounts, not by this module.
+  :mod:`sandbox.stepside.agentworks_exec.pathsafety` and by the container's mounts,
+  not by this module.
 * Shell commands run in the step container; their network is contained by the
   egress proxy and firewall, not by this table.
 
@@ -237,7 +238,7 @@ _EFFECTS_ROWS: Final[tuple[tuple[str, Row], ...]] = (
     ("migrate_workflow_db", DB_ADMIN),
     ("backup_workflow_db", DB_ADMIN),
     ("snapshot_workflow_db", DB_ADMIN),
-    # local tools (paths checked by sandbox.pathsafety)
+    # local tools (paths checked by sandbox.stepside.agentworks_exec.pathsafety)
     ("read_file", LOCAL),
     ("write_file", LOCAL),
     ("edit_file", LOCAL),

@@ -23,14 +23,15 @@ import pytest
 from docker import DockerClient
 from docker.models.containers import Container
 
-from sandbox.config import load_workflow
-from sandbox.engine import images
-from sandbox.engine.containers import LABEL_MANAGED, LABEL_RUN_ROOT, LABEL_RUNNER_PID
-from sandbox.engine.gc import orphaned
-from sandbox.layout import TEST_RUN_PREFIX, RunLayout
-from sandbox.record import TestRunRecord
-from sandbox.run import RunOptions, TestRun
-from sandbox.wire import ActionLine
+from sandbox.backends.docker import images
+from sandbox.backends.docker.gc import orphaned
+from sandbox.contracts import names
+from sandbox.contracts.config import load_workflow
+from sandbox.contracts.layout import TEST_RUN_PREFIX, RunLayout
+from sandbox.contracts.names import LABEL_MANAGED, LABEL_RUN_ROOT, LABEL_RUNNER_PID
+from sandbox.contracts.record import TestRunRecord
+from sandbox.contracts.wire import ActionLine
+from sandbox.run.testrun import RunOptions, TestRun
 
 # Second engines (runsc runtimes, userns-remap) for the tests of the second walls.
 from tests.engines.fixtures import runsc_engine, second_engines, userns_engine  # noqa: F401
@@ -40,7 +41,7 @@ from tests.engines.fixtures import runsc_engine, second_engines, userns_engine  
 def engine() -> Iterator[DockerClient]:
     client = docker.from_env(timeout=120)
     client.ping()
-    images.require(client, images.STEP_IMAGE)
+    images.require(client, names.STEP_IMAGE)
     yield client
     # Ours are the runs of this process, and any run whose runner is gone; runs of
     # other processes on the same engine (a developer's, a parallel suite) are theirs.
@@ -168,6 +169,13 @@ class ThreadedRun:
     def __exit__(self, *exc_info: object) -> None:
         self._thread.join(timeout=self._join_s)
 
+    def _ended(self) -> str:
+        """How the run ended, for a test that expected it still running."""
+        if not self._result:
+            return "no record (the run raised)"
+        record = self._result[0]
+        return f"{record.status.value}: {record.reason}"
+
     def wait_for_file(self, pattern: str, deadline_s: float = 120) -> Path:
         """The first path under the workflow's `runs/` matching `pattern`, once it exists
         (for the step's group folder, `wait_for_in_group`)."""
@@ -178,7 +186,9 @@ class ThreadedRun:
             if found is not None:
                 return found
             assert time.monotonic() < end, f"{pattern} never appeared"
-            assert self._thread.is_alive(), f"the run ended before {pattern} appeared"
+            assert self._thread.is_alive(), (
+                f"the run ended before {pattern} appeared: {self._ended()}"
+            )
             time.sleep(0.05)
 
     def wait_for_in_group(self, name: str, deadline_s: float = 120) -> Path:
@@ -196,7 +206,7 @@ class ThreadedRun:
                     self._layout = layout
                     return layout.disk_group / name
             assert time.monotonic() < end, f"{name} never appeared in the group folder"
-            assert self._thread.is_alive(), f"the run ended before {name} appeared"
+            assert self._thread.is_alive(), f"the run ended before {name} appeared: {self._ended()}"
             time.sleep(0.05)
 
     @property

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.actionsummary import read
+from sandbox.collect.actionsummary import read
+from sandbox.contracts.wire import ActionLine
 from sandbox.guard import actionlog
 from sandbox.guard.actionlog import (
     MAX_ITEMS,
@@ -20,7 +21,6 @@ from sandbox.guard.actionlog import (
     LogFull,
     redact,
 )
-from sandbox.wire import ActionLine
 
 
 def test_redact_masks_credential_keys_and_known_secrets() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.bench import (
+from bench.harness import (
     BenchResults,
     Goal,
     HostInfo,
@@ -23,7 +23,7 @@ from sandbox.bench import (
     ratio,
     status_row,
 )
-from sandbox.record import RunStatus, TestRunRecord
+from sandbox.contracts.record import RunStatus, TestRunRecord
 
 
 def test_ratio_is_ours_over_baseline_and_none_when_undefined() -> None:

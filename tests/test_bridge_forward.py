@@ -18,10 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
+from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app
 from sandbox.guard.config import GuardConfig
-from sandbox.wire import ActionLine
 from tests.conftest import call_lines
 
 TOKEN = "b" * 24
@@ -207,7 +207,7 @@ def test_an_upstream_reply_past_its_cap_is_a_tool_error_and_the_guard_goes_on(
 def test_with_the_action_log_full_a_call_is_stubbed_not_forwarded_and_counted_once(
     guard_at: Callable[[str | None], tuple[Guard, Path]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from sandbox.actionsummary import read
+    from sandbox.collect.actionsummary import read
     from sandbox.guard import actionlog
 
     monkeypatch.setattr(actionlog, "MAX_LOG_BYTES", 1200)
@@ -341,7 +341,7 @@ def test_the_guard_waits_as_long_as_the_executor_may_run_the_command(
     guard_at: Callable[[str | None], tuple[Guard, Path]], asked: object
 ) -> None:
     """The guard's wait for a shell command comes from the executor's own timeout rule."""
-    from sandbox.toolargs import SHELL_KILL_GRACE_S, shell_timeout_s
+    from sandbox.stepside.agentworks_exec.toolargs import SHELL_KILL_GRACE_S, shell_timeout_s
 
     guard, _ = guard_at(None)
     seen: list[float] = []

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from docker import DockerClient
 
-from sandbox.record import RunStatus, read_record
+from sandbox.contracts.record import RunStatus, read_record
 from tests.conftest import WorkflowFactory, containers_of, tree_digest
 
 pytestmark = pytest.mark.engine

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.config import Egress, load_workflow
-from sandbox.errors import ConfigError
+from sandbox.contracts.config import Egress, load_workflow
+from sandbox.contracts.errors import ConfigError
 
 GOOD = """
 name = "jobs"

@@ -12,9 +12,11 @@ from types import FrameType
 import pytest
 from docker import DockerClient
 
-from sandbox.engine import containers, images
-from sandbox.engine.containers import LABEL_MANAGED, OwnedContainers
-from sandbox.spec import ContainerSpec
+from sandbox.backends.docker import containers
+from sandbox.backends.docker.containers import OwnedContainers
+from sandbox.contracts import names
+from sandbox.contracts.names import LABEL_MANAGED
+from sandbox.contracts.spec import ContainerSpec
 
 
 class Interrupted(BaseException):
@@ -36,7 +38,7 @@ def sigterm_raises() -> Iterator[None]:
 def _spec(label: str, n: int) -> ContainerSpec:
     return ContainerSpec(
         name=f"sandbox-owned-test-{label}-{n}",
-        image=images.STEP_IMAGE,
+        image=names.STEP_IMAGE,
         command=["true"],
         user="10001:10001",
         labels={"sandbox.test-owned": label},

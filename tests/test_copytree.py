@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.copytree import CopyReport, LeftOut, copy_execution_tree, newest_real_run
+from sandbox.contracts.reports import CopyReport, LeftOut
+from sandbox.prepare.copytree import copy_execution_tree, newest_real_run
 
 KB = 1024
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.dbcopy import DbCopyError, copy_db, find_workflow_db
+from sandbox.prepare.dbcopy import DbCopyError, copy_db, find_workflow_db
 
 
 def _state(db_dir: Path) -> dict[str, str]:

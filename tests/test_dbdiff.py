@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sandbox.dbdiff import DbDiff, RowChange, TableDiff, diff_databases
+from sandbox.collect.dbdiff import diff_databases
+from sandbox.contracts.reports import DbDiff, RowChange, TableDiff
 
 EVIL = 'we"ird \'name"; DROP TABLE proposals; --'
 EVIL_COL = 'co"l'

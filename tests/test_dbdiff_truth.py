@@ -20,7 +20,8 @@ import apsw
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from sandbox.dbdiff import DbDiff, TableDiff, diff_databases
+from sandbox.collect.dbdiff import diff_databases
+from sandbox.contracts.reports import DbDiff, TableDiff
 
 
 def _exec(db: Path, *sql: str) -> None:

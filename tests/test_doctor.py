@@ -19,17 +19,17 @@ import pytest
 from docker import DockerClient
 
 from sandbox import doctor
-from sandbox.engine import images
-from sandbox.engine.containers import LABEL_ROLE
+from sandbox.contracts import names
+from sandbox.contracts.names import LABEL_ROLE
 
 EXPECTED_CHECKS = [
     "engine",
     "cgroups",
     "seccomp support",
     "LSM",
-    f"image {images.STEP_IMAGE}",
-    f"image {images.GUARD_IMAGE}",
-    f"image {images.MCP_IMAGE}",
+    f"image {names.STEP_IMAGE}",
+    f"image {names.GUARD_IMAGE}",
+    f"image {names.MCP_IMAGE}",
     "seccomp profile",
     "user namespaces",
     "iptables in the run",

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from docker import DockerClient
 
+from sandbox.contracts.record import RunStatus, TestRunRecord
+from sandbox.contracts.wire import ActionLine
 from sandbox.policy import stub_reply
-from sandbox.record import RunStatus, TestRunRecord
-from sandbox.run import RunOptions, TestRun
-from sandbox.wire import ActionLine
+from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import WorkflowFactory, call_lines, tree_digest
 from tests.fakes.harness import ALIAS, Outside, outside_server
 

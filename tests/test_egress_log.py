@@ -20,13 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.actionsummary import read
-from sandbox.config import Egress
+from sandbox.collect.actionsummary import read
+from sandbox.contracts.config import Egress
+from sandbox.contracts.wire import ActionLine
 from sandbox.guard import actionlog
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.config import GuardConfig
 from sandbox.guard.egress import EgressProxy
-from sandbox.wire import ActionLine
 from tests.conftest import call_lines
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.config import Egress
+from sandbox.contracts.config import Egress
 from sandbox.guard.egress import match
 
 EGRESS = Egress.model_validate(

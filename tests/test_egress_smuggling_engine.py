@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from docker import DockerClient
 
-from sandbox.record import RunStatus
-from sandbox.run import RunOptions, TestRun
+from sandbox.contracts.record import RunStatus
+from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import WorkflowFactory, call_lines, tree_digest
 from tests.fakes.harness import Outside, outside_server
 

@@ -50,20 +50,20 @@ import psutil
 import pytest
 from docker import DockerClient
 
-import sandbox.run as run_module
-from sandbox.dbcopy import copy_db
-from sandbox.engine.containers import (
+import sandbox.run.testrun as run_module
+from sandbox.backends.docker.gc import orphaned
+from sandbox.contracts.layout import RunLayout
+from sandbox.contracts.names import (
     LABEL_MANAGED,
     LABEL_ROLE,
     LABEL_RUN_ID,
     LABEL_RUN_ROOT,
     LABEL_RUNNER_PID,
 )
-from sandbox.engine.gc import orphaned
-from sandbox.layout import RunLayout
-from sandbox.lock import INFO_DIR_NAME, holders, lock_home, workflow_run_lock
-from sandbox.record import RECORD_FILE, RunStatus, TestRunRecord, read_record
-from sandbox.run import TestRun
+from sandbox.contracts.record import RECORD_FILE, RunStatus, TestRunRecord, read_record
+from sandbox.prepare.dbcopy import copy_db
+from sandbox.prepare.lock import INFO_DIR_NAME, holders, lock_home, workflow_run_lock
+from sandbox.run.testrun import TestRun
 from tests.conftest import WorkflowFactory, tree_digest
 
 pytestmark = pytest.mark.engine
@@ -453,7 +453,9 @@ def copy_rows(wf: Path, record: TestRunRecord) -> list[tuple[int, str]]:
 def helper_running() -> bool:
     """dbcopy's snapshot helper (a child of this process) is trying to copy."""
     me = psutil.Process()
-    return any("sandbox.dbsnapshot" in " ".join(p.cmdline()) for p in me.children(recursive=True))
+    return any(
+        "sandbox.prepare.dbsnapshot" in " ".join(p.cmdline()) for p in me.children(recursive=True)
+    )
 
 
 @pytest.mark.parametrize(

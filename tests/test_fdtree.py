@@ -7,8 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from sandbox import fdtree
-from sandbox.fdcopy import copy_fd
+from sandbox.hostfs import fdtree
+from sandbox.hostfs.fdcopy import copy_fd
 
 
 def _chain(root: Path, depth: int) -> None:

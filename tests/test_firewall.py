@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from sandbox.firewall import READY_MARK, expected_readback, guard_entry_script, rules
-from sandbox.layout import GUARD_UID
+from sandbox.contracts.layout import GUARD_UID
+from sandbox.launch.firewall import READY_MARK, expected_readback, guard_entry_script, rules
 
 
 def test_only_the_guard_uid_leaves_and_everything_else_is_rejected() -> None:

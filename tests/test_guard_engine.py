@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 from docker import DockerClient
 
-from sandbox.layout import GUARD_UID
+from sandbox.contracts.layout import GUARD_UID
+from sandbox.contracts.record import RunStatus, TestRunRecord
+from sandbox.contracts.wire import ActionLine
 from sandbox.policy import stub_reply
-from sandbox.record import RunStatus, TestRunRecord
-from sandbox.run import RunOptions, TestRun
-from sandbox.wire import ActionLine
+from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import ThreadedRun, WorkflowFactory, call_lines, tree_digest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "job-board" / "fake_api"))

@@ -25,10 +25,11 @@ from pathlib import Path
 import pytest
 from docker import DockerClient
 
-from sandbox import dbdiff
-from sandbox.engine.containers import LABEL_RUN_ID
-from sandbox.record import RunStatus, TestRunRecord, read_record
-from sandbox.run import TestRun
+from sandbox.collect import dbdiff
+from sandbox.contracts.names import LABEL_RUN_ID
+from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
+from sandbox.contracts.reports import DbDiff
+from sandbox.run.testrun import TestRun
 from tests.conftest import ThreadedRun, WorkflowFactory, tree_digest
 from tests.fakes.harness import outside_server
 
@@ -482,7 +483,7 @@ def test_an_unexpected_error_in_collect_still_ends_the_record(
 ) -> None:
     wf = make_workflow(command="true")
 
-    def broken(*args: object, **kwargs: object) -> dbdiff.DbDiff:
+    def broken(*args: object, **kwargs: object) -> DbDiff:
         raise RecursionError("maximum recursion depth exceeded")
 
     monkeypatch.setattr(dbdiff, "diff_databases", broken)
@@ -525,7 +526,7 @@ def test_list_never_shows_running_for_a_dead_runner(
     stale = record.model_copy(update={"status": RunStatus.RUNNING, "finished_at": None})
     assert stale.runner is not None
     stale.runner = stale.runner.model_copy(update={"pid": 2**22 - 1})
-    from sandbox.record import write_record
+    from sandbox.contracts.record import write_record
 
     write_record(run_dir(record), stale)
     listed = _cli("list", str(wf))
@@ -540,7 +541,7 @@ def test_gc_unmounts_what_a_dead_runner_left(
     code = textwrap.dedent(
         f"""
         from pathlib import Path
-        from sandbox.run import TestRun
+        from sandbox.run.testrun import TestRun
         TestRun(Path({str(wf)!r}), "step1").execute()
         """
     )

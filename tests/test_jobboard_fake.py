@@ -32,10 +32,10 @@ from typing import Any
 import pytest
 
 from examples.setup import ensure_db
-from sandbox.config import load_workflow
+from sandbox.contracts.config import load_workflow
+from sandbox.contracts.wire import RUN_KIND_HEADER, ToolReply, ToolResult, UpstreamCall
 from sandbox.policy import Decision, Route, decide, stub_reply
-from sandbox.step_exec import Executor
-from sandbox.wire import RUN_KIND_HEADER, ToolReply, ToolResult, UpstreamCall
+from sandbox.stepside.agentworks_exec.executor import Executor
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "job-board"

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sandbox import launch
-from sandbox.config import Workflow
-from sandbox.engine import images
+from sandbox.contracts import names
+from sandbox.contracts.config import Workflow
+from sandbox.contracts.layout import C_DB_PATH, GUARD_UID, MCP_UID_BASE, RunLayout
+from sandbox.contracts.record import RunnerInfo
 from sandbox.guard import caps
 from sandbox.guard.config import CONFIG_FILE_ENV, DATA_DIR
-from sandbox.layout import C_DB_PATH, GUARD_UID, MCP_UID_BASE, RunLayout
-from sandbox.record import RunnerInfo
+from sandbox.launch import specs as launch
 
 
 def plan(tmp_path: Path, **overrides: object) -> launch.RunPlan:
@@ -143,7 +143,7 @@ def test_each_stdio_mcp_server_is_a_container_of_its_own(tmp_path: Path) -> None
         and api.user == f"{MCP_UID_BASE + 2}:{MCP_UID_BASE + 2}"
     )
     for spec in (files, api):
-        assert spec.image == images.MCP_IMAGE and spec.cap_add == []
+        assert spec.image == names.MCP_IMAGE and spec.cap_add == []
         assert spec.network_mode == "none" and spec.read_only_rootfs
         assert spec.seccomp_profile == "{}" and spec.init  # docker-init reaps, a private PID ns
         assert all(m.read_only for m in spec.mounts)

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.errors import RefusedError
-from sandbox.lock import (
+from sandbox.contracts.errors import RefusedError
+from sandbox.prepare.lock import (
     INFO_DIR_NAME,
     LOCK_FILE_NAME,
     LockError,
@@ -28,7 +28,7 @@ from sandbox.lock import (
 HOLDER = """
 import sys, time
 from pathlib import Path
-from sandbox.lock import workflow_run_lock
+from sandbox.prepare.lock import workflow_run_lock
 lock = workflow_run_lock(Path(sys.argv[1]), exclusive=sys.argv[2] == "ex", owner=sys.argv[4])
 ready = Path(sys.argv[3])
 ready.with_suffix(".tmp").write_text("ready")

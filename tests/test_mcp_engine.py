@@ -1,6 +1,6 @@
 """The MCP proxy against the real engine and real, published MCP servers.
 
-The servers are the ones installed in the MCP image (`images/mcp/mcp-servers.txt`), each
+The servers are the ones installed in the MCP image (`sandbox/images/mcp/mcp-servers.txt`), each
 run by the sandbox in a container of its own:
 from PyPI `mcp-server-time` and `mcp-server-git`, from npm the reference
 `server-filesystem`, `server-memory` and `server-everything`, and
@@ -29,13 +29,13 @@ import pytest
 from docker import DockerClient
 from docker.models.containers import Container
 
-from sandbox.engine import images
+from sandbox.contracts import names
+from sandbox.contracts.record import RunStatus, TestRunRecord
+from sandbox.contracts.wire import ActionLine
 from sandbox.guard.mcp_proxy import LOOKUP_DEADLINE_S
-from sandbox.launch import MCP_SERVER_PATH
+from sandbox.launch.specs import MCP_SERVER_PATH
 from sandbox.policy import stub_reply
-from sandbox.record import RunStatus, TestRunRecord
-from sandbox.run import RunOptions, TestRun
-from sandbox.wire import ActionLine
+from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import ThreadedRun, WorkflowFactory, tree_digest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "job-board" / "fake_api"))
@@ -506,7 +506,7 @@ def openapi_server(engine: DockerClient, fake: FakeJobBoard, spec_dir: Path) -> 
         " --api-base-url http://jobboard:8080 --openapi-spec /spec/openapi.json"
     )
     container = engine.containers.run(
-        images.MCP_IMAGE,
+        names.MCP_IMAGE,
         entrypoint=["node", f"{NODE_MODULES}/supergateway/dist/index.js"],
         command=[
             "--stdio",

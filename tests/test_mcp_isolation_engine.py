@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 from docker import DockerClient
 
-from sandbox.record import RunStatus, TestRunRecord
-from sandbox.run import RunOptions, TestRun
-from sandbox.wire import ActionLine
+from sandbox.contracts.record import RunStatus, TestRunRecord
+from sandbox.contracts.wire import ActionLine
+from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import ThreadedRun, WorkflowFactory, call_lines
 from tests.fakes.harness import outside_server
 

@@ -15,8 +15,9 @@ import pytest
 from mcp.shared.exceptions import MCPError
 from starlette.testclient import TestClient
 
-from sandbox import mcp_client, policy
-from sandbox.config import McpServer
+from sandbox import policy
+from sandbox.contracts.config import McpServer
+from sandbox.contracts.wire import ActionLine
 from sandbox.guard import caps
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app
@@ -28,7 +29,7 @@ from sandbox.guard.mcp_proxy import (
     stub_result,
 )
 from sandbox.guard.schema_instance import instance_for, is_valid, valid_instance
-from sandbox.wire import ActionLine
+from sandbox.stepside import agentworks_mcp as mcp_client
 
 # Output schemas as real servers declare them (filesystem, memory, time), and the
 # JSON-Schema features a server may use.

@@ -1,4 +1,4 @@
-"""Tests for sandbox.pathsafety."""
+"""Tests for sandbox.stepside.agentworks_exec.pathsafety."""
 
 from __future__ import annotations
 
@@ -6,7 +6,11 @@ from typing import Any
 
 import pytest
 
-from sandbox.pathsafety import MAX_PATH_CHARS, check_tool_path, normalize_tool_path
+from sandbox.stepside.agentworks_exec.pathsafety import (
+    MAX_PATH_CHARS,
+    check_tool_path,
+    normalize_tool_path,
+)
 
 SAFE = [
     ".",

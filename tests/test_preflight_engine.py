@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from docker import DockerClient
 
-from sandbox import preflight
-from sandbox.record import RunStatus
-from sandbox.run import RunOptions, TestRun
+from sandbox.contracts.record import RunStatus
+from sandbox.run.testrun import RunOptions, TestRun
+from sandbox.stepside.agentworks_exec import preflight
 from tests.conftest import WorkflowFactory, tree_digest
 from tests.fakes.harness import Outside, outside_server
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sandbox.prompt import TEST_MODE_SECTION, with_test_mode_section
+from sandbox.prepare.prompt import TEST_MODE_SECTION, with_test_mode_section
 
 
 @pytest.mark.parametrize(

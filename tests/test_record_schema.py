@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 
-from sandbox.record import SCHEMA_PATH, record_json_schema
+from sandbox.contracts.record import SCHEMA_PATH, record_json_schema
 
 
 def test_committed_schema_matches_the_model() -> None:
     assert SCHEMA_PATH.read_text() == record_json_schema(), (
-        "regenerate with: python -c 'from sandbox.record import *; "
+        "regenerate with: python -c 'from sandbox.contracts.record import *; "
         "SCHEMA_PATH.write_text(record_json_schema())'"
     )
 

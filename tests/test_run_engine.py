@@ -15,9 +15,9 @@ import psutil
 import pytest
 from docker import DockerClient
 
-from sandbox.engine.containers import LABEL_RUN_ID
-from sandbox.record import RunStatus, TestRunRecord, read_record
-from sandbox.run import RunOptions, TestRun, execute_step
+from sandbox.contracts.names import LABEL_RUN_ID
+from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
+from sandbox.run.testrun import RunOptions, TestRun, execute_step
 from tests.conftest import WorkflowFactory, containers_of, tree_digest
 
 pytestmark = pytest.mark.engine

@@ -1,7 +1,7 @@
-"""Static checks of the step seccomp profile (seccomp/step.json). No Docker needed.
+"""Static checks of the step seccomp profile (sandbox/seccomp/step.json). No Docker needed.
 
 The profile is applied for real by the engine tests; here we check that it is
-what seccomp/tighten.py generates from the pinned upstream default.json, and
+what sandbox/seccomp/tighten.py generates from the pinned upstream default.json, and
 evaluate its rules ourselves (with runc's semantics) for the properties the
 sandbox relies on.
 """
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SECCOMP = ROOT / "seccomp"
+SECCOMP = ROOT / "sandbox" / "seccomp"
 DEFAULT = SECCOMP / "default.json"
 STEP = SECCOMP / "step.json"
 README = SECCOMP / "README.md"
@@ -165,7 +165,7 @@ def test_step_json_is_generated_from_default_json() -> None:
     tighten = import_tighten()
     profile, _notes = tighten.tighten(tighten.load(DEFAULT))
     assert STEP.read_text(encoding="utf-8") == tighten.render_json(profile), (
-        "seccomp/step.json is stale: run `python seccomp/tighten.py`"
+        "sandbox/seccomp/step.json is stale: run `python sandbox/seccomp/tighten.py`"
     )
 
 
@@ -182,7 +182,7 @@ def test_tighten_check_cli_passes() -> None:
 def test_default_json_is_the_pinned_upstream_copy() -> None:
     digest = hashlib.sha256(DEFAULT.read_bytes()).hexdigest()
     assert digest in README.read_text(encoding="utf-8"), (
-        "default.json changed: record its upstream commit and sha256 in seccomp/README.md"
+        "default.json changed: record its upstream commit and sha256 in sandbox/seccomp/README.md"
     )
 
 

@@ -1,6 +1,6 @@
-"""Tests for sandbox.step_exec: the executor wrapper, over real HTTP, as a real subprocess.
+"""Tests for the step executor (sandbox.stepside.agentworks_exec), over real HTTP, as a real subprocess.
 
-No Docker and no mocks: every test starts ``python -m sandbox.step_exec -- <cmd>``
+No Docker and no mocks: every test starts ``python -m sandbox.stepside.agentworks_exec -- <cmd>``
 with a port, a token and ``AGENTWORKS_EXEC_ROOT`` pointing at a temp folder,
 waits for ``/v1/health`` and calls tools with urllib.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import os
-import shutil
 import signal
 import socket
 import sqlite3
@@ -118,7 +117,9 @@ def start_exec(tmp_path: Path) -> Iterator[ExecFactory]:
         env.update(extra_env or {})
         step = cmd or [sys.executable, "-c", "import time; time.sleep(600)"]
         proc = subprocess.Popen(
-            [sys.executable, "-m", "sandbox.step_exec", "--", *step], cwd=REPO, env=env
+            [sys.executable, "-m", "sandbox.stepside.agentworks_exec", "--", *step],
+            cwd=REPO,
+            env=env,
         )
         started.append(proc)
         if wait:
@@ -524,7 +525,15 @@ def test_exec_without_port(tmp_path: Path) -> None:
     env["AGENTWORKS_EXEC_TOKEN"] = TOKEN
     env_file = tmp_path / "env.txt"
     proc = subprocess.run(
-        [sys.executable, "-m", "sandbox.step_exec", "--", "sh", "-c", f"env > {env_file}; exit 5"],
+        [
+            sys.executable,
+            "-m",
+            "sandbox.stepside.agentworks_exec",
+            "--",
+            "sh",
+            "-c",
+            f"env > {env_file}; exit 5",
+        ],
         cwd=REPO,
         env=env,
         timeout=DEADLINE_S,
@@ -537,7 +546,7 @@ def test_exec_without_port(tmp_path: Path) -> None:
 def test_exec_without_port_keeps_pid(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTWORKS_EXEC")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "sandbox.step_exec", "--", "sh", "-c", "echo $$"],
+        [sys.executable, "-m", "sandbox.stepside.agentworks_exec", "--", "sh", "-c", "echo $$"],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -560,7 +569,7 @@ def test_startup_errors(env: dict[str, str], cmd: list[str], code: int) -> None:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTWORKS_EXEC")}
     full_env.update(env)
     proc = subprocess.run(
-        [sys.executable, "-m", "sandbox.step_exec", "--", *cmd],
+        [sys.executable, "-m", "sandbox.stepside.agentworks_exec", "--", *cmd],
         cwd=REPO,
         env=full_env,
         timeout=DEADLINE_S,
@@ -576,13 +585,12 @@ def test_missing_command_with_server_is_127(start_exec: ExecFactory) -> None:
 
 
 def test_runs_standalone_in_the_step_image_layout(tmp_path: Path) -> None:
-    """Copied as agentworks_exec.py with its stdlib siblings, without the sandbox package."""
+    """Laid out as the step image installs it, without the sandbox package."""
     lib = tmp_path / "lib"
     lib.mkdir()
-    from sandbox.engine.images import STEP_MODULES
+    from sandbox.backends.docker.images import stage_step_side
 
-    for source, name in STEP_MODULES.items():  # exactly what the step image installs
-        shutil.copy(source, lib / name)
+    stage_step_side(lib)  # exactly what the step image installs
     root = tmp_path / "group"
     root.mkdir()
     port = free_port()

@@ -21,8 +21,8 @@ from sandbox.guard.listeners import (
     make_undumpable,
 )
 
-MCP_SOCKET = "mcp.sock"  # sandbox.layout.MCP_SOCKET (not imported: stdlib only here)
-MCP_EGRESS_SOCKET = "egress.sock"  # sandbox.layout.MCP_EGRESS_SOCKET
+MCP_SOCKET = "mcp.sock"  # sandbox.contracts.layout.MCP_SOCKET (not imported: stdlib only here)
+MCP_EGRESS_SOCKET = "egress.sock"  # sandbox.contracts.layout.MCP_EGRESS_SOCKET
 
 
 def _take_config_text() -> bytes | None:

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sandbox.wire import ActionLine
+from sandbox.contracts.wire import ActionLine
 
 REDACTED = "[redacted]"
 _SECRET_KEY = re.compile(

@@ -1,7 +1,7 @@
 """The bridge API the step calls: every tool call is checked, logged, then answered.
 
 Flow of one call: authenticate -> parse -> policy decision (on the arguments
-the step controls) -> bind the tool's identity paths (`sandbox.bindings`) ->
+the step controls) -> bind the tool's identity paths (`sandbox.guard.bindings`) ->
 execute by route (stub, refuse, upstream, executor, session) -> action-log
 line(s) -> reply. A call answered here (stub, refusal, session) is one line
 before the reply; a forwarded one (upstream, executor) gets its `start` line
@@ -33,17 +33,17 @@ from starlette.routing import BaseRoute
 from starlette.routing import Route as HttpRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sandbox import bindings, policy
-from sandbox.guard import caps
+from sandbox import policy
+from sandbox.guard import bindings, caps
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.config import MCP_PATH, GuardConfig
 from sandbox.guard.upstream import ReplyTooLarge, UpstreamClient, UpstreamError
-from sandbox.pathsafety import check_tool_path
-from sandbox.toolargs import executor_deadline_s
+from sandbox.stepside.agentworks_exec.pathsafety import check_tool_path
+from sandbox.stepside.agentworks_exec.toolargs import executor_deadline_s
 
 if TYPE_CHECKING:
     from sandbox.guard.egress import EgressProxy
-from sandbox.wire import (
+from sandbox.contracts.wire import (
     RUN_KIND_HEADER,
     ExecRequest,
     SessionReply,
@@ -425,7 +425,8 @@ class Guard:
 
 def exec_wait_s(tool: str, arguments: dict[str, Any], grace_s: float) -> float:
     """How long the guard waits for the executor: the executor's own deadline for the
-    call (`sandbox.toolargs`, the function the executor uses) plus the grace window."""
+    call (`sandbox.stepside.agentworks_exec.toolargs`, the function the executor uses) plus
+    the grace window."""
     return executor_deadline_s(tool, arguments) + grace_s
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from sandbox.wire import MAX_REQUEST_BYTES as _WIRE_MAX_REQUEST_BYTES
+from sandbox.contracts.wire import MAX_REQUEST_BYTES as _WIRE_MAX_REQUEST_BYTES
 
 MiB: Final = 1024 * 1024
 

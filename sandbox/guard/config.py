@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox.config import Egress, McpServer
+from sandbox.contracts.config import Egress, McpServer
 from sandbox.guard.listeners import BRIDGE_PORT as BRIDGE_PORT
 from sandbox.guard.listeners import CONFIG_FILE_ENV as CONFIG_FILE_ENV
 from sandbox.guard.listeners import CONFIG_FILE_NAME as CONFIG_FILE_NAME

@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 
 import h11
 
-from sandbox.config import Egress, EgressEntry
+from sandbox.contracts.config import Egress, EgressEntry
 from sandbox.guard import http1, splice
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.config import GuardConfig

@@ -74,7 +74,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from sandbox import policy
-from sandbox.config import McpServer
+from sandbox.contracts.config import McpServer
 from sandbox.guard import caps
 from sandbox.guard.actionlog import ActionLog, LogFull
 from sandbox.guard.config import MCP_PATH, GuardConfig
@@ -86,7 +86,7 @@ LOOKUP_DEADLINE_S = 5.0  # the live tools/list (and any reconnect) of one call
 CONNECT_DEADLINE_S = 20.0  # one connect attempt (a stdio server's container start + handshake)
 STARTUP_WAIT_S = 15.0  # how long the guard waits for its servers before serving
 MAX_LIST_PAGES = 50
-MCP_SOCKET = "mcp.sock"  # in <mcp_dir>/<name>/ (sandbox.layout.MCP_SOCKET)
+MCP_SOCKET = "mcp.sock"  # in <mcp_dir>/<name>/ (sandbox.contracts.layout.MCP_SOCKET)
 CAP_MARK = "larger than the guard's cap"  # in every error that says a reply was too large
 CLIENT_INFO = types.Implementation(name="sandbox-guard", version="1")
 

@@ -1,7 +1,7 @@
 """TLS inspection for the egress proxy: a certificate authority made for one run only.
 
 Inspection is on by default for every allow-listed host that admits CONNECT
-(see `sandbox.config.Egress.inspects`). The runner makes the run's CA before any
+(see `sandbox.contracts.config.Egress.inspects`). The runner makes the run's CA before any
 container exists (`RunCA.new`, about a millisecond) and puts its certificate
 into the step's trust (a CA bundle and the usual environment variables) when it
 creates the step's container, and into the trust of each stdio MCP server whose

@@ -15,7 +15,7 @@ from typing import Any
 import docker
 from docker import DockerClient
 
-from sandbox.engine.images import STEP_IMAGE
+from sandbox.contracts.names import STEP_IMAGE
 
 SERVER = Path(__file__).resolve().parent / "outside_server.py"
 ALIAS = "outside.test"

@@ -21,7 +21,8 @@ import docker
 import pytest
 from kubernetes import client, watch
 
-from sandbox.engine import images
+from sandbox.backends.docker import images
+from sandbox.contracts import names
 from tests.kubernetes.cluster import (
     KUBELET_SYSCTLS,
     PRIVATE_PATHS,
@@ -64,11 +65,11 @@ def _host_snapshot() -> dict[str, Any]:
 def kube_cluster() -> Iterator[Cluster]:
     """A Ready single-node cluster with the step and guard images and `step.json` installed."""
     engine = docker.from_env(timeout=120)
-    images.require(engine, images.STEP_IMAGE)
-    images.require(engine, images.GUARD_IMAGE)
+    images.require(engine, names.STEP_IMAGE)
+    images.require(engine, names.GUARD_IMAGE)
     stop_orphans()  # a killed session's cluster would skew the snapshot
     before = _host_snapshot()
-    cluster = Cluster.start(images=(images.STEP_IMAGE, images.GUARD_IMAGE))
+    cluster = Cluster.start(images=(names.STEP_IMAGE, names.GUARD_IMAGE))
     try:
         cluster.install_seccomp_profile(SECCOMP_DIR / "step.json")
         yield cluster
@@ -89,7 +90,7 @@ def kube_cluster() -> Iterator[Cluster]:
             n for n in host_links if Path("/sys/class/net", n, "master").resolve().name == bridge
         ]
         assert bridge not in rules and cluster.state.pod_subnet not in rules
-        engine.containers.run(images.STEP_IMAGE, "true", remove=True, network_mode="bridge")
+        engine.containers.run(names.STEP_IMAGE, "true", remove=True, network_mode="bridge")
 
 
 @pytest.fixture(scope="session")

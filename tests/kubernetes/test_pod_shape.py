@@ -1,10 +1,10 @@
 """The project's run shape as one Pod, on the real local cluster.
 
 Built by hand here (the backend will build it from a RunPlan): an init container
-with NET_ADMIN alone installs `sandbox.firewall.rules()` in the Pod's network
+with NET_ADMIN alone installs `sandbox.launch.firewall.rules()` in the Pod's network
 namespace and exits; the guard sidecar (uid 10002, no capabilities) serves on
 127.0.0.1:8790; the step (uid 10001, every capability dropped, no privilege
-escalation, read-only root, the project's `seccomp/step.json` as a Localhost
+escalation, read-only root, the project's `sandbox/seccomp/step.json` as a Localhost
 profile, memory and CPU limits) reports what it can and cannot do. The fake outside
 server is a Pod of its own on the same bridge; the guard reaching it is the proof
 that the path exists, so the step failing to is the firewall's doing.
@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 from kubernetes import watch
 
-from sandbox import firewall
-from sandbox.engine import images
-from sandbox.layout import GUARD_UID, STEP_UID
+from sandbox.contracts import names
+from sandbox.contracts.layout import GUARD_UID, STEP_UID
+from sandbox.launch import firewall
 
 # Room for a first build of the binaries when the fixture has to do it (make builds first).
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(1200)]
@@ -155,7 +155,7 @@ def outside_server_pod() -> dict[str, Any]:
             "containers": [
                 {
                     "name": "server",
-                    "image": images.GUARD_IMAGE,
+                    "image": names.GUARD_IMAGE,
                     "imagePullPolicy": "Never",
                     "command": [
                         "python3",
@@ -192,7 +192,7 @@ def run_pod(group: Path, workflow: Path, outside_ip: str, seccomp_profile: str) 
             "initContainers": [
                 {
                     "name": "firewall",
-                    "image": images.GUARD_IMAGE,
+                    "image": names.GUARD_IMAGE,
                     "imagePullPolicy": "Never",
                     "command": ["sh", "-c", firewall_script()],
                     "securityContext": firewall_context,
@@ -202,7 +202,7 @@ def run_pod(group: Path, workflow: Path, outside_ip: str, seccomp_profile: str) 
             "containers": [
                 {
                     "name": "guard",
-                    "image": images.GUARD_IMAGE,
+                    "image": names.GUARD_IMAGE,
                     "imagePullPolicy": "Never",
                     "command": ["python3", "-c", GUARD_SCRIPT],
                     "env": env,
@@ -211,7 +211,7 @@ def run_pod(group: Path, workflow: Path, outside_ip: str, seccomp_profile: str) 
                 },
                 {
                     "name": "step",
-                    "image": images.STEP_IMAGE,
+                    "image": names.STEP_IMAGE,
                     "imagePullPolicy": "Never",
                     "command": ["python3", "-c", STEP_SCRIPT],
                     "env": env,

@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 from docker import DockerClient
 
-from sandbox.engine.containers import LABEL_RUN_ID
-from sandbox.record import RunStatus, TestRunRecord
-from sandbox.run import RunOptions, TestRun
+from sandbox.contracts.names import LABEL_RUN_ID
+from sandbox.contracts.record import RunStatus, TestRunRecord
+from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import DEFAULT_DB_SQL, tree_digest, write_workflow
 
 STEP_PRELUDE = r'''

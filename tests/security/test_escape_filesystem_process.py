@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from docker import DockerClient
 
-from sandbox.record import read_record
+from sandbox.contracts.record import read_record
 from tests.security.conftest import (
     Battery,
     assert_attempts_match,

@@ -23,9 +23,9 @@ import pytest
 from docker import DockerClient
 from docker.models.containers import Container
 
-from sandbox.engine import images
-from sandbox.run import RunOptions
-from sandbox.wire import ActionLine
+from sandbox.contracts import names
+from sandbox.contracts.wire import ActionLine
+from sandbox.run.testrun import RunOptions
 from tests.security.conftest import (
     Battery,
     assert_attempts_match,
@@ -435,7 +435,7 @@ def battery(engine: DockerClient, tmp_path_factory: pytest.TempPathFactory) -> I
     server: Container | None = None
     try:
         server = engine.containers.run(
-            images.STEP_IMAGE,
+            names.STEP_IMAGE,
             ["python3", "-u", "-c", LISTENER],
             name=server_name,
             user="10001:10001",

@@ -18,8 +18,8 @@ from collections.abc import Iterator
 import pytest
 from docker import DockerClient
 
-from sandbox.record import RunStatus
-from sandbox.wire import ActionLine
+from sandbox.contracts.record import RunStatus
+from sandbox.contracts.wire import ActionLine
 from tests.security.conftest import (
     Battery,
     assert_attempts_match,

@@ -15,7 +15,7 @@ from typing import Any
 try:  # inside the step image
     import agentworks_bridge as bridge
 except ImportError:  # pragma: no cover - on a developer host with the sandbox package
-    from sandbox import bridge_client as bridge
+    from sandbox.stepside import agentworks_bridge as bridge
 
 
 class StepFailure(Exception):

@@ -2,7 +2,7 @@
 
 Why: tests must prove that a test run's reads reach the outside world and its
 effects never do. This server is that outside world. It answers the guard's
-`POST /v1/tools/call` (a `sandbox.wire.UpstreamCall` body, `X-Agentworks-Run-Kind`
+`POST /v1/tools/call` (a `sandbox.contracts.wire.UpstreamCall` body, `X-Agentworks-Run-Kind`
 header) with a `ToolResult`, records every call it receives, and lets write
 tools change in-memory state that `GET /state` shows, so a test asserts "no
 proposal, no message, no click reached it" on real evidence.
@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import FrameType
 from typing import Any
 
-RUN_KIND_HEADER = "X-Agentworks-Run-Kind"  # as sandbox.wire.RUN_KIND_HEADER
+RUN_KIND_HEADER = "X-Agentworks-Run-Kind"  # as sandbox.contracts.wire.RUN_KIND_HEADER
 MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_SLEEP_S = 120.0
 START_CONNECTS = 100

@@ -1,0 +1,124 @@
+"""The Docker Engine behind the run's seam (`sandbox.backends.Backend`).
+
+A thin layer over `containers` and `images`: one `DockerClient` per test run,
+every container it creates held by an `OwnedContainers`, and the exit watches it
+started joined when it closes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import docker.errors
+import requests
+from docker import DockerClient
+from docker.models.containers import Container
+
+from sandbox.backends import ContainerState, RunContainer
+from sandbox.backends.docker import containers, images
+from sandbox.backends.docker.client import connect
+from sandbox.contracts.record import OutputTail
+from sandbox.contracts.spec import ContainerSpec
+
+
+class DockerContainer:
+    """One container of the run, through the Engine API."""
+
+    def __init__(self, container: Container, watches: list[containers.ExitWatch]) -> None:
+        self._container = container
+        self._watches = watches
+
+    @property
+    def name(self) -> str:
+        return str(self._container.name)
+
+    @property
+    def id(self) -> str:
+        return str(self._container.id)
+
+    @property
+    def user(self) -> str:
+        return str(self._container.attrs.get("Config", {}).get("User", ""))
+
+    def start(self) -> None:
+        self._container.start()
+
+    def wait(self, timeout_s: float) -> int | None:
+        return containers.wait(self._container, timeout_s)
+
+    def kill(self) -> None:
+        containers.kill(self._container)
+
+    def stop(self, grace_s: int = 5) -> None:
+        containers.stop(self._container, grace_s)
+
+    def state(self) -> ContainerState:
+        running, code = containers.is_running(self._container)
+        state = self._container.attrs.get("State") or {}
+        return ContainerState(
+            running=running, exit_code=code, oom_killed=bool(state.get("OOMKilled"))
+        )
+
+    def output_tails(self) -> tuple[OutputTail, OutputTail]:
+        return containers.output_tails(self._container)
+
+    def save_output(self, fd: int, cap_bytes: int) -> tuple[int, bool]:
+        return containers.save_output(self._container, fd, cap_bytes)
+
+    def follow_output(self, deadline_s: float) -> containers.OutputFollower:
+        return containers.OutputFollower(self._container, deadline_s=deadline_s)
+
+    def watch_exit(self, on_exit: Callable[[], None]) -> containers.ExitWatch:
+        watch = containers.ExitWatch(self._container, on_exit=on_exit)
+        self._watches.append(watch)
+        return watch
+
+    def watch_usage(self) -> containers.Usage:
+        return containers.watch_usage(self._container)
+
+
+class DockerBackend:
+    """One test run's connection to the Docker engine."""
+
+    engine_errors: tuple[type[Exception], ...] = (
+        docker.errors.DockerException,
+        requests.exceptions.RequestException,
+    )
+
+    def __init__(self, client: DockerClient) -> None:
+        self.client = client
+        self._owned = containers.OwnedContainers(client)
+        self._watches: list[containers.ExitWatch] = []
+
+    @classmethod
+    def connect(cls) -> DockerBackend:
+        """A backend whose engine answered a ping, or `EngineError`."""
+        return cls(connect())
+
+    def require_image(self, ref: str) -> str:
+        return images.require(self.client, ref)
+
+    def create(self, spec: ContainerSpec, *, independent: bool = False) -> DockerContainer:
+        return DockerContainer(self._owned.create(spec, independent=independent), self._watches)
+
+    def connect_networks(self, container: RunContainer, networks: list[str]) -> None:
+        containers.connect_networks(self.client, self._engine_side(container), networks)
+
+    def remove_all(self) -> None:
+        self._owned.remove_all()
+
+    def close(self) -> None:
+        """Join the exit watches (they end once their container is gone), then close
+        the client: its pooled connections must not outlive the run."""
+        for watch in list(self._watches):
+            watch.cancel()
+            watch.join()
+        with contextlib.suppress(Exception):
+            self.client.close()
+
+    @staticmethod
+    def _engine_side(container: RunContainer) -> Container:
+        if not isinstance(container, DockerContainer):
+            raise TypeError(f"not a Docker container: {container!r}")
+        return container._container

@@ -1,0 +1,26 @@
+"""Connecting to the engine, with one clear error when it does not answer."""
+
+from __future__ import annotations
+
+import docker
+import docker.errors
+from docker import DockerClient
+
+from sandbox.contracts.errors import EngineError
+
+ENGINE_HINT = "start it with `make engine` (installs docker.io and starts dockerd as root)"
+
+
+def connect(timeout_s: float = 60.0) -> DockerClient:
+    """A client that has answered a ping, or EngineError."""
+    try:
+        client = docker.from_env(timeout=int(timeout_s))
+        client.ping()
+    except docker.errors.DockerException as exc:
+        raise EngineError(f"Docker engine not reachable ({_short(exc)}); {ENGINE_HINT}") from None
+    return client
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:200]

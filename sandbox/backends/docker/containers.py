@@ -1,0 +1,503 @@
+"""Creating, watching and removing the run's containers through the Engine API.
+
+Every container is labelled with its run, so `sandbox gc` can find what a
+crashed runner left. The hardening that never varies (no capabilities,
+no-new-privileges, read-only root, private cgroup namespace, capped logs) is
+applied here; what varies per run comes in a `ContainerSpec`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import docker.errors
+import requests
+import urllib3
+from docker import DockerClient
+from docker.models.containers import Container
+from docker.types import LogConfig
+from docker.types import Mount as DockerMount
+
+from sandbox.contracts.errors import EngineError
+from sandbox.contracts.names import LABEL_MANAGED
+from sandbox.contracts.record import OutputTail
+from sandbox.contracts.spec import ContainerSpec
+
+TAIL_CHARS = 8000
+
+
+def create(client: DockerClient, spec: ContainerSpec) -> Container:
+    """Create (not start) a hardened container from `spec`."""
+    security_opt = ["no-new-privileges:true"]
+    if spec.seccomp_profile is not None:
+        security_opt.append("seccomp=" + spec.seccomp_profile)
+    kwargs: dict[str, Any] = {
+        "image": spec.image,
+        "command": spec.command,
+        "entrypoint": spec.entrypoint,
+        "name": spec.name,
+        "user": spec.user,
+        "working_dir": spec.workdir,
+        "environment": spec.env,
+        "labels": {LABEL_MANAGED: "1", **spec.labels},
+        "mounts": [
+            DockerMount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
+            for m in spec.mounts
+        ],
+        "tmpfs": spec.tmpfs,
+        "read_only": spec.read_only_rootfs,
+        "cap_drop": ["ALL"],
+        "cap_add": spec.cap_add or None,
+        "security_opt": security_opt,
+        "mem_limit": spec.memory_bytes,
+        "memswap_limit": spec.memory_bytes,
+        "pids_limit": spec.pids,
+        "nano_cpus": int(spec.cpus * 1e9),
+        "network_mode": spec.network_mode,
+        "init": spec.init,
+        "ipc_mode": "private",
+        "cgroupns": "private",
+        "log_config": LogConfig(
+            type="json-file", config={"max-size": str(spec.log_max_bytes), "max-file": "1"}
+        ),
+        "detach": True,
+        "stdin_open": False,
+        "tty": False,
+    }
+    if spec.sysctls:
+        kwargs["sysctls"] = spec.sysctls
+    try:
+        container = _create_masked(client, kwargs)
+    except docker.errors.ImageNotFound:
+        raise EngineError(f"image {spec.image} not found; run `make images`") from None
+    except docker.errors.APIError as exc:
+        raise EngineError(f"creating container {spec.name} failed: {exc.explanation}") from None
+    return container
+
+
+# The engine's default masked paths, plus what it leaves readable by default.
+MASKED_PATHS = [
+    "/proc/asound",
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/sys/firmware",
+    "/proc/kallsyms",
+    "/proc/config.gz",
+    "/proc/modules",
+    "/sys/kernel/debug",
+    "/sys/kernel/vmcoreinfo",
+    "/sys/module",
+]
+
+
+def _create_masked(client: DockerClient, kwargs: dict[str, Any]) -> Container:
+    """`containers.create`, plus HostConfig.MaskedPaths, which docker-py does not expose.
+
+    (Mounting over /proc paths is refused by runc, so masking is the only way to
+    close /proc/kallsyms and friends.)"""
+    from docker.models.containers import _create_container_args  # type: ignore[attr-defined]
+
+    args = _create_container_args({**kwargs, "version": client.api.api_version})
+    args["host_config"]["MaskedPaths"] = MASKED_PATHS
+    created = client.api.create_container(**args)
+    return client.containers.get(created["Id"])
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGTERM and SIGINT back while a container comes into being.
+
+    The CLI turns SIGTERM into an exception; raised between the engine creating a
+    container and the caller holding it, it would leave a container nobody removes.
+    Blocked here, the signal is delivered when the block ends, after the container
+    is tracked. Only the main thread receives Python signals, so only it blocks.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+class OwnedContainers:
+    """The containers one run created; all removed when the run ends, however it ends.
+
+    A container is tracked in the same uninterruptible step that creates it, so an
+    interrupted run never leaves an untracked one behind.
+    """
+
+    def __init__(self, client: DockerClient) -> None:
+        self._client = client
+        self._owned: list[Container] = []
+        self._independent: list[Container] = []
+        self._lock = threading.Lock()
+
+    def create(self, spec: ContainerSpec, *, independent: bool = False) -> Container:
+        """`independent`: shares nothing with the others (no namespace), so it may be
+        removed at the same time as they are."""
+        with _signals_deferred():
+            container = create(self._client, spec)
+            with self._lock:
+                (self._independent if independent else self._owned).append(container)
+        return container
+
+    def remove_all(self) -> None:
+        """Newest first (the step before the guard whose network it shares), independent
+        ones beside them; a second signal during the clean-up waits until it is done."""
+        with _signals_deferred():
+            with self._lock:
+                independent, self._independent = self._independent, []
+            threads = [
+                threading.Thread(target=remove, args=(c,), name="remove", daemon=True)
+                for c in independent
+            ]
+            for thread in threads:
+                thread.start()
+            while self._owned:
+                remove(self._owned[-1])
+                self._owned.pop()
+            for thread in threads:
+                thread.join()
+
+    def __enter__(self) -> OwnedContainers:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.remove_all()
+
+
+REMOVE_DEADLINE_S = 180.0
+REMOVE_POLL_S = 0.2
+
+
+def remove(container: Container) -> None:
+    """Force-remove; a container already gone is fine, and so is an engine that is gone
+    (the container is labelled: `sandbox gc` removes it once the engine is back).
+
+    An engine too loaded to answer within the client's timeout is asked again (and a
+    removal it already has in progress is waited for) until the container is gone or
+    REMOVE_DEADLINE_S passed."""
+    deadline = time.monotonic() + REMOVE_DEADLINE_S
+    while True:
+        try:
+            container.remove(force=True, v=True)
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409 or "in progress" not in str(exc):
+                return
+        except requests.exceptions.ReadTimeout:
+            pass
+        except requests.exceptions.ConnectionError as exc:
+            if not _is_read_timeout(exc):
+                return
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(REMOVE_POLL_S)
+
+
+@dataclass
+class Usage:
+    """Peak memory and CPU seen while the container ran (sampled through the engine)."""
+
+    peak_memory_bytes: int | None = None
+    cpu_seconds: float | None = None
+    _stop: threading.Event = field(default_factory=threading.Event, repr=False)
+    _thread: threading.Thread | None = field(default=None, repr=False)
+
+    def _take(self, sample: dict[str, Any]) -> None:
+        memory = sample.get("memory_stats") or {}
+        # cgroup v1 reports the peak since start (max_usage); v2 only the current usage.
+        peak = memory.get("max_usage") or memory.get("usage")
+        if peak:
+            self.peak_memory_bytes = max(self.peak_memory_bytes or 0, int(peak))
+        cpu = ((sample.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
+        if cpu:
+            self.cpu_seconds = max(self.cpu_seconds or 0.0, cpu / 1e9)
+
+    def finish(self) -> None:
+        """Stop sampling (see `finish_usage`)."""
+        finish_usage(self)
+
+
+SAMPLE_INTERVAL_S = 0.25
+
+
+def watch_usage(container: Container) -> Usage:
+    """Sample the engine's one-shot stats in a thread until `finish_usage`.
+
+    The first sample is taken one interval in, so a short step costs no engine call;
+    its figures come from the executor's own report anyway. (The streaming stats
+    endpoint of Docker 20.10 does not end when the container exits, so a stream
+    would keep the collect phase waiting.)"""
+    usage = Usage()
+
+    def follow() -> None:
+        while not usage._stop.wait(SAMPLE_INTERVAL_S):
+            try:
+                sample = container.stats(stream=False, one_shot=True)
+            except Exception:
+                return
+            if isinstance(sample, dict) and not usage._stop.is_set():
+                usage._take(sample)
+
+    usage._thread = threading.Thread(target=follow, name="stats", daemon=True)
+    usage._thread.start()
+    return usage
+
+
+def finish_usage(usage: Usage) -> None:
+    """Stop sampling. A stats call in flight is not waited for (the engine can take a
+    few hundred ms to answer one); its late answer is dropped, and the thread ends
+    when it returns."""
+    usage._stop.set()
+
+
+def _is_read_timeout(exc: requests.exceptions.ConnectionError) -> bool:
+    """requests reports some read timeouts of a long call as a ConnectionError."""
+    return "Read timed out" in str(exc) or any(
+        isinstance(arg, urllib3.exceptions.ReadTimeoutError) for arg in exc.args
+    )
+
+
+def wait(container: Container, timeout_s: float) -> int | None:
+    """The exit code, or None when the timeout passed first (container still running)."""
+    try:
+        result = container.wait(timeout=timeout_s)
+    except requests.exceptions.ReadTimeout:
+        return None
+    except requests.exceptions.ConnectionError as exc:
+        if _is_read_timeout(exc):
+            return None
+        raise EngineError(f"the Docker engine stopped answering during the run ({exc})") from None
+    except docker.errors.NotFound:
+        return None
+    return int(result.get("StatusCode", -1))
+
+
+class ExitWatch:
+    """Calls back, from a thread, if a container stops before `cancel()`.
+
+    The run kills its step when the guard dies: a step has no business running on
+    without its guard (every call would fail, the action log could not be
+    complete), and a guard that dies while starting would otherwise leave the
+    step's executor waiting for it until its deadline."""
+
+    POLL_S = 60.0  # one engine wait at a time; a long wait is re-issued
+
+    def __init__(self, container: Container, on_exit: Callable[[], None]) -> None:
+        self._container = container
+        self._on_exit = on_exit
+        self._cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="exit-watch", daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        while not self._cancelled.is_set():
+            try:
+                code = wait(self._container, self.POLL_S)
+            except Exception:  # the engine went away: the run's own wait will say so
+                return
+            if self._cancelled.is_set():
+                return
+            if code is not None or not is_running(self._container)[0]:
+                self._on_exit()
+                return
+
+    def cancel(self) -> None:
+        """No call back from now on (the runner is about to stop the container itself)."""
+        self._cancelled.set()
+
+    def join(self, timeout_s: float = 5.0) -> None:
+        """Wait for the thread, which ends once the container is stopped or gone."""
+        self._thread.join(timeout=timeout_s)
+
+
+def kill(container: Container) -> None:
+    """SIGKILL every process of the container (its pid namespace dies with it)."""
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        container.kill()
+    wait(container, timeout_s=30)
+
+
+def _stream_tail(chunks: Iterator[bytes]) -> OutputTail:
+    keep = bytearray()
+    total = 0
+    for chunk in chunks:
+        total += len(chunk)
+        keep += chunk
+        if len(keep) > TAIL_CHARS * 4:
+            del keep[: len(keep) - TAIL_CHARS * 4]
+    text = keep.decode("utf-8", errors="replace")
+    truncated = total > len(keep) or len(text) > TAIL_CHARS
+    return OutputTail(text=text[-TAIL_CHARS:], total_bytes=total, truncated=truncated)
+
+
+def save_output(container: Container, fd: int, cap_bytes: int) -> tuple[int, bool]:
+    """Write the container's output (stdout and stderr, as the engine kept it so far) to
+    `fd`, at most `cap_bytes`; the bytes written and whether more was cut. A running
+    container is not waited for."""
+    written = 0
+    try:
+        for chunk in container.logs(stdout=True, stderr=True, stream=True, follow=False):
+            room = cap_bytes - written
+            if len(chunk) > room:
+                os.write(fd, chunk[:room])
+                return cap_bytes, True
+            os.write(fd, chunk)
+            written += len(chunk)
+    except (docker.errors.APIError, requests.exceptions.RequestException):
+        pass
+    return written, False
+
+
+def output_tails(container: Container) -> tuple[OutputTail, OutputTail]:
+    """The last TAIL_CHARS of stdout and of stderr (logs are capped on disk too)."""
+    try:
+        out = _stream_tail(container.logs(stdout=True, stderr=False, stream=True))
+        err = _stream_tail(container.logs(stdout=False, stderr=True, stream=True))
+    except docker.errors.APIError:
+        return OutputTail(), OutputTail()
+    return out, err
+
+
+def connect_networks(client: DockerClient, container: Container, networks: list[str]) -> None:
+    """Attach an existing container to more networks (the guard's ways to its upstreams)."""
+    for name in networks:
+        try:
+            client.networks.get(name).connect(container)
+        except docker.errors.NotFound:
+            raise EngineError(f"network {name!r} does not exist") from None
+        except docker.errors.APIError as exc:
+            raise EngineError(f"connecting to network {name!r} failed: {exc.explanation}") from None
+
+
+class OutputFollower:
+    """A container's output lines (stdout and stderr) as they come, read by a thread.
+
+    Attached before the container starts, so no line is missed; the runner waits on
+    a line (the guard's "firewall in", "ready") instead of polling. Waiting ends at
+    the line, at the container's end, or at the deadline, whichever comes first.
+    """
+
+    MAX_LINES = 2000
+
+    def __init__(self, container: Container, deadline_s: float) -> None:
+        self._container = container
+        self._deadline_s = deadline_s
+        self._deadline = 0.0
+        self._lines: list[str] = []
+        self._partial = b""
+        self._ended = False
+        self._changed = threading.Condition()
+        self._stream: Any = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> OutputFollower:
+        self._deadline = time.monotonic() + self._deadline_s
+        try:
+            self._stream = self._container.attach(stdout=True, stderr=True, stream=True, logs=True)
+        except docker.errors.APIError as exc:
+            raise EngineError(f"cannot follow {self._container.name}: {exc.explanation}") from None
+        self._thread = threading.Thread(target=self._read, name="output", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        with contextlib.suppress(Exception):
+            self._stream.close()  # shuts the socket down: the reader sees the end
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        # docker-py's close() leaves the socket's file object open, and with it the fd
+        # (until a garbage collection): close it, and the response, here.
+        with contextlib.suppress(Exception):
+            response = self._stream._response
+            response.raw._fp.fp.close()
+            response.close()
+
+    def _read(self) -> None:
+        try:
+            for chunk in self._stream:
+                with self._changed:
+                    *complete, self._partial = (self._partial + chunk).split(b"\n")
+                    self._lines += [ln.decode("utf-8", "replace") for ln in complete]
+                    del self._lines[: -self.MAX_LINES]
+                    self._changed.notify_all()
+        except Exception:  # closed under us, or the engine went away: the output ended
+            pass
+        finally:
+            with self._changed:
+                self._ended = True
+                self._changed.notify_all()
+
+    def wait_for_line(self, line: str) -> bool:
+        """True once `line` was printed; False when the output ended or time ran out first."""
+        with self._changed:
+            while line not in self._lines:
+                remaining = self._deadline - time.monotonic()
+                if self._ended or remaining <= 0:
+                    return False
+                self._changed.wait(remaining)
+            return True
+
+    def lines(self) -> list[str]:
+        with self._changed:
+            return list(self._lines)
+
+    def tail(self, count: int = 3) -> str:
+        last = [ln for ln in self.lines() if ln.strip()][-count:]
+        return " | ".join(last) if last else "(no output)"
+
+
+def run_once(client: DockerClient, spec: ContainerSpec, timeout_s: float) -> tuple[int | None, str]:
+    """Run a short-lived container to its end; its exit code (None on timeout) and output."""
+    with OwnedContainers(client) as owned:
+        container = owned.create(spec)
+        container.start()
+        code = wait(container, timeout_s)
+        if code is None:
+            kill(container)
+        output = container.logs(stdout=True, stderr=True).decode("utf-8", errors="replace")
+        return code, output
+
+
+def is_running(container: Container) -> tuple[bool, int | None]:
+    """Whether the container still runs, and its exit code when it does not."""
+    try:
+        container.reload()
+    except docker.errors.NotFound:
+        return False, None
+    state = container.attrs.get("State") or {}
+    return bool(state.get("Running")), state.get("ExitCode")
+
+
+def oom_killed(container: Container) -> bool:
+    """Whether the kernel's OOM killer hit the container (the engine's State.OOMKilled)."""
+    try:
+        container.reload()
+    except docker.errors.NotFound:
+        return False
+    return bool((container.attrs.get("State") or {}).get("OOMKilled"))
+
+
+def stop(container: Container, grace_s: int = 5) -> None:
+    """SIGTERM, then SIGKILL after the grace period; gone is fine."""
+    with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+        container.stop(timeout=grace_s)

@@ -1,0 +1,173 @@
+"""Removing what a crashed runner left: containers, networks, mounts, and `running` records.
+
+A resource belongs to a live run only while the runner process named in its
+labels or record (pid and start time, so a reused pid does not count) is alive.
+Anything else labelled `sandbox.managed` is removed; a dead run's mounts (its disk,
+whose loop device goes with it, and its workflow view) are unmounted and its disk
+image deleted, wherever its run root is (they are found in the mount table); and
+its record, if it still says `running`, is rewritten as `killed`. With
+`remove_runs`, the folders of finished test runs of the named workflows are deleted
+too, whatever the step left in them (fd-based, any depth, any names or modes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+import docker.errors
+import psutil
+from docker import DockerClient
+from pydantic import BaseModel
+
+from sandbox.contracts.layout import DISK_MOUNT, TEST_RUN_PREFIX, VIEW_LAYER, WORKFLOW_VIEW
+from sandbox.contracts.names import (
+    LABEL_MANAGED,
+    LABEL_RUN_ROOT,
+    LABEL_RUNNER_PID,
+    LABEL_RUNNER_START,
+)
+from sandbox.contracts.record import RECORD_FILE, RunStatus, read_record, utcnow, write_record
+from sandbox.hostfs import fdtree, hostmount
+from sandbox.stepfs import disk
+
+
+class GcReport(BaseModel):
+    containers_removed: list[str] = []
+    networks_removed: list[str] = []
+    mounts_removed: list[str] = []
+    records_marked_killed: list[str] = []
+    runs_removed: list[str] = []
+    errors: list[str] = []
+
+
+def runner_of_run_alive(run_root: Path) -> bool:
+    """True while the runner named in the run's record is alive (an unreadable record: no)."""
+    try:
+        record = read_record(run_root)
+    except (OSError, ValueError):
+        return False
+    return record.runner is not None and runner_alive(record.runner.pid, record.runner.create_time)
+
+
+def run_ended(run_root: Path) -> bool:
+    """True when the run's record has a final status, or says `running` for a dead runner."""
+    try:
+        record = read_record(run_root)
+    except (OSError, ValueError):
+        return not runner_of_run_alive(run_root)
+    return record.status is not RunStatus.RUNNING or not runner_of_run_alive(run_root)
+
+
+def roots_with_mounts() -> set[Path]:
+    """Run roots (`.../runs/test-<id>`) that have a disk or view mounted below them."""
+    roots = set()
+    for point in hostmount.mount_points():
+        path = Path(point)
+        if (
+            path.name in (DISK_MOUNT, WORKFLOW_VIEW, VIEW_LAYER)
+            and path.parent.name.startswith(TEST_RUN_PREFIX)
+            and path.parent.parent.name == "runs"
+        ):
+            roots.add(path.parent)
+    return roots
+
+
+def runner_alive(pid: int, create_time: float) -> bool:
+    """True when that exact process (pid and start time) still runs."""
+    try:
+        proc = psutil.Process(pid)
+        return abs(proc.create_time() - create_time) < 0.01 and proc.status() != "zombie"
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def orphaned(labels: dict[str, str]) -> bool:
+    try:
+        return not runner_alive(int(labels[LABEL_RUNNER_PID]), float(labels[LABEL_RUNNER_START]))
+    except (KeyError, ValueError):
+        return True
+
+
+def mark_killed(run_root: Path) -> bool:
+    """Rewrite an orphaned `running` record as `killed`; True when it did."""
+    if run_root.is_symlink() or not (run_root / RECORD_FILE).is_file():
+        return False
+    try:
+        record = read_record(run_root)
+    except (OSError, ValueError):
+        return False
+    if record.status is not RunStatus.RUNNING:
+        return False
+    if record.runner is not None and runner_alive(record.runner.pid, record.runner.create_time):
+        return False
+    record.status = RunStatus.KILLED
+    record.reason = "the runner died before the run finished; cleaned up by `sandbox gc`"
+    record.finished_at = utcnow()
+    record.duration_s = (record.finished_at - record.started_at).total_seconds()
+    write_record(run_root, record)
+    return True
+
+
+def collect(
+    client: DockerClient, workflow_dirs: list[Path] | None = None, *, remove_runs: bool = False
+) -> GcReport:
+    report = GcReport()
+    roots: set[Path] = set()
+    for container in client.containers.list(all=True, filters={"label": LABEL_MANAGED}):
+        labels = container.labels or {}
+        if not orphaned(labels):
+            continue
+        with contextlib.suppress(docker.errors.NotFound):
+            container.remove(force=True, v=True)
+            report.containers_removed.append(container.name or container.id or "?")
+        if LABEL_RUN_ROOT in labels:
+            roots.add(Path(labels[LABEL_RUN_ROOT]))
+    for network in client.networks.list(filters={"label": LABEL_MANAGED}):
+        labels = network.attrs.get("Labels") or {}
+        if not orphaned(labels):
+            continue
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+            network.remove()
+            report.networks_removed.append(network.name or "?")
+    for workflow_dir in workflow_dirs or []:
+        runs = workflow_dir / "runs"
+        if runs.is_dir() and not runs.is_symlink():
+            roots.update(p for p in runs.glob("test-*") if p.is_dir() and not p.is_symlink())
+    roots |= roots_with_mounts()
+    for root in sorted(roots):
+        if runner_of_run_alive(root):
+            continue
+        try:
+            report.mounts_removed += disk.reap(root)
+        except OSError as exc:
+            report.errors.append(f"{root}: {exc}")
+        if mark_killed(root):
+            report.records_marked_killed.append(str(root))
+    if remove_runs:
+        for workflow_dir in workflow_dirs or []:
+            _remove_finished_runs(workflow_dir / "runs", report)
+    return report
+
+
+def _remove_finished_runs(runs: Path, report: GcReport) -> None:
+    """Delete every test run folder whose run has ended (its runner is gone)."""
+    try:
+        fd = fdtree.open_root(runs)
+    except OSError:
+        return
+    try:
+        with os.scandir(fd) as it:
+            names = [e.name for e in it if e.name.startswith(TEST_RUN_PREFIX)]
+    finally:
+        os.close(fd)
+    for name in sorted(names):
+        root = runs / name
+        if not run_ended(root) or hostmount.mounts_below(root):
+            continue
+        problems = fdtree.remove_tree(root)
+        if problems:
+            report.errors.extend(problems[:10])
+        else:
+            report.runs_removed.append(str(root))

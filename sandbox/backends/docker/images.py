@@ -1,0 +1,321 @@
+"""Building the step, guard and MCP images on this host, with no registry.
+
+Layers, each tagged by a hash of its inputs so an unchanged layer is never
+rebuilt: a base made by `mmdebstrap` from the host's apt sources (or any
+registry image given as BASE_IMAGE), the step image, and on top of it the
+guard image (the sandbox package, Python wheels built on the host; no
+third-party server code) and the MCP image (the stdio MCP servers of
+`sandbox/images/mcp/mcp-servers.txt`, fetched on the host, and their relay). The
+`:current` tags are what runs use;
+`SANDBOX_IMAGE_TAG` names another tag instead, so several checkouts on one
+engine (parallel CI jobs, a developer beside CI) never run each other's images.
+Building needs the source checkout (the `sandbox/images/` folder); running does not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import docker.errors
+from docker import DockerClient
+from pydantic import BaseModel
+
+from sandbox.contracts.errors import EngineError, ImageMissingError
+from sandbox.contracts.names import GUARD_IMAGE, MCP_IMAGE, STEP_IMAGE
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+IMAGES_DIR = REPO_ROOT / "sandbox" / "images"
+BUILD_DIR = REPO_ROOT / "build"
+LABEL = "sandbox.image-inputs"
+# Stdlib-only code run inside the images (the step's clients, the executor, the MCP
+# relay): the step image installs this folder's contents, each under its own name.
+STEP_SIDE = REPO_ROOT / "sandbox" / "stepside"
+
+
+def step_side_files() -> list[Path]:
+    """The files the step image installs from `STEP_SIDE` (no caches, not its __init__)."""
+    return sorted(
+        p
+        for p in STEP_SIDE.rglob("*")
+        if p.is_file()
+        and "__pycache__" not in p.parts
+        and p.suffix == ".py"
+        and p != STEP_SIDE / "__init__.py"
+    )
+
+
+def stage_step_side(into: Path) -> None:
+    """Copy what the step image installs into `into`, laid out as it is installed."""
+    for path in step_side_files():
+        target = into / path.relative_to(STEP_SIDE)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+
+
+class BuiltImages(BaseModel):
+    base: str
+    step: str
+    guard: str
+    mcp: str
+    rebuilt: list[str]
+
+
+def _hash_files(paths: Iterable[Path], extra: str = "") -> str:
+    digest = hashlib.sha256(extra.encode())
+    for path in sorted(paths):
+        name = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+        digest.update(str(name).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _image_exists(client: DockerClient, ref: str) -> bool:
+    try:
+        client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def _log(message: str) -> None:
+    print(f"[images] {message}", file=sys.stderr, flush=True)
+
+
+def _host_apt_sources() -> list[Path]:
+    """The host's enabled Debian apt source files: mmdebstrap pastes them in."""
+    found: list[Path] = []
+    main = Path("/etc/apt/sources.list")
+    if main.is_file() and main.read_text().strip():
+        found.append(main)
+    folder = Path("/etc/apt/sources.list.d")
+    if folder.is_dir():
+        for path in sorted(folder.iterdir()):
+            if path.suffix in {".list", ".sources"} and "debian" in path.read_text():
+                found.append(path)
+    return found
+
+
+def _host_suite() -> str:
+    for line in Path("/etc/os-release").read_text().splitlines():
+        if line.startswith("VERSION_CODENAME="):
+            return line.split("=", 1)[1].strip().strip('"')
+    return "bookworm"
+
+
+def _packages() -> list[str]:
+    text = (IMAGES_DIR / "base" / "packages.txt").read_text()
+    return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+
+
+def build_base(client: DockerClient, rebuilt: list[str]) -> str:
+    """`sandbox-base:<hash>` from mmdebstrap with the host's apt sources."""
+    sources = _host_apt_sources()
+    suite = _host_suite()
+    tag = "sandbox-base:" + _hash_files(
+        [IMAGES_DIR / "base" / "packages.txt", *sources], extra=suite
+    )
+    if _image_exists(client, tag):
+        return tag
+    if shutil.which("mmdebstrap") is None:
+        raise EngineError(
+            "mmdebstrap is not installed (apt-get install mmdebstrap), or pass BASE_IMAGE"
+        )
+    _log(f"building {tag} with mmdebstrap ({suite}); this takes about half a minute")
+    BUILD_DIR.mkdir(exist_ok=True)
+    tarball = BUILD_DIR / "base.tar"
+    cmd = [
+        "mmdebstrap",
+        "--variant=minbase",
+        "--include=" + ",".join(_packages()),
+        "--dpkgopt=path-exclude=/usr/share/man/*",
+        "--dpkgopt=path-exclude=/usr/share/doc/*",
+        "--dpkgopt=path-exclude=/usr/share/locale/*",
+        "--aptopt=Acquire::Retries=3",
+        "--quiet",
+        suite,
+        str(tarball),
+        *(str(s) for s in sources),
+    ]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tail = result.stderr.strip().splitlines()[-5:]
+        raise EngineError("mmdebstrap failed: " + " | ".join(tail))
+    repository, _, version = tag.partition(":")
+    client.api.import_image_from_file(str(tarball), repository=repository, tag=version)
+    tarball.unlink()
+    rebuilt.append(tag)
+    return tag
+
+
+def _build(
+    client: DockerClient, context: Path, tag: str, buildargs: dict[str, str], rebuilt: list[str]
+) -> str:
+    if _image_exists(client, tag):
+        return tag
+    _log(f"building {tag}")
+    try:
+        client.images.build(
+            path=str(context),
+            tag=tag,
+            buildargs=buildargs,
+            rm=True,
+            forcerm=True,
+            pull=False,
+            labels={LABEL: tag.partition(":")[2]},
+        )
+    except docker.errors.BuildError as exc:
+        lines = [str(chunk.get("stream", "")).strip() for chunk in exc.build_log]
+        tail = " | ".join(line for line in lines if line)[-800:]
+        raise EngineError(f"building {tag} failed: {exc.msg}: {tail}") from None
+    rebuilt.append(tag)
+    return tag
+
+
+def _package_sources() -> list[Path]:
+    pkg = REPO_ROOT / "sandbox"
+    return [
+        p
+        for p in pkg.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix in {".py", ".json", ".typed"}
+    ] + [REPO_ROOT / "pyproject.toml"]
+
+
+def _wheels(into: Path) -> None:
+    """Wheels of the package and its dependencies, built on the host (cached)."""
+    deps_dir = BUILD_DIR / "wheels" / ("deps-" + _hash_files([REPO_ROOT / "pyproject.toml"]))
+    if not deps_dir.is_dir():
+        _log("building dependency wheels on the host")
+        BUILD_DIR.mkdir(exist_ok=True)  # a fresh clone has none when the base image exists
+        tmp = Path(tempfile.mkdtemp(dir=BUILD_DIR))
+        _pip(["wheel", "--quiet", "--wheel-dir", str(tmp), str(REPO_ROOT)])
+        for wheel in tmp.glob("sandbox-*.whl"):
+            wheel.unlink()
+        deps_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp.rename(deps_dir)
+    for wheel in deps_dir.iterdir():
+        shutil.copy2(wheel, into / wheel.name)
+    _pip(["wheel", "--quiet", "--no-deps", "--wheel-dir", str(into), str(REPO_ROOT)])
+
+
+def _mcp_servers(into: Path) -> None:
+    """The MCP image's servers (`sandbox/images/mcp/mcp-servers.txt`), built on the host.
+
+    `into/mcp-wheels` (wheels and a requirements.txt, installed with no index)
+    and `into/mcp-node` (an npm prefix, install scripts off), cached in build/
+    by the list's hash so an unchanged list is never fetched again."""
+    listing = IMAGES_DIR / "mcp" / "mcp-servers.txt"
+    entries = [ln.split() for ln in listing.read_text().splitlines() if ln.strip()]
+    pypi = [e[1] for e in entries if e[0] == "pypi" and len(e) == 2]
+    npm = [e[1] for e in entries if e[0] == "npm" and len(e) == 2]
+    cache = BUILD_DIR / ("mcp-" + _hash_files([listing]))
+    if not cache.is_dir():
+        _log("fetching the MCP servers on the host (pip wheel, npm install)")
+        BUILD_DIR.mkdir(exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=BUILD_DIR))
+        (tmp / "mcp-wheels").mkdir()
+        if pypi:
+            _pip(["wheel", "--quiet", "--wheel-dir", str(tmp / "mcp-wheels"), *pypi])
+        (tmp / "mcp-wheels" / "requirements.txt").write_text("".join(f"{p}\n" for p in pypi))
+        (tmp / "mcp-node").mkdir()
+        (tmp / "mcp-node" / "package.json").write_text('{"name": "sandbox-mcp", "private": true}\n')
+        if npm:
+            if shutil.which("npm") is None:
+                raise EngineError("npm is missing (apt-get install npm); it fetches MCP servers")
+            result = subprocess.run(
+                ["npm", "install", "--omit=dev", "--ignore-scripts", "--no-audit", "--no-fund",
+                 "--prefix", str(tmp / "mcp-node"), *npm],
+                capture_output=True, text=True, check=False,
+            )  # fmt: skip
+            if result.returncode != 0:
+                raise EngineError("npm install failed: " + result.stderr.strip()[-800:])
+        tmp.rename(cache)
+    shutil.copytree(cache / "mcp-wheels", into / "mcp-wheels")
+    shutil.copytree(cache / "mcp-node", into / "mcp-node", symlinks=True)
+
+
+def _pip(args: list[str]) -> None:
+    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    result = subprocess.run(
+        [sys.executable, "-m", "pip", *args], capture_output=True, text=True, env=env, check=False
+    )
+    if result.returncode != 0:
+        raise EngineError("pip " + args[0] + " failed: " + result.stderr.strip()[-800:])
+
+
+def build_all(client: DockerClient, base_image: str | None = None) -> BuiltImages:
+    """Build what changed; retag `:current`. Idempotent and quick when nothing changed."""
+    rebuilt: list[str] = []
+    base: str = base_image or build_base(client, rebuilt)
+    base_id = str(client.images.get(base).id) if _image_exists(client, base) else base
+
+    step_inputs = [
+        *(IMAGES_DIR / "step").iterdir(),
+        IMAGES_DIR / "base" / "packages.txt",
+        *step_side_files(),
+    ]
+    step_tag = "sandbox-step:" + _hash_files(step_inputs, extra=base_id)
+    guard_tag = "sandbox-guard:" + _hash_files(
+        [*(IMAGES_DIR / "guard").iterdir(), *_package_sources()], extra=step_tag
+    )
+    mcp_tag = "sandbox-mcp:" + _hash_files([*(IMAGES_DIR / "mcp").iterdir()], extra=step_tag)
+    with tempfile.TemporaryDirectory(prefix="sandbox-build-") as tmp:
+        step_ctx = Path(tmp) / "step"
+        shutil.copytree(IMAGES_DIR / "step", step_ctx)
+        shutil.copy2(IMAGES_DIR / "base" / "packages.txt", step_ctx / "packages.txt")
+        stage_step_side(step_ctx / "stepside")
+        _build(client, step_ctx, step_tag, {"BASE_IMAGE": base}, rebuilt)
+        client.images.get(step_tag).tag(STEP_IMAGE)
+
+        if not _image_exists(client, guard_tag):
+            guard_ctx = Path(tmp) / "guard"
+            shutil.copytree(IMAGES_DIR / "guard", guard_ctx)
+            (guard_ctx / "wheels").mkdir()
+            _wheels(guard_ctx / "wheels")
+            _build(client, guard_ctx, guard_tag, {"STEP_IMAGE": step_tag}, rebuilt)
+        client.images.get(guard_tag).tag(GUARD_IMAGE)
+
+        if not _image_exists(client, mcp_tag):
+            mcp_ctx = Path(tmp) / "mcp"
+            shutil.copytree(IMAGES_DIR / "mcp", mcp_ctx)
+            _mcp_servers(mcp_ctx)
+            _build(client, mcp_ctx, mcp_tag, {"STEP_IMAGE": step_tag}, rebuilt)
+        client.images.get(mcp_tag).tag(MCP_IMAGE)
+    keep = {step_tag, guard_tag, mcp_tag, STEP_IMAGE, GUARD_IMAGE, MCP_IMAGE}
+    _prune_stale_tags(client, keep=keep)
+    return BuiltImages(base=base, step=step_tag, guard=guard_tag, mcp=mcp_tag, rebuilt=rebuilt)
+
+
+_HASH_TAG = re.compile(r":[0-9a-f]{16}$")
+
+
+def _prune_stale_tags(client: DockerClient, keep: set[str]) -> None:
+    """Old hash tags of our images go; an image a container still uses stays, and so
+    does one that another checkout's named tag (`SANDBOX_IMAGE_TAG`) still points at."""
+    for repository in ("sandbox-step", "sandbox-guard", "sandbox-mcp"):
+        for image in client.images.list(name=repository):
+            if any(not _HASH_TAG.search(tag) for tag in image.tags if tag not in keep):
+                continue
+            for tag in image.tags:
+                if tag not in keep:
+                    with contextlib.suppress(docker.errors.APIError):
+                        client.images.remove(tag)
+
+
+def require(client: DockerClient, ref: str) -> str:
+    """The image id of `ref`, or a clear error saying how to build it."""
+    try:
+        image_id = str(client.images.get(ref).id)
+    except docker.errors.ImageNotFound:
+        raise ImageMissingError(
+            f"image {ref} is not built on this host; run `make images` (or `sandbox images build`)"
+        ) from None
+    return image_id

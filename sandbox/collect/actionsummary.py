@@ -1,0 +1,116 @@
+"""Reading the action log back on the host, for the record's opening summary.
+
+The log is written by the guard alone (the runner makes it 0600 for the guard's
+uid, and no other process of the run has that uid or the file), but the host
+still reads it as untrusted input: opened without following links,
+size-capped, every line validated, and lines that do not parse are counted,
+never trusted. Each call counts once: its one `call` line, or the `start` line
+of a forwarded call; a `start` with no `outcome` is reported as started,
+outcome unknown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from sandbox.contracts.record import ActionCounts, EgressCounts, StubbedAction, UnfinishedCall
+from sandbox.contracts.wire import ActionLine
+
+MAX_LOG_BYTES = 64 * 1024 * 1024
+MAX_STUBBED_LISTED = 500
+
+
+@dataclass
+class ActionSummary:
+    stubbed: list[StubbedAction] = field(default_factory=list)
+    counts: ActionCounts = field(default_factory=ActionCounts)
+    fails_step: str = ""
+    egress: dict[str, EgressCounts] = field(default_factory=dict)
+    outcome_unknown: list[UnfinishedCall] = field(default_factory=list)
+
+
+def _detail(line: ActionLine) -> str:
+    """A short, human hint of what the call would have done."""
+    args = line.arguments
+    for key in ("command", "channel", "to", "job_id", "url", "sql", "text"):
+        if key in args:
+            return f"{key}={json.dumps(args[key])[:80]}"
+    return ""
+
+
+def read(path: Path) -> ActionSummary:
+    summary = ActionSummary()
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return summary
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return summary
+        data = handle.read(MAX_LOG_BYTES + 1)
+    summary.counts.truncated = len(data) > MAX_LOG_BYTES
+    started: dict[str, ActionLine] = {}
+    for raw in data[:MAX_LOG_BYTES].splitlines():
+        try:
+            line = ActionLine.model_validate_json(raw)
+        except ValidationError:
+            summary.counts.malformed += 1
+            continue
+        if line.event == "log_full":
+            summary.counts.log_full = True
+            unlogged = line.detail.get("stubbed_unlogged")
+            if isinstance(unlogged, int) and not isinstance(unlogged, bool):
+                summary.counts.stubbed_unlogged = unlogged
+            continue
+        if line.event == "outcome":
+            begun = started.pop(line.call_id or "", None)
+            if begun is None or begun.tool != line.tool:
+                summary.counts.malformed += 1  # an outcome of no call the log started
+            elif line.outcome == "error":
+                summary.counts.outcome_error += 1
+            continue
+        if line.event == "start":
+            if not line.call_id or line.call_id in started:
+                summary.counts.malformed += 1
+                continue
+            started[line.call_id] = line
+        _count(summary, line)
+    for line in started.values():
+        if len(summary.outcome_unknown) < MAX_STUBBED_LISTED:
+            summary.outcome_unknown.append(
+                UnfinishedCall(
+                    call_id=line.call_id or "",
+                    tool=line.tool,
+                    decision=line.decision,
+                    reason=line.reason,
+                    started_at=line.time,
+                    detail=_detail(line),
+                )
+            )
+    summary.counts.outcome_unknown = len(started)
+    return summary
+
+
+def _count(summary: ActionSummary, line: ActionLine) -> None:
+    """One call: its decision, the stub list, egress per host, a refusal that fails the step."""
+    summary.counts.add(line.decision)
+    if line.decision == "stub" and len(summary.stubbed) < MAX_STUBBED_LISTED:
+        summary.stubbed.append(
+            StubbedAction(tool=line.tool, reason=line.reason, detail=_detail(line))
+        )
+    if line.tool == "http" and line.session == "egress":
+        counts = summary.egress.setdefault(str(line.detail.get("host", "")), EgressCounts())
+        if line.decision == "allow":
+            counts.passed += 1
+        elif line.decision == "stub":
+            counts.stubbed += 1
+        else:
+            counts.refused += 1
+    if line.detail.get("fails_step") and not summary.fails_step:
+        summary.fails_step = f"{line.tool} was refused in test mode: {line.reason}"

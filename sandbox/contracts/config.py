@@ -1,0 +1,287 @@
+"""The workflow folder's configuration, parsed once from `workflow.toml`.
+
+One pydantic model (`Workflow`) is the whole configuration; every other module
+receives the parts it needs from it and reads no options on its own. A bad file
+yields one `ConfigError` naming the file, the field and the problem. Fields
+that later parts of the product use (MCP servers, egress, the bridge upstream)
+are parsed and validated here already, so a typo fails at load, not mid-run.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from sandbox.contracts.errors import ConfigError
+
+WORKFLOW_FILE = "workflow.toml"
+
+_IDENT = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+Ident = Annotated[str, Field(pattern=_IDENT)]
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors: a misspelt option must not be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Step(_Strict):
+    """One workflow step: what runs, in which group folder, for how long."""
+
+    id: Ident
+    group: Ident
+    command: str | list[str]
+    prompt_file: str | None = None
+    timeout_s: float = Field(default=600.0, gt=0, le=24 * 3600)
+
+    @field_validator("command")
+    @classmethod
+    def _command_not_empty(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, str) and not value.strip():
+            raise ValueError("command is empty")
+        if isinstance(value, list) and (not value or not all(value)):
+            raise ValueError("command list is empty or has an empty element")
+        return value
+
+    @field_validator("prompt_file")
+    @classmethod
+    def _relative_prompt(cls, value: str | None) -> str | None:
+        if value is not None and (value.startswith("/") or ".." in Path(value).parts):
+            raise ValueError("prompt_file must be a path inside the workflow folder")
+        return value
+
+    def argv(self) -> list[str]:
+        """The command as an argv list; a string runs through `/bin/sh -c`."""
+        if isinstance(self.command, list):
+            return list(self.command)
+        return ["/bin/sh", "-c", self.command]
+
+    def display_command(self) -> str:
+        return self.command if isinstance(self.command, str) else shlex.join(self.command)
+
+
+class CrewFolder(_Strict):
+    """A Crew project's folder: mounted read-only; Crew calls themselves are refused."""
+
+    name: Ident
+    path: str
+
+
+_HOST_RE = re.compile(r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$|^\[[0-9A-Fa-f:.]+\]$")
+
+
+class EgressEntry(_Strict):
+    """One allow-listed destination. Read-only (GET/HEAD) unless marked a model endpoint.
+
+    Without a port it admits plain HTTP on 80 and CONNECT (HTTPS) on 443."""
+
+    host: str
+    port: int | None = Field(default=None, ge=1, le=65535)
+    # An explicit port is for plain HTTP unless `tls` says it is an HTTPS port:
+    # a CONNECT tunnel to a plain-HTTP port would carry methods the proxy cannot see.
+    tls: bool = False
+    model: bool = False
+    # TLS to this host is inspected unless this says false (then the tunnel is blind
+    # and every line for it says "method not seen"); unset follows `egress.inspect_tls`.
+    inspect: bool | None = None
+
+    @field_validator("host")
+    @classmethod
+    def _valid_host(cls, value: str) -> str:
+        if not _HOST_RE.match(value):
+            raise ValueError(f"not a host name or wildcard like *.example.org: {value!r}")
+        return value.lower()
+
+
+def _entries_from_strings(value: Any) -> Any:
+    """Allow-list entries: `"host"` and `"host:port"` shorthands beside full tables."""
+    if not isinstance(value, list):
+        return value
+    out: list[Any] = []
+    for item in value:
+        if isinstance(item, str):
+            host, _, port = item.rpartition(":") if ":" in item else (item, "", "")
+            out.append({"host": host, "port": int(port)} if port.isdigit() else {"host": item})
+        else:
+            out.append(item)
+    return out
+
+
+class Egress(_Strict):
+    """Allow list for the egress proxy; empty means no egress at all.
+
+    `inspect_tls` is the default for entries that do not set `inspect`: true (TLS is
+    inspected, so the method inside HTTPS is judged) unless the file says false,
+    which makes the tunnels of every entry without its own `inspect` blind. A
+    per-host `inspect = false` is the narrower opt-out. A stdio MCP server's own
+    list is an Egress of its entries alone (`McpServer.own_egress`): inspected
+    unless an entry opts out."""
+
+    allow: list[EgressEntry] = Field(default_factory=list)
+    inspect_tls: bool = True
+    # PEM files (relative to the workflow folder) of CAs the guard trusts for the
+    # real hosts when it inspects TLS, besides the system's.
+    trust_ca_files: list[str] = Field(default_factory=list)
+
+    def inspects(self, entry: EgressEntry) -> bool:
+        """Whether the proxy opens this entry's TLS and judges the requests inside."""
+        return self.inspect_tls if entry.inspect is None else entry.inspect
+
+    def needs_ca(self) -> bool:
+        """Some entry admits CONNECT and is inspected: the run needs its own CA."""
+        return any(
+            (entry.port is None or entry.tls) and self.inspects(entry) for entry in self.allow
+        )
+
+    @field_validator("allow", mode="before")
+    @classmethod
+    def _allow_shorthands(cls, value: Any) -> Any:
+        return _entries_from_strings(value)
+
+
+class McpServer(_Strict):
+    """An MCP server the step may reach through the guard (stdio command or HTTP URL).
+
+    A stdio server runs in a container of its own, with only its own `env` and
+    `env_from_host` values; its only way out is the guard's egress proxy with its
+    own `egress` allow list (empty: no network at all)."""
+
+    name: Ident
+    command: list[str] | None = None
+    url: str | None = None
+    # Literal values here are readable by the step (the workflow folder is mounted
+    # read-only into it); put credentials in `env_from_host` instead.
+    env: dict[str, str] = Field(default_factory=dict)
+    # Names of runner-environment variables handed to this server only.
+    env_from_host: list[str] = Field(default_factory=list)
+    # Per-connection owner overrides: tool name -> read-only (true) or not (false).
+    read_only_overrides: dict[str, bool] = Field(default_factory=dict)
+    # What a stdio server may reach, through the guard's egress proxy (the same
+    # entry shapes as [egress] allow, judged by the same rules); never the step's list.
+    egress: list[EgressEntry] = Field(default_factory=list)
+
+    @field_validator("egress", mode="before")
+    @classmethod
+    def _egress_shorthands(cls, value: Any) -> Any:
+        return _entries_from_strings(value)
+
+    def own_egress(self) -> Egress:
+        """This server's allow list as its egress proxy judges it: the step's rules
+        (TLS inspected unless an entry says `inspect = false`), never the step's list."""
+        return Egress(allow=self.egress)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServer:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of command (stdio) or url (streamable HTTP)")
+        if self.command is not None and not self.command:
+            raise ValueError("command is empty")
+        if self.url is not None and self.egress:
+            raise ValueError("egress is for stdio servers (the guard reaches a url server itself)")
+        return self
+
+
+class Bridge(_Strict):
+    """The real bridge that allowed calls are forwarded to, with per-tool time budgets."""
+
+    upstream: str | None = None
+    # Existing Docker networks the guard joins to reach its upstreams.
+    networks: list[str] = Field(default_factory=list)
+    default_budget_s: float = Field(default=30.0, gt=0, le=3600)
+    grace_s: float = Field(default=10.0, ge=0, le=600)
+    budgets: dict[str, float] = Field(default_factory=dict)
+
+
+class Limits(_Strict):
+    """Resource fences for one test run's containers."""
+
+    memory_mb: int = Field(default=1024, ge=32, le=64 * 1024)
+    pids: int = Field(default=256, ge=16, le=32768)
+    cpus: float = Field(default=1.0, gt=0, le=64)
+    # Accepted and unused: the step's /tmp is a folder of its disk (disk_quota_mb).
+    tmpfs_mb: int = Field(default=64, ge=1, le=4096)
+    copy_cap_mb: int = Field(default=512, ge=0, le=512)
+    # The size of the step's disk: its group folder, its DB copy and its /tmp
+    # together (the copies it starts with included); at the wall the step is stopped
+    # and the run recorded as `quota`.
+    disk_quota_mb: int = Field(default=2048, ge=1, le=1024 * 1024)
+
+
+class Workflow(_Strict):
+    """The whole `workflow.toml`."""
+
+    name: Ident = "workflow"
+    steps: list[Step]
+    crew_folders: list[CrewFolder] = Field(default_factory=list)
+    mcp_servers: list[McpServer] = Field(default_factory=list)
+    egress: Egress = Field(default_factory=Egress)
+    bridge: Bridge = Field(default_factory=Bridge)
+    limits: Limits = Field(default_factory=Limits)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Workflow:
+        for label, names in (
+            ("steps", [s.id for s in self.steps]),
+            ("crew_folders", [c.name for c in self.crew_folders]),
+            ("mcp_servers", [m.name for m in self.mcp_servers]),
+        ):
+            dupes = sorted({n for n in names if names.count(n) > 1})
+            if dupes:
+                raise ValueError(f"{label}: duplicate name(s) {', '.join(dupes)}")
+        return self
+
+    def step(self, step_id: str) -> Step:
+        for step in self.steps:
+            if step.id == step_id:
+                return step
+        known = ", ".join(s.id for s in self.steps) or "none"
+        raise ConfigError(f"unknown step {step_id!r} (this workflow has: {known})")
+
+
+def _format_validation_error(path: Path, err: ValidationError) -> str:
+    first = err.errors()[0]
+    loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in first["loc"]).lstrip(".")
+    more = f" (and {err.error_count() - 1} more)" if err.error_count() > 1 else ""
+    return f"{path}: {loc or 'top level'}: {first['msg']}{more}"
+
+
+def load_workflow(workflow_dir: Path) -> Workflow:
+    """Parse `<workflow_dir>/workflow.toml`, or raise one readable ConfigError."""
+    if not workflow_dir.is_dir():
+        raise ConfigError(f"workflow folder not found: {workflow_dir}")
+    path = workflow_dir / WORKFLOW_FILE
+    if path.is_symlink() or not path.is_file():
+        raise ConfigError(f"{path}: missing (every workflow folder has a {WORKFLOW_FILE})")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    try:
+        return Workflow.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_validation_error(path, exc)) from None
+
+
+def resolve_crew_folder(workflow_dir: Path, crew: CrewFolder) -> Path:
+    """Crew paths may be relative to the workflow folder; they must exist as folders."""
+    path = Path(crew.path)
+    path = path if path.is_absolute() else (workflow_dir / path)
+    path = path.resolve()
+    if not path.is_dir():
+        raise ConfigError(f"crew folder {crew.name!r} not found: {path}")
+    return path

@@ -1,0 +1,176 @@
+"""Where a test run's files live, on the host and inside the containers.
+
+One place names every path so no module builds one by hand. The run root
+(`runs/test-<id>/`) holds the record and the action log and is never mounted
+writable into the step. While the step runs, its writable folders are folders of
+the run's own disk (`.disk/`, see `sandbox.stepfs.disk`), and the workflow folder it sees
+is the run's view of it (`.view/`, see `sandbox.stepfs.view`); after the run the
+group folder and the DB copy are in the run root (`<group>/`, `db/`).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from sandbox.contracts.record import ACTIONS_FILE, RECORD_FILE
+
+TEST_RUN_PREFIX = "test-"
+# In the run root, while the step runs (see RunLayout).
+DISK_IMAGE = ".disk.img"
+DISK_MOUNT = ".disk"
+WORKFLOW_VIEW = ".view"
+VIEW_LAYER = ".view-hidden"
+
+# Inside the step container.
+C_WORKFLOW = "/workflow"
+C_TEST = "/test"
+C_DB_DIR = "/test/db"
+C_DB_PATH = "/test/db/db.sqlite"
+C_TMP = "/tmp"
+C_PROMPT = "/test/prompt.md"
+C_CA_BUNDLE = "/test/ca-bundle.pem"
+C_CREW = "/crew"
+
+# Fixed, distinct ids (created in the step image): the firewall tells the
+# guard's traffic from the step's by uid.
+STEP_UID = 10001
+GUARD_UID = 10002
+# Each stdio MCP server runs as its own uid (and gid): MCP_UID_BASE + its index.
+MCP_UID_BASE = 10100
+
+# Inside a stdio MCP server's container: its own folder of the run (read-only),
+# holding the guard's sockets for it.
+C_MCP_DIR = "/run/mcp"
+MCP_SOCKET = "mcp.sock"  # the server's stdio
+MCP_EGRESS_SOCKET = "egress.sock"  # its egress proxy (only with an egress allow list)
+MCP_PROXY_PORT = 3128  # where the relay listens for it, on the server's own loopback
+C_MCP_CA_BUNDLE = "/run/ca-bundle.pem"  # system CAs plus the run's (TLS inspection)
+
+
+def mcp_uid(index: int) -> int:
+    return MCP_UID_BASE + index
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    """Sortable by time, unique without coordination."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%S")
+    return f"{TEST_RUN_PREFIX}{stamp}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    workflow_dir: Path
+    run_id: str
+    group: str
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.workflow_dir / "runs"
+
+    @property
+    def root(self) -> Path:
+        return self.runs_dir / self.run_id
+
+    @property
+    def group_dir(self) -> Path:
+        return self.root / self.group
+
+    @property
+    def db_dir(self) -> Path:
+        return self.root / "db"
+
+    @property
+    def db_path(self) -> Path:
+        return self.db_dir / "db.sqlite"
+
+    @property
+    def baseline_db(self) -> Path:
+        """A pristine second copy for the end-of-run diff; never mounted."""
+        return self.root / ".baseline" / "db.sqlite"
+
+    @property
+    def record(self) -> Path:
+        return self.root / RECORD_FILE
+
+    @property
+    def actions(self) -> Path:
+        return self.root / ACTIONS_FILE
+
+    @property
+    def prompt(self) -> Path:
+        return self.root / "prompt.md"
+
+    @property
+    def ca_bundle(self) -> Path:
+        """System CAs plus this run's egress CA (when some allow-list entry is inspected)."""
+        return self.root / "ca-bundle.pem"
+
+    @property
+    def guard_dir(self) -> Path:
+        """The guard's own writable folder (logs, MCP servers' stderr)."""
+        return self.root / "guard"
+
+    # -- while the step runs (mounts the runner makes and removes) ---------------
+
+    @property
+    def disk_image(self) -> Path:
+        """The sparse file holding the step's disk (as large as the disk quota)."""
+        return self.root / DISK_IMAGE
+
+    @property
+    def disk_mount(self) -> Path:
+        return self.root / DISK_MOUNT
+
+    @property
+    def disk_group(self) -> Path:
+        """The step's group folder on its disk (`/test/<group>` inside)."""
+        return self.disk_mount / "group"
+
+    @property
+    def disk_db(self) -> Path:
+        """The DB copy's folder on the step's disk (`/test/db` inside)."""
+        return self.disk_mount / "db"
+
+    @property
+    def disk_tmp(self) -> Path:
+        """The step's /tmp on its disk."""
+        return self.disk_mount / "tmp"
+
+    @property
+    def workflow_view(self) -> Path:
+        """The workflow folder as every container of the run sees it (`/workflow`)."""
+        return self.root / WORKFLOW_VIEW
+
+    @property
+    def view_layer(self) -> Path:
+        """What the view leaves out (`db/`, every `runs/test-*`), as overlay whiteouts."""
+        return self.root / VIEW_LAYER
+
+    @property
+    def mcp_dir(self) -> Path:
+        """The guard's sockets for stdio MCP servers, one folder per server (guard uid)."""
+        return self.root / "mcp"
+
+    def mcp_server_dir(self, name: str) -> Path:
+        return self.mcp_dir / name
+
+    @property
+    def mcp_stderr_dir(self) -> Path:
+        """The servers' stderr, as the host read it back at the end (root only)."""
+        return self.root / "mcp-stderr"
+
+    @property
+    def container_workdir(self) -> str:
+        return f"{C_TEST}/{self.group}"
+
+
+def make_private_dir(path: Path, mode: int = 0o755) -> None:
+    """mkdir that refuses to work through a symlink planted at the path."""
+    os.mkdir(path, mode)
+    st = os.lstat(path)
+    if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.getuid():
+        raise OSError(f"{path} is not a directory we created")

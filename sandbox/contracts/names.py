@@ -1,0 +1,26 @@
+"""The names every part of a run agrees on: its images and the labels of its containers.
+
+`SANDBOX_IMAGE_TAG` names the image tag (`current` by default), so several checkouts
+on one engine (parallel CI jobs, a developer beside CI) never run each other's images.
+The labels are what `sandbox gc` reads to tell a live run's container from an orphan:
+every container of a run carries the run's id and root, its role, and its runner's pid
+and start time.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Final
+
+IMAGE_TAG: Final = os.environ.get("SANDBOX_IMAGE_TAG", "current")
+STEP_IMAGE: Final = f"sandbox-step:{IMAGE_TAG}"
+GUARD_IMAGE: Final = f"sandbox-guard:{IMAGE_TAG}"
+MCP_IMAGE: Final = f"sandbox-mcp:{IMAGE_TAG}"
+
+LABEL_MANAGED: Final = "sandbox.managed"
+LABEL_RUN_ID: Final = "sandbox.run-id"
+LABEL_RUN_ROOT: Final = "sandbox.run-root"
+LABEL_ROLE: Final = "sandbox.role"
+LABEL_RUNNER_PID: Final = "sandbox.runner-pid"
+LABEL_RUNNER_START: Final = "sandbox.runner-start"
+LABEL_MCP_SERVER: Final = "sandbox.mcp-server"

@@ -1,0 +1,307 @@
+"""The run's record (`test_mode.json`) and the action log lines, as pydantic models.
+
+These are the contracts Builder and Pulse read, so they change only with a new
+`schema_version` and a regenerated JSON Schema (`sandbox/contracts/test_mode.schema.json`). Records
+are written atomically (temp file, fsync, rename) into the test run's root,
+which is never mounted writable into the step: the step cannot forge them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import UTC, datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox.contracts.reports import CopyReport, DbCopyReport, DbDiff
+
+SCHEMA_VERSION: Literal[1] = 1
+RECORD_FILE = "test_mode.json"
+ACTIONS_FILE = "test_mode_actions.jsonl"
+SCHEMA_PATH = Path(__file__).parent / "test_mode.schema.json"
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class RunStatus(StrEnum):
+    """`running` is only ever seen while the runner lives; `sandbox gc` turns an
+    orphaned `running` record into `killed`."""
+
+    RUNNING = "running"
+    PASSED = "passed"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    REFUSED = "refused"
+    ERROR = "error"
+    KILLED = "killed"
+    QUOTA = "quota"
+
+
+class OutputTail(BaseModel):
+    """The last part of a stream: the end of a log is where the failure is."""
+
+    text: str = ""
+    total_bytes: int = 0
+    truncated: bool = False
+
+
+class FileChanges(BaseModel):
+    """What the step did to its group folder (paths relative to it, posix), from a
+    snapshot before the step and one after it: a file made and removed again during
+    the run is not listed. `truncated`: a list was cut, or the folder had more entries
+    than a snapshot looks at."""
+
+    created: list[str] = Field(default_factory=list)
+    changed: list[str] = Field(default_factory=list)
+    deleted: list[str] = Field(default_factory=list)
+    truncated: bool = False
+
+
+class Resources(BaseModel):
+    peak_memory_bytes: int | None = None
+    cpu_seconds: float | None = None
+
+
+class Phases(BaseModel):
+    """Seconds spent in each phase, so a slow run says where the time went."""
+
+    prepare_s: float = 0.0
+    copy_s: float = 0.0
+    db_copy_s: float = 0.0
+    container_start_s: float = 0.0
+    step_s: float = 0.0
+    collect_s: float = 0.0
+
+
+class RunnerInfo(BaseModel):
+    """Who ran this record's run; lets `gc` tell an orphaned run from a live one."""
+
+    pid: int
+    create_time: float
+    hostname: str
+
+
+class Preflight(BaseModel):
+    """What the step's namespace looked like just before the step started."""
+
+    ok: bool
+    firewall_verified: bool = False
+    ms: float | None = None
+    checks: list[str] = Field(default_factory=list)
+    open: list[str] = Field(default_factory=list)
+
+
+class StubbedAction(BaseModel):
+    """One line of the result's opening summary: what would have run."""
+
+    tool: str
+    reason: str
+    detail: str = ""
+
+
+class ActionCounts(BaseModel):
+    """How many guarded calls got each decision (from the action log).
+
+    Each call counts once (a forwarded call's `start` line, or its one line).
+    `outcome_error`: forwarded calls whose outcome was an error;
+    `outcome_unknown`: forwarded calls with no outcome line (the guard stopped
+    mid-call). `log_full`: the log reached its cap, and the guard stubbed every
+    later call without a line; `stubbed_unlogged` says how many, when the guard
+    lived to write it."""
+
+    allow: int = 0
+    stub: int = 0
+    redirect: int = 0
+    refuse: int = 0
+    malformed: int = 0
+    truncated: bool = False
+    outcome_error: int = 0
+    outcome_unknown: int = 0
+    log_full: bool = False
+    stubbed_unlogged: int | None = None
+
+    def add(self, decision: str) -> None:
+        if decision in {"allow", "stub", "redirect", "refuse"}:
+            setattr(self, decision, getattr(self, decision) + 1)
+
+
+class UnfinishedCall(BaseModel):
+    """A call the guard forwarded (its `start` line) but never wrote an outcome for:
+    started, outcome unknown."""
+
+    call_id: str
+    tool: str
+    decision: str
+    reason: str
+    started_at: datetime
+    detail: str = ""
+
+
+class McpServerReport(BaseModel):
+    """A stdio MCP server's container at the end of the run (it ran as `uid`).
+
+    `stderr_file` (relative to the run root) is its stderr as the host read it
+    back from the engine, capped at `stderr_bytes`."""
+
+    uid: int
+    exit_code: int | None = None  # None: it was still running when the run ended
+    stderr_file: str = ""
+    stderr_bytes: int = 0
+    stderr_truncated: bool = False
+
+
+class EgressCounts(BaseModel):
+    """Egress requests of one host: passed (allowed), stubbed, refused."""
+
+    passed: int = 0
+    stubbed: int = 0
+    refused: int = 0
+
+
+class TestRunRecord(BaseModel):
+    """`runs/test-<id>/test_mode.json`."""
+
+    model_config = ConfigDict(title="TestRunRecord")
+    __test__ = False  # a model, not a pytest test class
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    test_mode: Literal[True] = True
+    id: str
+    workflow_dir: str
+    workflow_name: str
+    step_id: str
+    group: str
+    command: str
+    status: RunStatus
+    reason: str = ""
+    started_at: datetime
+    finished_at: datetime | None = None
+    duration_s: float | None = None
+    exit_code: int | None = None
+    stdout: OutputTail = Field(default_factory=OutputTail)
+    stderr: OutputTail = Field(default_factory=OutputTail)
+    guard_log: OutputTail = Field(default_factory=OutputTail)
+    copy_report: CopyReport | None = None
+    no_earlier_run: bool = False
+    db_copy: DbCopyReport | None = None
+    no_db: bool = False
+    db_diff: DbDiff | None = None
+    files: FileChanges = Field(default_factory=FileChanges)
+    resources: Resources = Field(default_factory=Resources)
+    preflight: Preflight | None = None
+    # The most the step's disk held (its folders and /tmp, the copies it started with
+    # included), sampled while it ran and at the end.
+    disk_used_bytes: int | None = None
+    # The copy of the group folder and the DB copy off the step's disk into the run
+    # folder: what was copied and what was left out (special files, the cap).
+    export_report: CopyReport | None = None
+    phases: Phases = Field(default_factory=Phases)
+    stubbed: list[StubbedAction] = Field(default_factory=list)
+    actions: ActionCounts = Field(default_factory=ActionCounts)
+    outcome_unknown: list[UnfinishedCall] = Field(default_factory=list)
+    mcp_servers: dict[str, McpServerReport] = Field(default_factory=dict)
+    egress: dict[str, EgressCounts] = Field(default_factory=dict)
+    actions_log: str = ACTIONS_FILE
+    runner: RunnerInfo | None = None
+    images: dict[str, str] = Field(default_factory=dict)
+
+    def summary_lines(self) -> list[str]:
+        """The result starts with every stubbed action, then the verdict."""
+        lines = [f"test run {self.id}: step {self.step_id} {self.status.value}"]
+        if self.stubbed:
+            lines.append(f"{len(self.stubbed)} action(s) were stubbed (would have run):")
+            lines.extend(
+                f"  - {a.tool}: {a.reason}" + (f" [{a.detail}]" if a.detail else "")
+                for a in self.stubbed
+            )
+        else:
+            lines.append("no action was stubbed")
+        if self.preflight is not None:
+            if self.preflight.ok:
+                lines.append(f"preflight: every way out closed ({self.preflight.ms} ms)")
+            else:
+                lines.append("preflight: OPEN: " + "; ".join(self.preflight.open))
+        counts = self.actions
+        if counts.allow or counts.stub or counts.redirect or counts.refuse:
+            lines.append(
+                f"guarded calls: {counts.allow} allowed, {counts.redirect} redirected, "
+                f"{counts.stub} stubbed, {counts.refuse} refused"
+            )
+        if self.outcome_unknown:
+            lines.append(
+                f"{len(self.outcome_unknown)} call(s) started, outcome unknown "
+                "(the guard stopped before it wrote their outcome):"
+            )
+            lines.extend(
+                f"  - {c.tool}" + (f" [{c.detail}]" if c.detail else "")
+                for c in self.outcome_unknown
+            )
+        if counts.log_full:
+            unlogged = counts.stubbed_unlogged
+            lines.append(
+                "action log full: every later call was stubbed without a line"
+                + (f" ({unlogged})" if unlogged is not None else "")
+            )
+        for host, n in sorted(self.egress.items()):
+            lines.append(
+                f"egress {host or '?'}: {n.passed} passed, {n.stubbed} stubbed, {n.refused} refused"
+            )
+        if self.reason:
+            lines.append(f"reason: {self.reason}")
+        if self.exit_code is not None:
+            lines.append(f"exit code: {self.exit_code}")
+        if self.no_earlier_run:
+            lines.append("no earlier real run: the group folder started empty")
+        if self.no_db:
+            lines.append("no workflow DB: the step had no DB access")
+        if self.copy_report is not None and self.copy_report.left_out:
+            lines.append(f"copy cap: {len(self.copy_report.left_out)} file(s) left out")
+        if self.db_diff is not None:
+            lines.extend(f"db: {line}" for line in self.db_diff.summary_lines())
+        changes = self.files
+        if changes.created or changes.changed or changes.deleted:
+            lines.append(
+                f"files: {len(changes.created)} created, {len(changes.changed)} changed, "
+                f"{len(changes.deleted)} deleted"
+            )
+        return lines
+
+
+def write_json_atomic(path: Path, text: str) -> None:
+    """Write-then-rename so a reader never sees half a record, even if we die."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_record(run_root: Path, record: TestRunRecord) -> Path:
+    path = run_root / RECORD_FILE
+    write_json_atomic(path, record.model_dump_json(indent=2) + "\n")
+    return path
+
+
+def read_record(run_root: Path) -> TestRunRecord:
+    path = run_root / RECORD_FILE
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, encoding="utf-8") as handle:
+        return TestRunRecord.model_validate_json(handle.read())
+
+
+def record_json_schema() -> str:
+    """The published schema text; a test pins the committed file to it."""
+    return json.dumps(TestRunRecord.model_json_schema(), indent=2, sort_keys=True) + "\n"

@@ -1,0 +1,364 @@
+"""The containers of one test run, as data: the guard, the step, each stdio MCP server.
+
+Pure: this module decides users, mounts, environment, limits and networks from
+a `RunPlan` and makes no engine calls (it only borrows the engine layer's
+image and label names); `sandbox.backends.docker` turns the specs into API calls and
+`sandbox.run.testrun` decides when. Reading it top to bottom answers "what does the
+step see, what does the guard hold, and what does an MCP server get?".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandbox.contracts import names
+from sandbox.contracts.config import Egress, EgressEntry, McpServer, Step, Workflow
+from sandbox.contracts.layout import (
+    C_CA_BUNDLE,
+    C_DB_PATH,
+    C_MCP_CA_BUNDLE,
+    C_MCP_DIR,
+    C_PROMPT,
+    GUARD_UID,
+    MCP_EGRESS_SOCKET,
+    MCP_PROXY_PORT,
+    MCP_SOCKET,
+    STEP_UID,
+    RunLayout,
+    mcp_uid,
+)
+from sandbox.contracts.names import (
+    LABEL_MCP_SERVER,
+    LABEL_ROLE,
+    LABEL_RUN_ID,
+    LABEL_RUN_ROOT,
+    LABEL_RUNNER_PID,
+    LABEL_RUNNER_START,
+)
+from sandbox.contracts.record import RunnerInfo
+from sandbox.contracts.spec import ContainerSpec, Mount
+from sandbox.guard.caps import GUARD_MEMORY_BYTES
+from sandbox.guard.config import (
+    ACTIONS_PATH,
+    BRIDGE_PORT,
+    CONFIG_FILE_ENV,
+    CONFIG_FILE_NAME,
+    DATA_DIR,
+    EGRESS_PORT,
+    EXEC_PORT,
+    MCP_DIR,
+    MCP_PATH,
+    GuardConfig,
+)
+from sandbox.launch import firewall
+from sandbox.launch.mounts import step_mounts, workflow_mounts
+from sandbox.stepside.agentworks_exec.preflight import ENV as PREFLIGHT_ENV
+from sandbox.stepside.agentworks_exec.supervisor import GUARD_WAIT_ENV
+
+CA_BUNDLE_VARIABLES = (
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "PIP_CERT",
+)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Per-run secrets: the step's bridge token and the guard's executor token."""
+
+    bridge: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    exec: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+
+
+@dataclass(frozen=True)
+class EgressCA:
+    """The run's TLS-inspection CA as PEM text (made by the runner; see sandbox.guard.tls)."""
+
+    cert_pem: str
+    key_pem: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything the specs depend on, resolved before any container exists."""
+
+    workflow_dir: Path
+    workflow: Workflow
+    step: Step
+    layout: RunLayout
+    runner: RunnerInfo
+    crew: dict[str, Path]
+    has_db: bool
+    has_prompt: bool
+    seccomp_profile: str
+    upstream: str | None
+    networks: list[str]
+    egress: Egress
+    trusted_ca_pem: str
+    mcp_host_env: dict[str, dict[str, str]]
+    canary: str | None = None
+    canary6: str | None = None
+    install_firewall: bool = True
+    fsync_action_log: bool = True
+    tokens: Tokens = field(default_factory=Tokens)
+    egress_ca: EgressCA | None = None  # set when some allow-list entry is inspected
+
+
+def egress_for_run(workflow: Workflow, extra_hosts: tuple[str, ...]) -> Egress:
+    """The workflow's allow list plus the hosts added for this run only."""
+    extra = [EgressEntry(host=host) for host in extra_hosts]
+    return workflow.egress.model_copy(update={"allow": [*workflow.egress.allow, *extra]})
+
+
+def needs_egress_ca(workflow: Workflow, egress: Egress) -> bool:
+    """Whether the run needs its TLS-inspection CA: the step's list (`egress`) or a
+    stdio server's own list has an entry whose TLS the guard opens."""
+    return egress.needs_ca() or any(
+        server.own_egress().needs_ca() for _, server in stdio_servers(workflow)
+    )
+
+
+def mcp_trusts_run_ca(plan: RunPlan, server: McpServer) -> bool:
+    """The server's own egress is inspected somewhere, so it must trust the run's CA."""
+    return plan.egress_ca is not None and server.own_egress().needs_ca()
+
+
+def step_user() -> tuple[int, int]:
+    """A root runner hands the step a fixed unprivileged uid; others run it as themselves."""
+    if os.geteuid() == 0:
+        return STEP_UID, STEP_UID
+    return os.getuid(), os.getgid()
+
+
+def labels(plan: RunPlan, role: str) -> dict[str, str]:
+    """What `sandbox gc` reads to tell an orphan from a live run's container."""
+    return {
+        LABEL_RUN_ID: plan.layout.run_id,
+        LABEL_RUN_ROOT: str(plan.layout.root),
+        LABEL_ROLE: role,
+        LABEL_RUNNER_PID: str(plan.runner.pid),
+        LABEL_RUNNER_START: repr(plan.runner.create_time),
+    }
+
+
+def stdio_servers(workflow: Workflow) -> list[tuple[int, McpServer]]:
+    """The workflow's stdio MCP servers with their index (which names their uid)."""
+    return [(i, s) for i, s in enumerate(workflow.mcp_servers) if s.command is not None]
+
+
+def guard_config(plan: RunPlan) -> GuardConfig:
+    bridge = plan.workflow.bridge
+    return GuardConfig(
+        run_id=plan.layout.run_id,
+        workflow=plan.workflow.name,
+        step=plan.step.id,
+        bridge_token=plan.tokens.bridge,
+        exec_token=plan.tokens.exec,
+        has_db=plan.has_db,
+        upstream=plan.upstream,
+        default_budget_s=bridge.default_budget_s,
+        grace_s=bridge.grace_s,
+        budgets=bridge.budgets,
+        mcp_servers=plan.workflow.mcp_servers,
+        mcp_dir=MCP_DIR,
+        mcp_uids={server.name: mcp_uid(i) for i, server in stdio_servers(plan.workflow)},
+        egress=plan.egress,
+        egress_trust_pem=plan.trusted_ca_pem,
+        egress_ca_pem=plan.egress_ca.cert_pem if plan.egress_ca else "",
+        egress_ca_key_pem=plan.egress_ca.key_pem if plan.egress_ca else "",
+        fsync_each=plan.fsync_action_log,
+    )
+
+
+# The guard image's own program; the entry script execs it after dropping privileges.
+GUARD_COMMAND = ["/opt/guard/bin/python", "-m", "sandbox.guard"]
+# What the entry script needs for its moment as root: the rules, then the drop.
+GUARD_ENTRY_CAPS = ["NET_ADMIN", "SETUID", "SETGID", "SETPCAP"]
+
+
+def guard_spec(plan: RunPlan) -> ContainerSpec:
+    """The guard owns the network namespace and is the only uid the firewall lets out.
+
+    It starts as root with NET_ADMIN only long enough to install the firewall, then
+    runs as the guard uid with no capability in any set (see firewall.guard_entry_script).
+    """
+    layout = plan.layout
+    script = firewall.guard_entry_script(GUARD_COMMAND, GUARD_UID, install=plan.install_firewall)
+    mcp = [Mount(source=str(layout.mcp_dir), target=MCP_DIR, read_only=False)]
+    return ContainerSpec(
+        name=f"sandbox-{layout.run_id}-guard",
+        image=names.GUARD_IMAGE,
+        entrypoint=["/bin/sh", "-c", script],
+        command=[],
+        user="0:0",
+        cap_add=GUARD_ENTRY_CAPS,
+        init=False,  # tini becomes pid 1 after the drop; docker-init would stay root
+        env={CONFIG_FILE_ENV: f"{DATA_DIR}/{CONFIG_FILE_NAME}"},
+        mounts=[
+            Mount(source=str(layout.actions), target=ACTIONS_PATH, read_only=False),
+            Mount(source=str(layout.guard_dir), target=DATA_DIR, read_only=False),
+            # The sockets of the stdio MCP servers (each in its own container).
+            *(mcp if stdio_servers(plan.workflow) else []),
+        ],
+        tmpfs={"/tmp": "rw,nosuid,nodev,noexec,size=16m"},
+        labels=labels(plan, "guard"),
+        # The guard's own code only: what its caps let it hold (sandbox.guard.caps).
+        memory_bytes=GUARD_MEMORY_BYTES,
+        pids=128,
+        cpus=1.0,
+        network_mode=plan.networks[0] if plan.networks else "none",
+        sysctls={"net.ipv4.ping_group_range": "1 0"},
+        # The step's profile fits the guard too (Python, node MCP servers): no
+        # ptrace, io_uring or namespaces for the one process that may go out.
+        seccomp_profile=plan.seccomp_profile,
+    )
+
+
+def step_env(plan: RunPlan, *, has_ca_bundle: bool) -> dict[str, str]:
+    """The step's whole environment: test mode, its DB copy, and its only ways out."""
+    proxy = f"http://127.0.0.1:{EGRESS_PORT}"
+    env = {
+        "AGENTWORKS_TEST_MODE": "1",
+        "AGENTWORKS_TEST_RUN_ID": plan.layout.run_id,
+        "HOME": "/tmp",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "AGENTWORKS_BRIDGE_URL": f"http://127.0.0.1:{BRIDGE_PORT}",
+        "AGENTWORKS_BRIDGE_TOKEN": plan.tokens.bridge,
+        "AGENTWORKS_MCP_URL": f"http://127.0.0.1:{BRIDGE_PORT}{MCP_PATH}",
+        "HTTP_PROXY": proxy,
+        "HTTPS_PROXY": proxy,
+        "http_proxy": proxy,
+        "https_proxy": proxy,
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+        # Read and removed by the executor (pid 1) before the step command starts.
+        "AGENTWORKS_EXEC_PORT": str(EXEC_PORT),
+        "AGENTWORKS_EXEC_TOKEN": plan.tokens.exec,
+        # The step starts while its guard is still starting; the executor waits for it.
+        GUARD_WAIT_ENV: f"127.0.0.1:{BRIDGE_PORT}",
+        PREFLIGHT_ENV: json.dumps({"canary": plan.canary, "canary6": plan.canary6}),
+    }
+    if plan.has_db:
+        env["DB_PATH"] = C_DB_PATH
+    if plan.has_prompt:
+        env["AGENTWORKS_PROMPT_FILE"] = C_PROMPT
+    if has_ca_bundle:
+        env.update(dict.fromkeys(CA_BUNDLE_VARIABLES, C_CA_BUNDLE))
+    return env
+
+
+def step_spec(plan: RunPlan, guard_id: str, *, has_ca_bundle: bool) -> ContainerSpec:
+    uid, gid = step_user()
+    limits = plan.workflow.limits
+    return ContainerSpec(
+        name=f"sandbox-{plan.layout.run_id}-step",
+        image=names.STEP_IMAGE,
+        command=["python3", "-m", "agentworks_exec", "--", *plan.step.argv()],
+        init=False,  # the executor is pid 1 and reaps (agentworks_exec.supervisor)
+        user=f"{uid}:{gid}",
+        workdir=plan.layout.container_workdir,
+        env=step_env(plan, has_ca_bundle=has_ca_bundle),
+        mounts=step_mounts(
+            plan.layout,
+            plan.crew,
+            has_db=plan.has_db,
+            has_prompt=plan.has_prompt,
+            has_ca_bundle=has_ca_bundle,
+        ),
+        labels=labels(plan, "step"),
+        memory_bytes=limits.memory_mb * 1024**2,
+        pids=limits.pids,
+        cpus=limits.cpus,
+        seccomp_profile=plan.seccomp_profile,
+        network_mode=f"container:{guard_id}",
+    )
+
+
+# --------------------------------------------------------------------------- MCP servers
+
+# What a stdio server finds on its PATH: the MCP image's servers, then the system.
+MCP_SERVER_PATH = "/opt/mcp/py/bin:/opt/mcp/node/node_modules/.bin:/usr/local/bin:/usr/bin:/bin"
+# The system Python: the step side is on its path (the servers' venv has its own).
+MCP_RELAY = ["/usr/bin/python3", "-m", "agentworks_relay"]
+MCP_HOME = "/tmp"  # its own small tmpfs
+MCP_MEMORY_BYTES = 512 * 1024**2  # node or Python servers take ~70 MB
+MCP_PIDS = 64
+MCP_TMPFS_MB = 64
+MCP_LOG_BYTES = 1024**2  # its stderr, kept by the engine, read back by the host
+
+
+def mcp_server_env(plan: RunPlan, server: McpServer) -> dict[str, str]:
+    """A stdio server's whole environment: a minimal PATH and HOME, its own `env`, its
+    `env_from_host` values, and (with an egress allow list) its proxy, and (when that
+    list is inspected) the CA bundle that trusts the run's CA. Nothing else."""
+    env = {
+        "PATH": MCP_SERVER_PATH,
+        "HOME": MCP_HOME,
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+    if server.egress:
+        proxy = f"http://127.0.0.1:{MCP_PROXY_PORT}"
+        env.update(dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"), proxy))
+    if mcp_trusts_run_ca(plan, server):
+        env.update(dict.fromkeys(CA_BUNDLE_VARIABLES, C_MCP_CA_BUNDLE))
+    return {**env, **server.env, **plan.mcp_host_env.get(server.name, {})}
+
+
+def mcp_server_spec(plan: RunPlan, index: int, server: McpServer) -> ContainerSpec:
+    """One stdio MCP server in a container of its own (the ToolHive way).
+
+    Its own uid and gid, no capability, no-new-privileges, the run's seccomp
+    profile, a read-only root with a small tmpfs, memory and pids limits, a
+    private PID namespace (it sees no process but its own), no network at all
+    (its only way out, with an allow list, is its relay to the guard's egress
+    socket), the workflow folder read-only, and its own folder of the run
+    read-only: the guard's sockets for it, which it can connect to but neither
+    replace nor add to; with an inspected egress list, the run's CA bundle
+    (certificates only) read-only. Its stderr is the container's log: only the
+    host reads it.
+    """
+    assert server.command is not None
+    uid = mcp_uid(index)
+    relay = ["--socket", f"{C_MCP_DIR}/{MCP_SOCKET}"]
+    if server.egress:
+        relay += [
+            "--egress-socket",
+            f"{C_MCP_DIR}/{MCP_EGRESS_SOCKET}",
+            "--proxy-port",
+            str(MCP_PROXY_PORT),
+        ]
+    return ContainerSpec(
+        name=f"sandbox-{plan.layout.run_id}-mcp-{server.name}",
+        image=names.MCP_IMAGE,
+        entrypoint=MCP_RELAY,
+        command=[*relay, "--", *server.command],
+        user=f"{uid}:{uid}",
+        workdir=MCP_HOME,
+        env=mcp_server_env(plan, server),
+        mounts=[
+            *workflow_mounts(plan.layout),
+            Mount(source=str(plan.layout.mcp_server_dir(server.name)), target=C_MCP_DIR),
+            *(
+                [Mount(source=str(plan.layout.ca_bundle), target=C_MCP_CA_BUNDLE)]
+                if mcp_trusts_run_ca(plan, server)
+                else []
+            ),
+        ],
+        tmpfs={"/tmp": f"rw,nosuid,nodev,size={MCP_TMPFS_MB}m,mode=1777"},
+        labels={**labels(plan, "mcp"), LABEL_MCP_SERVER: server.name},
+        memory_bytes=MCP_MEMORY_BYTES,
+        pids=MCP_PIDS,
+        cpus=1.0,
+        seccomp_profile=plan.seccomp_profile,
+        network_mode="none",
+        log_max_bytes=MCP_LOG_BYTES,
+    )

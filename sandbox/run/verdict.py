@@ -1,0 +1,100 @@
+"""What the collected facts of a run mean: its status and reason, and the executor's reports.
+
+Pure: these read what the collect phase gathered (exit code, output tails, the
+action summary) and touch no engine, file or container.
+"""
+
+from __future__ import annotations
+
+import json
+
+from sandbox.backends import UsageWatcher
+from sandbox.collect.actionsummary import ActionSummary
+from sandbox.contracts.record import OutputTail, Preflight, Resources, RunStatus
+from sandbox.stepside.agentworks_exec.preflight import FAILED_EXIT as PREFLIGHT_FAILED_EXIT
+from sandbox.stepside.agentworks_exec.preflight import MARK_FAILED as PREFLIGHT_FAILED
+from sandbox.stepside.agentworks_exec.preflight import MARK_OK as PREFLIGHT_OK
+from sandbox.stepside.agentworks_exec.supervisor import USAGE_MARK
+
+
+def preflight_from(stderr: str, firewall_verified: bool) -> Preflight | None:
+    """The executor's preflight report: the first stderr line, before the step's own."""
+    for line in stderr.splitlines()[:5]:
+        marker, _, payload = line.partition(" ")
+        if marker in (PREFLIGHT_OK, PREFLIGHT_FAILED):
+            try:
+                report = Preflight.model_validate_json(payload)
+            except ValueError:
+                return Preflight(ok=False, open=["unreadable preflight report"])
+            # The guard's entry script read the rules back before this container started.
+            return report.model_copy(update={"firewall_verified": firewall_verified})
+    return None
+
+
+def resources(usage: UsageWatcher, stderr: str) -> Resources:
+    """Peak memory and CPU: the executor's final rusage report, else the engine's samples."""
+    peak, cpu = usage.peak_memory_bytes, usage.cpu_seconds
+    for line in reversed(stderr.splitlines()[-5:]):
+        marker, _, payload = line.partition(" ")
+        if marker == USAGE_MARK:
+            try:
+                report = json.loads(payload)
+                cpu = float(report["cpu_seconds"])
+                measured = [int(report["max_rss_bytes"]), int(report.get("cgroup_peak_bytes", 0))]
+                peak = max(peak or 0, *measured) or None
+            except (ValueError, KeyError, TypeError):
+                pass
+            break
+    return Resources(peak_memory_bytes=peak, cpu_seconds=cpu)
+
+
+def without_reports(tail: OutputTail) -> OutputTail:
+    """The step's own stderr: the executor's report lines live in their own fields."""
+    markers = (PREFLIGHT_OK, PREFLIGHT_FAILED, USAGE_MARK)
+    kept = [ln for ln in tail.text.splitlines(keepends=True) if not ln.startswith(markers)]
+    return tail.model_copy(update={"text": "".join(kept)})
+
+
+def verdict(
+    exit_code: int | None,
+    timeout_s: float,
+    guard_running: bool,
+    guard_exit: int | None,
+    actions: ActionSummary,
+    *,
+    preflight: Preflight | None,
+    quota_mb: int | None,
+    oom_mb: int | None = None,
+) -> tuple[RunStatus, str]:
+    """The run's status, most telling cause first: a step that never started, a fence it
+    hit, a dead guard, a refused Crew call, and only then its own exit code."""
+    if preflight is not None and not preflight.ok:
+        opened = "; ".join(preflight.open)
+        return (
+            RunStatus.ERROR,
+            f"preflight found a way out open, so the step never started: {opened}",
+        )
+    if preflight is None and exit_code == PREFLIGHT_FAILED_EXIT:
+        return RunStatus.ERROR, "the preflight failed without a report"
+    if quota_mb is not None:
+        return RunStatus.QUOTA, (
+            f"the step's disk (group folder, DB copy and /tmp) reached its disk quota of "
+            f"{quota_mb} MB; the step was stopped"
+        )
+    if exit_code is None:
+        return RunStatus.TIMEOUT, f"step exceeded its timeout of {timeout_s:g} s"
+    if not guard_running:
+        return RunStatus.ERROR, (
+            f"the guard stopped during the run (exit {guard_exit}); "
+            "the step's calls after that failed closed"
+        )
+    if actions.fails_step:
+        return RunStatus.FAILED, actions.fails_step
+    if oom_mb is not None:
+        return RunStatus.FAILED, (
+            f"memory limit of {oom_mb} MB reached: the kernel killed the step "
+            f"(exit code {exit_code})"
+        )
+    if exit_code != 0:
+        return RunStatus.FAILED, f"step exited with code {exit_code}"
+    return RunStatus.PASSED, ""
