@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox.engine import images
+from sandbox.contracts import names as images
 from tests.engines.second_engine import EngineConfig, EnginePool, SecondEngine, sweep
 
 MARKER = "second_engine"

@@ -72,7 +72,7 @@ import docker.errors
 from docker import DockerClient
 from pydantic import BaseModel
 
-from sandbox.engine import images
+from sandbox.contracts import names as images
 from tests.engines import hoststate
 from tests.engines.hoststate import Proc
 

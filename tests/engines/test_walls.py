@@ -22,7 +22,7 @@ import docker.errors
 import pytest
 from docker.models.containers import Container
 
-from sandbox.engine.images import STEP_IMAGE
+from sandbox.contracts.names import STEP_IMAGE
 from tests.engines.second_engine import EngineConfig, EnginePool, SecondEngine, id_map, read_remap
 
 pytestmark = pytest.mark.second_engine
