@@ -28,6 +28,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Protocol
 
+from sandbox.contracts.ids import IdMap
 from sandbox.contracts.record import OutputTail
 from sandbox.contracts.spec import ContainerSpec
 
@@ -124,6 +125,11 @@ class Backend(Protocol):
 
     def require_image(self, ref: str) -> str:
         """The image's id, or `EngineError` saying how to build it."""
+        ...
+
+    def id_map(self) -> IdMap:
+        """How the engine maps container ids to host ids (user-namespace remapping):
+        what the runner chowns a container's folders to. `EngineError` when unknown."""
         ...
 
     def create(self, spec: ContainerSpec, *, independent: bool = False) -> RunContainer:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sandbox.contracts import names
 from sandbox.contracts.config import Egress, EgressEntry, McpServer, Step, Workflow
+from sandbox.contracts.ids import NO_REMAP, IdMap
 from sandbox.contracts.layout import (
     C_CA_BUNDLE,
     C_DB_PATH,
@@ -109,6 +110,7 @@ class RunPlan:
     fsync_action_log: bool = True
     tokens: Tokens = field(default_factory=Tokens)
     egress_ca: EgressCA | None = None  # set when some allow-list entry is inspected
+    ids: IdMap = NO_REMAP  # the engine's remapping: what host ids the runner chowns to
 
 
 def egress_for_run(workflow: Workflow, extra_hosts: tuple[str, ...]) -> Egress:

@@ -6,10 +6,17 @@ checked. It runs only with `-m second_engine` (`make test-walls`); without it a 
 that asks for it is skipped. Before the pool starts, `sweep()` stops what a killed
 session left. The session's base temp folder is shared with every engine, so
 `tmp_path` folders (and a run's disk and view mounted in them) work as bind sources.
+
+`SANDBOX_TEST_WALL=userns|runsc` runs a whole session in a second engine instead
+(`make test-walls`): `wall_engine` (autouse, session) starts it before any test,
+points `DOCKER_HOST` at it, so the `engine` fixture and every `TestRun` use it, and
+for `runsc` sets `SANDBOX_STEP_RUNTIME=runsc`, so every step runs under gVisor while
+its guard stays on runc. At the end it stops the engine by pid and checks the host's.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -18,6 +25,8 @@ from sandbox.contracts import names as images
 from tests.engines.second_engine import EngineConfig, EnginePool, SecondEngine, sweep
 
 MARKER = "second_engine"
+WALL_ENV = "SANDBOX_TEST_WALL"
+WALLS = {"userns": EngineConfig.userns, "runsc": EngineConfig.runsc}
 # What a test run needs in the engine: the step, the guard and the MCP server images.
 RUN_IMAGES = (images.STEP_IMAGE, images.GUARD_IMAGE, images.MCP_IMAGE)
 
@@ -50,3 +59,30 @@ def runsc_engine(second_engines: EnginePool) -> SecondEngine:
 def userns_engine(second_engines: EnginePool) -> SecondEngine:
     """userns-remap on (`engine.remap`: the host range); run images loaded."""
     return second_engines.get(EngineConfig.userns(), images=RUN_IMAGES)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def wall_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecondEngine | None]:
+    """The second engine this session runs in (`SANDBOX_TEST_WALL`), or None."""
+    wall = os.environ.get(WALL_ENV)
+    if not wall:
+        yield None
+        return
+    if wall not in WALLS:
+        raise pytest.UsageError(f"{WALL_ENV}={wall!r}: one of {sorted(WALLS)}")
+    sweep()
+    pool = EnginePool(share=(tmp_path_factory.getbasetemp(),))
+    saved = {k: os.environ.get(k) for k in ("DOCKER_HOST", "SANDBOX_STEP_RUNTIME")}
+    try:
+        engine = pool.get(WALLS[wall](), images=RUN_IMAGES)
+        os.environ["DOCKER_HOST"] = engine.url
+        if wall == "runsc":
+            os.environ["SANDBOX_STEP_RUNTIME"] = "runsc"
+        yield engine
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        pool.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import errno
 import os
 import re
 import signal
@@ -114,10 +115,17 @@ def unmount_exact(path: Path, mount_id: int) -> str | None:
     mount = top_mount(path)
     if mount is None or mount.id != mount_id:
         return None
-    if _libc.umount2(str(path).encode(), 0) != 0:
+    if _libc.umount2(str(path).encode(), 0) == 0:
+        return None
+    err = ctypes.get_errno()
+    below = mounts_under(path)[1:]
+    if err == errno.EBUSY and not below:
+        # An open file or a cwd in the folder (the folder itself, not the self-bind,
+        # is what it uses): detach the self-bind; the files stay where they are.
+        if _libc.umount2(str(path).encode(), MNT_DETACH) == 0:
+            return None
         err = ctypes.get_errno()
-        return f"{path}: {os.strerror(err)} (mounts below it: {mounts_under(path)[1:]})"
-    return None
+    return f"{path}: {os.strerror(err)} (mounts below it: {below})"
 
 
 def detach_all_under(path: Path) -> list[str]:

@@ -16,8 +16,9 @@ from docker import DockerClient
 from docker.models.containers import Container
 
 from sandbox.backends import ContainerState, RunContainer
-from sandbox.backends.docker import containers, images
+from sandbox.backends.docker import containers, images, userns
 from sandbox.backends.docker.client import connect
+from sandbox.contracts.ids import IdMap
 from sandbox.contracts.record import OutputTail
 from sandbox.contracts.spec import ContainerSpec
 
@@ -98,6 +99,9 @@ class DockerBackend:
 
     def require_image(self, ref: str) -> str:
         return images.require(self.client, ref)
+
+    def id_map(self) -> IdMap:
+        return userns.id_map(self.client.info())
 
     def create(self, spec: ContainerSpec, *, independent: bool = False) -> DockerContainer:
         return DockerContainer(self._owned.create(spec, independent=independent), self._watches)
