@@ -76,7 +76,7 @@ SERVER_PATH = REPO_ROOT / "examples" / "job-board" / "fake_api" / "server.py"
 UPSTREAM_PORT = 8080
 BENCH_LABEL = "sandbox.bench"
 MIB = 1024**2
-ALL_BENCHMARKS = ("startup", "copy", "db", "guard", "scale", "mcp", "egress")
+ALL_BENCHMARKS = ("startup", "copy", "db", "guard", "scale", "mcp", "egress", "walls")
 
 # ---------------------------------------------------------------------------------------------
 # Results: pydantic models, the ratio and goal math, and the table. Pure; tested without Docker.
@@ -2089,7 +2089,15 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Bench], list[Row]]]] = {
     "scale": ("scale", bench_scale),
     "mcp": ("mcp", bench_mcp),
     "egress": ("egress", bench_egress),
+    "walls": ("second walls", lambda b: _walls(b)),
 }
+
+
+def _walls(b: Bench) -> list[Row]:
+    """The second walls' start-up (bench/walls.py: it starts engines of its own)."""
+    from bench.walls import bench_walls
+
+    return bench_walls(b)
 
 
 def host_info(client: DockerClient) -> HostInfo:

@@ -70,6 +70,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         upstream_networks=tuple(args.upstream_network),
         allow_hosts=tuple(args.allow_host),
         canary=args.canary,
+        step_runtime=args.step_runtime,
     )
     record = TestRun(Path(args.workflow_dir), args.step_id, options).execute()
     _print_record(record, args.json)
@@ -200,6 +201,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--allow-host", action="append", default=[], help="add an egress host for this run only"
     )
     run.add_argument("--canary", default=None, help="HOST:PORT the preflight must find unreachable")
+    run.add_argument(
+        "--step-runtime",
+        choices=("runc", "runsc"),
+        default=None,
+        help="runsc: the step under gVisor (the engine must register runsc; `sandbox doctor`)",
+    )
     run.set_defaults(func=cmd_run)
 
     show = sub.add_parser("show", help="show a test run's record")

@@ -27,7 +27,7 @@ from pathlib import Path
 from docker import DockerClient
 from pydantic import BaseModel
 
-from sandbox.backends.docker import containers, images, userns
+from sandbox.backends.docker import containers, images, runtimes, userns
 from sandbox.backends.docker.client import ENGINE_HINT, connect
 from sandbox.contracts import names
 from sandbox.contracts.errors import SandboxError
@@ -114,6 +114,7 @@ def run_checks() -> list[Check]:
     checks.append(_user_namespaces(security, probe, info))
     checks.append(_run_iptables(client) if images_ok else _needs_images("iptables in the run"))
     checks.append(_step_disk())
+    checks.append(_gvisor(info))
     iptables = shutil.which("iptables") is not None
     checks.append(
         Check(
@@ -349,6 +350,21 @@ def _user_namespaces(
         "dockerd); the runner reads the mapping from the engine and gives the step and "
         "the guard their folders under the mapped host ids",
     )
+
+
+def _gvisor(info: dict[str, object]) -> Check:
+    """Whether `step_runtime = "runsc"` can run here: runsc installed and registered in
+    the engine with the arguments the run needs (sandbox.launch.runtime)."""
+    name = "gVisor for the step (optional)"
+    problem = runtimes.runsc_problem(info)
+    if problem is None:
+        return Check(
+            name=name,
+            ok=True,
+            detail="runsc registered with --network=host --oci-seccomp: "
+            '`[isolation] step_runtime = "runsc"` or `sandbox run --step-runtime runsc` work',
+        )
+    return _weak(name, problem, "steps can run only on runc here", runtimes.REGISTER_HINT)
 
 
 def _run_iptables(client: DockerClient) -> Check:

@@ -34,6 +34,7 @@ EXPECTED_CHECKS = [
     "user namespaces",
     "iptables in the run",
     "step disk and view",
+    "gVisor for the step (optional)",
     "host iptables",
 ]
 
@@ -121,6 +122,11 @@ def test_doctor_reports_the_posture_with_a_fix_for_each_weakness(engine: DockerC
         assert "systemd.unified_cgroup_hierarchy=1" in (weaknesses["cgroups"].fix() or "")
     if not remap:
         assert "userns-remap" in (weaknesses["user namespaces"].fix() or "")
+    gvisor = lines["gVisor for the step (optional)"]
+    if "runsc" not in (info.get("Runtimes") or {}):
+        # Not registered on this engine: a weakness whose fix says how to register it.
+        assert "no runtime named 'runsc'" in gvisor.detail
+        assert '"runtimeArgs": ["--network=host", "--oci-seccomp"]' in (gvisor.fix() or "")
 
     assert not engine.containers.list(all=True, filters={"label": f"{LABEL_ROLE}=doctor"})
 

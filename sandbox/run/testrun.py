@@ -42,6 +42,7 @@ from sandbox.contracts import names
 from sandbox.contracts.config import (
     McpServer,
     Step,
+    StepRuntime,
     Workflow,
     load_workflow,
     resolve_crew_folder,
@@ -60,6 +61,7 @@ from sandbox.contracts.record import (
     RunnerInfo,
     RunStatus,
     TestRunRecord,
+    Walls,
     write_record,
 )
 from sandbox.contracts.reports import DbDiff
@@ -96,6 +98,22 @@ class RunOptions:
     install_firewall: bool = True
     # fdatasync each action-log line before the reply (benchmarks measure the cost).
     fsync_action_log: bool = True
+    # "runsc": the step under gVisor (`--step-runtime`); see `step_runtime_for`.
+    step_runtime: StepRuntime | None = None
+
+
+STEP_RUNTIME_ENV = "SANDBOX_STEP_RUNTIME"
+
+
+def step_runtime_for(workflow: Workflow, asked: StepRuntime | None) -> StepRuntime:
+    """runsc when the workflow (`[isolation] step_runtime`), the run's options or
+    `SANDBOX_STEP_RUNTIME` asks for it: any of them can add the wall, none can take
+    away one the workflow asked for. An unknown value in the environment is an error."""
+    env = os.environ.get(STEP_RUNTIME_ENV, "").strip()
+    if env not in ("", "runc", "runsc"):
+        raise ConfigError(f"{STEP_RUNTIME_ENV}={env!r}: expected runc or runsc")
+    wanted = {workflow.isolation.step_runtime, asked, env}
+    return "runsc" if "runsc" in wanted else "runc"
 
 
 # -- the phases' results --------------------------------------------------------
@@ -279,6 +297,8 @@ class TestRun:
 
     def _execute(self, backend: Backend, inputs: StepInputs) -> TestRunRecord:
         workflow, step = inputs.workflow, inputs.step
+        step_runtime = step_runtime_for(workflow, self.options.step_runtime)
+        backend.require_step_runtime(step_runtime)
         used_images = {"step": backend.require_image(names.STEP_IMAGE)}
         if launch.stdio_servers(workflow):
             used_images["mcp"] = backend.require_image(names.MCP_IMAGE)
@@ -310,8 +330,19 @@ class TestRun:
             real_db = find_workflow_db(self.workflow_dir)
             self._make_run_root(layout)
             write_record(layout.root, record)
+            ids = backend.id_map()
+            record.walls = Walls(
+                step_runtime=step_runtime,
+                userns_remap=ids.remapped,
+                host_uid_base=ids.uid_base if ids.remapped else None,
+            )
             plan = self._plan(
-                inputs, layout, runner, has_db=real_db is not None, ids=backend.id_map()
+                inputs,
+                layout,
+                runner,
+                has_db=real_db is not None,
+                ids=ids,
+                step_runtime=step_runtime,
             )
             return self._run_phases(backend, plan, real_db, inputs.prompt, record)
 
@@ -323,6 +354,7 @@ class TestRun:
         *,
         has_db: bool,
         ids: IdMap = NO_REMAP,
+        step_runtime: StepRuntime = "runc",
     ) -> RunPlan:
         workflow = inputs.workflow
         egress = egress_for_run(workflow, self.options.allow_hosts)
@@ -349,6 +381,7 @@ class TestRun:
             install_firewall=self.options.install_firewall,
             fsync_action_log=self.options.fsync_action_log,
             ids=ids,
+            step_runtime=step_runtime,
         )
 
     def _run_phases(

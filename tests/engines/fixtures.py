@@ -11,7 +11,8 @@ session left. The session's base temp folder is shared with every engine, so
 (`make test-walls`): `wall_engine` (autouse, session) starts it before any test,
 points `DOCKER_HOST` at it, so the `engine` fixture and every `TestRun` use it, and
 for `runsc` sets `SANDBOX_STEP_RUNTIME=runsc`, so every step runs under gVisor while
-its guard stays on runc. At the end it stops the engine by pid and checks the host's.
+its guard stays on runc. The session's main thread joins the engine's network
+namespace, so host-side requests to a fake server's container address stay there. At the end it stops the engine by pid and checks the host's.
 """
 
 from __future__ import annotations
@@ -78,7 +79,11 @@ def wall_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecondEngi
         os.environ["DOCKER_HOST"] = engine.url
         if wall == "runsc":
             os.environ["SANDBOX_STEP_RUNTIME"] = "runsc"
-        yield engine
+        # The session joins the engine's network namespace (threads and processes it
+        # starts later inherit it): a test reaching a container's address reaches that
+        # engine's container, never one of the host's engine with the same address.
+        with engine.netns():
+            yield engine
     finally:
         for key, value in saved.items():
             if value is None:

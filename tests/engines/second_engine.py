@@ -145,12 +145,15 @@ class EngineConfig(BaseModel, frozen=True):
 
     @classmethod
     def runsc(cls) -> EngineConfig:
-        """runsc as the facts found it usable: default netstack (fails at start on kernels
-        from about 6.11), passthrough, passthrough with the OCI seccomp profile applied."""
+        """`runsc` as the run needs it (passthrough network, the OCI seccomp profile
+        applied: sandbox.launch.runtime); the default netstack (fails at start on
+        kernels from about 6.11), passthrough alone, and passthrough with seccomp
+        under their own names."""
         return cls(
             name="runsc",
             runtimes={
-                "runsc": Runtime(),
+                "runsc": Runtime(args=("--network=host", "--oci-seccomp")),
+                "runsc-netstack": Runtime(),
                 "runsc-host": Runtime(args=("--network=host",)),
                 "runsc-host-sc": Runtime(args=("--network=host", "--oci-seccomp")),
             },
@@ -716,7 +719,7 @@ def _dockerd_major() -> int:
 def sweep() -> list[Path]:
     """Stop every engine whose owner is gone (its lock is free) or whose detached dockerd
     died; remove folders that never got a state. Returns the folders it cleaned."""
-    cleaned = []
+    cleaned: list[Path] = []
     if not ENGINES_DIR.is_dir():
         return cleaned
     for directory in sorted(p for p in ENGINES_DIR.iterdir() if p.is_dir()):

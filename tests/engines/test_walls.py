@@ -11,6 +11,7 @@ load (see tests/engines/README.md).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import time
@@ -23,6 +24,7 @@ import pytest
 from docker.models.containers import Container
 
 from sandbox.contracts.names import STEP_IMAGE
+from tests.engines.fixtures import RUN_IMAGES
 from tests.engines.second_engine import EngineConfig, EnginePool, SecondEngine, id_map, read_remap
 
 pytestmark = pytest.mark.second_engine
@@ -155,3 +157,83 @@ def test_userns_remap_puts_container_uid_10001_at_base_plus_10001(
     assert uid_range.host_id(10001) == base + 10001
     # The remap's own files never reached the host.
     assert str(base) not in Path("/etc/subuid").read_text() + Path("/etc/subgid").read_text()
+
+
+PREFLIGHT = """
+import json
+from agentworks_exec import preflight
+print(json.dumps(preflight.run({})))
+"""
+
+
+@pytest.mark.parametrize(
+    ("runtime_name", "in_force"), [("runsc", True), ("runsc-host", False)], ids=["oci", "ignored"]
+)
+def test_the_preflight_tells_whether_the_seccomp_profile_is_in_force_under_runsc(
+    runsc: SecondEngine, cleanup: list[Container], runtime_name: str, in_force: bool
+) -> None:
+    """`runsc-host` lacks --oci-seccomp: the sentry ignores the profile and emulates
+    unshare, so the preflight finds a way out and the step would never start."""
+    from sandbox.launch import runtime as step_runtime
+    from sandbox.launch.seccomp import step_profile
+
+    profile = step_runtime.profile_for("runsc", step_profile())
+    code, out, container = _run_to_end(
+        runsc,
+        command=["python3", "-c", PREFLIGHT],
+        runtime=runtime_name,
+        network_mode="none",
+        security_opt=["no-new-privileges", f"seccomp={profile}"],
+        pids_limit=step_runtime.PIDS_FLOOR,
+        **{k: v for k, v in STEP_SHAPE.items() if k != "security_opt"},
+    )
+    cleanup.append(container)
+    assert code == 0, out
+    report = json.loads(out.strip().splitlines()[-1])
+    opened = [line for line in report["open"] if line.startswith("user namespace")]
+    assert bool(opened) is not in_force, report
+
+
+def test_a_test_run_with_the_step_under_gvisor_passes_and_keeps_the_guard_on_runc(
+    runsc: SecondEngine, tmp_path: Path
+) -> None:
+    from sandbox.contracts.record import RunStatus
+    from sandbox.run.testrun import RunOptions, TestRun
+    from tests.conftest import tree_digest, write_workflow
+
+    runsc.load_images(*RUN_IMAGES)
+    wf = write_workflow(
+        tmp_path,
+        command=["python3", "/workflow/code/step.py"],
+        earlier_files={"in.txt": "41"},
+    )
+    (wf / "code" / "step.py").write_text(
+        "import os, sqlite3, threading, pathlib\n"
+        "n = int(pathlib.Path('in.txt').read_text())\n"
+        "pathlib.Path('out.txt').write_text(str(n + 1))\n"
+        "t = threading.Thread(target=lambda: None); t.start(); t.join()\n"
+        "db = sqlite3.connect(os.environ['DB_PATH'])\n"
+        "db.execute(\"INSERT INTO t VALUES (2, 'two')\"); db.commit()\n"
+        "print('KERNEL', os.uname().release, 'UID', os.getuid())\n"
+    )
+    before = tree_digest(wf)
+    saved = os.environ.get("DOCKER_HOST")
+    os.environ["DOCKER_HOST"] = runsc.url
+    try:
+        record = TestRun(wf, "step1", RunOptions(step_runtime="runsc")).execute()
+    finally:
+        if saved is None:
+            os.environ.pop("DOCKER_HOST")
+        else:
+            os.environ["DOCKER_HOST"] = saved
+    assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text[-800:])
+    assert record.walls.step_runtime == "runsc"
+    assert f"KERNEL {os.uname().release}" not in record.stdout.text, "the step saw the host kernel"
+    assert "UID 10001" in record.stdout.text
+    assert record.preflight is not None and record.preflight.ok
+    assert record.preflight.firewall_verified  # the guard (runc) installed and read back its rules
+    assert "user namespace (seccomp in force)" in record.preflight.checks
+    assert record.files.created == ["out.txt"]
+    assert record.db_diff is not None
+    assert {t.name: t.inserted for t in record.db_diff.tables}["t"] == 1
+    assert tree_digest(wf) == before

@@ -545,8 +545,9 @@ SAFE: dict[str, set[str]] = {
     "create a node in /dev": {"EACCES"},
     "write /proc/sys/kernel/core_pattern": EROFS,
     "write /proc/sysrq-trigger": EROFS | {"ENOENT", "EACCES"},
-    "write cgroup release_agent": EROFS | {"ENOENT"},
-    "raise cgroup pids.max": EROFS,
+    # EACCES under userns-remap: the files belong to the host's root, unmapped there.
+    "write cgroup release_agent": EROFS | {"ENOENT", "EACCES"},
+    "raise cgroup pids.max": EROFS | {"EACCES"},
     "write /sys/kernel/uevent_helper": EROFS | {"ENOENT", "EACCES"},
     "host-side traps planted": {"planted"},
 }
