@@ -237,3 +237,76 @@ def test_a_test_run_with_the_step_under_gvisor_passes_and_keeps_the_guard_on_run
     assert record.db_diff is not None
     assert {t.name: t.inserted for t in record.db_diff.tables}["t"] == 1
     assert tree_digest(wf) == before
+
+
+def _doctor(engine: SecondEngine) -> str:
+    import subprocess
+    import sys
+
+    engine.load_images(*RUN_IMAGES)
+    done = subprocess.run(
+        [sys.executable, "-m", "sandbox.cli", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=engine.env(),
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def test_doctor_reports_the_remapping_with_the_host_ids(userns: SecondEngine) -> None:
+    assert userns.remap is not None
+    base = userns.remap.outside
+    out = _doctor(userns)
+    assert f"step uid 10001 is host uid {base + 10001}" in out, out
+    assert f"guard uid 10002 is host uid {base + 10002}" in out, out
+
+
+def test_doctor_finds_runsc_registered_as_the_run_needs_it(runsc: SecondEngine) -> None:
+    out = _doctor(runsc)
+    line = next(ln for ln in out.splitlines() if "gVisor for the step" in ln)
+    assert line.startswith("[ok  ]") and "--network=host --oci-seccomp" in line, out
+
+
+def test_a_fork_bomb_under_gvisor_ends_the_sandbox_and_the_record_says_so(
+    runsc: SecondEngine, tmp_path: Path
+) -> None:
+    """The ptrace platform counts the sentry's host processes in the pids limit: past
+    it the whole sandbox ends (exit 2), where runc gives the step EAGAIN. Contained all
+    the same: the run is `failed`, the real workflow unchanged, no container left."""
+    from sandbox.contracts.names import LABEL_RUN_ID
+    from sandbox.contracts.record import RunStatus
+    from sandbox.run.testrun import RunOptions, TestRun
+    from tests.conftest import tree_digest, write_workflow
+
+    runsc.load_images(*RUN_IMAGES)
+    wf = write_workflow(tmp_path, command=["python3", "/workflow/code/step.py"])
+    (wf / "code" / "step.py").write_text(
+        "import os, time\n"
+        "kids = []\n"
+        "for _ in range(2000):\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError:\n"
+        "        print('EAGAIN after', len(kids)); break\n"
+        "    if pid == 0:\n"
+        "        time.sleep(30); os._exit(0)\n"
+        "    kids.append(pid)\n"
+    )
+    before = tree_digest(wf)
+    saved = os.environ.get("DOCKER_HOST")
+    os.environ["DOCKER_HOST"] = runsc.url
+    try:
+        record = TestRun(wf, "step1", RunOptions(step_runtime="runsc")).execute()
+    finally:
+        if saved is None:
+            os.environ.pop("DOCKER_HOST")
+        else:
+            os.environ["DOCKER_HOST"] = saved
+    assert record.status is RunStatus.FAILED, (record.status, record.reason)
+    assert record.walls.step_runtime == "runsc"
+    assert tree_digest(wf) == before
+    left = runsc.client.containers.list(all=True, filters={"label": f"{LABEL_RUN_ID}={record.id}"})
+    assert left == []

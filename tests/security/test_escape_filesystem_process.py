@@ -334,7 +334,8 @@ for name, fn in SYSCALLS:
 def capabilities():
     status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\t" in line)
     keys = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"]
-    caps = {k: status[k].strip() for k in keys}
+    # gVisor's status has no CapAmb line (it has no ambient set); the others must be there.
+    caps = {k: status[k].strip() for k in keys if k in status or k != "CapAmb"}
     extra = {"NoNewPrivs": status["NoNewPrivs"].strip(), "Seccomp": status["Seccomp"].strip()}
     if set(caps.values()) == {"0000000000000000"} and extra == {"NoNewPrivs": "1", "Seccomp": "2"}:
         return "none, no-new-privs, seccomp filter"
