@@ -16,6 +16,7 @@ from pathlib import Path
 from types import FrameType
 
 from sandbox.contracts.errors import ConfigError, SandboxError
+from sandbox.contracts.layout import TEST_RUN_PREFIX
 from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
 from sandbox.termsafe import clean
 
@@ -111,7 +112,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not runs.is_dir():
         raise ConfigError(f"no runs folder in {args.workflow_dir}")
     for path in sorted(p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()):
-        if path.name.startswith("test-"):
+        if path.name.startswith(TEST_RUN_PREFIX):
             try:
                 record = read_record(path)
                 say(f"{path.name}  [test run]  {record.step_id}  {_listed_status(record)}")

@@ -162,7 +162,10 @@ def test_cgroup_and_lsm_rules() -> None:
 
 def test_user_namespace_rules() -> None:
     denied = {"unshare": "EPERM", "io_uring_setup": "EPERM", "ptrace": "EPERM"}
-    remap = {"SecurityOptions": ["name=userns"], "DockerRootDir": "/var/lib/docker/300000.300000"}
+    remap: dict[str, object] = {
+        "SecurityOptions": ["name=userns"],
+        "DockerRootDir": "/var/lib/docker/300000.300000",
+    }
     on = doctor._user_namespaces(["name=userns"], denied, remap)
     assert on.ok and not on.warn
     assert "step uid 10001 is host uid 310001" in on.detail
@@ -171,7 +174,10 @@ def test_user_namespace_rules() -> None:
     open_ns = doctor._user_namespaces(["name=userns"], {**denied, "unshare": "allowed"}, remap)
     assert not open_ns.ok and "max_user_namespaces=0" in open_ns.fix
     # Remapping on, but the engine does not say to which ids: not ok, never a guess.
-    unknown = {"SecurityOptions": ["name=userns"], "DockerRootDir": "/var/lib/docker"}
+    unknown: dict[str, object] = {
+        "SecurityOptions": ["name=userns"],
+        "DockerRootDir": "/var/lib/docker",
+    }
     assert not doctor._user_namespaces(["name=userns"], denied, unknown).ok
 
 

@@ -112,7 +112,7 @@ def test_a_stopped_engine_leaves_the_host_as_it_was() -> None:
         assert _status_ids(pid, "Uid") == [engine.remap.outside + 10001] * 4
         assert pid in hoststate.procs_in_cgroups(cgroup_parent)
         # The engine's bridge is in the daemon's network namespace, not beside docker0.
-        bridge = f"br-{network.id[:12]}"
+        bridge = f"br-{str(network.id)[:12]}"
         assert bridge not in os.listdir("/sys/class/net")
         with engine.netns():
             assert bridge in [name for _index, name in socket.if_nameindex()]

@@ -249,16 +249,6 @@ def attempt_params(safe: dict[str, set[str]], known_holes: dict[str, str]) -> li
     ]
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll with a deadline (never a bare sleep to wait for something)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-
-
 def _no_exec_token(got: Attempt) -> bool:
     return "AGENTWORKS_EXEC_TOKEN" not in got.outcome + got.detail
 
