@@ -25,6 +25,7 @@ demo: images
 	$(BIN)/python examples/job-board/demo.py bid-submit
 
 test: images lint
+	bash scripts/ensure-chromium.sh
 	$(BIN)/python examples/setup.py
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 

@@ -1,8 +1,10 @@
 """Test-mode sandbox runner for AI-agent workflow steps.
 
 The public surface: `execute_step` runs one step once in test mode and returns
-its record; `workflow_run_lock` is the lock a controller takes (shared) for a
-normal run, so no test run starts beside it.
+its record; `verify_step` runs it once and judges its expectations; `gate` says
+whether its current version has a passing verification; `workflow_run_lock` is
+the lock a controller takes (shared) for a normal run, so no test run starts
+beside it.
 
 Names are imported on first use (PEP 562): the guard, which imports
 `sandbox.guard`, must not pay for the runner's Docker client and psutil at
@@ -19,6 +21,8 @@ if TYPE_CHECKING:
     from sandbox.contracts.record import RunStatus, TestRunRecord
     from sandbox.prepare.lock import LockHeldError, workflow_run_lock
     from sandbox.run.testrun import RunOptions, TestRun, execute_step
+    from sandbox.verify.gate import gate
+    from sandbox.verify.verifystep import verify_step
 
 _WHERE = {
     "ConfigError": "sandbox.contracts.errors",
@@ -32,6 +36,8 @@ _WHERE = {
     "RunOptions": "sandbox.run.testrun",
     "TestRun": "sandbox.run.testrun",
     "execute_step": "sandbox.run.testrun",
+    "verify_step": "sandbox.verify.verifystep",
+    "gate": "sandbox.verify.gate",
 }
 
 __all__ = [
@@ -45,6 +51,8 @@ __all__ = [
     "TestRun",
     "TestRunRecord",
     "execute_step",
+    "gate",
+    "verify_step",
     "workflow_run_lock",
 ]
 

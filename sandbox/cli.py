@@ -1,7 +1,9 @@
 """`sandbox`: the command line, a thin layer over the Python API.
 
 Exit codes: 0 the step passed, 1 it failed or timed out (or was killed),
-2 usage, configuration or environment error, 3 refused. Errors are one line
+2 usage, configuration or environment error, 3 refused. `verify` and `gate`:
+0 verified / the gate holds, 1 not, 2 usage error (an expectation that does not
+parse included). Errors are one line
 on stderr; no traceback reaches the user.
 """
 
@@ -14,11 +16,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from sandbox.contracts.errors import ConfigError, SandboxError
 from sandbox.contracts.layout import TEST_RUN_PREFIX
 from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
 from sandbox.termsafe import clean
+
+if TYPE_CHECKING:
+    from sandbox.run.testrun import RunOptions
 
 
 def say(text: str = "", *, err: bool = False) -> None:
@@ -61,11 +67,10 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise RunInterrupted()
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from sandbox.run.testrun import RunOptions, TestRun
+def _run_options(args: argparse.Namespace) -> RunOptions:
+    from sandbox.run.testrun import RunOptions
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    options = RunOptions(
+    return RunOptions(
         timeout_s=args.timeout,
         upstream_bridge=args.upstream_bridge,
         upstream_networks=tuple(args.upstream_network),
@@ -73,9 +78,58 @@ def cmd_run(args: argparse.Namespace) -> int:
         canary=args.canary,
         step_runtime=args.step_runtime,
     )
-    record = TestRun(Path(args.workflow_dir), args.step_id, options).execute()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from sandbox.run.testrun import TestRun
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    record = TestRun(Path(args.workflow_dir), args.step_id, _run_options(args)).execute()
     _print_record(record, args.json)
     return EXIT_BY_STATUS[record.status]
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from sandbox.verify.junit import write_junit
+    from sandbox.verify.verifystep import verify_step
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    verification = verify_step(Path(args.workflow_dir), args.step_id, _run_options(args))
+    if args.junit:
+        write_junit(Path(args.junit), verification)
+    if args.html:
+        from sandbox.verify.html import write_report
+
+        write_report(Path(args.workflow_dir) / "runs" / verification.run_id, Path(args.html))
+    if args.json:
+        say(verification.model_dump_json(indent=2))
+    else:
+        for line in verification.lines():
+            say(clean(line, keep_newlines=False))
+    return 0 if verification.passed else 1
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from sandbox.verify.gate import gate
+
+    result = gate(Path(args.workflow_dir), args.step_id, allow_no_effects=args.allow_no_effects)
+    say(
+        ("gate: ok: " if result.ok else "gate: blocked: ")
+        + clean(result.reason, keep_newlines=False)
+    )
+    return 0 if result.ok else 1
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from sandbox.verify.html import write_report
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "test_mode.json").is_file():
+        raise ConfigError(f"no test_mode.json in {run_dir}")
+    out = Path(args.html) if args.html else run_dir / "report.html"
+    write_report(run_dir, out)
+    say(f"report: {out}")
+    return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -120,6 +174,18 @@ def cmd_list(args: argparse.Namespace) -> int:
                 say(f"{path.name}  [test run]  (no readable record)")
         else:
             say(f"{path.name}  [real run]")
+    from sandbox.verify import history
+
+    entries = history.read(Path(args.workflow_dir))
+    if entries:
+        say("verifications (oldest first):")
+    for entry in entries:
+        verdict = "pass" if entry.passed else "FAIL: " + "; ".join(entry.failed[:3])
+        digest = entry.content.digest[:12] if entry.content else "?"
+        say(
+            f"  {entry.at:%Y-%m-%d %H:%M:%S}  {entry.step_id}  {verdict}  "
+            f"hash {digest}  {entry.run_id}"
+        )
     return 0
 
 
@@ -185,30 +251,58 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(argv)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sandbox", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    run = sub.add_parser("run", help="run one step once in test mode")
-    run.add_argument("workflow_dir")
-    run.add_argument("step_id")
-    run.add_argument("--json", action="store_true", help="print the record as JSON")
-    run.add_argument("--timeout", type=float, default=None, help="override the step timeout (s)")
-    run.add_argument("--upstream-bridge", default=None, help="the real bridge to forward to")
-    run.add_argument(
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("workflow_dir")
+    parser.add_argument("step_id")
+    parser.add_argument("--timeout", type=float, default=None, help="override the step timeout (s)")
+    parser.add_argument("--upstream-bridge", default=None, help="the real bridge to forward to")
+    parser.add_argument(
         "--upstream-network", action="append", default=[], help="a Docker network the guard joins"
     )
-    run.add_argument(
+    parser.add_argument(
         "--allow-host", action="append", default=[], help="add an egress host for this run only"
     )
-    run.add_argument("--canary", default=None, help="HOST:PORT the preflight must find unreachable")
-    run.add_argument(
+    parser.add_argument(
+        "--canary", default=None, help="HOST:PORT the preflight must find unreachable"
+    )
+    parser.add_argument(
         "--step-runtime",
         choices=("runc", "runsc"),
         default=None,
         help="runsc: the step under gVisor (the engine must register runsc; `sandbox doctor`)",
     )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sandbox", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run one step once in test mode")
+    _run_arguments(run)
+    run.add_argument("--json", action="store_true", help="print the record as JSON")
     run.set_defaults(func=cmd_run)
+
+    ver = sub.add_parser("verify", help="run one step once and check its expectations")
+    _run_arguments(ver)
+    ver.add_argument("--json", action="store_true", help="print the verification as JSON")
+    ver.add_argument("--junit", default="", help="also write the verdict as JUnit XML here")
+    ver.add_argument("--html", default="", help="also write the run's HTML report here")
+    ver.set_defaults(func=cmd_verify)
+
+    gat = sub.add_parser("gate", help="exit 0 when the step's current version is verified")
+    gat.add_argument("workflow_dir")
+    gat.add_argument("step_id")
+    gat.add_argument(
+        "--allow-no-effects",
+        action="store_true",
+        help="also pass a step whose test runs at this version showed no external effect",
+    )
+    gat.set_defaults(func=cmd_gate)
+
+    rep = sub.add_parser("report", help="write a test run's report as one HTML file")
+    rep.add_argument("run_dir")
+    rep.add_argument("--html", default="", help="the file to write (default RUN/report.html)")
+    rep.set_defaults(func=cmd_report)
 
     show = sub.add_parser("show", help="show a test run's record")
     show.add_argument("run_dir")

@@ -1,9 +1,10 @@
-"""`make demo`: run the job-board example's bid-submit step once in test mode.
+"""`make demo`: verify the job-board example's bid-submit step in test mode.
 
 Starts the fake job-board API (the step's bridge upstream) in its own
-container, runs the step through `sandbox.execute_step`, prints the record's
-summary (every stubbed action first), then shows that nothing with an effect
-reached the fake API and that the real DB is unchanged.
+container, runs the step once through `sandbox.verify_step`, prints the
+record's summary (every stubbed action first), shows that nothing with an
+effect reached the fake API and that the real DB is unchanged, and ends with
+the verdict over the step's expectations (in workflow.toml).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import docker  # noqa: E402
 from harness import fake_jobboard  # noqa: E402
 from setup import ensure_db  # noqa: E402
 
-from sandbox import RunOptions, TestRun  # noqa: E402
+from sandbox import RunOptions, verify_step  # noqa: E402
+from sandbox.contracts.record import read_record  # noqa: E402
 
 
 def main(step: str = "bid-submit") -> int:
@@ -30,8 +32,9 @@ def main(step: str = "bid-submit") -> int:
     client = docker.from_env()
     with fake_jobboard(client) as fake:
         options = RunOptions(upstream_networks=(fake.network,))
-        record = TestRun(HERE, step, options).execute()
+        verification = verify_step(HERE, step, options)
         state = fake.state()
+    record = read_record(HERE / "runs" / verification.run_id)
     for line in record.summary_lines():
         print(line)
     print(f"record: {HERE / 'runs' / record.id / 'test_mode.json'}")
@@ -51,7 +54,10 @@ def main(step: str = "bid-submit") -> int:
     )
     same = hashlib.sha256(db.read_bytes()).hexdigest() == before
     print(f"real workflow DB unchanged: {same}")
-    return 0 if record.status.value == "passed" and same else 1
+    print("--- verification ---")
+    for line in verification.lines():
+        print(line)
+    return 0 if verification.passed and same else 1
 
 
 if __name__ == "__main__":

@@ -46,6 +46,11 @@ class Step(_Strict):
     command: str | list[str]
     prompt_file: str | None = None
     timeout_s: float = Field(default=600.0, gt=0, le=24 * 3600)
+    # What a verification checks (`sandbox verify`): tables here, or a TOML file of
+    # `[[expect]]` tables beside the workflow. Parsed and judged by `sandbox.verify`,
+    # never by a test run, which does not read them.
+    expect: list[dict[str, Any]] = Field(default_factory=list)
+    expect_file: str | None = None
 
     @field_validator("command")
     @classmethod
@@ -56,11 +61,11 @@ class Step(_Strict):
             raise ValueError("command list is empty or has an empty element")
         return value
 
-    @field_validator("prompt_file")
+    @field_validator("prompt_file", "expect_file")
     @classmethod
-    def _relative_prompt(cls, value: str | None) -> str | None:
+    def _relative_path(cls, value: str | None) -> str | None:
         if value is not None and (value.startswith("/") or ".." in Path(value).parts):
-            raise ValueError("prompt_file must be a path inside the workflow folder")
+            raise ValueError("must be a path inside the workflow folder")
         return value
 
     def argv(self) -> list[str]:

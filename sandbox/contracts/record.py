@@ -175,6 +175,16 @@ class EgressCounts(BaseModel):
     refused: int = 0
 
 
+class ContentHash(BaseModel):
+    """What defined the step in this run, hashed (`sandbox.prepare.contenthash`):
+    `parts` by name (command, step entry, prompt, each `code/` file, MCP servers,
+    policy table, images), `digest` over all of them. A verification counts for
+    this digest only."""
+
+    digest: str
+    parts: dict[str, str] = Field(default_factory=dict)
+
+
 class TestRunRecord(BaseModel):
     """`runs/test-<id>/test_mode.json`."""
 
@@ -222,6 +232,7 @@ class TestRunRecord(BaseModel):
     runner: RunnerInfo | None = None
     images: dict[str, str] = Field(default_factory=dict)
     walls: Walls = Field(default_factory=Walls)
+    content: ContentHash | None = None
 
     def summary_lines(self) -> list[str]:
         """The result starts with every stubbed action, then the verdict."""

@@ -73,6 +73,7 @@ from sandbox.launch import firewall
 from sandbox.launch import specs as launch
 from sandbox.launch.seccomp import step_profile
 from sandbox.launch.specs import EgressCA, RunPlan, egress_for_run
+from sandbox.prepare.contenthash import content_hash
 from sandbox.prepare.copytree import copy_execution_tree, newest_real_run
 from sandbox.prepare.dbcopy import DbCopyError, copy_db, find_workflow_db
 from sandbox.prepare.lock import LockHeldError, workflow_run_lock
@@ -316,6 +317,7 @@ class TestRun:
             started_at=datetime.now(UTC),
             runner=runner,
             images=used_images,
+            content=content_hash(self.workflow_dir, workflow, step, inputs.prompt, used_images),
         )
         try:
             lock = workflow_run_lock(

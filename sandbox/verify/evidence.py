@@ -1,0 +1,134 @@
+"""What a verification judges: the run's record, its action log and the files its step left.
+
+All of it is read as untrusted input. The action log is written by the guard
+alone, but it is opened without following links, size-capped, and every line
+validated (lines that do not parse are counted, never used). The files of the
+group folder are the step's own output: opened fd by fd from the run folder
+without following any link, regular files only, capped in size.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from sandbox.contracts.record import ACTIONS_FILE, TestRunRecord, read_record
+from sandbox.contracts.wire import ActionLine
+
+MAX_LOG_BYTES = 64 * 1024 * 1024
+MAX_FILE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Call:
+    """One guarded call: its `call` or `start` line (1-based line number), and the
+    outcome line of a forwarded call, if the guard wrote it."""
+
+    lineno: int
+    line: ActionLine
+    raw: str
+    outcome: ActionLine | None = None
+
+    @property
+    def method(self) -> str:
+        return str(self.line.arguments.get("method", ""))
+
+    @property
+    def host(self) -> str:
+        return str(self.line.detail.get("host", ""))
+
+    def cite(self, limit: int = 240) -> str:
+        """The action-log line that decided, as a reader can find it in the file."""
+        text = self.raw if len(self.raw) <= limit else self.raw[: limit - 3] + "..."
+        return f"action log line {self.lineno}: {text}"
+
+
+@dataclass
+class Evidence:
+    run_root: Path
+    record: TestRunRecord
+    calls: list[Call] = field(default_factory=list)
+    malformed_lines: int = 0
+    log_truncated: bool = False
+
+    def read_group_file(self, rel: str) -> bytes | None:
+        """A regular file of the run's copy of the group folder (the step's output), or
+        None if it is missing, not a regular file, reached through a link, or too big."""
+        return read_below(self.run_root / self.record.group, rel, MAX_FILE_BYTES)
+
+
+def read_below(root: Path, rel: str, cap: int) -> bytes | None:
+    parts = [p for p in Path(rel).parts if p not in ("", ".")]
+    if not parts or any(p == ".." for p in parts):
+        return None
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(root, flags | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        for name in parts[:-1]:
+            nxt = os.open(name, flags | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        leaf = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
+    except OSError:
+        os.close(fd)
+        return None
+    os.close(fd)
+    with os.fdopen(leaf, "rb") as handle:
+        st = os.fstat(handle.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > cap:
+            return None
+        data = handle.read(cap + 1)
+    return data if len(data) <= cap else None
+
+
+def read_calls(path: Path) -> tuple[list[Call], int, bool]:
+    """The log's calls in order, their outcomes joined; (calls, malformed, truncated)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return [], 0, False
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return [], 0, False
+        data = handle.read(MAX_LOG_BYTES + 1)
+    truncated = len(data) > MAX_LOG_BYTES
+    calls: list[Call] = []
+    open_calls: dict[str, int] = {}
+    malformed = 0
+    for lineno, raw in enumerate(data[:MAX_LOG_BYTES].splitlines(), start=1):
+        try:
+            line = ActionLine.model_validate_json(raw)
+        except ValidationError:
+            malformed += 1
+            continue
+        text = raw.decode("utf-8", "replace")
+        if line.event == "log_full":
+            continue
+        if line.event == "outcome":
+            index = open_calls.pop(line.call_id or "", None)
+            if index is None or calls[index].line.tool != line.tool:
+                malformed += 1
+                continue
+            begun = calls[index]
+            calls[index] = Call(begun.lineno, begun.line, begun.raw, outcome=line)
+            continue
+        if line.event == "start":
+            if not line.call_id or line.call_id in open_calls:
+                malformed += 1
+                continue
+            open_calls[line.call_id] = len(calls)
+        calls.append(Call(lineno, line, text))
+    return calls, malformed, truncated
+
+
+def gather(run_root: Path) -> Evidence:
+    record = read_record(run_root)
+    calls, malformed, truncated = read_calls(run_root / ACTIONS_FILE)
+    return Evidence(run_root, record, calls, malformed, truncated)

@@ -1,0 +1,131 @@
+"""`sandbox gate`: the Pulse rule for a step with external effects.
+
+A step passes the gate when its current content hash (computed now, from the
+workflow folder and the images on this host, exactly as a test run computes
+it) has a passing verification under its current expectations. With
+`allow_no_effects`, a step also passes when it has test runs at the current hash
+and none of them showed an external effect (no stubbed, refused or denied
+egress call, and a log that was read whole). Anything else fails the gate with
+what is missing, naming the parts that changed since the last verification.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandbox.contracts import names
+from sandbox.contracts.config import Step, Workflow, load_workflow
+from sandbox.contracts.layout import TEST_RUN_PREFIX
+from sandbox.contracts.record import ContentHash, RunStatus, TestRunRecord, read_record
+from sandbox.launch import specs as launch
+from sandbox.prepare.contenthash import changed_parts, content_hash, read_prompt
+from sandbox.verify import history
+from sandbox.verify.expect import expectations_digest, load_expectations
+from sandbox.verify.verifystep import with_implicit_status
+
+
+@dataclass(frozen=True)
+class GateResult:
+    ok: bool
+    reason: str
+
+
+def current_content(workflow_dir: Path, workflow: Workflow, step: Step) -> ContentHash:
+    """The hash a test run of the step would record now (the images' ids from the
+    engine, through the same backend a run uses)."""
+    from sandbox.backends.docker.backend import DockerBackend
+
+    with contextlib.closing(DockerBackend.connect()) as backend:
+        used = {"step": backend.require_image(names.STEP_IMAGE)}
+        if launch.stdio_servers(workflow):
+            used["mcp"] = backend.require_image(names.MCP_IMAGE)
+    return content_hash(workflow_dir, workflow, step, read_prompt(workflow_dir, step), used)
+
+
+def _records_at(workflow_dir: Path, step_id: str, digest: str) -> list[TestRunRecord]:
+    runs = workflow_dir / "runs"
+    out: list[TestRunRecord] = []
+    if not runs.is_dir() or runs.is_symlink():
+        return out
+    for path in sorted(runs.iterdir()):
+        if not path.name.startswith(TEST_RUN_PREFIX) or path.is_symlink() or not path.is_dir():
+            continue
+        try:
+            record = read_record(path)
+        except (OSError, ValueError):
+            continue
+        if record.step_id == step_id and record.content and record.content.digest == digest:
+            out.append(record)
+    return out
+
+
+def _effects(record: TestRunRecord) -> str:
+    """What external effect a run showed ("" for none)."""
+    counts = record.actions
+    if counts.stub or counts.log_full or counts.truncated or counts.malformed:
+        return f"{counts.stub} stubbed call(s)" if counts.stub else "its action log is incomplete"
+    if counts.refuse:
+        return f"{counts.refuse} refused call(s)"
+    if any(n.stubbed or n.refused for n in record.egress.values()):
+        return "denied egress"
+    if record.status is not RunStatus.PASSED:
+        return f"it did not pass ({record.status.value})"
+    return ""
+
+
+def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = False) -> GateResult:
+    wf_dir = Path(workflow_dir).absolute()
+    workflow = load_workflow(wf_dir)
+    step = workflow.step(step_id)
+    now = current_content(wf_dir, workflow, step)
+    past = history.read(wf_dir, step_id)
+    expectations = ""
+    if step.expect or step.expect_file:
+        expectations = expectations_digest(
+            with_implicit_status(load_expectations(wf_dir, workflow, step))
+        )
+    at_now = [e for e in past if e.content is not None and e.content.digest == now.digest]
+    passing = [e for e in at_now if e.passed and e.expectations_digest == expectations]
+    if passing:
+        return GateResult(True, f"{step_id} verified at its current version ({passing[-1].run_id})")
+    if allow_no_effects:
+        runs = _records_at(wf_dir, step_id, now.digest)
+        shown = [(r, _effects(r)) for r in runs]
+        if runs and not any(effect for _, effect in shown):
+            return GateResult(
+                True,
+                f"{step_id} showed no external effect in {len(runs)} test run(s) at its "
+                "current version",
+            )
+        if runs:
+            first = next((r, effect) for r, effect in shown if effect)
+            effect_note = f"; run {first[0].id} showed an external effect: {first[1]}"
+        else:
+            effect_note = "; no test run at its current version to show it has no effects"
+    else:
+        effect_note = ""
+    if at_now:
+        last = at_now[-1]
+        if last.passed:
+            why = f"{step_id}'s expectations changed since its last verification ({last.run_id})"
+        else:
+            failed = ", ".join(last.failed[:3]) or "?"
+            why = (
+                f"{step_id}'s last verification at its current version failed "
+                f"({last.run_id}: {failed})"
+            )
+        return GateResult(False, why + effect_note)
+    verified = [e for e in past if e.passed and e.content is not None]
+    if verified:
+        last_ok = verified[-1]
+        assert last_ok.content is not None
+        changed = changed_parts(last_ok.content.parts, now.parts)
+        shown_parts = ", ".join(changed[:5]) + (
+            f", +{len(changed) - 5} more" if len(changed) > 5 else ""
+        )
+        return GateResult(
+            False, f"{step_id} changed since its last verification ({shown_parts})" + effect_note
+        )
+    return GateResult(False, f"{step_id} has no passing verification" + effect_note)

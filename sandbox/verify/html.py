@@ -1,0 +1,241 @@
+"""A test run as one self-contained HTML file people read (`sandbox report RUN --html FILE`).
+
+In this order: the verdict (the verification's, else the run's status), every
+stubbed action, the timeline of guarded calls (decision, duration, session),
+the DB diff as tables, the files changed, the egress lines, then preflight and
+resources. One file: the style is inline, there is no script, no image, no
+link to anything, and a Content-Security-Policy that forbids every fetch, so
+opening the report reaches nothing. Everything that came from the run (tool
+arguments, reasons, file names, DB values) is escaped as text.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from pathlib import Path
+from typing import Any
+
+from sandbox.contracts.record import TestRunRecord, write_json_atomic
+from sandbox.contracts.reports import DbDiff
+from sandbox.verify.evidence import Call, gather
+from sandbox.verify.verdict import Verification, read_verification
+
+MAX_TIMELINE = 2000
+MAX_ARG_CHARS = 300
+
+_STYLE = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 2em; color: #1d1d1f; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; }
+table { border-collapse: collapse; margin: .4em 0; }
+td, th { border: 1px solid #ccc; padding: .2em .5em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; }
+code, .mono { font-family: ui-monospace, monospace; font-size: 12px; white-space: pre-wrap;
+  word-break: break-all; }
+.pass { color: #0a7a2f; font-weight: bold; } .fail { color: #b00020; font-weight: bold; }
+.verdict { font-size: 1.3em; padding: .4em .8em; border: 2px solid; display: inline-block; }
+"""
+
+_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'"
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str, ensure_ascii=False)
+    return text if len(text) <= MAX_ARG_CHARS else text[: MAX_ARG_CHARS - 3] + "..."
+
+
+def _table(head: list[str], rows: list[list[str]]) -> str:
+    """Cells are already escaped."""
+    if not rows:
+        return "<p>none</p>"
+    out = ["<table><tr>", *(f"<th>{_e(h)}</th>" for h in head), "</tr>"]
+    for row in rows:
+        out.append("<tr>" + "".join(f"<td>{cell}</td>" for cell in row) + "</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def _verdict(record: TestRunRecord, verification: Verification | None) -> str:
+    if verification is None:
+        ok = record.status.value == "passed"
+        return (
+            f'<p class="verdict {"pass" if ok else "fail"}">run {_e(record.status.value)}'
+            " (no verification)</p>" + (f"<p>{_e(record.reason)}</p>" if record.reason else "")
+        )
+    ok = verification.passed
+    held = sum(r.ok for r in verification.results)
+    rows = [
+        [
+            f'<span class="{"pass" if r.ok else "fail"}">{"PASS" if r.ok else "FAIL"}</span>',
+            _e(r.label),
+            _e(r.expected),
+            _e(r.happened),
+            f'<span class="mono">{_e(chr(10).join(r.evidence))}</span>',
+        ]
+        for r in verification.results
+    ]
+    digest = "".join(f"<li>{_e(line)}</li>" for line in verification.digest.lines())
+    return (
+        f'<p class="verdict {"pass" if ok else "fail"}">{"PASS" if ok else "FAIL"}: '
+        f"{held} of {len(verification.results)} expectation(s) held</p>"
+        + _table(["", "expectation", "expected", "happened", "evidence"], rows)
+        + f"<h3>digest</h3><ul>{digest}</ul>"
+    )
+
+
+def _duration(call: Call) -> str:
+    ms = call.outcome.duration_ms if call.outcome is not None else call.line.duration_ms
+    return f"{ms:.1f} ms" if ms is not None else ""
+
+
+def _stubbed(calls: list[Call]) -> str:
+    rows = [
+        [
+            _e(c.line.tool),
+            _e(c.line.reason),
+            f'<span class="mono">{_e(_short(c.line.arguments))}</span>',
+            str(c.lineno),
+        ]
+        for c in calls
+        if c.line.decision == "stub"
+    ]
+    return _table(["tool", "why it was stubbed", "arguments", "log line"], rows)
+
+
+def _timeline(calls: list[Call]) -> str:
+    rows = [
+        [
+            _e(c.line.time.strftime("%H:%M:%S.%f")[:-3]),
+            _e(c.line.session),
+            _e(c.line.tool),
+            _e(c.line.decision),
+            _e(c.outcome.outcome if c.outcome is not None and c.outcome.outcome else ""),
+            _e(_duration(c)),
+            _e(c.line.reason),
+        ]
+        for c in calls[:MAX_TIMELINE]
+    ]
+    more = (
+        f"<p>{len(calls) - MAX_TIMELINE} more call(s) not shown</p>"
+        if len(calls) > MAX_TIMELINE
+        else ""
+    )
+    return (
+        _table(["time", "session", "tool", "decision", "outcome", "duration", "reason"], rows)
+        + more
+    )
+
+
+def _db(diff: DbDiff | None, no_db: bool) -> str:
+    if diff is None:
+        return "<p>no workflow DB</p>" if no_db else "<p>no DB diff</p>"
+    if diff.error:
+        return f"<p>the DB diff failed: {_e(diff.error)}</p>"
+    parts = [f"<p>{_e(line)}</p>" for line in diff.summary_lines()]
+    for table in diff.tables:
+        rows = []
+        for row in table.rows:
+            if row.kind == "updated":
+                values = ", ".join(
+                    f"{k}: {_short(old)} -> {_short(new)}"
+                    for k, (old, new) in (row.changes or {}).items()
+                )
+            else:
+                values = _short(row.row or {})
+            rows.append(
+                [_e(row.kind), _e(_short(row.key)), f'<span class="mono">{_e(values)}</span>']
+            )
+        cut = "<p>(rows capped)</p>" if table.truncated else ""
+        parts.append(f"<h3>{_e(table.name)}</h3>" + _table(["change", "key", "values"], rows) + cut)
+    return "".join(parts)
+
+
+def _files(record: TestRunRecord) -> str:
+    rows = [
+        [_e(kind), _e(path)]
+        for kind, paths in (
+            ("created", record.files.created),
+            ("changed", record.files.changed),
+            ("deleted", record.files.deleted),
+        )
+        for path in paths
+    ]
+    cut = "<p>(lists capped)</p>" if record.files.truncated else ""
+    return _table(["change", "path (group folder)"], rows) + cut
+
+
+def _egress(calls: list[Call]) -> str:
+    rows = [
+        [
+            _e(c.method),
+            f'<span class="mono">{_e(c.line.arguments.get("url", ""))}</span>',
+            _e(c.host),
+            _e(c.line.decision),
+            _e((c.outcome.detail if c.outcome else c.line.detail).get("status", "")),
+            _e(c.line.reason),
+        ]
+        for c in calls
+        if c.line.tool == "http" and c.line.session == "egress"
+    ]
+    return _table(["method", "url", "host", "decision", "status", "reason"], rows)
+
+
+def _preflight(record: TestRunRecord) -> str:
+    rows: list[list[str]] = []
+    pre = record.preflight
+    if pre is not None:
+        rows.append(
+            ["preflight", _e("every way out closed" if pre.ok else "OPEN: " + "; ".join(pre.open))]
+        )
+        rows.append(["preflight checks", _e(", ".join(pre.checks))])
+        rows.append(["firewall read back", _e(pre.firewall_verified)])
+    res = record.resources
+    rows.append(["peak memory", _e(f"{res.peak_memory_bytes or 0} bytes")])
+    rows.append(["cpu", _e(f"{res.cpu_seconds} s")])
+    rows.append(["disk used", _e(f"{record.disk_used_bytes} bytes")])
+    rows.append(["duration", _e(f"{record.duration_s} s")])
+    for name, secs in record.phases.model_dump().items():
+        rows.append([_e(name), _e(f"{secs:.3f}")])
+    if record.content is not None:
+        rows.append(["content hash", f'<span class="mono">{_e(record.content.digest)}</span>'])
+    return _table(["", ""], rows)
+
+
+def render(run_root: Path) -> str:
+    ev = gather(run_root)
+    record = ev.record
+    try:
+        verification = read_verification(run_root)
+    except (OSError, ValueError):
+        verification = None  # shown as the run's status alone, never a half-read verdict
+    sections = [
+        ("verdict", "Verdict", _verdict(record, verification)),
+        ("stubbed", "Stubbed actions (would have run)", _stubbed(ev.calls)),
+        ("timeline", "Timeline of guarded calls", _timeline(ev.calls)),
+        ("db", "DB diff", _db(record.db_diff, record.no_db)),
+        ("files", "Files changed", _files(record)),
+        ("egress", "Egress", _egress(ev.calls)),
+        ("preflight", "Preflight and resources", _preflight(record)),
+    ]
+    body = "".join(
+        f'<section id="{sid}"><h2>{_e(title)}</h2>{content}</section>'
+        for sid, title, content in sections
+    )
+    title = f"test run {record.id}: {record.workflow_name} / {record.step_id}"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
+        '<meta name="referrer" content="no-referrer">'
+        f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>"
+        f"<h1>{_e(title)}</h1><p>status {_e(record.status.value)}, exit code "
+        f"{_e(record.exit_code)}, started {_e(record.started_at.isoformat())}</p>"
+        f"{body}</body></html>\n"
+    )
+
+
+def write_report(run_root: Path, out: Path) -> None:
+    write_json_atomic(out, render(run_root))

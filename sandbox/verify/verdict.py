@@ -1,0 +1,135 @@
+"""A verification: the verdict over every expectation, and a short digest of the run.
+
+`verification.json` in the test run's folder, written by the host after the run
+(atomically, like the record) and never mounted into any container.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox.contracts.record import ContentHash, write_json_atomic
+from sandbox.verify.check import ExpectationResult
+from sandbox.verify.evidence import Evidence
+
+VERIFICATION_FILE = "verification.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[1] / "contracts" / "verification.schema.json"
+MAX_FILES_LISTED = 20
+
+
+class RunDigest(BaseModel):
+    """What the run did, in a few lines: stubbed calls, refusals, DB changes, files."""
+
+    status: str
+    exit_code: int | None = None
+    stubbed: dict[str, int] = Field(default_factory=dict)
+    refused: dict[str, int] = Field(default_factory=dict)
+    db: list[str] = Field(default_factory=list)
+    files_created: list[str] = Field(default_factory=list)
+    files_changed: list[str] = Field(default_factory=list)
+    files_deleted: list[str] = Field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        def counted(c: dict[str, int]) -> str:
+            return ", ".join(f"{k} x{n}" for k, n in c.items()) or "none"
+
+        out = [
+            f"run: {self.status}, exit code {self.exit_code}",
+            f"stubbed (would have run): {counted(self.stubbed)}",
+        ]
+        if self.refused:
+            out.append(f"refused: {counted(self.refused)}")
+        out.append("db: " + "; ".join(self.db or ["no changes"]))
+        files = [
+            f"{label} {', '.join(names)}"
+            for label, names in (
+                ("created", self.files_created),
+                ("changed", self.files_changed),
+                ("deleted", self.files_deleted),
+            )
+            if names
+        ]
+        out.append("files: " + ("; ".join(files) or "no changes"))
+        return out
+
+
+def _call_name(tool: str, method: str, host: str) -> str:
+    return f"egress {method} {host}" if tool == "http" and (method or host) else tool
+
+
+def digest_of(ev: Evidence) -> RunDigest:
+    rec = ev.record
+    stubbed: Counter[str] = Counter()
+    refused: Counter[str] = Counter()
+    for call in ev.calls:
+        name = _call_name(call.line.tool, call.method, call.host)
+        if call.line.decision == "stub":
+            stubbed[name] += 1
+        elif call.line.decision == "refuse":
+            refused[name] += 1
+    return RunDigest(
+        status=rec.status.value,
+        exit_code=rec.exit_code,
+        stubbed=dict(stubbed),
+        refused=dict(refused),
+        db=rec.db_diff.summary_lines() if rec.db_diff is not None else [],
+        files_created=rec.files.created[:MAX_FILES_LISTED],
+        files_changed=rec.files.changed[:MAX_FILES_LISTED],
+        files_deleted=rec.files.deleted[:MAX_FILES_LISTED],
+    )
+
+
+class Verification(BaseModel):
+    model_config = ConfigDict(title="Verification")
+
+    schema_version: Literal[1] = 1
+    run_id: str
+    workflow_name: str
+    step_id: str
+    at: datetime
+    passed: bool
+    content: ContentHash | None = None
+    expectations_digest: str
+    results: list[ExpectationResult]
+    digest: RunDigest
+
+    def lines(self) -> list[str]:
+        held = sum(r.ok for r in self.results)
+        verdict = "PASS" if self.passed else "FAIL"
+        out = [
+            f"verdict: {verdict}: step {self.step_id}, {held} of {len(self.results)} "
+            f"expectation(s) held (test run {self.run_id})"
+        ]
+        out += [f"  {r.line()}" for r in self.results]
+        out.append("digest:")
+        out += [f"  {line}" for line in self.digest.lines()]
+        if self.content is not None:
+            out.append(f"content hash: {self.content.digest[:16]}")
+        return out
+
+
+def verification_json_schema() -> str:
+    """The published schema of `verification.json` (and `sandbox verify --json`)."""
+    return json.dumps(Verification.model_json_schema(), indent=2, sort_keys=True) + "\n"
+
+
+def write_verification(run_root: Path, verification: Verification) -> Path:
+    path = run_root / VERIFICATION_FILE
+    write_json_atomic(path, verification.model_dump_json(indent=2) + "\n")
+    return path
+
+
+def read_verification(run_root: Path) -> Verification | None:
+    try:
+        fd = os.open(run_root / VERIFICATION_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, encoding="utf-8") as handle:
+        return Verification.model_validate_json(handle.read())
