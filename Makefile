@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?=
 
-.PHONY: demo test test-kubernetes venv engine images lint typecheck bench bench-load clean
+.PHONY: demo test test-walls test-kubernetes venv engine images lint typecheck bench bench-load clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,17 @@ test: images lint
 	bash scripts/ensure-chromium.sh
 	$(BIN)/python examples/setup.py
 	$(BIN)/python -m pytest -q -p no:cacheprovider
+
+# The second walls (gVisor for the step, userns-remap) in second engines that the
+# tests start and stop themselves (tests/engines/README.md); the host's engine is
+# never reconfigured. Installs runsc (Debian package) when missing.
+WALL_TESTS := tests/security tests/test_egress_engine.py tests/test_run_engine.py \
+	tests/test_guard_engine.py::test_job_board_steps_pass_and_change_nothing_outside
+test-walls: images
+	bash scripts/ensure-runsc.sh >/dev/null
+	$(BIN)/python -m pytest -q -p no:cacheprovider -m second_engine tests/engines
+	SANDBOX_TEST_WALL=userns $(BIN)/python -m pytest -q -p no:cacheprovider $(WALL_TESTS)
+	SANDBOX_TEST_WALL=runsc $(BIN)/python -m pytest -q -p no:cacheprovider $(WALL_TESTS)
 
 # The same run shape as Pods on a real local cluster (tests/kubernetes/README.md).
 # The first run builds the Kubernetes binaries from Debian's source (minutes, cached

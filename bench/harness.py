@@ -55,7 +55,7 @@ RESULTS_PATH = REPO_ROOT / "bench" / "results.json"
 LOAD_RESULTS_PATH = REPO_ROOT / "bench" / "results-load.json"  # a full run with --load
 
 
-ALL_BENCHMARKS = ("startup", "copy", "db", "guard", "scale", "mcp", "egress")
+ALL_BENCHMARKS = ("startup", "copy", "db", "guard", "scale", "mcp", "egress", "walls")
 
 
 BENCHMARKS: dict[str, tuple[str, Callable[[Bench], list[Row]]]] = {
@@ -66,7 +66,15 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Bench], list[Row]]]] = {
     "scale": ("scale", bench_scale),
     "mcp": ("mcp", bench_mcp),
     "egress": ("egress", bench_egress),
+    "walls": ("second walls", lambda b: _walls(b)),
 }
+
+
+def _walls(b: Bench) -> list[Row]:
+    """The second walls' start-up (bench/walls.py: it starts engines of its own)."""
+    from bench.walls import bench_walls
+
+    return bench_walls(b)
 
 
 def host_info(client: DockerClient) -> HostInfo:

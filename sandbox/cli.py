@@ -77,6 +77,7 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         upstream_networks=tuple(args.upstream_network),
         allow_hosts=tuple(args.allow_host),
         canary=args.canary,
+        step_runtime=args.step_runtime,
     )
 
 
@@ -300,6 +301,12 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
         help="the engine that runs the containers (default: the host config's, else docker)",
     )
     parser.add_argument("--host-config", type=Path, default=None, help="the host's settings (TOML)")
+    parser.add_argument(
+        "--step-runtime",
+        choices=("runc", "runsc"),
+        default=None,
+        help="runsc: the step under gVisor (the engine must register runsc; `sandbox doctor`)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from sandbox.backends.docker import containers, images
+from sandbox.backends.docker import containers, images, runtimes, userns
 from sandbox.backends.docker.client import (
     ENGINE_HINT,
     DockerClient,
@@ -36,7 +36,7 @@ from sandbox.backends.docker.client import (
 )
 from sandbox.contracts import names
 from sandbox.contracts.errors import SandboxError
-from sandbox.contracts.layout import STEP_UID
+from sandbox.contracts.layout import GUARD_UID, STEP_UID
 from sandbox.contracts.spec import ContainerSpec
 from sandbox.launch.seccomp import step_profile
 
@@ -116,9 +116,10 @@ def run_checks() -> list[Check]:
             )
     probe = _seccomp_probe(client) if images_ok else None
     checks.append(_seccomp_profile(probe, images_ok))
-    checks.append(_user_namespaces(security, probe))
+    checks.append(_user_namespaces(security, probe, info))
     checks.append(_run_iptables(client) if images_ok else _needs_images("iptables in the run"))
     checks.append(_step_disk())
+    checks.append(_gvisor(info))
     iptables = shutil.which("iptables") is not None
     checks.append(
         Check(
@@ -296,7 +297,9 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def _user_namespaces(security: list[str], probe: dict[str, str] | str | None) -> Check:
+def _user_namespaces(
+    security: list[str], probe: dict[str, str] | str | None, info: dict[str, object]
+) -> Check:
     max_ns = _read_int(MAX_USERNS)
     unpriv = _read_int(UNPRIVILEGED_USERNS)
     host = f"host max_user_namespaces={max_ns if max_ns is not None else 'unknown'}"
@@ -305,6 +308,22 @@ def _user_namespaces(security: list[str], probe: dict[str, str] | str | None) ->
     remap = any("name=userns" in opt for opt in security)
     rootless = any("name=rootless" in opt for opt in security)
     engine = "userns-remap on" if remap else "rootless engine" if rootless else "userns-remap off"
+    if remap:
+        try:
+            ids = userns.id_map(info)
+        except SandboxError as exc:
+            return Check(
+                name="user namespaces",
+                ok=False,
+                detail=f"{host}; {engine}; {exc}",
+                fix="run dockerd with a data-root of its own for the remapped root "
+                "(the engine names it <uid>.<gid>); the runner needs the host ids",
+            )
+        engine = (
+            f"userns-remap on (step uid {STEP_UID} is host uid {ids.host_uid(STEP_UID)}, "
+            f"guard uid {GUARD_UID} is host uid {ids.host_uid(GUARD_UID)}; the runner "
+            "chowns the run's folders to these)"
+        )
     step_verdict = probe.get("unshare") if isinstance(probe, dict) else None
     if step_verdict is not None and step_verdict not in (DENIED, "unknown"):
         return Check(
@@ -330,9 +349,24 @@ def _user_namespaces(security: list[str], probe: dict[str, str] | str | None) ->
         "NET_ADMIN, milliseconds) and anything that escaped a container would act as host root; "
         "steps run as uid 10001 with no capabilities",
         'enable userns-remap ("userns-remap": "default" in /etc/docker/daemon.json, restart '
-        "dockerd); the runner then has to chown the test folder to the remapped step uid "
-        "(the subuid base + 10001), which it does not do yet",
+        "dockerd); the runner reads the mapping from the engine and gives the step and "
+        "the guard their folders under the mapped host ids",
     )
+
+
+def _gvisor(info: dict[str, object]) -> Check:
+    """Whether `step_runtime = "runsc"` can run here: runsc installed and registered in
+    the engine with the arguments the run needs (sandbox.launch.runtime)."""
+    name = "gVisor for the step (optional)"
+    problem = runtimes.runsc_problem(info)
+    if problem is None:
+        return Check(
+            name=name,
+            ok=True,
+            detail="runsc registered with --network=host --oci-seccomp: "
+            '`[isolation] step_runtime = "runsc"` or `sandbox run --step-runtime runsc` work',
+        )
+    return _weak(name, problem, "steps can run only on runc here", runtimes.REGISTER_HINT)
 
 
 def _run_iptables(client: DockerClient) -> Check:

@@ -34,6 +34,14 @@ from sandbox.contracts.record import TestRunRecord
 from sandbox.contracts.wire import ActionLine
 from sandbox.run.testrun import RunOptions, TestRun
 
+# Second engines (runsc runtimes, userns-remap) for the tests of the second walls.
+from tests.engines.fixtures import (  # noqa: F401
+    runsc_engine,
+    second_engines,
+    userns_engine,
+    wall_engine,
+)
+
 
 @pytest.fixture(scope="session")
 def engine() -> Iterator[DockerClient]:

@@ -34,6 +34,7 @@ EXPECTED_CHECKS = [
     "user namespaces",
     "iptables in the run",
     "step disk and view",
+    "gVisor for the step (optional)",
     "host iptables",
 ]
 
@@ -121,6 +122,11 @@ def test_doctor_reports_the_posture_with_a_fix_for_each_weakness(engine: DockerC
         assert "systemd.unified_cgroup_hierarchy=1" in (weaknesses["cgroups"].fix() or "")
     if not remap:
         assert "userns-remap" in (weaknesses["user namespaces"].fix() or "")
+    gvisor = lines["gVisor for the step (optional)"]
+    if "runsc" not in (info.get("Runtimes") or {}):
+        # Not registered on this engine: a weakness whose fix says how to register it.
+        assert "no runtime named 'runsc'" in gvisor.detail
+        assert '"runtimeArgs": ["--network=host", "--oci-seccomp"]' in (gvisor.fix() or "")
 
     assert not engine.containers.list(all=True, filters={"label": f"{LABEL_ROLE}=doctor"})
 
@@ -156,10 +162,23 @@ def test_cgroup_and_lsm_rules() -> None:
 
 def test_user_namespace_rules() -> None:
     denied = {"unshare": "EPERM", "io_uring_setup": "EPERM", "ptrace": "EPERM"}
-    assert not doctor._user_namespaces(["name=userns"], denied).warn
-    assert doctor._user_namespaces(["name=seccomp"], denied).warn
-    open_ns = doctor._user_namespaces(["name=userns"], {**denied, "unshare": "allowed"})
+    remap: dict[str, object] = {
+        "SecurityOptions": ["name=userns"],
+        "DockerRootDir": "/var/lib/docker/300000.300000",
+    }
+    on = doctor._user_namespaces(["name=userns"], denied, remap)
+    assert on.ok and not on.warn
+    assert "step uid 10001 is host uid 310001" in on.detail
+    assert "guard uid 10002 is host uid 310002" in on.detail
+    assert doctor._user_namespaces(["name=seccomp"], denied, {}).warn
+    open_ns = doctor._user_namespaces(["name=userns"], {**denied, "unshare": "allowed"}, remap)
     assert not open_ns.ok and "max_user_namespaces=0" in open_ns.fix
+    # Remapping on, but the engine does not say to which ids: not ok, never a guess.
+    unknown: dict[str, object] = {
+        "SecurityOptions": ["name=userns"],
+        "DockerRootDir": "/var/lib/docker",
+    }
+    assert not doctor._user_namespaces(["name=userns"], denied, unknown).ok
 
 
 def test_an_open_syscall_fails_the_profile_check() -> None:

@@ -173,8 +173,12 @@ def test_direct_connections_fail_at_once_and_reach_nothing(
         out["udp4"].startswith(("ConnectionRefusedError", "PermissionError"))
         or out["udp4"] == "OPEN: sent"
     )
-    assert out["raw"] == "PermissionError:EPERM"
-    assert out["icmp_dgram"].startswith("PermissionError")
+    # Under gVisor the sentry offers no raw or ICMP sockets at all.
+    gvisor = record.walls.step_runtime == "runsc"
+    assert out["raw"] in {"PermissionError:EPERM"} | ({"OSError:EAFNOSUPPORT"} if gvisor else set())
+    assert out["icmp_dgram"].startswith("PermissionError") or (
+        gvisor and out["icmp_dgram"] == "OSError:EAFNOSUPPORT"
+    )
     assert out["dns"].startswith("gaierror")
     assert "Failed to connect" in out["curl_noproxy"] or "Couldn't connect" in out["curl_noproxy"]
     assert out["iptables"] != 0

@@ -28,6 +28,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+from sandbox.contracts.config import StepRuntime
+from sandbox.contracts.ids import IdMap
 from sandbox.contracts.record import OutputTail
 from sandbox.contracts.spec import ContainerSpec
 
@@ -130,6 +132,17 @@ class Backend(Protocol):
 
     def require_image(self, ref: str) -> str:
         """The image's id, or `EngineError` saying how to build it."""
+        ...
+
+    def id_map(self) -> IdMap:
+        """How the engine maps container ids to host ids (user-namespace remapping):
+        what the runner chowns a container's folders to. `EngineError` when unknown."""
+        ...
+
+    def require_step_runtime(self, runtime: StepRuntime) -> None:
+        """`EngineError` unless the engine can run the step under `runtime` as
+        `sandbox.launch.runtime` needs it (for runsc: passthrough network, the OCI
+        seccomp profile applied)."""
         ...
 
     def create(self, spec: ContainerSpec, *, independent: bool = False) -> RunContainer:

@@ -13,7 +13,7 @@ import re
 import shlex
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -225,6 +225,17 @@ class Limits(_Strict):
     disk_quota_mb: int = Field(default=2048, ge=1, le=1024 * 1024)
 
 
+StepRuntime = Literal["runc", "runsc"]
+
+
+class Isolation(_Strict):
+    """The walls around the step. `step_runtime = "runsc"` runs the step container
+    under gVisor (a user-space kernel between the step and the host's); the guard
+    and the MCP servers stay on runc (the firewall must see the guard's uid)."""
+
+    step_runtime: StepRuntime = "runc"
+
+
 class Workflow(_Strict):
     """The whole `workflow.toml`."""
 
@@ -235,6 +246,7 @@ class Workflow(_Strict):
     egress: Egress = Field(default_factory=Egress)
     bridge: Bridge = Field(default_factory=Bridge)
     limits: Limits = Field(default_factory=Limits)
+    isolation: Isolation = Field(default_factory=Isolation)
 
     @model_validator(mode="after")
     def _unique_names(self) -> Workflow:

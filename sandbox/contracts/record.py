@@ -66,6 +66,14 @@ class FileChanges(BaseModel):
     truncated: bool = False
 
 
+class Walls(BaseModel):
+    """The walls the run's containers had beyond the one kernel's (README: second walls)."""
+
+    step_runtime: str = "runc"  # "runsc": the step ran under gVisor
+    userns_remap: bool = False  # the engine ran the containers in a remapped user namespace
+    host_uid_base: int | None = None  # with userns_remap: host uid of container uid 0
+
+
 class Resources(BaseModel):
     peak_memory_bytes: int | None = None
     cpu_seconds: float | None = None
@@ -223,6 +231,7 @@ class TestRunRecord(BaseModel):
     actions_log: str = ACTIONS_FILE
     runner: RunnerInfo | None = None
     images: dict[str, str] = Field(default_factory=dict)
+    walls: Walls = Field(default_factory=Walls)
     content: ContentHash | None = None
     # The engine that ran the containers, and on Kubernetes the node the Pod ran on.
     backend: Literal["docker", "kubernetes"] = "docker"

@@ -35,6 +35,7 @@ class ContainerSpec(BaseModel):
     pids: int = 256
     cpus: float = 1.0
     seccomp_profile: str | None = None  # JSON text; None means the engine default
+    runtime: str | None = None  # the engine's OCI runtime by name; None: its default (runc)
     network_mode: str = "none"
     cap_add: list[str] = Field(default_factory=list)
     sysctls: dict[str, str] = Field(default_factory=dict)

@@ -22,7 +22,13 @@ LOOPBACK_SOURCE = "127.0.0.2"
 
 
 def rules(guard_uid: int = GUARD_UID) -> dict[str, list[str]]:
-    """iptables / ip6tables arguments for the OUTPUT chain, in order."""
+    """iptables / ip6tables arguments for the OUTPUT chain, in order.
+
+    Only the guard's uid is let out, and never uid 0: under gVisor every socket of
+    the step belongs to the sentry, whose host uid is 0, so a rule accepting root
+    would let the step out (and the guard itself runs as root for a moment)."""
+    if guard_uid == 0:
+        raise ValueError("the firewall never lets uid 0 out (the gVisor sentry is uid 0)")
     common_head = [
         "-P OUTPUT DROP",
         f"-A OUTPUT -m owner --uid-owner {guard_uid} -j ACCEPT",

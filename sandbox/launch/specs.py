@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandbox.contracts import names
-from sandbox.contracts.config import Egress, EgressEntry, McpServer, Step, Workflow
+from sandbox.contracts.config import Egress, EgressEntry, McpServer, Step, StepRuntime, Workflow
+from sandbox.contracts.ids import NO_REMAP, IdMap
 from sandbox.contracts.layout import (
     C_CA_BUNDLE,
     C_DB_PATH,
@@ -54,7 +55,7 @@ from sandbox.guard.config import (
     MCP_PATH,
     GuardConfig,
 )
-from sandbox.launch import firewall
+from sandbox.launch import firewall, runtime
 from sandbox.launch.mounts import step_mounts, workflow_mounts
 from sandbox.stepside.agentworks_exec.preflight import ENV as PREFLIGHT_ENV
 from sandbox.stepside.agentworks_exec.supervisor import GUARD_WAIT_ENV
@@ -109,6 +110,8 @@ class RunPlan:
     fsync_action_log: bool = True
     tokens: Tokens = field(default_factory=Tokens)
     egress_ca: EgressCA | None = None  # set when some allow-list entry is inspected
+    ids: IdMap = NO_REMAP  # the engine's remapping: what host ids the runner chowns to
+    step_runtime: StepRuntime = "runc"  # runsc: the step under gVisor (see launch.runtime)
 
 
 def egress_for_run(workflow: Workflow, extra_hosts: tuple[str, ...]) -> Egress:
@@ -274,10 +277,11 @@ def step_spec(plan: RunPlan, guard_id: str, *, has_ca_bundle: bool) -> Container
         ),
         labels=labels(plan, "step"),
         memory_bytes=limits.memory_mb * 1024**2,
-        pids=limits.pids,
+        pids=runtime.step_pids(plan.step_runtime, limits.pids),
         cpus=limits.cpus,
-        seccomp_profile=plan.seccomp_profile,
+        seccomp_profile=runtime.profile_for(plan.step_runtime, plan.seccomp_profile),
         network_mode=f"container:{guard_id}",
+        runtime=runtime.engine_runtime(plan.step_runtime),
     )
 
 

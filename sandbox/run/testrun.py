@@ -42,12 +42,14 @@ from sandbox.contracts import names
 from sandbox.contracts.config import (
     McpServer,
     Step,
+    StepRuntime,
     Workflow,
     load_workflow,
     resolve_crew_folder,
 )
 from sandbox.contracts.errors import ConfigError, LaunchError, PrepareError, SandboxError
 from sandbox.contracts.hostconfig import load_host_config
+from sandbox.contracts.ids import NO_REMAP, IdMap
 from sandbox.contracts.layout import (
     GUARD_UID,
     RunLayout,
@@ -60,6 +62,7 @@ from sandbox.contracts.record import (
     RunnerInfo,
     RunStatus,
     TestRunRecord,
+    Walls,
     write_record,
 )
 from sandbox.contracts.reports import DbDiff
@@ -97,6 +100,22 @@ class RunOptions:
     install_firewall: bool = True
     # fdatasync each action-log line before the reply (benchmarks measure the cost).
     fsync_action_log: bool = True
+    # "runsc": the step under gVisor (`--step-runtime`); see `step_runtime_for`.
+    step_runtime: StepRuntime | None = None
+
+
+STEP_RUNTIME_ENV = "SANDBOX_STEP_RUNTIME"
+
+
+def step_runtime_for(workflow: Workflow, asked: StepRuntime | None) -> StepRuntime:
+    """runsc when the workflow (`[isolation] step_runtime`), the run's options or
+    `SANDBOX_STEP_RUNTIME` asks for it: any of them can add the wall, none can take
+    away one the workflow asked for. An unknown value in the environment is an error."""
+    env = os.environ.get(STEP_RUNTIME_ENV, "").strip()
+    if env not in ("", "runc", "runsc"):
+        raise ConfigError(f"{STEP_RUNTIME_ENV}={env!r}: expected runc or runsc")
+    wanted = {workflow.isolation.step_runtime, asked, env}
+    return "runsc" if "runsc" in wanted else "runc"
 
 
 # -- the phases' results --------------------------------------------------------
@@ -225,14 +244,15 @@ GUARD_START_DEADLINE_S = 60.0
 MCP_STDERR_CAP_BYTES = 2 * launch.MCP_LOG_BYTES  # the engine keeps about MCP_LOG_BYTES
 
 
-def write_guard_config(layout: RunLayout, config: GuardConfig) -> None:
-    """The guard's config, in its own folder (never its environment; see guard.config)."""
+def write_guard_config(layout: RunLayout, config: GuardConfig, ids: IdMap = NO_REMAP) -> None:
+    """The guard's config, in its own folder (never its environment; see guard.config),
+    readable by the guard's uid only (the host uid it has under the engine's `ids`)."""
     path = layout.guard_dir / CONFIG_FILE_NAME
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(config.model_dump_json())
     if os.geteuid() == 0:
-        os.chown(path, GUARD_UID, GUARD_UID, follow_symlinks=False)
+        os.chown(path, ids.host_uid(GUARD_UID), ids.host_gid(GUARD_UID), follow_symlinks=False)
 
 
 class TestRun:
@@ -279,6 +299,8 @@ class TestRun:
 
     def _execute(self, backend: Backend, inputs: StepInputs) -> TestRunRecord:
         workflow, step = inputs.workflow, inputs.step
+        step_runtime = step_runtime_for(workflow, self.options.step_runtime)
+        backend.require_step_runtime(step_runtime)
         used_images = {"step": backend.require_image(names.STEP_IMAGE)}
         if launch.stdio_servers(workflow):
             used_images["mcp"] = backend.require_image(names.MCP_IMAGE)
@@ -312,11 +334,31 @@ class TestRun:
             real_db = find_workflow_db(self.workflow_dir)
             self._make_run_root(layout)
             write_record(layout.root, record)
-            plan = self._plan(inputs, layout, runner, has_db=real_db is not None)
+            ids = backend.id_map()
+            record.walls = Walls(
+                step_runtime=step_runtime,
+                userns_remap=ids.remapped,
+                host_uid_base=ids.uid_base if ids.remapped else None,
+            )
+            plan = self._plan(
+                inputs,
+                layout,
+                runner,
+                has_db=real_db is not None,
+                ids=ids,
+                step_runtime=step_runtime,
+            )
             return self._run_phases(backend, plan, real_db, inputs.prompt, record)
 
     def _plan(
-        self, inputs: StepInputs, layout: RunLayout, runner: RunnerInfo, *, has_db: bool
+        self,
+        inputs: StepInputs,
+        layout: RunLayout,
+        runner: RunnerInfo,
+        *,
+        has_db: bool,
+        ids: IdMap = NO_REMAP,
+        step_runtime: StepRuntime = "runc",
     ) -> RunPlan:
         workflow = inputs.workflow
         egress = egress_for_run(workflow, self.options.allow_hosts)
@@ -342,6 +384,8 @@ class TestRun:
             canary6=self.options.canary6,
             install_firewall=self.options.install_firewall,
             fsync_action_log=self.options.fsync_action_log,
+            ids=ids,
+            step_runtime=step_runtime,
         )
 
     def _run_phases(
@@ -439,15 +483,18 @@ class TestRun:
     ) -> Prepared:
         """The guard's folders, the step's disk with the copies on it, the prompt; the
         copy and DB-copy reports go into the record."""
-        workflow, layout = plan.workflow, plan.layout
-        uid, gid = launch.step_user()
+        workflow, layout, ids = plan.workflow, plan.layout, plan.ids
+        step_uid, step_gid = launch.step_user()
+        # Host ids: what the engine's user namespace shows the step and guard as theirs.
+        uid, gid = ids.host_uid(step_uid), ids.host_gid(step_gid)
+        guard_uid, guard_gid = ids.host_uid(GUARD_UID), ids.host_gid(GUARD_UID)
         # The guard's alone: no other uid of the run may write (or read) it.
         layout.actions.touch(mode=0o600)
         make_private_dir(layout.guard_dir, 0o700)
         if os.geteuid() == 0:
-            os.chown(layout.actions, GUARD_UID, GUARD_UID, follow_symlinks=False)
-            os.chown(layout.guard_dir, GUARD_UID, GUARD_UID, follow_symlinks=False)
-        self._prepare_mcp(workflow, layout)
+            os.chown(layout.actions, guard_uid, guard_gid, follow_symlinks=False)
+            os.chown(layout.guard_dir, guard_uid, guard_gid, follow_symlinks=False)
+        self._prepare_mcp(workflow, layout, ids)
         disk = files.open()
         t0 = time.monotonic()
         source = newest_real_run(self.workflow_dir, layout.group)
@@ -488,7 +535,7 @@ class TestRun:
             self._trust_egress_ca(layout, plan.egress_ca)
         return Prepared(plan=plan, files=files)
 
-    def _prepare_mcp(self, workflow: Workflow, layout: RunLayout) -> None:
+    def _prepare_mcp(self, workflow: Workflow, layout: RunLayout, ids: IdMap) -> None:
         """Per stdio server, a folder for the guard's sockets: the guard's, and only that
         server's group may pass (setgid, so the sockets are that group's); the step and
         the other servers cannot. Their stderr goes to a root-only folder at the end."""
@@ -499,12 +546,22 @@ class TestRun:
         make_private_dir(layout.mcp_stderr_dir, 0o700)
         root = os.geteuid() == 0
         if root:
-            os.chown(layout.mcp_dir, GUARD_UID, GUARD_UID, follow_symlinks=False)
+            os.chown(
+                layout.mcp_dir,
+                ids.host_uid(GUARD_UID),
+                ids.host_gid(GUARD_UID),
+                follow_symlinks=False,
+            )
         for index, server in servers:
             folder = layout.mcp_server_dir(server.name)
             make_private_dir(folder, 0o700)
             if root:
-                os.chown(folder, GUARD_UID, mcp_uid(index), follow_symlinks=False)
+                os.chown(
+                    folder,
+                    ids.host_uid(GUARD_UID),
+                    ids.host_gid(mcp_uid(index)),
+                    follow_symlinks=False,
+                )
                 os.chmod(folder, 0o2710, follow_symlinks=False)
 
     def _trust_egress_ca(self, layout: RunLayout, ca: EgressCA) -> None:
@@ -547,7 +604,7 @@ class TestRun:
         The step's CA bundle (with TLS inspection) holds the CA the runner made, so
         nothing waits for the guard. (The MCP servers' containers start beside all of
         it; each relay waits for its socket.)"""
-        write_guard_config(plan.layout, launch.guard_config(plan))
+        write_guard_config(plan.layout, launch.guard_config(plan), plan.ids)
         guard = backend.create(launch.guard_spec(plan))
         backend.connect_networks(guard, plan.networks[1:])
         spec = launch.step_spec(plan, guard.id, has_ca_bundle=plan.egress_ca is not None)

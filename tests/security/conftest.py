@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,9 +249,43 @@ def attempt_params(safe: dict[str, set[str]], known_holes: dict[str, str]) -> li
     ]
 
 
+def _no_exec_token(got: Attempt) -> bool:
+    return "AGENTWORKS_EXEC_TOKEN" not in got.outcome + got.detail
+
+
+# Outcomes that are refusals too when the step runs under gVisor (the record's
+# `walls.step_runtime` is "runsc"): the sentry answers the call, not the host's kernel.
+GVISOR_SAFE: dict[str, Callable[[Attempt], bool]] = {
+    # Its read-only root checks permissions first.
+    "create /etc/evil": lambda a: a.outcome == "EACCES",
+    "create /usr/bin/evil": lambda a: a.outcome == "EACCES",
+    "create /usr/local/lib/python3.11/evil.pth": lambda a: a.outcome == "EACCES",
+    "write /proc/sys/kernel/core_pattern": lambda a: a.outcome == "EACCES",
+    # No cgroup files inside gVisor.
+    "raise cgroup pids.max": lambda a: a.outcome == "ENOENT",
+    # Only the sentry's own sockets exist: raw, packet and ICMP families are not offered.
+    "ICMP datagram socket (ping)": lambda a: a.outcome == "EAFNOSUPPORT",
+    "ICMPv6 datagram socket": lambda a: a.outcome == "EAFNOSUPPORT",
+    "raw socket AF_INET/SOCK_RAW": lambda a: a.outcome == "EAFNOSUPPORT",
+    "raw socket AF_INET6/SOCK_RAW": lambda a: a.outcome == "EAFNOSUPPORT",
+    # The sentry has no 32-bit ABI: the call fails inside it, the host never sees it.
+    "int 0x80 (32-bit syscall)": lambda a: a.outcome.startswith("returned -"),
+    # The sentry's own OOM score for a task of its own; the host's view is the sentry's.
+    "oom_score_adj -1000 (unkillable)": lambda a: a.outcome == "DONE",
+    # gVisor's /dev/fuse: mounting it needs CAP_SYS_ADMIN and mount, both refused.
+    "/dev contents": lambda a: a.outcome == "UNUSUAL" and a.detail == "['fuse']",
+    # The sentry does not honour non-dumpable for /proc/<pid>/environ; the executor
+    # wiped its token from that block, so what is read holds no secret.
+    "read the executor's /proc/<pid>/environ": _no_exec_token,
+}
+
+
 def check(battery: Battery, name: str, safe: set[str]) -> Attempt:
     """Assert one attempt ended in one of its safe outcomes."""
     got = battery.outcome(name)
+    gvisor = battery.record.walls.step_runtime == "runsc"
+    if gvisor and name in GVISOR_SAFE and GVISOR_SAFE[name](got):
+        return got
     assert got.outcome in safe, (
         f"ESCAPE? {name!r} ended in {got.outcome!r} (detail: {got.detail!r}, "
         f"data: {got.data!r}); the safe outcomes are {sorted(safe)}"

@@ -334,8 +334,13 @@ for name, fn in SYSCALLS:
 def capabilities():
     status = dict(line.split(":\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\t" in line)
     keys = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"]
-    caps = {k: status[k].strip() for k in keys}
-    extra = {"NoNewPrivs": status["NoNewPrivs"].strip(), "Seccomp": status["Seccomp"].strip()}
+    # gVisor's status has no CapAmb, NoNewPrivs or Seccomp line: the kernel's own
+    # answers (prctl PR_GET_NO_NEW_PRIVS 39, PR_GET_SECCOMP 21) stand in for those two.
+    caps = {k: status[k].strip() for k in keys if k in status or k != "CapAmb"}
+    extra = {
+        "NoNewPrivs": status.get("NoNewPrivs", str(LIBC.prctl(39, 0, 0, 0, 0))).strip(),
+        "Seccomp": status.get("Seccomp", str(LIBC.prctl(21, 0, 0, 0, 0))).strip(),
+    }
     if set(caps.values()) == {"0000000000000000"} and extra == {"NoNewPrivs": "1", "Seccomp": "2"}:
         return "none, no-new-privs, seccomp filter"
     return "PRIVILEGED", {**caps, **extra}
@@ -545,8 +550,9 @@ SAFE: dict[str, set[str]] = {
     "create a node in /dev": {"EACCES"},
     "write /proc/sys/kernel/core_pattern": EROFS,
     "write /proc/sysrq-trigger": EROFS | {"ENOENT", "EACCES"},
-    "write cgroup release_agent": EROFS | {"ENOENT"},
-    "raise cgroup pids.max": EROFS,
+    # EACCES under userns-remap: the files belong to the host's root, unmapped there.
+    "write cgroup release_agent": EROFS | {"ENOENT", "EACCES"},
+    "raise cgroup pids.max": EROFS | {"EACCES"},
     "write /sys/kernel/uevent_helper": EROFS | {"ENOENT", "EACCES"},
     "host-side traps planted": {"planted"},
 }

@@ -17,8 +17,10 @@ from docker import DockerClient
 from docker.models.containers import Container
 
 from sandbox.backends import ContainerState, RunContainer
-from sandbox.backends.docker import containers, images
+from sandbox.backends.docker import containers, images, runtimes, userns
 from sandbox.backends.docker.client import connect
+from sandbox.contracts.config import StepRuntime
+from sandbox.contracts.ids import IdMap
 from sandbox.contracts.record import OutputTail
 from sandbox.contracts.spec import ContainerSpec
 
@@ -104,6 +106,13 @@ class DockerBackend:
 
     def node(self) -> str | None:
         return None  # this host's engine
+
+    def id_map(self) -> IdMap:
+        return userns.id_map(self.client.info())
+
+    def require_step_runtime(self, runtime: StepRuntime) -> None:
+        if runtime == "runsc":
+            runtimes.require_runsc(self.client.info())
 
     def create(self, spec: ContainerSpec, *, independent: bool = False) -> DockerContainer:
         return DockerContainer(self._owned.create(spec, independent=independent), self._watches)

@@ -73,6 +73,8 @@ def create(client: DockerClient, spec: ContainerSpec) -> Container:
     }
     if spec.sysctls:
         kwargs["sysctls"] = spec.sysctls
+    if spec.runtime is not None:
+        kwargs["runtime"] = spec.runtime
     try:
         container = _create_masked(client, kwargs)
     except docker.errors.ImageNotFound:

@@ -33,8 +33,10 @@ from typing import Any, Literal
 
 from sandbox.backends import ContainerState, RunContainer
 from sandbox.contracts import names
+from sandbox.contracts.config import StepRuntime
 from sandbox.contracts.errors import ConfigError, EngineError, LaunchError
 from sandbox.contracts.hostconfig import BackendConfig
+from sandbox.contracts.ids import NO_REMAP, IdMap
 from sandbox.contracts.names import LABEL_ROLE
 from sandbox.contracts.record import OutputTail
 from sandbox.contracts.spec import ContainerSpec
@@ -260,6 +262,16 @@ class KubernetesBackend:
 
     def node(self) -> str | None:
         return self._run.view.node_name if self._run is not None else None
+
+    def id_map(self) -> IdMap:
+        return NO_REMAP  # the Pod's uids are the node's (no user namespaces for Pods here)
+
+    def require_step_runtime(self, runtime: StepRuntime) -> None:
+        if runtime != "runc":
+            raise ConfigError(
+                f"step_runtime = {runtime!r} is not available on the Kubernetes backend: "
+                "run the step on Docker, or give the cluster a RuntimeClass for it"
+            )
 
     def pod_age_s(self) -> float:
         return time.monotonic() - self._created_at

@@ -72,6 +72,27 @@ def _engine_socket() -> str:
     raise OSError(errno.ENOENT, "no engine socket")
 
 
+CLONE_NEWUSER = 0x10000000
+
+
+def _user_namespace() -> str:
+    """unshare(CLONE_NEWUSER) in a child: the step's seccomp profile refuses it (EPERM),
+    so success means the profile is not in force (under gVisor: the engine's runsc
+    runtime lacks --oci-seccomp and the sentry emulates the call)."""
+    import ctypes
+
+    pid = os.fork()
+    if pid == 0:
+        libc = ctypes.CDLL(None, use_errno=True)
+        code = 0 if libc.unshare(CLONE_NEWUSER) == 0 else min(ctypes.get_errno(), 250)
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise OSError(code, os.strerror(code) if code > 0 else "killed")
+    return "unshare(CLONE_NEWUSER) succeeded: the seccomp profile is not in force"
+
+
 def _split(address: str) -> tuple[str, int]:
     host, _, port = address.rpartition(":")
     return host.strip("[]"), int(port)
@@ -87,6 +108,7 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         ("UDP to the engine's DNS", lambda: _udp(*ENGINE_DNS)),
         ("TCP to the engine's DNS", lambda: _tcp(*ENGINE_DNS)),
         ("engine socket", _engine_socket),
+        ("user namespace (seccomp in force)", _user_namespace),
     ]
     for key, family in (("canary", socket.AF_INET), ("canary6", socket.AF_INET6)):
         address = config.get(key)

@@ -54,6 +54,25 @@ def _no_dump() -> None:
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
 
 
+def _scrub_initial_environ(names: Sequence[str]) -> None:
+    """Overwrite `NAME=value` of each of `names` with NUL bytes where the kernel keeps
+    the process's initial environment, which `/proc/<pid>/environ` shows; call it
+    before the variables are popped (unsetenv drops the pointer, not the bytes).
+
+    Non-dumpable already closes that file to same-uid processes under runc; gVisor's
+    sentry does not enforce that, so there the bytes themselves must go."""
+    with contextlib.suppress(Exception):
+        environ = ctypes.POINTER(ctypes.c_void_p).in_dll(ctypes.CDLL(None), "environ")
+        prefixes = [name.encode() + b"=" for name in names]
+        index = 0
+        while environ[index]:
+            address = environ[index]
+            entry = ctypes.string_at(address)
+            if any(entry.startswith(prefix) for prefix in prefixes):
+                ctypes.memset(address, 0, len(entry))
+            index += 1
+
+
 def _usage(message: str) -> int:
     print(f"agentworks_exec: {message}", file=sys.stderr)
     print("usage: python3 -m agentworks_exec -- <command> [args...]", file=sys.stderr)
@@ -94,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd = args[1:] if args[:1] == ["--"] else args
     if not cmd:
         return _usage("no step command given")
+    _scrub_initial_environ([TOKEN_ENV])
     port_text = os.environ.pop(PORT_ENV, "").strip()
     token = os.environ.pop(TOKEN_ENV, "")
     _no_dump()

@@ -1,0 +1,67 @@
+"""The step's OCI runtime: runc (the default) or gVisor's runsc, and what runsc needs.
+
+Under runsc the step talks to gVisor's sentry, a user-space kernel, instead of the
+host's: a kernel bug the step could reach is the sentry's, and only the sentry's own
+narrow set of host calls reaches the host. What that changes for a test run, and how
+each is handled here (measured in `/work/shared/facts/gvisor-and-userns.md`):
+
+- Network: the engine must register runsc with `--network=host` (passthrough). The
+  step joins the guard's network namespace, and the sentry uses the host kernel's
+  sockets there, so the guard's firewall filters them. gVisor's own netstack cannot
+  start on kernels from about 6.11, and would keep the guard's loopback out of reach.
+- Uids: the firewall sees the sentry's host uid (0), never the step's; it accepts
+  only the guard's uid (`sandbox.launch.firewall` refuses uid 0), so the guard must
+  stay on runc.
+- Pids: the ptrace platform needs a host process per address space, counted in the
+  container's pids limit (about 40 for an idle sandbox). The limit is raised to at
+  least `PIDS_FLOOR`; a fork past it ends the whole sandbox (the step exits 2),
+  where under runc the step's fork gets EAGAIN.
+- Seccomp: the engine must register runsc with `--oci-seccomp`, or the sentry never
+  applies the profile (it would emulate `unshare`, `ptrace` instead of refusing
+  them). The profile's `clone3 -> ENOSYS` rule comes back as EPERM under runsc, so
+  glibc never falls back to `clone` and no thread starts: `profile_for` allows
+  clone3 (the sentry answers it with ENOSYS itself). The executor's preflight then
+  proves the profile is in force (a user namespace is refused) before the step runs.
+- Memory: the step sees no cgroup files under gVisor; the record's peak comes from
+  the engine's samples of the container (the sandbox's own ~16 MiB included) and
+  the executor's rusage.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sandbox.contracts.config import StepRuntime
+
+RUNSC = "runsc"
+# The engine's runtime named "runsc" must pass these to runsc (see the module docstring).
+RUNSC_REQUIRED_ARGS = ("--network=host", "--oci-seccomp")
+PIDS_FLOOR = 256
+
+
+def engine_runtime(runtime: StepRuntime) -> str | None:
+    """The engine's runtime name for the step container (None: the engine's default)."""
+    return RUNSC if runtime == RUNSC else None
+
+
+def step_pids(runtime: StepRuntime, pids: int) -> int:
+    return max(pids, PIDS_FLOOR) if runtime == RUNSC else pids
+
+
+def profile_for(runtime: StepRuntime, profile_json: str) -> str:
+    """The step's seccomp profile for this runtime: for runsc, clone3 is allowed (the
+    sentry answers ENOSYS itself, so glibc falls back to clone); every other rule is
+    the same."""
+    if runtime != RUNSC:
+        return profile_json
+    data: dict[str, Any] = json.loads(profile_json)
+    rules = []
+    for rule in data["syscalls"]:
+        names = [n for n in rule.get("names", []) if n != "clone3"]
+        if names == rule.get("names", []):
+            rules.append(rule)
+        elif names:
+            rules.append({**rule, "names": names})
+    rules.append({"names": ["clone3"], "action": "SCMP_ACT_ALLOW"})
+    return json.dumps({**data, "syscalls": rules}, separators=(",", ":"))

@@ -1,0 +1,1 @@
+"""Second Docker engines for tests (runsc runtimes, userns-remap): see README.md here."""
