@@ -117,7 +117,10 @@ class Started:
 
 
 class ActionLog:
-    def __init__(self, path: str, *, secrets: tuple[str, ...], fsync_each: bool = True) -> None:
+    def __init__(
+        self, path: str, *, secrets: tuple[str, ...], fsync_each: bool = True, step: str = ""
+    ) -> None:
+        self._step = step
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
         self._secrets = secrets
         self._fsync_each = fsync_each
@@ -237,7 +240,7 @@ class ActionLog:
         fields["reason"] = redact(str(fields["reason"]), self._secrets)
         if fields["duration_ms"] is not None:
             fields["duration_ms"] = round(fields["duration_ms"], 3)
-        line = ActionLine(time=datetime.now(UTC), **fields)
+        line = ActionLine(time=datetime.now(UTC), step=self._step, **fields)
         data = (line.model_dump_json() + "\n").encode()
         if len(data) > MAX_LINE_BYTES:
             line = line.model_copy(
@@ -262,6 +265,7 @@ class ActionLog:
     def _marker(self, reason: str, detail: dict[str, Any] | None = None) -> bytes:
         line = ActionLine(
             time=datetime.now(UTC),
+            step=self._step,
             event="log_full",
             session="guard",
             tool=LOG_TOOL,
