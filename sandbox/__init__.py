@@ -1,7 +1,8 @@
 """Test-mode sandbox runner for AI-agent workflow steps.
 
 The public surface: `execute_step` runs one step once in test mode and returns
-its record; `workflow_run_lock` is the lock a controller takes (shared) for a
+its record; `execute_workflow` runs a whole workflow's steps as one test run and
+returns its `WorkflowRunRecord`; `workflow_run_lock` is the lock a controller takes (shared) for a
 normal run, so no test run starts beside it.
 
 Names are imported on first use (PEP 562): the guard, which imports
@@ -16,9 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sandbox.contracts.errors import ConfigError, EngineError, RefusedError, SandboxError
+    from sandbox.contracts.events import RunEvent
     from sandbox.contracts.record import RunStatus, TestRunRecord
+    from sandbox.contracts.workflow_record import WorkflowRunRecord
     from sandbox.prepare.lock import LockHeldError, workflow_run_lock
     from sandbox.run.testrun import RunOptions, TestRun, execute_step
+    from sandbox.run.workflowrun import WorkflowOptions, WorkflowRun, execute_workflow
 
 _WHERE = {
     "ConfigError": "sandbox.contracts.errors",
@@ -32,6 +36,11 @@ _WHERE = {
     "RunOptions": "sandbox.run.testrun",
     "TestRun": "sandbox.run.testrun",
     "execute_step": "sandbox.run.testrun",
+    "RunEvent": "sandbox.contracts.events",
+    "WorkflowRunRecord": "sandbox.contracts.workflow_record",
+    "WorkflowOptions": "sandbox.run.workflowrun",
+    "WorkflowRun": "sandbox.run.workflowrun",
+    "execute_workflow": "sandbox.run.workflowrun",
 }
 
 __all__ = [
@@ -39,12 +48,17 @@ __all__ = [
     "EngineError",
     "LockHeldError",
     "RefusedError",
+    "RunEvent",
     "RunOptions",
     "RunStatus",
     "SandboxError",
     "TestRun",
     "TestRunRecord",
+    "WorkflowOptions",
+    "WorkflowRun",
+    "WorkflowRunRecord",
     "execute_step",
+    "execute_workflow",
     "workflow_run_lock",
 ]
 

@@ -1,6 +1,7 @@
 """`sandbox`: the command line, a thin layer over the Python API.
 
-Exit codes: 0 the step passed, 1 it failed or timed out (or was killed),
+Exit codes: 0 the step (or every step of a workflow run) passed, 1 it failed or
+timed out (or was killed),
 2 usage, configuration or environment error, 3 refused. Errors are one line
 on stderr; no traceback reaches the user.
 """
@@ -11,12 +12,18 @@ import argparse
 import contextlib
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sandbox.run.testrun import RunOptions
 
 from sandbox.contracts.errors import ConfigError, SandboxError
-from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
+from sandbox.contracts.record import RunStatus
+from sandbox.contracts.workflow_record import AnyRecord, WorkflowRunRecord, read_any_record
+from sandbox.progress import FollowPrinter
 from sandbox.termsafe import clean
 
 
@@ -37,10 +44,15 @@ EXIT_BY_STATUS = {
 }
 
 
-def _print_record(record: TestRunRecord, as_json: bool) -> None:
+def _print_record(record: AnyRecord, as_json: bool, *, one_line: bool = False) -> None:
     if as_json:
         # JSON escapes every control character itself (ensure_ascii-free text is safe).
-        say(record.model_dump_json(indent=2))
+        say(record.model_dump_json(indent=None if one_line else 2))
+        return
+    if isinstance(record, WorkflowRunRecord):
+        for line in record.summary_lines():
+            say(clean(line, keep_newlines=False))
+        say(f"record: {Path(record.workflow_dir) / 'runs' / record.id / 'test_mode.json'}")
         return
     for line in record.summary_lines():
         say(clean(line, keep_newlines=False))
@@ -60,19 +72,56 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise RunInterrupted()
 
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from sandbox.run.testrun import RunOptions, TestRun
+def _run_options(args: argparse.Namespace, printer: FollowPrinter | None) -> RunOptions:
+    from sandbox.run.testrun import RunOptions
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    options = RunOptions(
+    return RunOptions(
         timeout_s=args.timeout,
         upstream_bridge=args.upstream_bridge,
         upstream_networks=tuple(args.upstream_network),
         allow_hosts=tuple(args.allow_host),
         canary=args.canary,
+        on_event=printer,
     )
-    record = TestRun(Path(args.workflow_dir), args.step_id, options).execute()
-    _print_record(record, args.json)
+
+
+@contextlib.contextmanager
+def _follow(args: argparse.Namespace) -> Iterator[FollowPrinter | None]:
+    """`--follow`: the printer the run reports to, closed before the record prints."""
+    if not args.follow:
+        yield None
+        return
+    printer = FollowPrinter.for_stream(sys.stdout, as_json=args.json)
+    try:
+        yield printer
+    finally:
+        printer.close()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from sandbox.run.testrun import TestRun
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    with _follow(args) as printer:
+        options = _run_options(args, printer)
+        record = TestRun(Path(args.workflow_dir), args.step_id, options).execute()
+    _print_record(record, args.json, one_line=args.follow)
+    return EXIT_BY_STATUS[record.status]
+
+
+def cmd_run_workflow(args: argparse.Namespace) -> int:
+    from sandbox.run.workflowrun import WorkflowOptions, WorkflowRun
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    with _follow(args) as printer:
+        options = WorkflowOptions(
+            from_step=args.from_step,
+            to_step=args.to_step,
+            keep_going=args.keep_going,
+            step=_run_options(args, printer),
+        )
+        record = WorkflowRun(Path(args.workflow_dir), options).execute()
+    _print_record(record, args.json, one_line=args.follow)
     return EXIT_BY_STATUS[record.status]
 
 
@@ -81,7 +130,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     try:
-        record = read_record(run_dir)
+        record = read_any_record(run_dir)
     except FileNotFoundError:
         raise ConfigError(f"no test_mode.json in {run_dir}") from None
     except (OSError, ValueError) as exc:
@@ -92,7 +141,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _listed_status(record: TestRunRecord) -> str:
+def _listed_status(record: AnyRecord) -> str:
     """`running` only while its runner lives; else what `sandbox gc` will record."""
     from sandbox.backends.docker.gc import runner_alive
 
@@ -112,8 +161,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     for path in sorted(p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()):
         if path.name.startswith("test-"):
             try:
-                record = read_record(path)
-                say(f"{path.name}  [test run]  {record.step_id}  {_listed_status(record)}")
+                record = read_any_record(path)
+                if isinstance(record, WorkflowRunRecord):
+                    chain = " -> ".join(s.step_id for s in record.steps)
+                    say(f"{path.name}  [workflow test run]  {chain}  {_listed_status(record)}")
+                else:
+                    say(f"{path.name}  [test run]  {record.step_id}  {_listed_status(record)}")
             except (OSError, ValueError):
                 say(f"{path.name}  [test run]  (no readable record)")
         else:
@@ -183,6 +236,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return bench_main(argv)
 
 
+def _run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options `run` and `run-workflow` share (a workflow run gives them to every step)."""
+    parser.add_argument("--json", action="store_true", help="print the record as JSON")
+    parser.add_argument(
+        "--follow",
+        action="store_true",
+        help="print each guarded call and each step's start and end as it happens",
+    )
+    parser.add_argument("--timeout", type=float, default=None, help="override the step timeout (s)")
+    parser.add_argument("--upstream-bridge", default=None, help="the real bridge to forward to")
+    parser.add_argument(
+        "--upstream-network", action="append", default=[], help="a Docker network the guard joins"
+    )
+    parser.add_argument(
+        "--allow-host", action="append", default=[], help="add an egress host for this run only"
+    )
+    parser.add_argument(
+        "--canary", default=None, help="HOST:PORT the preflight must find unreachable"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sandbox", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -190,17 +264,18 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run one step once in test mode")
     run.add_argument("workflow_dir")
     run.add_argument("step_id")
-    run.add_argument("--json", action="store_true", help="print the record as JSON")
-    run.add_argument("--timeout", type=float, default=None, help="override the step timeout (s)")
-    run.add_argument("--upstream-bridge", default=None, help="the real bridge to forward to")
-    run.add_argument(
-        "--upstream-network", action="append", default=[], help="a Docker network the guard joins"
-    )
-    run.add_argument(
-        "--allow-host", action="append", default=[], help="add an egress host for this run only"
-    )
-    run.add_argument("--canary", default=None, help="HOST:PORT the preflight must find unreachable")
+    _run_arguments(run)
     run.set_defaults(func=cmd_run)
+
+    chain = sub.add_parser("run-workflow", help="run a whole workflow's steps once in test mode")
+    chain.add_argument("workflow_dir")
+    chain.add_argument("--from", dest="from_step", default=None, help="start at this step")
+    chain.add_argument("--to", dest="to_step", default=None, help="stop after this step")
+    chain.add_argument(
+        "--keep-going", action="store_true", help="run the later steps after a step fails"
+    )
+    _run_arguments(chain)
+    chain.set_defaults(func=cmd_run_workflow)
 
     show = sub.add_parser("show", help="show a test run's record")
     show.add_argument("run_dir")
