@@ -76,7 +76,7 @@ SERVER_PATH = REPO_ROOT / "examples" / "job-board" / "fake_api" / "server.py"
 UPSTREAM_PORT = 8080
 BENCH_LABEL = "sandbox.bench"
 MIB = 1024**2
-ALL_BENCHMARKS = ("startup", "copy", "db", "guard", "scale", "mcp", "egress")
+ALL_BENCHMARKS = ("startup", "copy", "db", "guard", "scale", "mcp", "egress", "chain")
 
 # ---------------------------------------------------------------------------------------------
 # Results: pydantic models, the ratio and goal math, and the table. Pure; tested without Docker.
@@ -2081,6 +2081,8 @@ def bench_egress(b: Bench) -> list[Row]:
 # The command
 # ---------------------------------------------------------------------------------------------
 
+from bench.chain import bench_chain  # noqa: E402  (it reads this module's helpers)
+
 BENCHMARKS: dict[str, tuple[str, Callable[[Bench], list[Row]]]] = {
     "startup": ("start-up", bench_startup),
     "copy": ("copy", bench_copy),
@@ -2089,6 +2091,7 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Bench], list[Row]]]] = {
     "scale": ("scale", bench_scale),
     "mcp": ("mcp", bench_mcp),
     "egress": ("egress", bench_egress),
+    "chain": ("whole-workflow chain", bench_chain),
 }
 
 
