@@ -276,6 +276,16 @@ def test_run_workflow_from_to_runs_only_that_part(engine: DockerClient, tmp_path
     assert [s.step_id for s in record.steps] == ["b", "c"]
     assert record.order == ["a", "b", "c", "d"] and (record.from_step, record.to_step) == ("b", "c")
     assert sorted(p.name for p in (the_run(wf) / "steps").iterdir()) == ["1-b", "2-c"]
+    listed = subprocess.run(
+        [sys.executable, "-m", "sandbox.cli", "list", str(wf)], capture_output=True, text=True
+    )
+    assert f"{record.id}  [workflow test run]  b -> c  passed" in listed.stdout
+    shown = subprocess.run(
+        [sys.executable, "-m", "sandbox.cli", "show", str(the_run(wf))],
+        capture_output=True,
+        text=True,
+    )
+    assert shown.returncode == 0 and "step 1 b: passed" in shown.stdout
 
 
 def test_follow_prints_a_stub_while_the_step_still_runs(
@@ -357,3 +367,15 @@ def test_a_runner_killed_mid_chain_leaves_a_valid_record_naming_its_step(
     assert read_record(root / "steps" / "2-two").status is RunStatus.KILLED
     assert not containers_of(engine, wf, all=True)
     assert not list(root.glob("steps/*/.disk"))
+
+
+def test_a_workflow_run_is_refused_while_another_run_holds_the_workshop(
+    engine: DockerClient, tmp_path: Path
+) -> None:
+    wf = chain_workflow(tmp_path, [("one", "g", ""), ("two", "g", "")])
+    with workflow_run_lock(wf, exclusive=False, owner="a real run"):
+        record = WorkflowRun(wf).execute()
+    assert record.status is RunStatus.REFUSED and "a real run" in record.reason
+    assert [s.status for s in record.steps] == [StepState.SKIPPED, StepState.SKIPPED]
+    assert validate(the_run(wf) / "test_mode.json") == record
+    assert not list((the_run(wf) / "steps").iterdir())
