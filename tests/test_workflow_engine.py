@@ -379,3 +379,30 @@ def test_a_workflow_run_is_refused_while_another_run_holds_the_workshop(
     assert [s.status for s in record.steps] == [StepState.SKIPPED, StepState.SKIPPED]
     assert validate(the_run(wf) / "test_mode.json") == record
     assert not list((the_run(wf) / "steps").iterdir())
+
+
+def test_a_stopped_runner_ends_the_chain_killed_in_its_step(
+    engine: DockerClient, tmp_path: Path
+) -> None:
+    wf = chain_workflow(tmp_path, [("one", "g", ""), ("two", "g", WAIT_FOR_GO), ("three", "g", "")])
+    proc = sandbox_cli("run-workflow", str(wf))
+    try:
+        wait_for(
+            lambda: next((wf / "runs").glob("test-*/steps/2-two/.disk/group"), None),
+            "step two's disk",
+            alive=lambda: proc.poll() is None,
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 1
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    record = validate(the_run(wf) / "test_mode.json")
+    assert record.status is RunStatus.KILLED and record.current_step == "two"
+    assert [s.status for s in record.steps] == [
+        StepState.PASSED,
+        StepState.KILLED,
+        StepState.SKIPPED,
+    ]
+    assert record.steps[2].reason == "the runner was stopped"
+    assert not containers_of(engine, wf, all=True)
