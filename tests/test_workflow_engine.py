@@ -11,7 +11,9 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import jsonschema
 import pytest
@@ -37,6 +39,7 @@ from tests.conftest import containers_of, tree_digest
 pytestmark = pytest.mark.engine
 
 REPO = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 
 # Every step checks that it is in test mode, by its environment and by its prompt.
 IN_TEST_MODE = """\
@@ -131,7 +134,10 @@ def inserted(diff: DbDiff | None) -> int:
     return sum(table.inserted for table in diff.tables if table.name == "t")
 
 
-def wait_for(predicate, what: str, deadline_s: float = 120, alive=lambda: True):  # type: ignore[no-untyped-def]
+def wait_for(
+    predicate: Callable[[], T | None], what: str, alive: Callable[[], bool], deadline_s: float = 120
+) -> T:
+    """Poll until `predicate` finds it, while the run is still `alive`."""
     end = time.monotonic() + deadline_s
     while True:
         found = predicate()
@@ -255,7 +261,7 @@ def test_a_crew_step_is_refused_and_fails_the_chain(engine: DockerClient, tmp_pa
     )
 
 
-def sandbox_cli(*args: str, **kwargs) -> subprocess.Popen[str]:  # type: ignore[no-untyped-def]
+def sandbox_cli(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "sandbox.cli", *args],
         stdout=subprocess.PIPE,
@@ -263,7 +269,6 @@ def sandbox_cli(*args: str, **kwargs) -> subprocess.Popen[str]:  # type: ignore[
         text=True,
         cwd=REPO,
         start_new_session=True,
-        **kwargs,
     )
 
 
