@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from sandbox.run.testrun import RunOptions
 
 from sandbox.contracts.errors import ConfigError, SandboxError
+from sandbox.contracts.layout import TEST_RUN_PREFIX
 from sandbox.contracts.record import RunStatus
 from sandbox.contracts.workflow_record import AnyRecord, WorkflowRunRecord, read_any_record
 from sandbox.progress import FollowPrinter
@@ -159,7 +160,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not runs.is_dir():
         raise ConfigError(f"no runs folder in {args.workflow_dir}")
     for path in sorted(p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()):
-        if path.name.startswith("test-"):
+        if path.name.startswith(TEST_RUN_PREFIX):
             try:
                 record = read_any_record(path)
                 if isinstance(record, WorkflowRunRecord):

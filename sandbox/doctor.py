@@ -24,11 +24,16 @@ import secrets
 import shutil
 from pathlib import Path
 
-from docker import DockerClient
 from pydantic import BaseModel
 
 from sandbox.backends.docker import containers, images
-from sandbox.backends.docker.client import ENGINE_HINT, connect
+from sandbox.backends.docker.client import (
+    ENGINE_HINT,
+    DockerClient,
+    api_version,
+    connect,
+    engine_info,
+)
 from sandbox.contracts import names
 from sandbox.contracts.errors import SandboxError
 from sandbox.contracts.layout import STEP_UID
@@ -91,7 +96,7 @@ def run_checks() -> list[Check]:
         client = connect(timeout_s=10)
     except SandboxError as exc:
         return [Check(name="engine", ok=False, detail=str(exc), fix=ENGINE_HINT)]
-    info = client.info()
+    info = engine_info(client)
     security = [str(opt) for opt in info.get("SecurityOptions") or []]
     checks = [
         _engine(client, info),
@@ -145,10 +150,7 @@ def _version_tuple(text: str) -> tuple[int, ...]:
 
 def _engine(client: DockerClient, info: dict[str, object]) -> Check:
     server = str(info.get("ServerVersion") or "?")
-    try:
-        api = str(client.version().get("ApiVersion") or "0")
-    except Exception:  # an engine too old for /version: treat as too old
-        api = "0"
+    api = api_version(client)  # "0" for an engine too old for /version: treated as too old
     facts = f"Docker {server} (API {api})"
     if _version_tuple(api)[:2] < MIN_API:
         return Check(

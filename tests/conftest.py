@@ -127,7 +127,7 @@ def tree_digest(root: Path, *, skip_test_runs: bool = True) -> dict[str, str]:
     for dirpath, dirnames, filenames, dirfd in os.fwalk(root, follow_symlinks=False):
         rel_dir = os.path.relpath(dirpath, root)
         if skip_test_runs and rel_dir == "runs":
-            dirnames[:] = [d for d in dirnames if not d.startswith("test-")]
+            dirnames[:] = [d for d in dirnames if not d.startswith(TEST_RUN_PREFIX)]
         for name in dirnames:
             if skip_test_runs and rel_dir == "." and name == "runs":
                 continue  # a test run may create runs/ itself to hold runs/test-<id>/

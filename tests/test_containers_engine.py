@@ -49,7 +49,7 @@ def _mine(client: DockerClient, label: str) -> list[str]:
     found = client.containers.list(
         all=True, filters={"label": [LABEL_MANAGED, f"sandbox.test-owned={label}"]}
     )
-    return [c.name for c in found]
+    return [str(c.name) for c in found]
 
 
 def test_a_signal_at_any_moment_of_creation_leaves_no_container(

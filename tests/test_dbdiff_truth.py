@@ -261,6 +261,7 @@ def _oracle(before: Path, after: Path, table: str) -> dict[str, Any]:
     out: dict[str, Any] = {"inserted": set(), "deleted": set(), "updated": {}}
     for change in apsw.Changeset.iter(changeset):
         row = change.new if change.op == "INSERT" else change.old
+        assert row is not None
         key = tuple(_shown(row[columns.index(k)]) for k in pk)
         if change.op == "INSERT":
             out["inserted"].add(key)
@@ -269,7 +270,7 @@ def _oracle(before: Path, after: Path, table: str) -> dict[str, Any]:
         else:
             out["updated"][key] = {
                 c: (_shown(o), _shown(n))
-                for c, o, n in zip(columns, change.old, change.new, strict=True)
+                for c, o, n in zip(columns, change.old or (), change.new or (), strict=True)
                 if n is not apsw.no_change and c not in pk
             }
     return out

@@ -39,10 +39,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import docker
 import docker.errors
@@ -65,6 +65,7 @@ from sandbox.prepare.dbcopy import copy_db
 from sandbox.prepare.lock import INFO_DIR_NAME, holders, lock_home, workflow_run_lock
 from sandbox.run.testrun import TestRun
 from tests.conftest import WorkflowFactory, tree_digest
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.engine
 
@@ -73,7 +74,6 @@ pytestmark = pytest.mark.engine
 # from test modules otherwise, and conftest.py is shared with other work.
 pytest_plugins = [__name__]
 
-T = TypeVar("T")
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERD_LOG = "/var/log/sandbox-dockerd.log"
@@ -104,18 +104,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def wait_for(probe: Callable[[], T | None], timeout_s: float, what: str) -> T:
-    """Poll `probe` until it returns something truthy; fail after the deadline."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @dataclass

@@ -76,7 +76,7 @@ class Canary:
 
     def opened(self) -> list[str]:
         """What was opened since the last look (names of the events)."""
-        found = []
+        found: list[str] = []
         while True:
             try:
                 data = os.read(self._fd, 65536)

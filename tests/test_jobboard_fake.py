@@ -35,7 +35,7 @@ from examples.setup import ensure_db
 from sandbox.contracts.config import load_workflow
 from sandbox.contracts.wire import RUN_KIND_HEADER, ToolReply, ToolResult, UpstreamCall
 from sandbox.policy import Decision, Route, decide, stub_reply
-from sandbox.stepside.agentworks_exec.tools import Executor
+from sandbox.stepside.agentworks_exec.executor import Executor
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "job-board"

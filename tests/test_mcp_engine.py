@@ -355,7 +355,8 @@ def _server_exec(server: Container, *cmd: str) -> str:
     """A command in a server's own container, as the server's own uid."""
     code, output = server.exec_run(list(cmd), user=server.attrs["Config"]["User"])
     assert code == 0, output
-    return str(output.decode())
+    assert isinstance(output, bytes)
+    return output.decode()
 
 
 def _server(client: DockerClient, run_id: str, name: str) -> Container:

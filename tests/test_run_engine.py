@@ -8,7 +8,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from pathlib import Path
 
 import psutil
@@ -19,6 +18,7 @@ from sandbox.contracts.names import LABEL_RUN_ID
 from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
 from sandbox.run.testrun import RunOptions, TestRun, execute_step
 from tests.conftest import WorkflowFactory, containers_of, tree_digest
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.engine
 
@@ -31,15 +31,6 @@ def write_step(wf: Path, source: str) -> None:
 
 def run_dir(record: TestRunRecord) -> Path:
     return Path(record.workflow_dir) / "runs" / record.id
-
-
-def wait_for(predicate, timeout_s: float = 60.0, what: str = "condition") -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_example_step_runs_in_test_mode(
@@ -254,10 +245,7 @@ def test_second_test_run_of_a_workflow_is_refused_while_one_runs(
     )
     first.start()
     try:
-        wait_for(
-            lambda: bool(containers_of(engine, busy)),
-            what="the first run's container",
-        )
+        wait_for(lambda: bool(containers_of(engine, busy)), 60, "the first run's container")
         refused = subprocess.run(
             [sys.executable, "-m", "sandbox.cli", "run", str(busy), "step1"],
             capture_output=True,

@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from tests.polling import wait_for
+
 REPO = Path(__file__).resolve().parent.parent
 TOKEN = "t0k3n-for-tests-0123456789abcdef"
 DEADLINE_S = 15.0
@@ -56,15 +58,6 @@ def http(
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read())
-
-
-def wait_until(check: Callable[[], bool], what: str, deadline_s: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @dataclass
@@ -123,7 +116,7 @@ def start_exec(tmp_path: Path) -> Iterator[ExecFactory]:
         )
         started.append(proc)
         if wait:
-            wait_until(lambda: healthy(port, proc), "the executor's health endpoint")
+            wait_for(lambda: healthy(port, proc), DEADLINE_S, "the executor's health endpoint")
         return Exec(proc, port, root)
 
     yield factory
@@ -407,7 +400,7 @@ def test_shell_timeout_kills_the_process_group(ex: Exec) -> None:
     )
     assert reply["data"]["timed_out"] is True
     pid = int((ex.root / "bg.pid").read_text())
-    wait_until(lambda: _gone(pid), "the background child to be killed")
+    wait_for(lambda: _gone(pid), DEADLINE_S, "the background child to be killed")
 
 
 def test_shell_background_with_detached_output_returns(ex: Exec) -> None:
@@ -504,7 +497,7 @@ def test_token_not_inherited(start_exec: ExecFactory, tmp_path: Path) -> None:
     ready = tmp_path / "ready"
     script = f"env > {env_file}; touch {ready}; exec sleep 600"
     ex = start_exec(["sh", "-c", script])
-    wait_until(ready.exists, "the step to dump its environment")
+    wait_for(ready.exists, DEADLINE_S, "the step to dump its environment")
     env_text = env_file.read_text()
     assert TOKEN not in env_text
     assert "AGENTWORKS_EXEC_TOKEN" not in env_text
@@ -605,7 +598,7 @@ def test_runs_standalone_in_the_step_image_layout(tmp_path: Path) -> None:
         [sys.executable, "-S", "-m", "agentworks_exec", "--", "sleep", "600"], cwd=root, env=env
     )
     try:
-        wait_until(lambda: healthy(port, proc), "the standalone executor")
+        wait_for(lambda: healthy(port, proc), DEADLINE_S, "the standalone executor")
         ex = Exec(proc, port, root)
         assert ex.call("write_file", path="x.txt", content="hi")["is_error"] is False
         assert (root / "x.txt").read_text() == "hi"

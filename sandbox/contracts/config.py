@@ -2,9 +2,9 @@
 
 One pydantic model (`Workflow`) is the whole configuration; every other module
 receives the parts it needs from it and reads no options on its own. A bad file
-yields one `ConfigError` naming the file, the field and the problem. Fields
-that later parts of the product use (MCP servers, egress, the bridge upstream)
-are parsed and validated here already, so a typo fails at load, not mid-run.
+yields one `ConfigError` naming the file, the field and the problem. Every
+field, including those only the guard uses (MCP servers, egress, the bridge
+upstream), is validated at load, so a typo fails before any run starts.
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@ import os
 import tempfile
 from datetime import UTC, datetime
 from enum import StrEnum
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Literal
 
@@ -23,7 +25,7 @@ from sandbox.contracts.reports import CopyReport, DbCopyReport, DbDiff
 SCHEMA_VERSION: Literal[1] = 1
 RECORD_FILE = "test_mode.json"
 ACTIONS_FILE = "test_mode_actions.jsonl"
-SCHEMA_PATH = Path(__file__).parent / "test_mode.schema.json"
+SCHEMA_PATH: Traversable = resources.files("sandbox") / "contracts" / "test_mode.schema.json"
 
 
 def utcnow() -> datetime:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import secrets
 import socket
@@ -37,6 +36,7 @@ from sandbox import policy
 from sandbox.guard import bindings, caps
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.config import MCP_PATH, GuardConfig
+from sandbox.guard.gate import BAD_TOKEN, bearer_ok, reject_and_log
 from sandbox.guard.upstream import ReplyTooLarge, UpstreamClient, UpstreamError
 from sandbox.stepside.agentworks_exec.pathsafety import check_tool_path
 from sandbox.stepside.agentworks_exec.toolargs import executor_deadline_s
@@ -112,9 +112,7 @@ class Guard:
     # -- HTTP handlers -----------------------------------------------------------
 
     def _authorized(self, request: Request) -> bool:
-        given = request.headers.get("authorization", "")
-        expected = f"Bearer {self.config.bridge_token}"
-        return hmac.compare_digest(given.encode(), expected.encode())
+        return bearer_ok(request.headers.get("authorization", ""), self.config.bridge_token)
 
     async def _body(self, request: Request) -> bytes | None:
         """The body, or None when it is larger than a bridge request may be."""
@@ -129,21 +127,12 @@ class Guard:
         return bytes(body)
 
     def _reject(self, status: int, reason: str, started: float, tool: str = "?") -> Response:
-        self.log.write(
-            session="?",
-            tool=tool,
-            decision="refuse",
-            reason=reason,
-            category="request",
-            arguments={},
-            duration_ms=(time.perf_counter() - started) * 1000,
-        )
-        return JSONResponse({"error": reason}, status_code=status)
+        return reject_and_log(self.log, status, reason, tool=tool, session="?", started=started)
 
     async def tools_call(self, request: Request) -> Response:
         started = time.perf_counter()
         if not self._authorized(request):
-            return self._reject(401, "wrong or missing bridge token", started)
+            return self._reject(401, BAD_TOKEN, started)
         body = await self._body(request)
         if body is None:
             return self._reject(413, _too_large_request(), started)
@@ -177,7 +166,7 @@ class Guard:
     async def new_session(self, request: Request) -> Response:
         started = time.perf_counter()
         if not self._authorized(request):
-            return self._reject(401, "wrong or missing bridge token", started)
+            return self._reject(401, BAD_TOKEN, started)
         body = await self._body(request)
         try:
             asked = SessionRequest.model_validate_json(body or b"{}")
@@ -567,7 +556,7 @@ class NoMcpServers:
     async def _none(self, request: Request) -> Response:
         started = time.perf_counter()
         if not self._guard._authorized(request):
-            return self._guard._reject(401, "wrong or missing bridge token", started, tool="mcp")
+            return self._guard._reject(401, BAD_TOKEN, started, tool="mcp")
         if request.path_params.get("rest", "").strip("/") == "" and request.method == "GET":
             return JSONResponse({"servers": []})
         return self._guard._reject(

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import json
 import socket
 import time
@@ -78,6 +77,7 @@ from sandbox.contracts.config import McpServer
 from sandbox.guard import caps
 from sandbox.guard.actionlog import ActionLog, LogFull
 from sandbox.guard.config import MCP_PATH, GuardConfig
+from sandbox.guard.gate import BAD_TOKEN, bearer_ok, reject_and_log
 from sandbox.guard.listeners import bind_unix
 from sandbox.guard.mcp_socket import REPLY_TOO_LARGE, socket_transport
 from sandbox.guard.schema_instance import valid_instance
@@ -112,7 +112,7 @@ class _Raw(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class UpstreamError(Exception):
+class McpServerError(Exception):
     """The server could not be asked (not running, timed out, broke the protocol)."""
 
     def __init__(self, reason: str, *, lost: bool = False) -> None:
@@ -121,7 +121,7 @@ class UpstreamError(Exception):
         self.lost = lost
 
 
-class ReplyTooLarge(UpstreamError):
+class McpReplyTooLarge(McpServerError):
     """The server's reply passed its cap and was dropped unread."""
 
 
@@ -241,7 +241,7 @@ class Upstream:
         if self.server.command is not None:
             listener, self._listener = self._listener, None
             if listener is None:
-                raise UpstreamError("the server's socket is not listening")
+                raise McpServerError("the server's socket is not listening")
             transport: Transport = socket_transport(
                 listener, expected_uid=self._expected_uid, accept_deadline_s=CONNECT_DEADLINE_S
             )
@@ -322,7 +322,7 @@ class Upstream:
             down = self._down_reason or "not connected"
             if self.is_stdio:
                 down = f"the server is not running ({down})"
-            raise UpstreamError(down)
+            raise McpServerError(down)
         return client
 
     async def request(
@@ -350,25 +350,25 @@ class Upstream:
                 return result
             except MCPError as exc:
                 if exc.code == types.REQUEST_TIMEOUT:
-                    raise UpstreamError(f"no answer within {timeout_s:g} s") from None
+                    raise McpServerError(f"no answer within {timeout_s:g} s") from None
                 if exc.code == REPLY_TOO_LARGE or CAP_MARK in exc.message:
-                    raise ReplyTooLarge(exc.message) from None
+                    raise McpReplyTooLarge(exc.message) from None
                 if not _maybe_lost(exc, stdio=self.is_stdio):
                     raise
                 self._mark_lost(f"the server closed the connection ({exc.message})")
                 if attempt == 0 and retry and not self.is_stdio:
                     continue
-                raise UpstreamError(self._down_reason or exc.message, lost=True) from None
+                raise McpServerError(self._down_reason or exc.message, lost=True) from None
             except ValidationError as exc:
-                raise UpstreamError(
+                raise McpServerError(
                     f"malformed reply: {_describe(exc).splitlines()[0][:200]}"
                 ) from None
             except (anyio.ClosedResourceError, anyio.BrokenResourceError) as exc:
                 self._mark_lost(f"the connection broke ({type(exc).__name__})")
                 if attempt == 0 and retry and not self.is_stdio:
                     continue
-                raise UpstreamError(self._down_reason or "connection broke", lost=True) from None
-        raise UpstreamError("unreachable")  # pragma: no cover
+                raise McpServerError(self._down_reason or "connection broke", lost=True) from None
+        raise McpServerError("unreachable")  # pragma: no cover
 
     async def list_tools(self, deadline_s: float) -> list[dict[str, Any]]:
         """Every tool the server lists right now, as the raw JSON objects it sent."""
@@ -384,18 +384,18 @@ class Upstream:
                 )
                 listed = page.get("tools")
                 if not isinstance(listed, list):
-                    raise UpstreamError("tools/list reply has no tools array")
+                    raise McpServerError("tools/list reply has no tools array")
                 cursor = page.get("nextCursor")
                 more = isinstance(cursor, str) and bool(cursor)
                 if more or page_number:  # one page is capped by its message; many add up
                     listed_bytes += len(json.dumps(listed))
                     if listed_bytes > caps.MAX_MCP_LISTING_BYTES:
                         cap = caps.mib(caps.MAX_MCP_LISTING_BYTES)
-                        raise ReplyTooLarge(f"tools/list pages together are {CAP_MARK} of {cap}")
+                        raise McpReplyTooLarge(f"tools/list pages together are {CAP_MARK} of {cap}")
                 tools.extend(t for t in listed if isinstance(t, dict))
                 if not more:
                     return tools
-        raise UpstreamError(f"tools/list has more than {MAX_LIST_PAGES} pages")
+        raise McpServerError(f"tools/list has more than {MAX_LIST_PAGES} pages")
 
 
 # --------------------------------------------------------------------------- stubs
@@ -532,7 +532,7 @@ class Endpoint:
             del tools  # only this tool's entry is kept while the call runs
         except TimeoutError:
             lookup_error = f"tools/list did not answer within {LOOKUP_DEADLINE_S:g} s"
-        except UpstreamError as exc:
+        except McpServerError as exc:
             lookup_error = exc.reason
         except MCPError as exc:
             lookup_error = f"tools/list failed: {exc.message}"
@@ -584,11 +584,11 @@ class Endpoint:
         error: MCPError | None = None
         try:
             result = await self.upstream.request(call, budget, retry=False)
-        except ReplyTooLarge as exc:
+        except McpReplyTooLarge as exc:
             result = _error_result(f"{tool}: {exc.reason}")
             outcome["error"] = exc.reason
             outcome["reply_too_large"] = True
-        except UpstreamError as exc:
+        except McpServerError as exc:
             result = _error_result(f"{tool}: the MCP server {self.name} failed: {exc.reason}")
             outcome["error"] = exc.reason
         except TimeoutError:
@@ -621,7 +621,7 @@ class Endpoint:
             try:
                 async with self.proxy.forward_slot(deadline):
                     result = await self.upstream.request(request, deadline)
-            except UpstreamError as exc:
+            except McpServerError as exc:
                 raise MCPError(
                     code=types.INTERNAL_ERROR, message=f"{self.name}: {exc.reason}"
                 ) from None
@@ -669,7 +669,7 @@ class Endpoint:
         try:
             async with self.proxy.forward_slot(budget):
                 result = await self.upstream.request(request, budget)
-        except UpstreamError as exc:
+        except McpServerError as exc:
             failure = MCPError(code=types.INTERNAL_ERROR, message=f"{self.name}: {exc.reason}")
         except (TimeoutError, SlotTimeout):
             reason = f"no answer within {budget:g} s"
@@ -697,7 +697,7 @@ class _Authorized:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and not self.proxy.authorized(scope):
-            response = self.proxy.reject(scope, 401, "wrong or missing bridge token")
+            response = self.proxy.reject(scope, 401, BAD_TOKEN)
             await response(scope, receive, send)
             return
         await self.app(scope, receive, send)
@@ -799,19 +799,13 @@ class McpProxy:
             if key == b"authorization":
                 given = value
                 break
-        expected = f"Bearer {self.config.bridge_token}".encode()
-        return hmac.compare_digest(given, expected)
+        return bearer_ok(given, self.config.bridge_token)
 
     def reject(self, scope: Scope, status: int, reason: str) -> Response:
-        self.log_line(
-            tool=f"mcp:{scope.get('path', '?')}",
-            decision="refuse",
-            reason=reason,
-            arguments={},
-            started=time.perf_counter(),
-            category="request",
+        tool = f"mcp:{scope.get('path', '?')}"
+        return reject_and_log(
+            self.log, status, reason, tool=tool, session="root", started=time.perf_counter()
         )
-        return JSONResponse({"error": reason}, status_code=status)
 
     def log_line(
         self,
@@ -837,7 +831,7 @@ class McpProxy:
 
     async def _index(self, request: Request) -> Response:
         if not self.authorized(request.scope):
-            return self.reject(request.scope, 401, "wrong or missing bridge token")
+            return self.reject(request.scope, 401, BAD_TOKEN)
         base = str(request.url).rstrip("/")
         return JSONResponse(
             {"servers": [{"name": name, "url": f"{base}/{name}"} for name in self.endpoints]}
@@ -845,7 +839,7 @@ class McpProxy:
 
     async def _unknown(self, request: Request) -> Response:
         if not self.authorized(request.scope):
-            return self.reject(request.scope, 401, "wrong or missing bridge token")
+            return self.reject(request.scope, 401, BAD_TOKEN)
         name = request.path_params.get("rest", "")
         known = ", ".join(self.endpoints) or "none"
         return self.reject(

@@ -1,7 +1,7 @@
 """The guard's end of one stdio MCP server: a unix socket, and every byte on it hostile.
 
 Each stdio server runs in its own container; a small relay there
-(`sandbox/mcp_relay.py`) connects to the socket the guard listens on in that
+(`sandbox/stepside/agentworks_relay.py`) connects to the socket the guard listens on in that
 server's folder and pipes the server's stdin and stdout through it. This
 module is the MCP SDK client transport over that socket:
 

@@ -23,7 +23,7 @@ class GuardServer(uvicorn.Server):
     Stop: SIGTERM to an idle guard (no request, bridge call or egress connection
     open) exits at once. uvicorn's graceful shutdown pauses at least 0.1 s, often
     0.2, with nothing to finish: every action line is written before its call is
-    answered. A busy guard shuts down gracefully, as before.
+    answered. A busy guard shuts down gracefully (uvicorn's own shutdown).
     """
 
     def __init__(self, config: uvicorn.Config, guard: Guard) -> None:

@@ -7,14 +7,16 @@ malformed profile is an error, never a silent fall-back to the engine default.
 from __future__ import annotations
 
 import json
-from pathlib import Path
+from importlib import resources
+from importlib.resources.abc import Traversable
 
 from sandbox.contracts.errors import ConfigError
 
-PROFILE_PATH = Path(__file__).resolve().parents[1] / "seccomp" / "step.json"
+# Package data: found the same way in a checkout and in an installed wheel.
+PROFILE_PATH: Traversable = resources.files("sandbox") / "seccomp" / "step.json"
 
 
-def step_profile(path: Path = PROFILE_PATH) -> str:
+def step_profile(path: Traversable = PROFILE_PATH) -> str:
     """The compact JSON text of the step profile."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -57,7 +57,7 @@ from sandbox.guard.config import (
 from sandbox.launch import firewall
 from sandbox.launch.mounts import step_mounts, workflow_mounts
 from sandbox.stepside.agentworks_exec.preflight import ENV as PREFLIGHT_ENV
-from sandbox.stepside.agentworks_exec.tools import GUARD_WAIT_ENV
+from sandbox.stepside.agentworks_exec.supervisor import GUARD_WAIT_ENV
 
 CA_BUNDLE_VARIABLES = (
     "SSL_CERT_FILE",
@@ -261,7 +261,7 @@ def step_spec(plan: RunPlan, guard_id: str, *, has_ca_bundle: bool) -> Container
         name=f"sandbox-{plan.layout.run_id}-step",
         image=names.STEP_IMAGE,
         command=["python3", "-m", "agentworks_exec", "--", *plan.step.argv()],
-        init=False,  # the executor is pid 1 and reaps; see step_exec._reap_until_exit
+        init=False,  # the executor is pid 1 and reaps (agentworks_exec.supervisor)
         user=f"{uid}:{gid}",
         workdir=plan.layout.container_workdir,
         env=step_env(plan, has_ca_bundle=has_ca_bundle),

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Final
 
 from sandbox.contracts.errors import PrepareError
+from sandbox.contracts.layout import TEST_RUN_PREFIX
 from sandbox.contracts.reports import MAX_LISTED, CopyReport, LeftOut, SymlinkEntry
 from sandbox.hostfs.fdcopy import copy_fd
 
@@ -29,7 +30,6 @@ __all__ = ["DEFAULT_CAP_BYTES", "CopyTreeError", "copy_execution_tree", "newest_
 
 DEFAULT_CAP_BYTES: Final = 512 * 1024**2
 DEFAULT_MAX_ENTRIES: Final = 200_000
-TEST_RUN_PREFIX: Final = "test-"
 
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC

@@ -97,8 +97,9 @@ def outside_server(client: DockerClient) -> Iterator[Outside]:
     suffix = secrets.token_hex(4)
     subnet6 = f"fd{secrets.randbelow(256):02x}:{secrets.randbelow(65536):x}::/64"
     ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet6)])
+    network_name = f"sandbox-fake-outside-{suffix}"
     network = client.networks.create(
-        f"sandbox-fake-outside-{suffix}",
+        network_name,
         driver="bridge",
         internal=True,
         enable_ipv6=True,
@@ -119,14 +120,14 @@ def outside_server(client: DockerClient) -> Iterator[Outside]:
                 ),
                 docker.types.Mount("/srv/tls", str(tls_dir), type="bind", read_only=True),
             ],
-            network=network.name,
-            networking_config={network.name: client.api.create_endpoint_config(aliases=[ALIAS])},
+            network=network_name,
+            networking_config={network_name: client.api.create_endpoint_config(aliases=[ALIAS])},
             detach=True,
         )
         container.start()
         container.reload()
-        net = container.attrs["NetworkSettings"]["Networks"][network.name]
-        outside = Outside(network.name, net["IPAddress"], net["GlobalIPv6Address"], ca_pem)
+        net = container.attrs["NetworkSettings"]["Networks"][network_name]
+        outside = Outside(network_name, net["IPAddress"], net["GlobalIPv6Address"], ca_pem)
         deadline = time.monotonic() + 30
         while True:
             try:

@@ -335,9 +335,7 @@ class Cluster:
         """A `kubernetes.client.ApiClient` with the cluster's admin token."""
         from kubernetes import config
 
-        return config.new_client_from_config(  # type: ignore[no-untyped-call]
-            config_file=str(self.state.kubeconfig)
-        )
+        return config.new_client_from_config(config_file=str(self.state.kubeconfig))
 
     def ctr(
         self, *args: str, stdin: Any = None, input: bytes | None = None, check: bool = True

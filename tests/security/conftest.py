@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import textwrap
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -247,16 +246,6 @@ def attempt_params(safe: dict[str, set[str]], known_holes: dict[str, str]) -> li
         else name
         for name in safe
     ]
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll with a deadline (never a bare sleep to wait for something)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 def check(battery: Battery, name: str, safe: set[str]) -> Attempt:

@@ -26,6 +26,7 @@ from docker.models.containers import Container
 from sandbox.contracts import names
 from sandbox.contracts.wire import ActionLine
 from sandbox.run.testrun import RunOptions
+from tests.polling import wait_for
 from tests.security.conftest import (
     Battery,
     assert_attempts_match,
@@ -34,7 +35,6 @@ from tests.security.conftest import (
     build_workflow,
     check,
     run_battery,
-    wait_until,
 )
 
 pytestmark = pytest.mark.engine
@@ -448,7 +448,7 @@ def battery(engine: DockerClient, tmp_path_factory: pytest.TempPathFactory) -> I
             pids_limit=32,
             detach=True,
         )
-        wait_until(lambda: "READY" in _server_log(server), 30, "the fake outside server")
+        wait_for(lambda: "READY" in _server_log(server), 30, "the fake outside server")
         server.reload()
         server_ip = server.attrs["NetworkSettings"]["Networks"][net_name]["IPAddress"]
         net.reload()
@@ -456,7 +456,7 @@ def battery(engine: DockerClient, tmp_path_factory: pytest.TempPathFactory) -> I
         # Positive control: the listener records what does reach it.
         code, output = server.exec_run(["python3", "-c", CONTROL, server_ip], user="10001")
         assert code == 0, output
-        wait_until(
+        wait_for(
             lambda: sum("b'control'" in ln for ln in _server_log(server)) == 2,
             30,
             "the control packets in the server's log",

@@ -1,10 +1,12 @@
-"""Connecting to the engine, with one clear error when it does not answer."""
+"""Connecting to the engine, with one clear error when it does not answer, and its facts."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import docker
 import docker.errors
-from docker import DockerClient
+from docker import DockerClient as DockerClient  # re-exported: the type the CLI and doctor hold
 
 from sandbox.contracts.errors import EngineError
 
@@ -24,3 +26,16 @@ def connect(timeout_s: float = 60.0) -> DockerClient:
 def _short(exc: BaseException) -> str:
     text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return text[:200]
+
+
+def engine_info(client: DockerClient) -> dict[str, Any]:
+    """The engine's `/info` (versions, security options, cgroup driver...)."""
+    return dict(client.info())
+
+
+def api_version(client: DockerClient) -> str:
+    """The engine's Engine API version; "0" for an engine too old to say."""
+    try:
+        return str(client.version().get("ApiVersion") or "0")
+    except Exception:
+        return "0"

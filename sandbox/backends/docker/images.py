@@ -23,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable
+from importlib import resources
 from pathlib import Path
 
 import docker.errors
@@ -32,13 +33,17 @@ from pydantic import BaseModel
 from sandbox.contracts.errors import EngineError, ImageMissingError
 from sandbox.contracts.names import GUARD_IMAGE, MCP_IMAGE, STEP_IMAGE
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
-IMAGES_DIR = REPO_ROOT / "sandbox" / "images"
+# The package's own files, found through its import path (a checkout's `sandbox/`, or
+# an installed wheel's): the image build inputs and the step side are package data.
+PACKAGE_DIR = Path(str(resources.files("sandbox")))
+IMAGES_DIR = PACKAGE_DIR / "images"
+# Building the guard image builds this package's wheel: that needs the source checkout.
+REPO_ROOT = PACKAGE_DIR.parent
 BUILD_DIR = REPO_ROOT / "build"
 LABEL = "sandbox.image-inputs"
 # Stdlib-only code run inside the images (the step's clients, the executor, the MCP
 # relay): the step image installs this folder's contents, each under its own name.
-STEP_SIDE = REPO_ROOT / "sandbox" / "stepside"
+STEP_SIDE = PACKAGE_DIR / "stepside"
 
 
 def step_side_files() -> list[Path]:
@@ -181,7 +186,7 @@ def _build(
 
 
 def _package_sources() -> list[Path]:
-    pkg = REPO_ROOT / "sandbox"
+    pkg = PACKAGE_DIR
     return [
         p
         for p in pkg.rglob("*")

@@ -2,6 +2,6 @@
 
 import sys
 
-from .tools import main
+from .supervisor import main
 
 sys.exit(main())
