@@ -176,7 +176,8 @@ class ThreadedRun:
         if not self._result:
             return "no record (the run raised)"
         record = self._result[0]
-        return f"{record.status.value}: {record.reason}"
+        stderr = record.stderr.text[-2000:] if record.stderr.text else ""
+        return f"{record.status.value}: {record.reason}; step stderr (tail): {stderr!r}"
 
     def wait_for_file(self, pattern: str, deadline_s: float = 120) -> Path:
         """The first path under the workflow's `runs/` matching `pattern`, once it exists

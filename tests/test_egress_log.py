@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -252,3 +254,53 @@ def test_an_mcp_servers_proxy_names_the_server_on_every_line(tmp_path: Path) -> 
     assert [ln.event for ln in raw] == ["start", "outcome", "call"]
     assert all(ln.detail["mcp_server"] == "fetcher" for ln in raw if ln.event != "outcome")
     assert [ln.decision for ln in call_lines(actions)] == ["allow", "stub"]
+
+
+def test_a_stubbed_body_that_arrives_after_its_head_is_still_measured(tmp_path: Path) -> None:
+    """A client may send the head and the body in two writes (Python's http.client does):
+    the proxy must wait for the body, not take the end of the head for the end of the
+    connection, so the stub line's size and hash are the body's."""
+    body = b"secret-payload-123"
+    with _actions(tmp_path) as actions:
+        egress = Egress(allow=[{"host": "127.0.0.1", "port": 9}])  # type: ignore[list-item]
+        log = ActionLog(str(actions), secrets=(), fsync_each=False)
+        proxy = EgressProxy(_config(actions, egress), log)
+        waiting_for_body = asyncio.Event()
+        fill = proxy._fill
+
+        async def noting_fill(client: Any, *, idle: bool) -> bytes:
+            if not idle:
+                waiting_for_body.set()
+            return await fill(client, idle=idle)
+
+        proxy._fill = noting_fill  # type: ignore[method-assign]
+
+        async def exchange() -> bytes:
+            server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            try:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+                writer.write(
+                    b"POST http://127.0.0.1:9/effect HTTP/1.1\r\nHost: 127.0.0.1:9\r\n"
+                    b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+                )
+                await writer.drain()
+                reply = asyncio.ensure_future(reader.read())
+                waited = asyncio.ensure_future(waiting_for_body.wait())
+                await asyncio.wait({reply, waited}, timeout=10, return_when="FIRST_COMPLETED")
+                assert waited.done() and not reply.done(), "answered before the body came"
+                writer.write(body)
+                await writer.drain()
+                data = await asyncio.wait_for(reply, 10)
+                writer.close()
+                return data
+            finally:
+                server.close()
+
+        reply = asyncio.run(exchange())
+        log.close()
+    assert reply.startswith(b"HTTP/1.1 403")
+    (line,) = [ln for ln in call_lines(actions) if ln.tool == "http"]
+    assert line.decision == "stub"
+    assert line.arguments["body_bytes"] == len(body)
+    assert line.arguments["body_sha256"] == hashlib.sha256(body).hexdigest()

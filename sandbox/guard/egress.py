@@ -351,7 +351,8 @@ class EgressProxy:
         head, rest = bytes(client.buffer[:end]), bytes(client.buffer[end:])
         conn, request = http1.parse_request(head)  # a refusal leaves the head for the log
         client.buffer.clear()
-        conn.receive_data(rest)
+        if rest:  # h11 takes b"" for the client's end: a body still on its way is not that
+            conn.receive_data(rest)
         return _Incoming(conn, request, head)
 
     async def _body(self, client: _Client, incoming: _Incoming) -> AsyncIterator[bytes]:
