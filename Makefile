@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?=
 
-.PHONY: demo test test-walls test-kubernetes venv engine images lint typecheck bench bench-load clean
+.PHONY: demo demo-workflow test test-walls test-kubernetes venv engine images lint typecheck bench bench-load clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ images: venv engine
 demo: images
 	$(BIN)/python examples/setup.py
 	$(BIN)/python examples/job-board/demo.py bid-submit
+
+# The job-board example's whole chain (pick -> submit -> outreach) as one test run.
+demo-workflow: images
+	$(BIN)/python examples/setup.py
+	$(BIN)/python examples/job-board/demo_workflow.py
 
 test: images lint
 	bash scripts/ensure-chromium.sh

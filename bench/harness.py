@@ -55,7 +55,7 @@ RESULTS_PATH = REPO_ROOT / "bench" / "results.json"
 LOAD_RESULTS_PATH = REPO_ROOT / "bench" / "results-load.json"  # a full run with --load
 
 
-ALL_BENCHMARKS = ("startup", "copy", "db", "guard", "scale", "mcp", "egress", "walls")
+ALL_BENCHMARKS = ("startup", "copy", "db", "guard", "scale", "mcp", "egress", "walls", "chain")
 
 
 BENCHMARKS: dict[str, tuple[str, Callable[[Bench], list[Row]]]] = {
@@ -67,7 +67,15 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Bench], list[Row]]]] = {
     "mcp": ("mcp", bench_mcp),
     "egress": ("egress", bench_egress),
     "walls": ("second walls", lambda b: _walls(b)),
+    "chain": ("whole-workflow chain", lambda b: _chain(b)),
 }
+
+
+def _chain(b: Bench) -> list[Row]:
+    """A three-step no-op chain against the same steps as single test runs (bench/chain.py)."""
+    from bench.chain import bench_chain
+
+    return bench_chain(b)
 
 
 def _walls(b: Bench) -> list[Row]:

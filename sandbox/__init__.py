@@ -1,10 +1,11 @@
 """Test-mode sandbox runner for AI-agent workflow steps.
 
 The public surface: `execute_step` runs one step once in test mode and returns
-its record; `verify_step` runs it once and judges its expectations; `gate` says
-whether its current version has a passing verification; `workflow_run_lock` is
-the lock a controller takes (shared) for a normal run, so no test run starts
-beside it.
+its record; `execute_workflow` runs a whole workflow's steps as one test run and
+returns its `WorkflowRunRecord`; `verify_step` runs one step once and judges its
+expectations; `gate` says whether its current version has a passing verification;
+`workflow_run_lock` is the lock a controller takes (shared) for a normal run, so no
+test run starts beside it.
 
 Names are imported on first use (PEP 562): the guard, which imports
 `sandbox.guard`, must not pay for the runner's Docker client and psutil at
@@ -18,9 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from sandbox.contracts.errors import ConfigError, EngineError, RefusedError, SandboxError
+    from sandbox.contracts.events import RunEvent
     from sandbox.contracts.record import RunStatus, TestRunRecord
+    from sandbox.contracts.workflow_record import WorkflowRunRecord
     from sandbox.prepare.lock import LockHeldError, workflow_run_lock
     from sandbox.run.testrun import RunOptions, TestRun, execute_step
+    from sandbox.run.workflowrun import WorkflowOptions, WorkflowRun, execute_workflow
     from sandbox.verify.gate import gate
     from sandbox.verify.verifystep import verify_step
 
@@ -38,6 +42,11 @@ _WHERE = {
     "execute_step": "sandbox.run.testrun",
     "verify_step": "sandbox.verify.verifystep",
     "gate": "sandbox.verify.gate",
+    "RunEvent": "sandbox.contracts.events",
+    "WorkflowRunRecord": "sandbox.contracts.workflow_record",
+    "WorkflowOptions": "sandbox.run.workflowrun",
+    "WorkflowRun": "sandbox.run.workflowrun",
+    "execute_workflow": "sandbox.run.workflowrun",
 }
 
 __all__ = [
@@ -45,12 +54,17 @@ __all__ = [
     "EngineError",
     "LockHeldError",
     "RefusedError",
+    "RunEvent",
     "RunOptions",
     "RunStatus",
     "SandboxError",
     "TestRun",
     "TestRunRecord",
+    "WorkflowOptions",
+    "WorkflowRun",
+    "WorkflowRunRecord",
     "execute_step",
+    "execute_workflow",
     "gate",
     "verify_step",
     "workflow_run_lock",

@@ -1,9 +1,9 @@
 """`sandbox`: the command line, a thin layer over the Python API.
 
-Exit codes: 0 the step passed, 1 it failed or timed out (or was killed),
-2 usage, configuration or environment error, 3 refused. `verify` and `gate`:
-0 verified / the gate holds, 1 not, 2 usage error (an expectation that does not
-parse included). Errors are one line
+Exit codes: 0 the step (or every step of a workflow run) passed, 1 it failed or
+timed out (or was killed), 2 usage, configuration or environment error, 3 refused.
+`verify` and `gate`: 0 verified / the gate holds, 1 not, 2 usage error (an
+expectation that does not parse included). Errors are one line
 on stderr; no traceback reaches the user.
 """
 
@@ -13,14 +13,16 @@ import argparse
 import contextlib
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from sandbox.contracts.errors import ConfigError, SandboxError
 from sandbox.contracts.layout import TEST_RUN_PREFIX
-from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
+from sandbox.contracts.record import RunStatus
+from sandbox.contracts.workflow_record import AnyRecord, WorkflowRunRecord, read_any_record
+from sandbox.progress import FollowPrinter
 from sandbox.termsafe import clean
 
 if TYPE_CHECKING:
@@ -45,10 +47,15 @@ EXIT_BY_STATUS = {
 }
 
 
-def _print_record(record: TestRunRecord, as_json: bool) -> None:
+def _print_record(record: AnyRecord, as_json: bool, *, one_line: bool = False) -> None:
     if as_json:
         # JSON escapes every control character itself (ensure_ascii-free text is safe).
-        say(record.model_dump_json(indent=2))
+        say(record.model_dump_json(indent=None if one_line else 2))
+        return
+    if isinstance(record, WorkflowRunRecord):
+        for line in record.summary_lines():
+            say(clean(line, keep_newlines=False))
+        say(f"record: {Path(record.workflow_dir) / 'runs' / record.id / 'test_mode.json'}")
         return
     for line in record.summary_lines():
         say(clean(line, keep_newlines=False))
@@ -68,7 +75,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise RunInterrupted()
 
 
-def _run_options(args: argparse.Namespace) -> RunOptions:
+def _run_options(args: argparse.Namespace, printer: FollowPrinter | None) -> RunOptions:
     from sandbox.run.testrun import RunOptions
 
     return RunOptions(
@@ -78,6 +85,7 @@ def _run_options(args: argparse.Namespace) -> RunOptions:
         allow_hosts=tuple(args.allow_host),
         canary=args.canary,
         step_runtime=args.step_runtime,
+        on_event=printer,
     )
 
 
@@ -94,14 +102,45 @@ def _backend(args: argparse.Namespace) -> BackendFactory | None:
     return lambda: connect_backend(config)
 
 
+@contextlib.contextmanager
+def _follow(args: argparse.Namespace) -> Iterator[FollowPrinter | None]:
+    """`--follow`: the printer the run reports to, closed before the record prints."""
+    if not args.follow:
+        yield None
+        return
+    printer = FollowPrinter.for_stream(sys.stdout, as_json=args.json)
+    try:
+        yield printer
+    finally:
+        printer.close()
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from sandbox.run.testrun import TestRun
 
     signal.signal(signal.SIGTERM, _on_sigterm)
-    record = TestRun(
-        Path(args.workflow_dir), args.step_id, _run_options(args), backend=_backend(args)
-    ).execute()
-    _print_record(record, args.json)
+    with _follow(args) as printer:
+        options = _run_options(args, printer)
+        record = TestRun(
+            Path(args.workflow_dir), args.step_id, options, backend=_backend(args)
+        ).execute()
+    _print_record(record, args.json, one_line=args.follow)
+    return EXIT_BY_STATUS[record.status]
+
+
+def cmd_run_workflow(args: argparse.Namespace) -> int:
+    from sandbox.run.workflowrun import WorkflowOptions, WorkflowRun
+
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    with _follow(args) as printer:
+        options = WorkflowOptions(
+            from_step=args.from_step,
+            to_step=args.to_step,
+            keep_going=args.keep_going,
+            step=_run_options(args, printer),
+        )
+        record = WorkflowRun(Path(args.workflow_dir), options, backend=_backend(args)).execute()
+    _print_record(record, args.json, one_line=args.follow)
     return EXIT_BY_STATUS[record.status]
 
 
@@ -110,9 +149,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from sandbox.verify.verifystep import verify_step
 
     signal.signal(signal.SIGTERM, _on_sigterm)
-    verification = verify_step(
-        Path(args.workflow_dir), args.step_id, _run_options(args), backend=_backend(args)
-    )
+    with _follow(args) as printer:
+        verification = verify_step(
+            Path(args.workflow_dir),
+            args.step_id,
+            _run_options(args, printer),
+            backend=_backend(args),
+        )
     if args.junit:
         write_junit(Path(args.junit), verification)
     if args.html:
@@ -155,7 +198,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     run_dir = Path(args.run_dir)
     try:
-        record = read_record(run_dir)
+        record = read_any_record(run_dir)
     except FileNotFoundError:
         raise ConfigError(f"no test_mode.json in {run_dir}") from None
     except (OSError, ValueError) as exc:
@@ -166,7 +209,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _listed_status(record: TestRunRecord) -> str:
+def _listed_status(record: AnyRecord) -> str:
     """`running` only while its runner lives; else what `sandbox gc` will record."""
     from sandbox.backends.docker.gc import runner_alive
 
@@ -186,8 +229,12 @@ def cmd_list(args: argparse.Namespace) -> int:
     for path in sorted(p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()):
         if path.name.startswith(TEST_RUN_PREFIX):
             try:
-                record = read_record(path)
-                say(f"{path.name}  [test run]  {record.step_id}  {_listed_status(record)}")
+                record = read_any_record(path)
+                if isinstance(record, WorkflowRunRecord):
+                    chain = " -> ".join(s.step_id for s in record.steps)
+                    say(f"{path.name}  [workflow test run]  {chain}  {_listed_status(record)}")
+                else:
+                    say(f"{path.name}  [test run]  {record.step_id}  {_listed_status(record)}")
             except (OSError, ValueError):
                 say(f"{path.name}  [test run]  (no readable record)")
         else:
@@ -281,8 +328,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _run_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("workflow_dir")
-    parser.add_argument("step_id")
+    """The options `run`, `run-workflow` and `verify` share (a workflow run gives them to
+    every step)."""
+    parser.add_argument("--json", action="store_true", help="print the record as JSON")
+    parser.add_argument(
+        "--follow",
+        action="store_true",
+        help="print each guarded call and each step's start and end as it happens",
+    )
     parser.add_argument("--timeout", type=float, default=None, help="override the step timeout (s)")
     parser.add_argument("--upstream-bridge", default=None, help="the real bridge to forward to")
     parser.add_argument(
@@ -314,13 +367,25 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one step once in test mode")
+    run.add_argument("workflow_dir")
+    run.add_argument("step_id")
     _run_arguments(run)
-    run.add_argument("--json", action="store_true", help="print the record as JSON")
     run.set_defaults(func=cmd_run)
 
+    chain = sub.add_parser("run-workflow", help="run a whole workflow's steps once in test mode")
+    chain.add_argument("workflow_dir")
+    chain.add_argument("--from", dest="from_step", default=None, help="start at this step")
+    chain.add_argument("--to", dest="to_step", default=None, help="stop after this step")
+    chain.add_argument(
+        "--keep-going", action="store_true", help="run the later steps after a step fails"
+    )
+    _run_arguments(chain)
+    chain.set_defaults(func=cmd_run_workflow)
+
     ver = sub.add_parser("verify", help="run one step once and check its expectations")
+    ver.add_argument("workflow_dir")
+    ver.add_argument("step_id")
     _run_arguments(ver)
-    ver.add_argument("--json", action="store_true", help="print the verification as JSON")
     ver.add_argument("--junit", default="", help="also write the verdict as JUnit XML here")
     ver.add_argument("--html", default="", help="also write the run's HTML report here")
     ver.set_defaults(func=cmd_verify)

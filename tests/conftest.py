@@ -53,7 +53,10 @@ def engine() -> Iterator[DockerClient]:
     # other processes on the same engine (a developer's, a parallel suite) are theirs.
     leftovers = [
         c.name
-        for c in client.containers.list(all=True, filters={"label": LABEL_MANAGED})
+        # Other suites' containers come and go on the shared engine while this lists.
+        for c in client.containers.list(
+            all=True, filters={"label": LABEL_MANAGED}, ignore_removed=True
+        )
         if c.labels.get(LABEL_RUNNER_PID) == str(os.getpid()) or orphaned(c.labels)
     ]
     assert not leftovers, f"containers left behind: {leftovers}"
@@ -67,7 +70,9 @@ def containers_of(client: DockerClient, workflow_dir: Path, *, all: bool = False
     prefix = str(workflow_dir.absolute() / "runs") + "/"
     return [
         c
-        for c in client.containers.list(all=all, filters={"label": LABEL_MANAGED})
+        for c in client.containers.list(
+            all=all, filters={"label": LABEL_MANAGED}, ignore_removed=True
+        )
         if c.labels.get(LABEL_RUN_ROOT, "").startswith(prefix)
     ]
 

@@ -39,11 +39,19 @@ class _Strict(BaseModel):
 
 
 class Step(_Strict):
-    """One workflow step: what runs, in which group folder, for how long."""
+    """One workflow step: what runs, in which group folder, for how long.
+
+    `needs` names the steps that must run before this one in a whole-workflow run
+    (none given anywhere: the `[[steps]]` order). `kind = "crew"` is a Crew step: it
+    acts in another project (`crew` names it), so test mode refuses it and never runs
+    it; it has no command."""
 
     id: Ident
     group: Ident
-    command: str | list[str]
+    kind: Literal["command", "crew"] = "command"
+    command: str | list[str] | None = None
+    crew: Ident | None = None
+    needs: list[Ident] = Field(default_factory=list)
     prompt_file: str | None = None
     timeout_s: float = Field(default=600.0, gt=0, le=24 * 3600)
     # What a verification checks (`sandbox verify`): tables here, or a TOML file of
@@ -52,9 +60,19 @@ class Step(_Strict):
     expect: list[dict[str, Any]] = Field(default_factory=list)
     expect_file: str | None = None
 
+    @model_validator(mode="after")
+    def _command_for_kind(self) -> Step:
+        if self.kind == "command" and self.command is None:
+            raise ValueError("command is missing (every step but a Crew step has one)")
+        if self.kind == "crew" and self.command is not None:
+            raise ValueError("a Crew step has no command (it calls its Crew project)")
+        return self
+
     @field_validator("command")
     @classmethod
-    def _command_not_empty(cls, value: str | list[str]) -> str | list[str]:
+    def _command_not_empty(cls, value: str | list[str] | None) -> str | list[str] | None:
+        if value is None:
+            return value
         if isinstance(value, str) and not value.strip():
             raise ValueError("command is empty")
         if isinstance(value, list) and (not value or not all(value)):
@@ -70,11 +88,15 @@ class Step(_Strict):
 
     def argv(self) -> list[str]:
         """The command as an argv list; a string runs through `/bin/sh -c`."""
+        if self.command is None:
+            raise ConfigError(f"step {self.id} is a Crew step: it has no command to run")
         if isinstance(self.command, list):
             return list(self.command)
         return ["/bin/sh", "-c", self.command]
 
     def display_command(self) -> str:
+        if self.command is None:
+            return f"crew {self.crew or '?'}"
         return self.command if isinstance(self.command, str) else shlex.join(self.command)
 
 
@@ -258,7 +280,33 @@ class Workflow(_Strict):
             dupes = sorted({n for n in names if names.count(n) > 1})
             if dupes:
                 raise ValueError(f"{label}: duplicate name(s) {', '.join(dupes)}")
+        self.order()  # an unknown name in `needs` or a cycle fails the load
         return self
+
+    def order(self) -> list[Step]:
+        """The steps in the order a whole-workflow run takes them.
+
+        Without any `needs` it is the `[[steps]]` order. With them, a step comes after
+        every step it needs, and otherwise keeps its place in the file (the earliest
+        declared ready step goes first), so the order is the same on every load.
+        Raises ValueError for a `needs` entry that names no step, or a cycle."""
+        ids = [s.id for s in self.steps]
+        for step in self.steps:
+            unknown = [n for n in step.needs if n not in ids]
+            if unknown:
+                raise ValueError(f"step {step.id}: needs unknown step(s) {', '.join(unknown)}")
+            if step.id in step.needs:
+                raise ValueError(f"step {step.id}: needs itself")
+        done: list[Step] = []
+        left = list(self.steps)
+        while left:
+            ready = next((s for s in left if all(n in {d.id for d in done} for n in s.needs)), None)
+            if ready is None:
+                cycle = ", ".join(s.id for s in left)
+                raise ValueError(f"steps' needs form a cycle among: {cycle}")
+            done.append(ready)
+            left.remove(ready)
+        return done
 
     def step(self, step_id: str) -> Step:
         for step in self.steps:

@@ -61,11 +61,23 @@ def new_run_id(now: datetime | None = None) -> str:
     return f"{TEST_RUN_PREFIX}{stamp}-{secrets.token_hex(3)}"
 
 
+STEPS_DIR = "steps"  # in a workflow run's root: one run root per step
+
+
+def new_step_run_id(workflow_run_id: str, index: int) -> str:
+    """A chain step's own run id: its workflow run's, and its place in the chain."""
+    return f"{workflow_run_id}-s{index}"
+
+
 @dataclass(frozen=True)
 class RunLayout:
+    """One test run's paths. `root_dir` places a chain step's run root inside its
+    workflow run (`runs/test-<id>/steps/<n>-<step>/`); unset, it is `runs/<run_id>/`."""
+
     workflow_dir: Path
     run_id: str
     group: str
+    root_dir: Path | None = None
 
     @property
     def runs_dir(self) -> Path:
@@ -73,7 +85,7 @@ class RunLayout:
 
     @property
     def root(self) -> Path:
-        return self.runs_dir / self.run_id
+        return self.root_dir if self.root_dir is not None else self.runs_dir / self.run_id
 
     @property
     def group_dir(self) -> Path:
@@ -166,6 +178,49 @@ class RunLayout:
     @property
     def container_workdir(self) -> str:
         return f"{C_TEST}/{self.group}"
+
+
+@dataclass(frozen=True)
+class WorkflowRunLayout:
+    """A whole-workflow test run: one `runs/test-<id>/` for the chain.
+
+    Its root holds the workflow record and the chain's action log (every step's
+    lines, in order, each naming its step); each step's own run (its record, its
+    guard's folder, its group folder and DB copy as the step left them) is a run
+    root under `steps/`. What a step leaves is what the next step of the same group
+    (and every later step, for the DB copy) starts from."""
+
+    workflow_dir: Path
+    run_id: str
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.workflow_dir / "runs"
+
+    @property
+    def root(self) -> Path:
+        return self.runs_dir / self.run_id
+
+    @property
+    def record(self) -> Path:
+        return self.root / RECORD_FILE
+
+    @property
+    def actions(self) -> Path:
+        return self.root / ACTIONS_FILE
+
+    @property
+    def steps_dir(self) -> Path:
+        return self.root / STEPS_DIR
+
+    def step(self, index: int, step_id: str, group: str) -> RunLayout:
+        """The run layout of the chain's `index`-th step (1-based)."""
+        return RunLayout(
+            self.workflow_dir,
+            new_step_run_id(self.run_id, index),
+            group,
+            root_dir=self.steps_dir / f"{index}-{step_id}",
+        )
 
 
 def make_private_dir(path: Path, mode: int = 0o755) -> None:

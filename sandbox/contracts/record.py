@@ -194,6 +194,8 @@ class TestRunRecord(BaseModel):
     schema_version: Literal[1] = SCHEMA_VERSION
     test_mode: Literal[True] = True
     id: str
+    # The whole-workflow test run this step ran in (its `runs/test-<id>/`), if any.
+    workflow_run_id: str | None = None
     workflow_dir: str
     workflow_name: str
     step_id: str

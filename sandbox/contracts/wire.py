@@ -91,9 +91,12 @@ class ActionLine(BaseModel):
     line before any of it leaves the guard (what was asked, the decision), and
     `outcome` its second line after (`outcome` ok or error, `duration_ms`, sizes
     in `detail`), both carrying the same `call_id`; `log_full` marks the point
-    where the log reached its cap (later calls are stubbed without a line)."""
+    where the log reached its cap (later calls are stubbed without a line). `step`
+    names the workflow step whose guard wrote the line, so the lines of a chain's
+    steps read apart wherever they are joined."""
 
     time: datetime
+    step: str = ""
     session: str
     tool: str
     decision: Literal["allow", "stub", "redirect", "refuse"]

@@ -226,7 +226,10 @@ class ActionLog:
     """The run's action log. Every method that writes a line is a coroutine that
     returns once the line is on disk (see the module's docstring)."""
 
-    def __init__(self, path: str, *, secrets: tuple[str, ...], fsync_each: bool = True) -> None:
+    def __init__(
+        self, path: str, *, secrets: tuple[str, ...], fsync_each: bool = True, step: str = ""
+    ) -> None:
+        self._step = step
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW)
         self._secrets = secrets
         self._bytes = os.fstat(self._fd).st_size
@@ -367,7 +370,7 @@ class ActionLog:
         fields["reason"] = redact(str(fields["reason"]), self._secrets)
         if fields["duration_ms"] is not None:
             fields["duration_ms"] = round(fields["duration_ms"], 3)
-        line = ActionLine(time=datetime.now(UTC), **fields)
+        line = ActionLine(time=datetime.now(UTC), step=self._step, **fields)
         data = (line.model_dump_json() + "\n").encode()
         if len(data) > MAX_LINE_BYTES:
             line = line.model_copy(
@@ -393,6 +396,7 @@ class ActionLog:
     def _marker(self, reason: str, detail: dict[str, Any] | None = None) -> bytes:
         line = ActionLine(
             time=datetime.now(UTC),
+            step=self._step,
             event="log_full",
             session="guard",
             tool=LOG_TOOL,

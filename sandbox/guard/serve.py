@@ -69,6 +69,7 @@ def serve(
         config.actions_path,
         secrets=(config.bridge_token, config.exec_token),
         fsync_each=config.fsync_each,
+        step=config.step,
     )
     guard = Guard(config, log)
     app = build_app(

@@ -33,11 +33,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from sandbox.backends import Backend, BackendFactory, ExitWatcher, RunContainer, UsageWatcher
 from sandbox.collect import actionsummary, dbdiff
+from sandbox.collect.follow import ActionFollower
 from sandbox.contracts import names
 from sandbox.contracts.config import (
     McpServer,
@@ -48,6 +50,7 @@ from sandbox.contracts.config import (
     resolve_crew_folder,
 )
 from sandbox.contracts.errors import ConfigError, LaunchError, PrepareError, SandboxError
+from sandbox.contracts.events import REASON_CHARS, EventCallback, EventKind, RunEvent
 from sandbox.contracts.hostconfig import load_host_config
 from sandbox.contracts.ids import NO_REMAP, IdMap
 from sandbox.contracts.layout import (
@@ -66,6 +69,7 @@ from sandbox.contracts.record import (
     write_record,
 )
 from sandbox.contracts.reports import DbDiff
+from sandbox.contracts.wire import ActionLine
 from sandbox.guard.config import CONFIG_FILE_NAME, GuardConfig
 from sandbox.guard.tls import RunCA
 from sandbox.hostfs import fdtree
@@ -100,6 +104,9 @@ class RunOptions:
     install_firewall: bool = True
     # fdatasync each action-log line before the reply (benchmarks measure the cost).
     fsync_action_log: bool = True
+    # Live progress (`--follow`): the step's start and end, and each guarded call as
+    # the guard logs it. Called on the runner's threads; what it raises is ignored.
+    on_event: EventCallback | None = None
     # "runsc": the step under gVisor (`--step-runtime`); see `step_runtime_for`.
     step_runtime: StepRuntime | None = None
 
@@ -135,6 +142,23 @@ class StepInputs:
 
 
 @dataclass(frozen=True)
+class Seed:
+    """What the step's disk starts with: the tree its group folder is a copy of (None:
+    it starts empty) and the SQLite DB its DB copy is made from (None: no DB access).
+
+    A single run seeds from the newest real run and the workflow DB; a chain step
+    from what the chain's earlier steps left (see `sandbox.run.workflowrun`)."""
+
+    group: Path | None
+    db: Path | None
+
+    @classmethod
+    def from_workflow(cls, workflow_dir: Path, group: str) -> Seed:
+        """The newest real run's execution tree and the real DB (look up under the lock)."""
+        return cls(group=newest_real_run(workflow_dir, group), db=find_workflow_db(workflow_dir))
+
+
+@dataclass(frozen=True)
 class Prepared:
     """The run folder ready for containers: the step's disk mounted and filled."""
 
@@ -159,6 +183,7 @@ class Guarded:
     timeout_s: float
     exit_watch: ExitWatcher  # the guard's: cancelled before the runner stops the guard
     usage: UsageWatcher  # the step's: finished once the step is dead
+    follower: ActionFollower | None  # the action log's, with `on_event`: drained at collect
 
 
 @dataclass(frozen=True)
@@ -215,7 +240,7 @@ def _egress_ca(run_id: str) -> EgressCA:
     return EgressCA(cert_pem=ca.cert_pem().decode("ascii"), key_pem=ca.key_pem().decode("ascii"))
 
 
-def _runner_info() -> RunnerInfo:
+def runner_info() -> RunnerInfo:
     me = psutil.Process()
     return RunnerInfo(pid=me.pid, create_time=me.create_time(), hostname=socket.gethostname())
 
@@ -227,13 +252,13 @@ def _chown_tree(root: Path, uid: int, gid: int) -> None:
     fdtree.chown_tree(root, uid, gid)
 
 
-def _internal_reason(phase: str, exc: BaseException) -> str:
+def internal_reason(phase: str, exc: BaseException) -> str:
     """One line for a record whose run ended on an error nobody planned for."""
     text = str(exc).splitlines()[0][:300] if str(exc) else ""
     return f"internal error during {phase}: {type(exc).__name__}" + (f": {text}" if text else "")
 
 
-def _host_backend() -> Backend:
+def host_backend() -> Backend:
     """The default backend: the one the host's config names (Docker without one)."""
     from sandbox.backends.choose import connect_backend
 
@@ -270,19 +295,19 @@ class TestRun:
         self.workflow_dir = Path(workflow_dir).absolute()
         self.step_id = step_id
         self.options = options or RunOptions()
-        self._connect: BackendFactory = backend or _host_backend
+        self._connect: BackendFactory = backend or host_backend
 
     # -- the whole flow ------------------------------------------------------
 
     def execute(self) -> TestRunRecord:
         """Run it. Raises SandboxError only before a run folder exists."""
-        inputs = self._read_inputs()
+        inputs = self.read_inputs()
         # One backend per run, closed with it: its connections and threads must not
         # outlive the run (a caller running many runs in one process would pile them up).
         with contextlib.closing(self._connect()) as backend:
             return self._execute(backend, inputs)
 
-    def _read_inputs(self) -> StepInputs:
+    def read_inputs(self) -> StepInputs:
         """Everything read from the workflow folder; a missing credential fails here,
         before any folder exists."""
         workflow = load_workflow(self.workflow_dir)
@@ -298,17 +323,41 @@ class TestRun:
         )
 
     def _execute(self, backend: Backend, inputs: StepInputs) -> TestRunRecord:
+        layout = RunLayout(self.workflow_dir, new_run_id(), inputs.step.group)
+        record = self.new_record(backend, inputs, layout)
+        try:
+            lock = workflow_run_lock(
+                self.workflow_dir, exclusive=True, owner=f"sandbox test run {layout.run_id}"
+            )
+        except LockHeldError as exc:
+            self._make_run_root(layout)
+            self._emit("step_start", record)
+            return self._finish(layout, record, RunStatus.REFUSED, str(exc))
+
+        with lock:
+            # Looked up once, under the lock: the plan (DB_PATH, mounts) and the copy agree.
+            seed = Seed.from_workflow(self.workflow_dir, inputs.step.group)
+            self._make_run_root(layout)
+            return self.run_held(backend, inputs, layout, record, seed)
+
+    def new_record(
+        self,
+        backend: Backend,
+        inputs: StepInputs,
+        layout: RunLayout,
+        *,
+        workflow_run_id: str | None = None,
+    ) -> TestRunRecord:
+        """The run's first record (`running`); the images it needs must exist."""
         workflow, step = inputs.workflow, inputs.step
         step_runtime = step_runtime_for(workflow, self.options.step_runtime)
         backend.require_step_runtime(step_runtime)
         used_images = {"step": backend.require_image(names.STEP_IMAGE)}
         if launch.stdio_servers(workflow):
             used_images["mcp"] = backend.require_image(names.MCP_IMAGE)
-
-        layout = RunLayout(self.workflow_dir, new_run_id(), step.group)
-        runner = _runner_info()
-        record = TestRunRecord(
+        return TestRunRecord(
             id=layout.run_id,
+            workflow_run_id=workflow_run_id,
             workflow_dir=str(self.workflow_dir),
             workflow_name=workflow.name,
             step_id=step.id,
@@ -316,39 +365,44 @@ class TestRun:
             command=step.display_command(),
             status=RunStatus.RUNNING,
             started_at=datetime.now(UTC),
-            runner=runner,
+            runner=runner_info(),
             images=used_images,
             content=content_hash(self.workflow_dir, workflow, step, inputs.prompt, used_images),
             backend=backend.kind,
         )
-        try:
-            lock = workflow_run_lock(
-                self.workflow_dir, exclusive=True, owner=f"sandbox test run {layout.run_id}"
-            )
-        except LockHeldError as exc:
-            self._make_run_root(layout)
-            return self._finish(layout, record, RunStatus.REFUSED, str(exc))
 
-        with lock:
-            # Looked up once, under the lock: the plan (DB_PATH, mounts) and the copy agree.
-            real_db = find_workflow_db(self.workflow_dir)
-            self._make_run_root(layout)
-            write_record(layout.root, record)
-            ids = backend.id_map()
-            record.walls = Walls(
-                step_runtime=step_runtime,
-                userns_remap=ids.remapped,
-                host_uid_base=ids.uid_base if ids.remapped else None,
-            )
-            plan = self._plan(
-                inputs,
-                layout,
-                runner,
-                has_db=real_db is not None,
-                ids=ids,
-                step_runtime=step_runtime,
-            )
-            return self._run_phases(backend, plan, real_db, inputs.prompt, record)
+    def run_held(
+        self,
+        backend: Backend,
+        inputs: StepInputs,
+        layout: RunLayout,
+        record: TestRunRecord,
+        seed: Seed,
+    ) -> TestRunRecord:
+        """The five phases, in a run root that exists, under the workflow's exclusive
+        lock that the caller holds (a single run, or a whole-workflow run for each of
+        its steps). A Crew step is refused here: it never runs in test mode."""
+        write_record(layout.root, record)
+        self._emit("step_start", record)
+        if inputs.step.kind == "crew":
+            return self._finish(layout, record, RunStatus.REFUSED, _crew_reason(inputs.step))
+        assert record.runner is not None
+        step_runtime = step_runtime_for(inputs.workflow, self.options.step_runtime)
+        ids = backend.id_map()
+        record.walls = Walls(
+            step_runtime=step_runtime,
+            userns_remap=ids.remapped,
+            host_uid_base=ids.uid_base if ids.remapped else None,
+        )
+        plan = self._plan(
+            inputs,
+            layout,
+            record.runner,
+            has_db=seed.db is not None,
+            ids=ids,
+            step_runtime=step_runtime,
+        )
+        return self._run_phases(backend, plan, seed, inputs.prompt, record)
 
     def _plan(
         self,
@@ -392,7 +446,7 @@ class TestRun:
         self,
         backend: Backend,
         plan: RunPlan,
-        real_db: Path | None,
+        seed: Seed,
         prompt: str | None,
         record: TestRunRecord,
     ) -> TestRunRecord:
@@ -415,7 +469,7 @@ class TestRun:
             )
             try:
                 with _phase(progress, record, "prepare", "prepare_s"):
-                    prepared = self._prepare(plan, files, real_db, prompt, record)
+                    prepared = self._prepare(plan, files, seed, prompt, record)
                 with _phase(progress, record, "launch", "container_start_s"):
                     launched = self._launch(backend, prepared, mcp_pool, progress)
                 with _phase(progress, record, "the step", "step_s"):
@@ -437,7 +491,7 @@ class TestRun:
                 # Whatever went wrong, the record ends with the phase and the error.
                 progress.discard = not progress.step_started
                 return self._finish(
-                    layout, record, RunStatus.ERROR, _internal_reason(progress.phase, exc)
+                    layout, record, RunStatus.ERROR, internal_reason(progress.phase, exc)
                 )
 
     # -- prepare ---------------------------------------------------------------
@@ -477,7 +531,7 @@ class TestRun:
         self,
         plan: RunPlan,
         files: stepfs.StepFs,
-        real_db: Path | None,
+        seed: Seed,
         prompt: str | None,
         record: TestRunRecord,
     ) -> Prepared:
@@ -497,7 +551,7 @@ class TestRun:
         self._prepare_mcp(workflow, layout, ids)
         disk = files.open()
         t0 = time.monotonic()
-        source = newest_real_run(self.workflow_dir, layout.group)
+        source = seed.group
         if source is None:
             record.no_earlier_run = True
         else:
@@ -508,14 +562,14 @@ class TestRun:
         record.phases.copy_s = time.monotonic() - t0
 
         t0 = time.monotonic()
-        if real_db is None:
+        if seed.db is None:
             record.no_db = True
         else:
             # The pristine copy (for the diff) is made first, off the step's disk; the
             # step's copy is a copy of it, on the disk.
             make_private_dir(layout.baseline_db.parent, 0o700)
             try:
-                record.db_copy = copy_db(real_db, layout.baseline_db)
+                record.db_copy = copy_db(seed.db, layout.baseline_db)
                 _copy_file(layout.baseline_db, disk.db_dir / layout.db_path.name)
             except DbCopyError as exc:
                 raise PrepareError(f"workflow DB cannot be copied: {exc}") from None
@@ -650,12 +704,22 @@ class TestRun:
         prepared.files.watch(on_full=lambda _usage: step.kill())
         usage = step.watch_usage()
         cleanup.callback(usage.finish)
+        follower = None
+        if self.options.on_event is not None:
+            follower = ActionFollower(prepared.plan.layout.actions, self._on_action(record))
+            cleanup.callback(follower.start().stop)
         timeout_s = self.options.timeout_s or prepared.plan.step.timeout_s
         exit_code = step.wait(timeout_s)
         if exit_code is None:
             step.kill()
         record.exit_code = exit_code
-        return Guarded(exit_code=exit_code, timeout_s=timeout_s, exit_watch=exit_watch, usage=usage)
+        return Guarded(
+            exit_code=exit_code,
+            timeout_s=timeout_s,
+            exit_watch=exit_watch,
+            usage=usage,
+            follower=follower,
+        )
 
     # -- collect ---------------------------------------------------------------
 
@@ -674,6 +738,8 @@ class TestRun:
         guard_state = launched.guard.state()
         step_state = launched.step.state()
         launched.guard.stop()
+        if guarded.follower is not None:
+            guarded.follower.stop()  # the guard is gone: every line it wrote is read
         record.guard_log = launched.guard.output_tails()[1]
         record.stdout, record.stderr = launched.step.output_tails()
         record.preflight = verdict.preflight_from(record.stderr.text, plan.install_firewall)
@@ -791,7 +857,35 @@ class TestRun:
         record.finished_at = datetime.now(UTC)
         record.duration_s = (record.finished_at - record.started_at).total_seconds()
         write_record(layout.root, record)
+        self._emit("step_end", record, status=status.value, duration_s=record.duration_s)
         return record
+
+    # -- live progress -------------------------------------------------------------
+
+    def _emit(self, kind: EventKind, record: TestRunRecord, **fields: Any) -> None:
+        """One event to `on_event`, if given; whatever it raises stays out of the run."""
+        callback = self.options.on_event
+        if callback is None:
+            return
+        event = RunEvent(
+            kind=kind, time=datetime.now(UTC), run_id=record.id, step_id=record.step_id, **fields
+        )
+        with contextlib.suppress(Exception):
+            callback(event)
+
+    def _on_action(self, record: TestRunRecord) -> Callable[[ActionLine], None]:
+        def on_line(line: ActionLine) -> None:
+            if line.event == "outcome":
+                return  # a forwarded call counts once, at its start line
+            self._emit(
+                "action",
+                record,
+                decision=line.decision,
+                tool=line.tool,
+                reason=line.reason[:REASON_CHARS],
+            )
+
+        return on_line
 
     # -- clean-up ----------------------------------------------------------------
 
@@ -827,7 +921,7 @@ class TestRun:
                     write_record(layout.root, record)
             files.close()
         except Exception as exc:
-            record.reason += ("; " if record.reason else "") + _internal_reason("clean-up", exc)
+            record.reason += ("; " if record.reason else "") + internal_reason("clean-up", exc)
             write_record(layout.root, record)
 
     def _discard_unstarted(
@@ -863,14 +957,28 @@ def _phase(progress: _Progress, record: TestRunRecord, name: str, timing: str) -
     setattr(record.phases, timing, time.monotonic() - t0)
 
 
+def _crew_reason(step: Step) -> str:
+    return (
+        f"step {step.id} is a Crew step (crew {step.crew or '?'}): a Crew call acts in "
+        "another project, so test mode refuses it; it did not run"
+    )
+
+
 def _quietly(action: Callable[[], None]) -> None:
     """A clean-up step whose failure must not stop the ones after it."""
     with contextlib.suppress(Exception):
         action()
 
 
-def execute_step(workflow_dir: Path | str, step_id: str, test_mode: bool = True) -> TestRunRecord:
-    """The public entry point the Builder and Pulse call."""
+def execute_step(
+    workflow_dir: Path | str,
+    step_id: str,
+    test_mode: bool = True,
+    *,
+    on_event: EventCallback | None = None,
+) -> TestRunRecord:
+    """The public entry point the Builder and Pulse call; `on_event` gets the step's
+    start, each guarded call as the guard logs it, and its end, while it runs."""
     if not test_mode:
         raise ConfigError("sandbox only runs steps in test mode (test_mode=True)")
-    return TestRun(Path(workflow_dir), step_id).execute()
+    return TestRun(Path(workflow_dir), step_id, RunOptions(on_event=on_event)).execute()

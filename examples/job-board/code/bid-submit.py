@@ -73,6 +73,7 @@ def main() -> None:
         f"# Proposal for job {job_id}: {title}\n\n{draft}\n\n"
         f"- submission: {how}; {CONNECTS} Connects\n"
         f"- confirm click: {'stubbed (test mode)' if stubbed(clicked) else 'done'}\n"
+        f"- claim: {'claim.json of bid-pick-job' if notes else 'none in this run folder'}\n"
     )
     print(f"proposal for job {job_id} {how}; row {proposal_id} marked submitted -> proposal.md")
 

@@ -1,7 +1,9 @@
 """Step outreach: message each client on Slack, then tell the owner.
 
 Why it is in the example: every call here is messaging, which test mode
-stubs and records; none of it may reach the job board's message log.
+stubs and records; none of it may reach the job board's message log. The owner's
+note names the newest submitted proposal from the DB: in a whole-workflow test
+run, the one bid-submit marked in the chain's DB copy.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from jobboard_steps import call, run, stubbed
+from jobboard_steps import call, rows, run, stubbed
 
 
 def main() -> None:
@@ -30,7 +32,20 @@ def main() -> None:
         )
         lines.append(f"- {name} ({handle}): {'stubbed (test mode)' if stubbed(reply) else 'sent'}")
     names = ", ".join(str(c["name"]) for c in contacts)
-    reply = call("notify_user", {"text": f"Outreach: messaged {len(contacts)} client(s): {names}"})
+    latest = rows(
+        call(
+            "query_workflow_db",
+            {
+                "sql": "SELECT id, job_id FROM proposals WHERE status = 'submitted' "
+                "ORDER BY id DESC LIMIT 1"
+            },
+        )
+    )
+    about = f"; latest proposal {latest[0][0]} (job {latest[0][1]})" if latest else ""
+    print(f"latest submitted proposal: {latest[0][0] if latest else 'none'}")
+    reply = call(
+        "notify_user", {"text": f"Outreach: messaged {len(contacts)} client(s): {names}{about}"}
+    )
     lines += ["", f"owner notified: {'stubbed (test mode)' if stubbed(reply) else 'yes'}"]
     Path("outreach.md").write_text("\n".join(lines) + "\n")
     print(f"messaged {len(contacts)} client(s) -> outreach.md")

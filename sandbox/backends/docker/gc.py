@@ -5,7 +5,9 @@ labels or record (pid and start time, so a reused pid does not count) is alive.
 Anything else labelled `sandbox.managed` is removed; a dead run's mounts (its disk,
 whose loop device goes with it, and its workflow view) are unmounted and its disk
 image deleted, wherever its run root is (they are found in the mount table); and
-its record, if it still says `running`, is rewritten as `killed`. With
+its record, if it still says `running`, is rewritten as `killed`. A whole-workflow
+run is one run root with a run root per step under `steps/`: each step's is handled
+as any run's, and the workflow record is marked `killed` with the step it was in. With
 `remove_runs`, the folders of finished test runs of the named workflows are deleted
 too, whatever the step left in them (fd-based, any depth, any names or modes).
 """
@@ -21,14 +23,26 @@ import psutil
 from docker import DockerClient
 from pydantic import BaseModel
 
-from sandbox.contracts.layout import DISK_MOUNT, TEST_RUN_PREFIX, VIEW_LAYER, WORKFLOW_VIEW
+from sandbox.contracts.layout import (
+    DISK_MOUNT,
+    STEPS_DIR,
+    TEST_RUN_PREFIX,
+    VIEW_LAYER,
+    WORKFLOW_VIEW,
+)
 from sandbox.contracts.names import (
     LABEL_MANAGED,
     LABEL_RUN_ROOT,
     LABEL_RUNNER_PID,
     LABEL_RUNNER_START,
 )
-from sandbox.contracts.record import RECORD_FILE, RunStatus, read_record, utcnow, write_record
+from sandbox.contracts.record import RECORD_FILE, RunStatus, utcnow, write_record
+from sandbox.contracts.workflow_record import (
+    StepState,
+    WorkflowRunRecord,
+    read_any_record,
+    write_workflow_record,
+)
 from sandbox.hostfs import fdtree, hostmount
 from sandbox.stepfs import disk
 
@@ -48,7 +62,7 @@ class GcReport(BaseModel):
 def runner_of_run_alive(run_root: Path) -> bool:
     """True while the runner named in the run's record is alive (an unreadable record: no)."""
     try:
-        record = read_record(run_root)
+        record = read_any_record(run_root)
     except (OSError, ValueError):
         return False
     return record.runner is not None and runner_alive(record.runner.pid, record.runner.create_time)
@@ -57,24 +71,36 @@ def runner_of_run_alive(run_root: Path) -> bool:
 def run_ended(run_root: Path) -> bool:
     """True when the run's record has a final status, or says `running` for a dead runner."""
     try:
-        record = read_record(run_root)
+        record = read_any_record(run_root)
     except (OSError, ValueError):
         return not runner_of_run_alive(run_root)
     return record.status is not RunStatus.RUNNING or not runner_of_run_alive(run_root)
 
 
 def roots_with_mounts() -> set[Path]:
-    """Run roots (`.../runs/test-<id>`) that have a disk or view mounted below them."""
+    """Run roots (`.../runs/test-<id>`, or a chain step's `.../runs/test-<id>/steps/<n>-<step>`)
+    that have a disk or view mounted below them."""
     roots = set()
     for point in hostmount.mount_points():
         path = Path(point)
-        if (
-            path.name in (DISK_MOUNT, WORKFLOW_VIEW, VIEW_LAYER)
-            and path.parent.name.startswith(TEST_RUN_PREFIX)
-            and path.parent.parent.name == "runs"
+        if path.name not in (DISK_MOUNT, WORKFLOW_VIEW, VIEW_LAYER):
+            continue
+        root = path.parent
+        if (root.name.startswith(TEST_RUN_PREFIX) and root.parent.name == "runs") or (
+            root.parent.name == STEPS_DIR
+            and root.parent.parent.name.startswith(TEST_RUN_PREFIX)
+            and root.parent.parent.parent.name == "runs"
         ):
-            roots.add(path.parent)
+            roots.add(root)
     return roots
+
+
+def step_roots(run_root: Path) -> list[Path]:
+    """A whole-workflow run's step run roots (none for a single run); links ignored."""
+    steps = run_root / STEPS_DIR
+    if steps.is_symlink() or not steps.is_dir():
+        return []
+    return sorted(p for p in steps.iterdir() if p.is_dir() and not p.is_symlink())
 
 
 def runner_alive(pid: int, create_time: float) -> bool:
@@ -98,7 +124,7 @@ def mark_killed(run_root: Path) -> bool:
     if run_root.is_symlink() or not (run_root / RECORD_FILE).is_file():
         return False
     try:
-        record = read_record(run_root)
+        record = read_any_record(run_root)
     except (OSError, ValueError):
         return False
     if record.status is not RunStatus.RUNNING:
@@ -109,8 +135,26 @@ def mark_killed(run_root: Path) -> bool:
     record.reason = "the runner died before the run finished; cleaned up by `sandbox gc`"
     record.finished_at = utcnow()
     record.duration_s = (record.finished_at - record.started_at).total_seconds()
-    write_record(run_root, record)
+    if isinstance(record, WorkflowRunRecord):
+        _mark_chain_killed(record)
+        write_workflow_record(run_root, record)
+    else:
+        write_record(run_root, record)
     return True
+
+
+def _mark_chain_killed(record: WorkflowRunRecord) -> None:
+    """The step the chain was in is killed with it; the steps after it never ran."""
+    if record.current_step is not None:
+        record.reason = (
+            f"the runner died in step {record.current_step} before the workflow run finished;"
+            " cleaned up by `sandbox gc`"
+        )
+    for entry in record.steps:
+        if entry.status is StepState.RUNNING:
+            entry.status, entry.reason = StepState.KILLED, "the runner died during this step"
+        elif entry.status is StepState.PENDING:
+            entry.status, entry.reason = StepState.SKIPPED, "the runner died before this step"
 
 
 def collect(
@@ -152,6 +196,9 @@ def collect_host(
         if runs.is_dir() and not runs.is_symlink():
             roots.update(p for p in runs.glob("test-*") if p.is_dir() and not p.is_symlink())
     roots |= roots_with_mounts()
+    # A chain step's root brings its workflow run's, and a workflow run's its steps'.
+    roots |= {root.parent.parent for root in roots if root.parent.name == STEPS_DIR}
+    roots |= {step for root in list(roots) for step in step_roots(root)}
     for root in sorted(roots):
         if runner_of_run_alive(root):
             continue

@@ -1,0 +1,188 @@
+"""The record of a whole-workflow test run (`runs/test-<id>/test_mode.json`, `kind: workflow`).
+
+A chain of steps runs as one test run; each step is a test run of its own under
+`steps/` with its own `TestRunRecord`, and this record sums them up: per step its
+status, phases, stubbed actions, DB diff and file changes, the chain's totals, and
+the stubbed actions of the whole chain first. It exists from the moment the run
+folder does and says `running` (and which step runs, `current_step`) until the end,
+so a runner killed mid-chain leaves a record that names the step it was in;
+`sandbox gc` turns it into `killed`. It changes only with a new `schema_version` and
+a regenerated JSON Schema (`sandbox/contracts/test_mode_workflow.schema.json`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime
+from enum import StrEnum
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sandbox.contracts.record import (
+    RECORD_FILE,
+    SCHEMA_VERSION,
+    ActionCounts,
+    FileChanges,
+    Phases,
+    RunnerInfo,
+    RunStatus,
+    StubbedAction,
+    TestRunRecord,
+    write_json_atomic,
+)
+from sandbox.contracts.reports import DbDiff
+
+WORKFLOW_SCHEMA_PATH = Path(__file__).parent / "test_mode_workflow.schema.json"
+
+
+class StepState(StrEnum):
+    """A chain step's state: a run status once it ran, else pending or skipped."""
+
+    PENDING = "pending"
+    SKIPPED = "skipped"
+    RUNNING = "running"
+    PASSED = "passed"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    REFUSED = "refused"
+    ERROR = "error"
+    KILLED = "killed"
+    QUOTA = "quota"
+
+
+class ChainStubbedAction(StubbedAction):
+    """One line of the chain's opening summary: what would have run, and in which step."""
+
+    step_id: str
+
+
+class ChainStep(BaseModel):
+    """One step of the chain, as its own record says (`record`, relative to the run root)."""
+
+    index: int
+    step_id: str
+    group: str
+    status: StepState = StepState.PENDING
+    reason: str = ""
+    run_id: str | None = None
+    record: str | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    duration_s: float | None = None
+    exit_code: int | None = None
+    phases: Phases = Field(default_factory=Phases)
+    stubbed: list[StubbedAction] = Field(default_factory=list)
+    actions: ActionCounts = Field(default_factory=ActionCounts)
+    db_diff: DbDiff | None = None
+    files: FileChanges = Field(default_factory=FileChanges)
+
+
+class ChainTotals(BaseModel):
+    """The chain summed up: steps by state, guarded calls by decision."""
+
+    steps: int = 0
+    passed: int = 0
+    failed: int = 0
+    skipped: int = 0
+    allow: int = 0
+    stub: int = 0
+    redirect: int = 0
+    refuse: int = 0
+    files_created: int = 0
+    files_changed: int = 0
+    files_deleted: int = 0
+    duration_s: float | None = None
+
+
+class WorkflowRunRecord(BaseModel):
+    """`runs/test-<id>/test_mode.json` of a whole-workflow test run."""
+
+    model_config = ConfigDict(title="WorkflowRunRecord")
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    kind: Literal["workflow"] = "workflow"
+    test_mode: Literal[True] = True
+    id: str
+    workflow_dir: str
+    workflow_name: str
+    status: RunStatus
+    reason: str = ""
+    # Every stubbed action of the chain, in the order the steps ran.
+    stubbed: list[ChainStubbedAction] = Field(default_factory=list)
+    current_step: str | None = None  # the step running now (kept when the runner died in it)
+    order: list[str] = Field(default_factory=list)  # the workflow's whole order
+    from_step: str | None = None
+    to_step: str | None = None
+    keep_going: bool = False
+    started_at: datetime
+    finished_at: datetime | None = None
+    duration_s: float | None = None
+    totals: ChainTotals = Field(default_factory=ChainTotals)
+    # The real DB against the DB copy as the chain left it (None: no DB, or no step ran).
+    db_diff: DbDiff | None = None
+    # Where each group folder and the DB copy ended (relative to the run root).
+    groups: dict[str, str] = Field(default_factory=dict)
+    db: str | None = None
+    steps: list[ChainStep] = Field(default_factory=list)
+    actions_log: str = "test_mode_actions.jsonl"
+    runner: RunnerInfo | None = None
+
+    def step_entry(self, step_id: str) -> ChainStep:
+        return next(s for s in self.steps if s.step_id == step_id)
+
+    def summary_lines(self) -> list[str]:
+        """Every stubbed action of the chain first, then each step's verdict."""
+        lines = [f"workflow test run {self.id}: {self.workflow_name} {self.status.value}"]
+        if self.stubbed:
+            lines.append(f"{len(self.stubbed)} action(s) were stubbed (would have run):")
+            lines.extend(
+                f"  - [{a.step_id}] {a.tool}: {a.reason}" + (f" [{a.detail}]" if a.detail else "")
+                for a in self.stubbed
+            )
+        else:
+            lines.append("no action was stubbed")
+        for entry in self.steps:
+            took = f" ({entry.duration_s:.1f} s)" if entry.duration_s is not None else ""
+            lines.append(
+                f"step {entry.index} {entry.step_id}: {entry.status.value}{took}"
+                + (f": {entry.reason}" if entry.reason else "")
+            )
+        t = self.totals
+        lines.append(
+            f"steps: {t.passed} passed, {t.failed} failed, {t.skipped} skipped of {t.steps}; "
+            f"guarded calls: {t.allow} allowed, {t.redirect} redirected, {t.stub} stubbed, "
+            f"{t.refuse} refused"
+        )
+        if self.db_diff is not None:
+            lines.extend(f"db: {line}" for line in self.db_diff.summary_lines())
+        if self.reason:
+            lines.append(f"reason: {self.reason}")
+        return lines
+
+
+AnyRecord = TestRunRecord | WorkflowRunRecord
+
+
+def write_workflow_record(run_root: Path, record: WorkflowRunRecord) -> Path:
+    path = run_root / RECORD_FILE
+    write_json_atomic(path, record.model_dump_json(indent=2) + "\n")
+    return path
+
+
+def read_any_record(run_root: Path) -> AnyRecord:
+    """A test run's record, of one step or of a whole workflow (never through a link)."""
+    fd = os.open(run_root / RECORD_FILE, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, encoding="utf-8") as handle:
+        text = handle.read()
+    data = json.loads(text)
+    if isinstance(data, dict) and data.get("kind") == "workflow":
+        return WorkflowRunRecord.model_validate(data)
+    return TestRunRecord.model_validate(data)
+
+
+def workflow_record_json_schema() -> str:
+    """The published schema text; a test pins the committed file to it."""
+    return json.dumps(WorkflowRunRecord.model_json_schema(), indent=2, sort_keys=True) + "\n"
