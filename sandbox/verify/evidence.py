@@ -41,7 +41,7 @@ class Call:
     def host(self) -> str:
         return str(self.line.detail.get("host", ""))
 
-    def cite(self, limit: int = 240) -> str:
+    def cite(self, limit: int = 400) -> str:
         """The action-log line that decided, as a reader can find it in the file."""
         text = self.raw if len(self.raw) <= limit else self.raw[: limit - 3] + "..."
         return f"action log line {self.lineno}: {text}"
