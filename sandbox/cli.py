@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from sandbox.contracts.errors import ConfigError, SandboxError
 from sandbox.contracts.layout import TEST_RUN_PREFIX
-from sandbox.contracts.record import RunStatus
+from sandbox.contracts.record import RECORD_FILE, RunStatus
 from sandbox.contracts.workflow_record import AnyRecord, WorkflowRunRecord, read_any_record
 from sandbox.progress import FollowPrinter
 from sandbox.termsafe import clean
@@ -185,7 +185,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     from sandbox.verify.html import write_report
 
     run_dir = Path(args.run_dir)
-    if not (run_dir / "test_mode.json").is_file():
+    if not (run_dir / RECORD_FILE).is_file():
         raise ConfigError(f"no test_mode.json in {run_dir}")
     out = Path(args.html) if args.html else run_dir / "report.html"
     write_report(run_dir, out)

@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.contracts.record import (
+    ACTIONS_FILE,
     RECORD_FILE,
     SCHEMA_VERSION,
     ActionCounts,
@@ -127,7 +128,7 @@ class WorkflowRunRecord(BaseModel):
     groups: dict[str, str] = Field(default_factory=dict)
     db: str | None = None
     steps: list[ChainStep] = Field(default_factory=list)
-    actions_log: str = "test_mode_actions.jsonl"
+    actions_log: str = ACTIONS_FILE
     runner: RunnerInfo | None = None
 
     def step_entry(self, step_id: str) -> ChainStep:

@@ -230,7 +230,7 @@ class WorkflowRun:
                 backend, step_inputs, step_layout, workflow_run_id=layout.run_id
             )
             entry.status, entry.run_id = StepState.RUNNING, step_record.id
-            entry.record = str(step_layout.root.relative_to(layout.root) / "test_mode.json")
+            entry.record = str(step_layout.record.relative_to(layout.root))
             entry.started_at = step_record.started_at
             record.current_step = step.id
             write_workflow_record(layout.root, record)
