@@ -120,6 +120,8 @@ def fmt_value(value: float | None, unit: str) -> str:
         return f"{value:,.0f} calls/s"
     if unit == "MB":
         return f"{value:.1f} MB"
+    if unit == "x":  # a factor (a spread: max/min)
+        return f"{value:.2f}x"
     return f"{value:g} {unit}".strip()
 
 
@@ -237,7 +239,10 @@ class PhaseBreakdown(BaseModel):
 class StartupDetail(BaseModel):
     n: int
     bare_s: list[float] = Field(default_factory=list)
-    noop_s: list[float] = Field(default_factory=list)
+    # The run's two containers without sandbox (bench.startup.pod_shape).
+    pod_shape_s: list[float] = Field(default_factory=list)
+    noop_s: list[float] = Field(default_factory=list)  # execute_step in the bench's process
+    cli_s: list[float] = Field(default_factory=list)  # `sandbox run` as a new process
     noop_median: PhaseBreakdown | None = None
     with_db_s: list[float] = Field(default_factory=list)
     with_db_median: PhaseBreakdown | None = None
@@ -255,6 +260,9 @@ class CopyDetail(BaseModel):
     place: str
     ours_s: list[float] = Field(default_factory=list)
     cp_s: list[float] = Field(default_factory=list)
+    # user + system seconds of each sample (ours: the copying thread's; cp: the child's)
+    ours_cpu_s: list[float] = Field(default_factory=list)
+    cp_cpu_s: list[float] = Field(default_factory=list)
 
 
 class DbDetail(BaseModel):
