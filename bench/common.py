@@ -71,7 +71,7 @@ class Sizes(BaseModel):
 QUICK = Sizes(
     startup_n=5,
     copy_mib=40,
-    copy_reps=1,
+    copy_reps=3,
     db_mib=20,
     db_wal_mib=4,
     db_reps=1,

@@ -89,6 +89,7 @@ def test_make_row_fills_ratio_and_verdict() -> None:
         (1234.4, "MB/s", "1,234 MB/s"),
         (3747.0, "calls/s", "3,747 calls/s"),
         (87.64, "MB", "87.6 MB"),
+        (1.874, "x", "1.87x"),
         (None, "s", "-"),
     ],
 )
@@ -202,3 +203,11 @@ def test_results_round_trip_and_markdown_from_a_saved_file(
     printed = capsys.readouterr().out
     assert printed.startswith("| figure | ours |")
     assert "| copy: tree | 600 MB/s | 800 MB/s (cp -a) | 0.75x | >= 0.8x cp | NO |" in printed
+
+
+def test_a_copy_spread_is_max_over_min() -> None:
+    from bench.treecopy import spread
+
+    assert spread([0.5, 1.0, 0.8]) == pytest.approx(2.0)
+    assert spread([0.7]) == pytest.approx(1.0)
+    assert spread([]) is None
