@@ -21,12 +21,15 @@ from typing import TYPE_CHECKING
 from sandbox.contracts.errors import ConfigError, SandboxError
 from sandbox.contracts.layout import TEST_RUN_PREFIX
 from sandbox.contracts.record import RECORD_FILE, RunStatus
-from sandbox.contracts.workflow_record import AnyRecord, WorkflowRunRecord, read_any_record
-from sandbox.progress import FollowPrinter
 from sandbox.termsafe import clean
 
+# What only some commands need is imported by them: the command a controller calls
+# (`sandbox run`) loads the run's modules and nothing else (no workflow record, no
+# progress printer without --follow, no cluster client, no report renderer).
 if TYPE_CHECKING:
     from sandbox.backends import BackendFactory
+    from sandbox.contracts.workflow_record import AnyRecord
+    from sandbox.progress import FollowPrinter
     from sandbox.run.testrun import RunOptions
 
 
@@ -48,6 +51,8 @@ EXIT_BY_STATUS = {
 
 
 def _print_record(record: AnyRecord, as_json: bool, *, one_line: bool = False) -> None:
+    from sandbox.contracts.workflow_record import WorkflowRunRecord
+
     if as_json:
         # JSON escapes every control character itself (ensure_ascii-free text is safe).
         say(record.model_dump_json(indent=None if one_line else 2))
@@ -108,6 +113,8 @@ def _follow(args: argparse.Namespace) -> Iterator[FollowPrinter | None]:
     if not args.follow:
         yield None
         return
+    from sandbox.progress import FollowPrinter
+
     printer = FollowPrinter.for_stream(sys.stdout, as_json=args.json)
     try:
         yield printer
@@ -194,7 +201,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from sandbox.contracts.errors import ConfigError
+    from sandbox.contracts.workflow_record import read_any_record
 
     run_dir = Path(args.run_dir)
     try:
@@ -221,7 +228,7 @@ def _listed_status(record: AnyRecord) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from sandbox.contracts.errors import ConfigError
+    from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record
 
     runs = Path(args.workflow_dir) / "runs"
     if not runs.is_dir():

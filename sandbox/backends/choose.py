@@ -5,11 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandbox.backends import Backend
-from sandbox.backends.docker.gc import GcReport
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.hostconfig import BackendConfig
+
+if TYPE_CHECKING:  # `sandbox gc` only: a test run never loads the collector
+    from sandbox.backends.docker.gc import GcReport
 
 
 @contextmanager

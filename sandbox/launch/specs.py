@@ -57,8 +57,8 @@ from sandbox.guard.config import (
 )
 from sandbox.launch import firewall, runtime
 from sandbox.launch.mounts import step_mounts, workflow_mounts
+from sandbox.stepside.agentworks_exec.interface import GUARD_WAIT_ENV
 from sandbox.stepside.agentworks_exec.preflight import ENV as PREFLIGHT_ENV
-from sandbox.stepside.agentworks_exec.supervisor import GUARD_WAIT_ENV
 
 CA_BUNDLE_VARIABLES = (
     "SSL_CERT_FILE",

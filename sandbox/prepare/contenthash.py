@@ -18,12 +18,13 @@ regular file or a folder is hashed as its type alone.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import stat
 from pathlib import Path
+from typing import Final
 
-from sandbox import policy
 from sandbox.contracts.config import Step, Workflow
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.record import ContentHash
@@ -95,9 +96,16 @@ def code_parts(workflow_dir: Path) -> dict[str, str]:
     return parts
 
 
+POLICY_MODULE: Final = "sandbox.policy"
+
+
 def policy_version() -> str:
-    """The policy table's version: the hash of the module that is its one source."""
-    with open(policy.__file__, "rb") as handle:
+    """The policy table's version: the hash of the module that is its one source (found,
+    not imported: the runner never evaluates the table itself)."""
+    spec = importlib.util.find_spec(POLICY_MODULE)
+    if spec is None or spec.origin is None:
+        raise ConfigError(f"{POLICY_MODULE} is not installed beside this package")
+    with open(spec.origin, "rb") as handle:
         return _sha(handle.read())
 
 

@@ -38,7 +38,7 @@ from typing import Any
 import psutil
 
 from sandbox.backends import Backend, BackendFactory, ExitWatcher, RunContainer, UsageWatcher
-from sandbox.collect import actionsummary, dbdiff
+from sandbox.collect import actionsummary
 from sandbox.collect.follow import ActionFollower
 from sandbox.contracts import names
 from sandbox.contracts.config import (
@@ -71,7 +71,6 @@ from sandbox.contracts.record import (
 from sandbox.contracts.reports import DbDiff
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.config import CONFIG_FILE_NAME, GuardConfig
-from sandbox.guard.tls import RunCA
 from sandbox.hostfs import fdtree
 from sandbox.hostfs.fdcopy import copy_fd
 from sandbox.launch import firewall
@@ -235,7 +234,10 @@ def _copy_file(src: Path, dst: Path) -> None:
 
 
 def _egress_ca(run_id: str) -> EgressCA:
-    """This run's TLS-inspection CA (about a millisecond; see sandbox.guard.tls)."""
+    """This run's TLS-inspection CA (about a millisecond; see sandbox.guard.tls). Its
+    module, and the X.509 library under it, load only for a run that inspects TLS."""
+    from sandbox.guard.tls import RunCA
+
     ca = RunCA.new(run_id)
     return EgressCA(cert_pem=ca.cert_pem().decode("ascii"), key_pem=ca.key_pem().decode("ascii"))
 
@@ -820,9 +822,11 @@ class TestRun:
 
     def _db_diff(self, layout: RunLayout, record: TestRunRecord) -> DbDiff | None:
         """dbdiff reads both files into private copies (holes kept, size-capped) without
-        following links."""
+        following links. (Imported here: a run without a DB never loads it.)"""
         if record.no_db:
             return None
+        from sandbox.collect import dbdiff
+
         # Its private copies live in the run root: on the workflow's disk, gone after.
         return dbdiff.diff_databases(layout.baseline_db, layout.db_path, work_dir=layout.root)
 

@@ -11,10 +11,10 @@ import json
 from sandbox.backends import UsageWatcher
 from sandbox.collect.actionsummary import ActionSummary
 from sandbox.contracts.record import OutputTail, Preflight, Resources, RunStatus
+from sandbox.stepside.agentworks_exec.interface import USAGE_MARK
 from sandbox.stepside.agentworks_exec.preflight import FAILED_EXIT as PREFLIGHT_FAILED_EXIT
 from sandbox.stepside.agentworks_exec.preflight import MARK_FAILED as PREFLIGHT_FAILED
 from sandbox.stepside.agentworks_exec.preflight import MARK_OK as PREFLIGHT_OK
-from sandbox.stepside.agentworks_exec.supervisor import USAGE_MARK
 
 
 def preflight_from(stderr: str, firewall_verified: bool) -> Preflight | None:

@@ -17,6 +17,7 @@ from types import FrameType
 from typing import Final
 
 from .executor import Executor
+from .interface import GUARD_WAIT_ENV, USAGE_MARK
 from .preflight import gate as preflight_gate
 from .results import os_reason
 from .server import ExecServer
@@ -29,10 +30,6 @@ TOKEN_ENV: Final = "AGENTWORKS_EXEC_TOKEN"
 
 
 ROOT_ENV: Final = "AGENTWORKS_EXEC_ROOT"
-
-
-# host:port of the guard; the step command starts only once the guard listens there.
-GUARD_WAIT_ENV: Final = "AGENTWORKS_WAIT_FOR_GUARD"
 
 
 GUARD_WAIT_S: Final = 60.0
@@ -178,9 +175,6 @@ def _run_step(cmd: list[str]) -> int:
     code = exit_status(child[0].wait())
     _report_usage()
     return code
-
-
-USAGE_MARK: Final = "AGENTWORKS_USAGE"
 
 
 # The container's own memory high-water mark (page cache and tmpfs included), as the

@@ -1,0 +1,16 @@
+"""What the runner and the executor agree on: an environment variable the runner sets
+and a report line the executor writes on stderr.
+
+Constants only, so the runner (`sandbox.launch.specs`, `sandbox.run.verdict`) names
+them without loading the executor's server, tools and their imports.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# host:port of the guard; the step command starts only once the guard listens there.
+GUARD_WAIT_ENV: Final = "AGENTWORKS_WAIT_FOR_GUARD"
+
+# `AGENTWORKS_USAGE {json}`: the step's CPU time and largest RSS, once it exited.
+USAGE_MARK: Final = "AGENTWORKS_USAGE"
