@@ -115,7 +115,15 @@ def _create_masked(client: DockerClient, kwargs: dict[str, Any]) -> Container:
     args = _create_container_args({**kwargs, "version": client.api.api_version})
     args["host_config"]["MaskedPaths"] = MASKED_PATHS
     created = client.api.create_container(**args)
-    return client.containers.get(created["Id"])
+    # The model from what was asked (no inspect round trip before the start): its id, name
+    # and user are the engine's as created; `state()` and the others read the engine anew.
+    return client.containers.prepare_model(
+        {
+            "Id": created["Id"],
+            "Name": "/" + str(kwargs["name"]),
+            "Config": {"User": kwargs.get("user") or "", "Labels": kwargs.get("labels") or {}},
+        }
+    )
 
 
 @contextlib.contextmanager
