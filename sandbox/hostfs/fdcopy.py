@@ -89,18 +89,26 @@ def _copy_range(src_fd: int, dst_fd: int, offset: int, length: int) -> int:
     return copied
 
 
-def copy_fd(src_fd: int, dst_fd: int, limit: int | None = None) -> int:
+def copy_fd(
+    src_fd: int, dst_fd: int, limit: int | None = None, *, src_size: int | None = None
+) -> int:
     """Copy ``src_fd`` into the empty ``dst_fd``, holes kept, at most ``limit`` bytes long.
 
     Returns the bytes of data copied (holes not counted). The destination ends as long as
     the source was when it was measured (capped at ``limit``), so trailing holes survive.
+    ``src_size``: the source's size from the caller's own ``fstat`` of ``src_fd`` (saves
+    asking again; a tree copy of many small files makes one call per file fewer).
     """
-    size = os.fstat(src_fd).st_size
+    size = os.fstat(src_fd).st_size if src_size is None else src_size
     if limit is not None:
         size = min(size, limit)
     copied = 0
+    end = 0  # where the last data written ends: the destination's size so far
     for offset, length in data_extents(src_fd, size):
-        copied += _copy_range(src_fd, dst_fd, offset, length)
-    if os.fstat(dst_fd).st_size < size:
+        n = _copy_range(src_fd, dst_fd, offset, length)
+        copied += n
+        end = offset + n
+    # A trailing hole (or a source that shrank): the size is set, not copied.
+    if end < size and os.fstat(dst_fd).st_size < size:
         os.ftruncate(dst_fd, size)
     return copied

@@ -217,7 +217,7 @@ class _Walker:
                 return
             dst = os.open(name, _CREATE_FLAGS, 0o600, dir_fd=dfd)
             try:
-                n = copy_fd(src, dst, limit=st.st_size)
+                n = copy_fd(src, dst, limit=st.st_size, src_size=st.st_size)
                 os.fchmod(dst, stat.S_IMODE(st.st_mode) & 0o777)
                 os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
             except OSError:
