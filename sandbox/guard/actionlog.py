@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -78,6 +79,20 @@ def _digest(data: str) -> str:
     return hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+@functools.lru_cache(maxsize=1024)
+def _short_secret_key(key: str) -> bool:
+    return _SECRET_KEY.search(key) is not None
+
+
+def _secret_key(key: str) -> bool:
+    """Whether an argument key names a credential. Keys repeat call after call, so a
+    short key's answer is remembered (at most 1,024 keys of at most 64 characters: a
+    hostile step cannot make the memo cost memory); a longer one is searched each time."""
+    if len(key) <= 64:
+        return _short_secret_key(key)
+    return _SECRET_KEY.search(key) is not None
+
+
 def redact(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
     """A copy of `value` safe and small enough to write down: credential keys and known
     secrets masked, long strings cut and hashed, long containers cut."""
@@ -86,7 +101,7 @@ def redact(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
     if isinstance(value, dict):
         items = list(value.items())
         out = {
-            str(k): REDACTED if _SECRET_KEY.search(str(k)) else redact(v, secrets, depth + 1)
+            str(k): REDACTED if _secret_key(str(k)) else redact(v, secrets, depth + 1)
             for k, v in items[:MAX_ITEMS]
         }
         if len(items) > MAX_ITEMS:
@@ -99,7 +114,7 @@ def redact(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
         return kept
     if isinstance(value, str):
         for secret in secrets:
-            if secret:
+            if secret and secret in value:
                 value = value.replace(secret, REDACTED)
         if len(value) > MAX_VALUE_CHARS:
             cut = len(value) - MAX_VALUE_CHARS
