@@ -99,10 +99,7 @@ POST_CLIENT = program("post_client.py")
 GET_CLIENT = program("get_client.py")
 
 
-MCP_HTTP_CLIENT = program("mcp_http_client.py")
-
-
-MCP_STDIO_CLIENT = program("mcp_stdio_client.py")
+MCP_SDK_CLIENT = program("mcp_sdk_client.py")
 
 
 HOLD_STEP = program("hold_step.py")
@@ -311,8 +308,9 @@ class Bench:
         cfg: dict[str, Any],
         timeout_s: float = 300,
         image: str = STEP_IMAGE,
+        python: str = "python3",
     ) -> dict[str, Any]:
-        """Run `script` with python3 in a container of `image` inside `netns_of`'s network
+        """Run `script` with `python` in a container of `image` inside `netns_of`'s network
         namespace (None: no network), as `user`, with the step's default CPU limit; its last
         stdout line is JSON."""
         path = self.work / f"client-{abs(hash(script)) % 10**8}.py"
@@ -322,7 +320,7 @@ class Bench:
         container = self.client.containers.create(
             image,
             ["/bench/client.py", json.dumps(cfg)],
-            entrypoint=["python3"],
+            entrypoint=[python],
             environment={"HOME": "/tmp"},
             user=f"{user}:{user}",
             network_mode="none" if netns_of is None else f"container:{netns_of}",

@@ -319,7 +319,10 @@ class ScaleDetail(BaseModel):
 class McpDetail(BaseModel):
     server: str
     tool: str
+    client: str = ""
+    protocol: dict[str, str] = Field(default_factory=dict)  # target -> negotiated version
     guarded: LatencyStats | None = None
+    mcp_proxy: LatencyStats | None = None
     direct_call: LatencyStats | None = None
     direct_list: LatencyStats | None = None
 

@@ -344,6 +344,17 @@ def _verdict(row: Row, *, reason: str | None = None) -> Verdict:
     )
 
 
+# A fixed row's verdict never changes (Verdict is frozen): made once per tool, not per call.
+_FIXED_VERDICTS: dict[str, Verdict] = {}
+
+
+def _fixed_verdict(tool: str, row: Row) -> Verdict:
+    verdict = _FIXED_VERDICTS.get(tool)
+    if verdict is None:
+        verdict = _FIXED_VERDICTS[tool] = _verdict(row)
+    return verdict
+
+
 def _stub(category: str, reason: str) -> Verdict:
     return Verdict(decision=Decision.STUB, route=Route.NONE, category=category, reason=reason)
 
@@ -366,7 +377,7 @@ def decide(tool: str, arguments: Mapping[str, Any], *, has_db_copy: bool) -> Ver
     args: Mapping[str, Any] = arguments if isinstance(arguments, Mapping) else {}
     match row.handling:
         case Handling.FIXED:
-            return _verdict(row)
+            return _fixed_verdict(tool, row)
         case Handling.BROWSER:
             return _decide_browser(row, args.get("command"))
         case Handling.DB_QUERY | Handling.DB_MUTATE | Handling.DB_ADMIN:

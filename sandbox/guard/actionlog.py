@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -78,36 +79,69 @@ def _digest(data: str) -> str:
     return hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+@functools.lru_cache(maxsize=1024)
+def _short_secret_key(key: str) -> bool:
+    return _SECRET_KEY.search(key) is not None
+
+
+def _secret_key(key: str) -> bool:
+    """Whether an argument key names a credential. Keys repeat call after call, so a
+    short key's answer is remembered (at most 1,024 keys of at most 64 characters: a
+    hostile step cannot make the memo cost memory); a longer one is searched each time."""
+    if len(key) <= 64:
+        return _short_secret_key(key)
+    return _SECRET_KEY.search(key) is not None
+
+
+_SCALARS = (bool, int, float, type(None))
+MAX_DEPTH = 20
+
+
+def _redact_text(value: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:
+        if secret and secret in value:
+            value = value.replace(secret, REDACTED)
+    if len(value) > MAX_VALUE_CHARS:
+        cut = len(value) - MAX_VALUE_CHARS
+        return value[:MAX_VALUE_CHARS] + f"[... {cut} chars cut; sha256 {_digest(value)}]"
+    return value
+
+
 def redact(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
     """A copy of `value` safe and small enough to write down: credential keys and known
-    secrets masked, long strings cut and hashed, long containers cut."""
-    if depth > 20:
+    secrets masked, long strings cut and hashed, long containers cut, nothing below
+    MAX_DEPTH levels. (On every log line: a container's strings and numbers are
+    handled in place, without a call each.)"""
+    if depth > MAX_DEPTH:
         return "[too deep]"
+    if isinstance(value, str):
+        return _redact_text(value, secrets)
+    if isinstance(value, _SCALARS):
+        return value
+    inner = depth + 1
+    leaf_ok = inner <= MAX_DEPTH
     if isinstance(value, dict):
-        items = list(value.items())
-        out = {
-            str(k): REDACTED if _SECRET_KEY.search(str(k)) else redact(v, secrets, depth + 1)
-            for k, v in items[:MAX_ITEMS]
-        }
-        if len(items) > MAX_ITEMS:
-            out["[cut]"] = f"{len(items) - MAX_ITEMS} more keys"
+        out: dict[str, Any] = {}
+        for n, (k, v) in enumerate(value.items()):
+            if n == MAX_ITEMS:
+                out["[cut]"] = f"{len(value) - MAX_ITEMS} more keys"
+                break
+            key = str(k)
+            if _secret_key(key):
+                out[key] = REDACTED
+            elif leaf_ok and type(v) is str:
+                out[key] = _redact_text(v, secrets)
+            elif leaf_ok and type(v) in _SCALARS:
+                out[key] = v
+            else:
+                out[key] = redact(v, secrets, inner)
         return out
     if isinstance(value, list | tuple):
-        kept = [redact(v, secrets, depth + 1) for v in value[:MAX_ITEMS]]
+        kept = [redact(v, secrets, inner) for v in value[:MAX_ITEMS]]
         if len(value) > MAX_ITEMS:
             kept.append(f"[... {len(value) - MAX_ITEMS} more items cut]")
         return kept
-    if isinstance(value, str):
-        for secret in secrets:
-            if secret:
-                value = value.replace(secret, REDACTED)
-        if len(value) > MAX_VALUE_CHARS:
-            cut = len(value) - MAX_VALUE_CHARS
-            return value[:MAX_VALUE_CHARS] + f"[... {cut} chars cut; sha256 {_digest(value)}]"
-        return value
-    if value is None or isinstance(value, bool | int | float):
-        return value
-    return redact(str(value), secrets, depth + 1)
+    return redact(str(value), secrets, inner)
 
 
 def _summarized(value: dict[str, Any]) -> dict[str, Any]:

@@ -163,7 +163,8 @@ class Guard:
                 duration_ms=(time.perf_counter() - started) * 1000,
                 detail=detail,
             )
-        return JSONResponse(reply.model_dump(mode="json"))
+        # Serialized by pydantic straight to bytes (no dict, no second encoder).
+        return Response(reply.model_dump_json(), media_type="application/json")
 
     async def new_session(self, request: Request) -> Response:
         started = time.perf_counter()
