@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,6 +208,16 @@ def load_workflow_expectations(
     )
 
 
+def _steps_line(text: str, index: int) -> int:
+    """The 1-based line of the `index`th `[[steps]]` header (1 if it cannot be found)."""
+    headers = [
+        number
+        for number, line in enumerate(text.splitlines(), start=1)
+        if re.match(r"^\[\[\s*steps\s*\]\]", line.strip())
+    ]
+    return headers[index] if index < len(headers) else 1
+
+
 def _step_plan(
     workflow_dir: Path,
     workflow: Workflow,
@@ -216,27 +227,31 @@ def _step_plan(
     table: object,
     seen: set[str],
 ) -> StepPlan:
+    at = f"{full} line {_steps_line(text, index)}"
     if not isinstance(table, dict):
-        raise ConfigError(f"{full}: steps[{index}]: must be a [[steps]] table")
+        raise ConfigError(f"{at}: steps[{index}]: must be a [[steps]] table")
     extra = sorted(set(table) - {"id", "own", "expect"})
     if extra:
         raise ConfigError(
-            f"{full}: steps[{index}].{extra[0]}: unknown field (a [[steps]] table takes "
+            f"{at}: steps[{index}].{extra[0]}: unknown field (a [[steps]] table takes "
             "id, own and [[steps.expect]] tables)"
         )
     step_id = table.get("id")
     if not isinstance(step_id, str):
-        raise ConfigError(f"{full}: steps[{index}].id: missing (required): the step's id")
-    step: Step = workflow.step(step_id)
+        raise ConfigError(f"{at}: steps[{index}].id: missing (required): the step's id")
+    try:
+        step: Step = workflow.step(step_id)
+    except ConfigError as exc:
+        raise ConfigError(f"{at}: steps[{index}].id: {exc}") from None
     if step.id in seen:
-        raise ConfigError(f"{full}: steps[{index}]: step {step.id} is named twice")
+        raise ConfigError(f"{at}: steps[{index}]: step {step.id} is named twice")
     seen.add(step.id)
     own = table.get("own", False)
     if not isinstance(own, bool):
-        raise ConfigError(f"{full}: steps[{step.id}].own: must be true or false")
+        raise ConfigError(f"{at}: steps[{step.id}].own: must be true or false")
     tables = table.get("expect", [])
     if not isinstance(tables, list):
-        raise ConfigError(f"{full}: steps[{step.id}].expect: must be [[steps.expect]] tables")
+        raise ConfigError(f"{at}: steps[{step.id}].expect: must be [[steps.expect]] tables")
     found: list[Expectation] = _validate(tables, full, text, index, f"steps[{step.id}].expect")
     own_named: list[Named] = []
     own_digest = None
@@ -245,7 +260,7 @@ def _step_plan(
         own_digest = expectations_digest(with_implicit_status(own_named))
     elif not found:
         raise ConfigError(
-            f"{full}: steps[{step.id}]: no expectations: set own = true or add "
+            f"{at}: steps[{step.id}]: no expectations: set own = true or add "
             "[[steps.expect]] tables"
         )
     mine = [n.expectation for n in own_named]
