@@ -114,6 +114,8 @@ def test_the_job_board_chain_verifies_and_the_gate_holds_until_a_step_changes(
     line = ActionLine.model_validate_json(lines[number - 1])
     assert line.step == "bid-submit" and line.tool == "upwork_submit_proposal"
     assert chain["only outreach messages anyone"].happened == "never tried"
+    claim = chain["the bids folder ends with the claim"]
+    assert claim.ok and claim.evidence == ["the chain's records, group bids: claim.json created"]
 
     # The same verdict as JUnit (a suite per step and one for the chain) and HTML.
     xmlschema.XMLSchema(JUNIT_XSD).validate(junit)
@@ -127,7 +129,7 @@ def test_the_job_board_chain_verifies_and_the_gate_holds_until_a_step_changes(
     assert not ET.parse(junit).getroot().findall("testsuite/testcase/failure")
     html = page.read_text()
     total = sum(len(s.results) for s in verification.steps) + len(verification.chain)
-    assert total == 5 + 5 + 8 + 8  # every step's, and the chain's
+    assert total == 5 + 5 + 8 + 10  # every step's, and the chain's
     assert f"PASS: {total} of {total} expectation(s) held" in html
     assert "Stubbed actions of the chain" in html
 

@@ -11,6 +11,8 @@ import pytest
 from sandbox.cli import main
 from sandbox.contracts.config import load_workflow
 from sandbox.contracts.errors import ConfigError
+from sandbox.contracts.record import FileChanges
+from sandbox.verify.verifyworkflow import fold_changes
 from sandbox.verify.workflow_expect import (
     SCHEMA_PATH,
     ChainCallExpectation,
@@ -66,7 +68,7 @@ def test_committed_schemas_match_the_models() -> None:
     )
     schema = json.loads(SCHEMA_PATH.read_text())
     chain_kinds = schema["properties"]["expect"]["items"]["discriminator"]["mapping"]
-    assert set(chain_kinds) == {"call", "no_call", "db", "no_other_db_changes", "status"}
+    assert set(chain_kinds) == {"call", "no_call", "db", "no_other_db_changes", "file", "status"}
 
 
 def test_the_job_board_chain_file_loads_per_step_and_chain_expectations() -> None:
@@ -132,7 +134,8 @@ def test_a_misspelt_step_field_names_its_step_and_line(tmp_path: Path) -> None:
         ('[[steps]]\nid = "pick"\nonw = true\n', "line 1: steps[0].onw: unknown field"),
         ('own = 1\n[[steps]]\nid = "pick"\n', "line 1: own: unknown field"),
         ('[[expect]]\nkind = "status"\nexit_code = 0\n', "a chain has no exit code"),
-        ('[[expect]]\nkind = "file"\npath = "x"\n', "expect[0].kind"),
+        ('[[expect]]\nkind = "file"\npath = "x"\n', "expect[0].group: missing"),
+        ('[[expect]]\nkind = "file"\npath = "x"\ngroup = "h"\n', "group 'h' is no step's group"),
         ('[[expect]]\nkind = "no_call"\ntool = "t"\nsteps = ["nope"]\n', "nope"),
         ("", "no expectations"),
         ('[[expect]]\nkind = "call"\ntool = "t"\nafter = "x"\n', "after names no expectation"),
@@ -165,3 +168,18 @@ def test_gate_takes_a_step_or_a_workflow_file(
     assert "give a step to gate, or --workflow FILE" in capsys.readouterr().err
     assert main(["gate", str(wf), "pick", "--workflow", "chain.toml"]) == 2
     assert main(["gate", str(wf), "pick", "--from", "pick"]) == 2
+
+
+def test_a_group_folder_s_changes_fold_over_its_steps() -> None:
+    """Against the chain's start: made then changed is created, made then deleted is
+    gone, deleted then made again is changed; a capped list in any step caps them all."""
+    folded = fold_changes(
+        [
+            FileChanges(created=["a", "b"], changed=["seed1"], deleted=["seed2"]),
+            FileChanges(changed=["a", "seed1"], deleted=["b"], created=["seed2"]),
+            FileChanges(deleted=["seed3"], truncated=True),
+        ]
+    )
+    assert folded == FileChanges(
+        created=["a"], changed=["seed1", "seed2"], deleted=["seed3"], truncated=True
+    )

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, JsonValue
 
 from sandbox.contracts.reports import RowChange
-from sandbox.verify.evidence import Call, Evidence, Facts
+from sandbox.verify.evidence import Call, Evidence, Facts, GroupFiles
 from sandbox.verify.expect import (
     CallExpectation,
     DbExpectation,
@@ -283,7 +283,7 @@ def check_no_other_db(e: NoOtherDbChanges, ev: Facts, db: list[DbExpectation]) -
     )
 
 
-def _file_state(path: str, ev: Evidence) -> Literal["created", "changed", "deleted", "untouched"]:
+def _file_state(path: str, ev: GroupFiles) -> Literal["created", "changed", "deleted", "untouched"]:
     files = ev.files
     if path in files.created:
         return "created"
@@ -304,12 +304,12 @@ def _content_value(data: bytes, m: Match) -> Any:
         return None
 
 
-def check_file(e: FileExpectation, ev: Evidence) -> ExpectationResult:
+def check_file(e: FileExpectation, ev: GroupFiles) -> ExpectationResult:
     state = _file_state(e.path, ev)
     wanted = {"written": ("created", "changed")}.get(e.change, (e.change,))
     ok = state in wanted
     happened = f"{e.path} {state}"
-    cite = f"record files: {e.path} {state}"
+    cite = f"{ev.files_label}: {e.path} {state}"
     if ev.files.truncated and state == "untouched":
         ok = False
         happened += " as far as the record says (its file lists are capped)"
@@ -393,10 +393,12 @@ def check_all(named: list[Named], ev: Facts) -> list[ExpectationResult]:
         elif isinstance(e, NoOtherDbChanges):
             result = check_no_other_db(e, ev, db)
         elif isinstance(e, FileExpectation):
+            group = getattr(e, "group", None)
+            folder = ev.files_for(group)
             result = (
-                check_file(e, ev)
-                if isinstance(ev, Evidence)
-                else _unjudged(e.kind, e.describe(), "a file is checked in a step's group folder")
+                check_file(e, folder)
+                if folder is not None
+                else _unjudged(e.kind, e.describe(), f"no step of the chain ran in group {group}")
             )
         else:
             result = check_status(e, ev)

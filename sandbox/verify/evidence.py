@@ -59,8 +59,22 @@ class Call:
         return f"action log line {self.lineno}{step}: {text}"
 
 
+class GroupFiles(Protocol):
+    """What a file expectation reads: a group folder's changes and its files."""
+
+    @property
+    def files(self) -> FileChanges: ...
+    @property
+    def files_label(self) -> str: ...
+    def read_group_file(self, rel: str) -> bytes | None: ...
+
+
 class Facts(Protocol):
     """What the checks read: one step's run (`Evidence`) or a whole chain's."""
+
+    def files_for(self, group: str | None) -> GroupFiles | None:
+        """The group folder a file expectation looks at (None: there is none)."""
+        ...
 
     @property
     def calls(self) -> list[Call]: ...
@@ -117,6 +131,14 @@ class Evidence:
     @property
     def files(self) -> FileChanges:
         return self.record.files
+
+    @property
+    def files_label(self) -> str:
+        return "record files"
+
+    def files_for(self, group: str | None) -> GroupFiles | None:
+        """The step's own group folder (a step's expectations name no other)."""
+        return self if group is None or group == self.record.group else None
 
     def read_group_file(self, rel: str) -> bytes | None:
         """A regular file of the run's copy of the group folder (the step's output), or

@@ -28,13 +28,20 @@ from sandbox.backends import BackendFactory
 from sandbox.contracts.config import load_workflow
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.layout import WorkflowRunLayout
-from sandbox.contracts.record import RunStatus
+from sandbox.contracts.record import FileChanges, RunStatus
 from sandbox.contracts.reports import DbDiff
 from sandbox.contracts.workflow_record import StepState, WorkflowRunRecord, read_any_record
 from sandbox.run.workflowrun import WorkflowOptions, WorkflowRun, chain_of
 from sandbox.verify import history
 from sandbox.verify.check import ExpectationResult, check_all
-from sandbox.verify.evidence import Call, Evidence, count_lines, gather
+from sandbox.verify.evidence import (
+    MAX_FILE_BYTES,
+    Call,
+    Evidence,
+    count_lines,
+    gather,
+    read_below,
+)
 from sandbox.verify.expect import Named
 from sandbox.verify.verdict import digest_of
 from sandbox.verify.verifystep import content_kept
@@ -51,11 +58,51 @@ from sandbox.verify.workflow_verdict import (
 )
 
 
+def fold_changes(changes: list[FileChanges]) -> FileChanges:
+    """A group folder's changes over its steps in order, against the first one's start:
+    made then changed is created, made then deleted is gone (not listed), deleted then
+    made again is changed."""
+    state: dict[str, str] = {}
+    for step in changes:
+        for path in step.created:
+            state[path] = "changed" if state.get(path) == "deleted" else "created"
+        for path in step.changed:
+            state.setdefault(path, "changed")
+        for path in step.deleted:
+            if state.get(path) == "created":
+                del state[path]
+            else:
+                state[path] = "deleted"
+    return FileChanges(
+        created=sorted(p for p, s in state.items() if s == "created"),
+        changed=sorted(p for p, s in state.items() if s == "changed"),
+        deleted=sorted(p for p, s in state.items() if s == "deleted"),
+        truncated=any(c.truncated for c in changes),
+    )
+
+
+@dataclass(frozen=True)
+class GroupFolder:
+    """One group folder as the chain left it (`files` folded over its steps)."""
+
+    group: str
+    files: FileChanges
+    root: Path | None  # the folder the group's last step left
+
+    @property
+    def files_label(self) -> str:
+        return f"the chain's records, group {self.group}"
+
+    def read_group_file(self, rel: str) -> bytes | None:
+        return read_below(self.root, rel, MAX_FILE_BYTES) if self.root is not None else None
+
+
 @dataclass
 class ChainEvidence:
     """The chain as the checks read it: every step's calls (numbered as in the chain's
-    log), the chain's DB diff and status."""
+    log), the chain's DB diff and status, and each group folder as it ended."""
 
+    groups: dict[str, GroupFolder] = field(default_factory=dict)
     calls: list[Call] = field(default_factory=list)
     malformed_lines: int = 0
     log_truncated: bool = False
@@ -65,6 +112,9 @@ class ChainEvidence:
     status: RunStatus = RunStatus.RUNNING
     exit_code: int | None = None
     reason: str = ""
+
+    def files_for(self, group: str | None) -> GroupFolder | None:
+        return self.groups.get(group) if group is not None else None
 
 
 def gather_chain(
@@ -100,6 +150,16 @@ def gather_chain(
         chain.malformed_lines += ev.malformed_lines
         chain.log_truncated = chain.log_truncated or ev.log_truncated
         chain.log_full = chain.log_full or ev.log_full
+    for group in dict.fromkeys(e.group for e in record.steps):
+        ran = [steps[e.step_id] for e in record.steps if e.group == group and e.step_id in steps]
+        if not ran:
+            continue
+        last = ran[-1]
+        chain.groups[group] = GroupFolder(
+            group=group,
+            files=fold_changes([ev.record.files for ev in ran]),
+            root=last.run_root / last.record.group,
+        )
     return steps, chain
 
 

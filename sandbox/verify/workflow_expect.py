@@ -12,8 +12,10 @@ workflow folder or absolute:
 - `[[expect]]` tables are the chain's: `call` and `no_call` counted across every
   step's action-log lines (`steps = [...]` narrows them to some steps; `after`
   orders calls across steps), `db` and `no_other_db_changes` on the chain's DB
-  diff (the real DB against the copy the chain left), and `status` the chain's
-  status (it has no exit code).
+  diff (the real DB against the copy the chain left), `file` a file of a named
+  `group` folder as the chain left it, and `status` the chain's status (it has no
+  exit code). No expectation covers writes outside a step's group folder: each step
+  mounts only its own group rw, so there are none to count.
 
 Without a `status` expectation a step must pass, and so must the chain. A table
 that does not validate is a ConfigError naming the file, the line and the field,
@@ -39,6 +41,7 @@ from sandbox.verify.expect import (
     CallExpectation,
     DbExpectation,
     Expectation,
+    FileExpectation,
     InSteps,
     Named,
     NoCallExpectation,
@@ -69,6 +72,22 @@ class ChainNoCallExpectation(NoCallExpectation, InSteps):
         return super().describe() + self.describe_steps()
 
 
+class ChainFileExpectation(FileExpectation):
+    """A file of one group folder as the chain left it: created, changed or deleted
+    against the seed of the chain (the newest real run), by whichever of the group's
+    steps did it; its content read from the folder the last of them left."""
+
+    group: str
+
+    def describe(self) -> str:
+        return (
+            super()
+            .describe()
+            .replace(f"file {self.path}", f"file {self.path} in group {self.group}", 1)
+            + " (as the chain left it)"
+        )
+
+
 class ChainStatusExpectation(StatusExpectation):
     """The chain's status: the worst of its steps' (a chain has no exit code)."""
 
@@ -87,6 +106,7 @@ ChainExpectation = Annotated[
     | ChainNoCallExpectation
     | DbExpectation
     | NoOtherDbChanges
+    | ChainFileExpectation
     | ChainStatusExpectation,
     Field(discriminator="kind"),
 ]
@@ -196,10 +216,16 @@ def load_workflow_expectations(
     for index, table in enumerate(steps_tables):
         plans.append(_step_plan(workflow_dir, workflow, full, text, index, table, seen))
     chain_found = _validate(chain_tables, full, text, None, "expect", _ChainTables)
+    groups = {s.group for s in workflow.steps}
     for e in chain_found:
         if isinstance(e, InSteps):
             for step_id in e.steps:
                 workflow.step(step_id)  # a ConfigError naming it when it is no step
+        if isinstance(e, ChainFileExpectation) and e.group not in groups:
+            raise ConfigError(
+                f"{full}: expect: file {e.path}: group {e.group!r} is no step's group "
+                f"({', '.join(sorted(groups))})"
+            )
     if not plans and not chain_found:
         raise ConfigError(f"{full}: no expectations: add [[steps]] or [[expect]] tables")
     chain = _with_chain_status(labelled(chain_found, "the chain"))
