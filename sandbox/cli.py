@@ -295,6 +295,15 @@ def cmd_list(args: argparse.Namespace) -> int:
             f"  {entry.at:%Y-%m-%d %H:%M:%S}  {entry.step_id}  {verdict}  "
             f"hash {digest}  {entry.run_id}"
         )
+    chains = history.read_workflow(Path(args.workflow_dir))
+    if chains:
+        say("workflow verifications (oldest first):")
+    for verified in chains:
+        verdict = "pass" if verified.passed else "FAIL: " + "; ".join(verified.failed[:3])
+        say(
+            f"  {verified.at:%Y-%m-%d %H:%M:%S}  {' -> '.join(verified.chain_steps)}  "
+            f"{verified.expectations_file}  {verdict}  {verified.run_id}"
+        )
     return 0
 
 

@@ -18,6 +18,7 @@ from docker import DockerClient
 from sandbox.cli import main
 from sandbox.contracts.wire import ActionLine
 from sandbox.verify.gate import gate, gate_workflow
+from sandbox.verify.verifyworkflow import verify_workflow
 from sandbox.verify.workflow_verdict import (
     SCHEMA_PATH,
     WorkflowVerification,
@@ -204,4 +205,57 @@ def test_a_chain_expectation_that_does_not_hold_fails_with_its_evidence(
     blocked = gate_workflow(jobboard, CHAIN_FILE)
     assert not blocked.ok and "its last verification at the current version failed" in (
         blocked.reason
+    )
+    assert main(["list", str(jobboard)]) == 0
+    listed = capsys.readouterr().out
+    assert "workflow verifications (oldest first):" in listed
+    assert (
+        "bid-pick-job -> bid-submit -> outreach  expect/chain.toml  FAIL: chain: one client "
+        "message would have been sent across the chain  test-"
+    ) in listed
+
+
+def test_a_step_that_never_ran_fails_its_expectations_saying_why(
+    engine: DockerClient, tmp_path: Path
+) -> None:
+    """The middle step fails, so the chain stops: the last step's expectations fail as
+    not run (naming why), the failing step's implicit status fails, the chain's too."""
+    wf = tmp_path / "wf"
+    (wf / "code").mkdir(parents=True)
+    (wf / "code" / "tell.py").write_text(
+        "import agentworks_bridge as b\nb.call('notify_user', {'text': 'done'})\n"
+    )
+    (wf / "workflow.toml").write_text(
+        'name = "wf"\n'
+        + "".join(
+            f'[[steps]]\nid = "{step}"\ngroup = "g"\ncommand = {command}\ntimeout_s = 60\n'
+            for step, command in (
+                ("first", '["true"]'),
+                ("breaks", '["false"]'),
+                ("tells", '["python3", "/workflow/code/tell.py"]'),
+            )
+        )
+    )
+    (wf / "chain.toml").write_text(
+        '[[steps]]\nid = "breaks"\n[[steps.expect]]\nkind = "no_call"\ntool = "send_email"\n'
+        '[[steps]]\nid = "tells"\n[[steps.expect]]\nname = "tells"\nkind = "call"\n'
+        'tool = "notify_user"\n'
+        '[[expect]]\nname = "told once"\nkind = "call"\ntool = "notify_user"\ncount = 1\n'
+    )
+    verification = verify_workflow(wf, "chain.toml")
+    assert not verification.passed
+    by_step = {s.step_id: s for s in verification.steps}
+    assert by_step["first"].results == [] and by_step["first"].passed  # named by no table
+    breaks = {r.label: r for r in by_step["breaks"].results}
+    assert breaks["send_email is never tried"].ok
+    status = breaks["status passed (no status expectation given)"]
+    assert not status.ok and status.happened.startswith("status failed, exit code 1")
+    (tells,) = by_step["tells"].results[:1]
+    assert not tells.ok and tells.happened == (
+        "not judged: step tells did not run (skipped: step breaks did not pass (failed))"
+    )
+    chain = {r.label: r for r in verification.chain}
+    assert chain["told once"].happened == "0 matching call(s)"
+    assert chain["the chain passed (no chain status expectation given)"].happened.startswith(
+        "chain status failed (step breaks failed"
     )
