@@ -24,7 +24,8 @@ demo: images
 	$(BIN)/python examples/setup.py
 	$(BIN)/python examples/job-board/demo.py bid-submit
 
-# The job-board example's whole chain (pick -> submit -> outreach) as one test run.
+# The job-board example's whole chain (pick -> submit -> outreach) as one test run, verified
+# against its expect/chain.toml.
 demo-workflow: images
 	$(BIN)/python examples/setup.py
 	$(BIN)/python examples/job-board/demo_workflow.py

@@ -3,7 +3,9 @@
 The public surface: `execute_step` runs one step once in test mode and returns
 its record; `execute_workflow` runs a whole workflow's steps as one test run and
 returns its `WorkflowRunRecord`; `verify_step` runs one step once and judges its
-expectations; `gate` says whether its current version has a passing verification;
+expectations, `verify_workflow` a whole chain against a workflow's expectations
+file; `gate` (`gate_workflow`) says whether the step's (the chain's) current
+version has a passing verification;
 `workflow_run_lock` is the lock a controller takes (shared) for a normal run, so no
 test run starts beside it.
 
@@ -25,8 +27,9 @@ if TYPE_CHECKING:
     from sandbox.prepare.lock import LockHeldError, workflow_run_lock
     from sandbox.run.testrun import RunOptions, TestRun, execute_step
     from sandbox.run.workflowrun import WorkflowOptions, WorkflowRun, execute_workflow
-    from sandbox.verify.gate import gate
+    from sandbox.verify.gate import gate, gate_workflow
     from sandbox.verify.verifystep import verify_step
+    from sandbox.verify.verifyworkflow import verify_workflow
 
 _WHERE = {
     "ConfigError": "sandbox.contracts.errors",
@@ -42,6 +45,8 @@ _WHERE = {
     "execute_step": "sandbox.run.testrun",
     "verify_step": "sandbox.verify.verifystep",
     "gate": "sandbox.verify.gate",
+    "gate_workflow": "sandbox.verify.gate",
+    "verify_workflow": "sandbox.verify.verifyworkflow",
     "RunEvent": "sandbox.contracts.events",
     "WorkflowRunRecord": "sandbox.contracts.workflow_record",
     "WorkflowOptions": "sandbox.run.workflowrun",
@@ -66,7 +71,9 @@ __all__ = [
     "execute_step",
     "execute_workflow",
     "gate",
+    "gate_workflow",
     "verify_step",
+    "verify_workflow",
     "workflow_run_lock",
 ]
 

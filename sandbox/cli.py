@@ -2,8 +2,8 @@
 
 Exit codes: 0 the step (or every step of a workflow run) passed, 1 it failed or
 timed out (or was killed), 2 usage, configuration or environment error, 3 refused.
-`verify` and `gate`: 0 verified / the gate holds, 1 not, 2 usage error (an
-expectation that does not parse included). Errors are one line
+`verify`, `verify-workflow` and `gate`: 0 verified / the gate holds, 1 not, 2
+usage error (an expectation that does not parse included). Errors are one line
 on stderr; no traceback reaches the user.
 """
 
@@ -177,10 +177,54 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if verification.passed else 1
 
 
-def cmd_gate(args: argparse.Namespace) -> int:
-    from sandbox.verify.gate import gate
+def cmd_verify_workflow(args: argparse.Namespace) -> int:
+    from sandbox.run.workflowrun import WorkflowOptions
+    from sandbox.verify.junit import write_workflow_junit
+    from sandbox.verify.verifyworkflow import verify_workflow
 
-    result = gate(Path(args.workflow_dir), args.step_id, allow_no_effects=args.allow_no_effects)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    with _follow(args) as printer:
+        options = WorkflowOptions(
+            from_step=args.from_step,
+            to_step=args.to_step,
+            keep_going=args.keep_going,
+            step=_run_options(args, printer),
+        )
+        verification = verify_workflow(
+            Path(args.workflow_dir), args.expectations, options, backend=_backend(args)
+        )
+    if args.junit:
+        write_workflow_junit(Path(args.junit), verification)
+    if args.html:
+        from sandbox.verify.html import write_report
+
+        write_report(Path(args.workflow_dir) / "runs" / verification.run_id, Path(args.html))
+    if args.json:
+        say(verification.model_dump_json(indent=2))
+    else:
+        for line in verification.lines():
+            say(clean(line, keep_newlines=False))
+    return 0 if verification.passed else 1
+
+
+def cmd_gate(args: argparse.Namespace) -> int:
+    from sandbox.verify.gate import gate, gate_workflow
+
+    if args.workflow is not None:
+        if args.step_id is not None or args.allow_no_effects:
+            raise ConfigError("--workflow gates a chain: give no step and no --allow-no-effects")
+        result = gate_workflow(
+            Path(args.workflow_dir),
+            args.workflow,
+            from_step=args.from_step,
+            to_step=args.to_step,
+        )
+    elif args.step_id is None:
+        raise ConfigError("give a step to gate, or --workflow FILE to gate the chain")
+    elif args.from_step is not None or args.to_step is not None:
+        raise ConfigError("--from and --to go with --workflow")
+    else:
+        result = gate(Path(args.workflow_dir), args.step_id, allow_no_effects=args.allow_no_effects)
     say(
         ("gate: ok: " if result.ok else "gate: blocked: ")
         + clean(result.reason, keep_newlines=False)
@@ -257,6 +301,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         say(
             f"  {entry.at:%Y-%m-%d %H:%M:%S}  {entry.step_id}  {verdict}  "
             f"hash {digest}  {entry.run_id}"
+        )
+    chains = history.read_workflow(Path(args.workflow_dir))
+    if chains:
+        say("workflow verifications (oldest first):")
+    for verified in chains:
+        verdict = "pass" if verified.passed else "FAIL: " + "; ".join(verified.failed[:3])
+        say(
+            f"  {verified.at:%Y-%m-%d %H:%M:%S}  {' -> '.join(verified.chain_steps)}  "
+            f"{verified.expectations_file}  {verdict}  {verified.run_id}"
         )
     return 0
 
@@ -397,9 +450,34 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--html", default="", help="also write the run's HTML report here")
     ver.set_defaults(func=cmd_verify)
 
-    gat = sub.add_parser("gate", help="exit 0 when the step's current version is verified")
+    vwf = sub.add_parser(
+        "verify-workflow", help="run a whole workflow once and check its expectations file"
+    )
+    vwf.add_argument("workflow_dir")
+    vwf.add_argument("expectations", help="the workflow's expectations file (TOML)")
+    vwf.add_argument("--from", dest="from_step", default=None, help="start at this step")
+    vwf.add_argument("--to", dest="to_step", default=None, help="stop after this step")
+    vwf.add_argument(
+        "--keep-going", action="store_true", help="run the later steps after a step fails"
+    )
+    _run_arguments(vwf)
+    vwf.add_argument("--junit", default="", help="also write the verdict as JUnit XML here")
+    vwf.add_argument("--html", default="", help="also write the run's HTML report here")
+    vwf.set_defaults(func=cmd_verify_workflow)
+
+    gat = sub.add_parser(
+        "gate", help="exit 0 when the step's (or the chain's) current version is verified"
+    )
     gat.add_argument("workflow_dir")
-    gat.add_argument("step_id")
+    gat.add_argument("step_id", nargs="?", default=None)
+    gat.add_argument(
+        "--workflow",
+        default=None,
+        metavar="FILE",
+        help="gate the chain: a passing verify-workflow of FILE at every step's current version",
+    )
+    gat.add_argument("--from", dest="from_step", default=None, help="with --workflow: from here")
+    gat.add_argument("--to", dest="to_step", default=None, help="with --workflow: to here")
     gat.add_argument(
         "--allow-no-effects",
         action="store_true",

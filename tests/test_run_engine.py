@@ -53,6 +53,7 @@ def test_example_step_runs_in_test_mode(
         db.commit()
         prompt = pathlib.Path(os.environ["AGENTWORKS_PROMPT_FILE"]).read_text()
         print("ENV", os.environ["AGENTWORKS_TEST_MODE"], os.environ["AGENTWORKS_TEST_RUN_ID"])
+        print("STEP", os.environ["AGENTWORKS_TEST_STEP_ID"], os.environ["AGENTWORKS_TEST_STEP_RUN_ID"])
         print("PROMPT_HAS_SECTION", "## TEST MODE" in prompt, prompt.startswith("Do the thing."))
         print("UID", os.getuid(), "CWD", os.getcwd())
         """,
@@ -63,6 +64,7 @@ def test_example_step_runs_in_test_mode(
     assert record.status is RunStatus.PASSED, record.stderr.text
     assert record.exit_code == 0
     assert f"ENV 1 {record.id}" in record.stdout.text
+    assert f"STEP step1 {record.id}" in record.stdout.text  # alone, the step is the run
     assert "PROMPT_HAS_SECTION True True" in record.stdout.text
     assert "UID 10001 CWD /test/g" in record.stdout.text
     assert record.files.created == ["out.txt"]

@@ -43,10 +43,16 @@ T = TypeVar("T")
 
 # Every step checks that it is in test mode, by its environment and by its prompt.
 IN_TEST_MODE = """\
-import os, pathlib, sqlite3, time, agentworks_bridge
+import json, os, pathlib, sqlite3, time, agentworks_bridge
 assert os.environ["AGENTWORKS_TEST_MODE"] == "1", os.environ.get("AGENTWORKS_TEST_MODE")
 assert "## TEST MODE" in pathlib.Path("/test/prompt.md").read_text()
 db = sqlite3.connect(os.environ["DB_PATH"])
+"""
+
+# A step that says which test run, step and step run its environment names.
+SAY_IDS = """\
+ids = [os.environ[f"AGENTWORKS_TEST_{k}"] for k in ("RUN_ID", "STEP_ID", "STEP_RUN_ID")]
+print("IDS", *ids)
 """
 
 WAIT_FOR_GO = """\
@@ -152,7 +158,12 @@ def test_the_chain_carries_the_db_copy_and_group_folders_and_leaves_the_real_one
     engine: DockerClient, tmp_path: Path
 ) -> None:
     wf = chain_workflow(
-        tmp_path, [("pick", "g", PICK), ("submit", "g", SUBMIT), ("announce", "h", ANNOUNCE)]
+        tmp_path,
+        [
+            ("pick", "g", PICK + SAY_IDS),
+            ("submit", "g", SUBMIT + SAY_IDS),
+            ("announce", "h", ANNOUNCE + SAY_IDS),
+        ],
     )
     before = tree_digest(wf)
     events: list[RunEvent] = []
@@ -171,6 +182,10 @@ def test_the_chain_carries_the_db_copy_and_group_folders_and_leaves_the_real_one
     step_records = [read_record((root / (s.record or "")).parent) for s in record.steps]
     assert len({r.id for r in step_records}) == 3
     assert all(r.workflow_run_id == record.id for r in step_records)
+    # One test run: every step's AGENTWORKS_TEST_RUN_ID is the chain's; its own step and
+    # step run are named beside it.
+    for step_record in step_records:
+        assert f"IDS {record.id} {step_record.step_id} {step_record.id}" in step_record.stdout.text
     # The chain's stubbed actions come first, each naming its step.
     assert [(a.step_id, a.tool) for a in record.stubbed] == [
         ("pick", "notify_user"),

@@ -1,11 +1,12 @@
 """`make demo-workflow`: the job-board example's whole chain once, in test mode.
 
-bid-pick-job -> bid-submit -> outreach run as one test run (`sandbox.execute_workflow`)
-against the fake job-board API: the proposals row bid-pick-job claims reaches
-bid-submit through the chain's DB copy, and its claim.json through the bids group
-folder. Each guarded call is printed as the guard logs it; then the chain's record
-(every stubbed action first), and proof that nothing reached the outside world and
-that the real DB is unchanged.
+bid-pick-job -> bid-submit -> outreach run as one test run and are judged against
+`expect/chain.toml` (`sandbox.verify_workflow`) against the fake job-board API: the
+proposals row bid-pick-job claims reaches bid-submit through the chain's DB copy,
+and its claim.json through the bids group folder. Each guarded call is printed as
+the guard logs it; then the chain's record (every stubbed action first), proof that
+nothing reached the outside world and that the real DB is unchanged, and the
+workflow verdict (per step and for the chain).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import docker  # noqa: E402
 from harness import fake_jobboard  # noqa: E402
 from setup import ensure_db  # noqa: E402
 
-from sandbox import RunOptions, execute_workflow  # noqa: E402
+from sandbox import RunOptions, WorkflowOptions, verify_workflow  # noqa: E402
+from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record  # noqa: E402
 from sandbox.progress import FollowPrinter  # noqa: E402
 
 
@@ -35,15 +37,16 @@ def main() -> int:
     printer = FollowPrinter.for_stream(sys.stdout, as_json=False)
     with fake_jobboard(client) as fake:
         try:
-            record = execute_workflow(
-                HERE, options=RunOptions(upstream_networks=(fake.network,)), on_event=printer
-            )
+            options = RunOptions(upstream_networks=(fake.network,), on_event=printer)
+            verification = verify_workflow(HERE, "expect/chain.toml", WorkflowOptions(step=options))
         finally:
             printer.close()
         state = fake.state()
+    root = HERE / "runs" / verification.run_id
+    record = read_any_record(root)
+    assert isinstance(record, WorkflowRunRecord)
     for line in record.summary_lines():
         print(line)
-    root = HERE / "runs" / record.id
     print(f"record: {root / 'test_mode.json'}")
     if record.db is not None:
         copy = sqlite3.connect(f"file:{root / record.db}?mode=ro", uri=True)
@@ -66,7 +69,10 @@ def main() -> int:
     )
     same = hashlib.sha256(db.read_bytes()).hexdigest() == before
     print(f"real workflow DB unchanged: {same}")
-    return 0 if record.status.value == "passed" and same else 1
+    print("--- the workflow verdict (expect/chain.toml) ---")
+    for line in verification.lines():
+        print(line)
+    return 0 if verification.passed and same else 1
 
 
 if __name__ == "__main__":

@@ -112,6 +112,9 @@ class RunPlan:
     egress_ca: EgressCA | None = None  # set when some allow-list entry is inspected
     ids: IdMap = NO_REMAP  # the engine's remapping: what host ids the runner chowns to
     step_runtime: StepRuntime = "runc"  # runsc: the step under gVisor (see launch.runtime)
+    # The test run the step belongs to: a whole-workflow run's id for each step of a
+    # chain, else the step's own run id ("": the step's own).
+    test_run_id: str = ""
 
 
 def egress_for_run(workflow: Workflow, extra_hosts: tuple[str, ...]) -> Egress:
@@ -225,11 +228,18 @@ def guard_spec(plan: RunPlan) -> ContainerSpec:
 
 
 def step_env(plan: RunPlan, *, has_ca_bundle: bool) -> dict[str, str]:
-    """The step's whole environment: test mode, its DB copy, and its only ways out."""
+    """The step's whole environment: test mode, its DB copy, and its only ways out.
+
+    `AGENTWORKS_TEST_RUN_ID` is the test run: in a whole-workflow run every step of
+    the chain gets the chain's id (one test run); `AGENTWORKS_TEST_STEP_ID` is the
+    workflow step and `AGENTWORKS_TEST_STEP_RUN_ID` the step's own run (its record's
+    id, the run id itself when the step runs alone)."""
     proxy = f"http://127.0.0.1:{EGRESS_PORT}"
     env = {
         "AGENTWORKS_TEST_MODE": "1",
-        "AGENTWORKS_TEST_RUN_ID": plan.layout.run_id,
+        "AGENTWORKS_TEST_RUN_ID": plan.test_run_id or plan.layout.run_id,
+        "AGENTWORKS_TEST_STEP_ID": plan.step.id,
+        "AGENTWORKS_TEST_STEP_RUN_ID": plan.layout.run_id,
         "HOME": "/tmp",
         "PYTHONDONTWRITEBYTECODE": "1",
         "AGENTWORKS_BRIDGE_URL": f"http://127.0.0.1:{BRIDGE_PORT}",

@@ -403,6 +403,7 @@ class TestRun:
             has_db=seed.db is not None,
             ids=ids,
             step_runtime=step_runtime,
+            test_run_id=record.workflow_run_id or layout.run_id,
         )
         return self._run_phases(backend, plan, seed, inputs.prompt, record)
 
@@ -415,6 +416,7 @@ class TestRun:
         has_db: bool,
         ids: IdMap = NO_REMAP,
         step_runtime: StepRuntime = "runc",
+        test_run_id: str = "",
     ) -> RunPlan:
         workflow = inputs.workflow
         egress = egress_for_run(workflow, self.options.allow_hosts)
@@ -442,6 +444,7 @@ class TestRun:
             fsync_action_log=self.options.fsync_action_log,
             ids=ids,
             step_runtime=step_runtime,
+            test_run_id=test_run_id,
         )
 
     def _run_phases(

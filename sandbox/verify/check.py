@@ -15,11 +15,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, JsonValue
 
 from sandbox.contracts.reports import RowChange
-from sandbox.verify.evidence import Call, Evidence
+from sandbox.verify.evidence import Call, Evidence, Facts, GroupFiles
 from sandbox.verify.expect import (
     CallExpectation,
     DbExpectation,
     FileExpectation,
+    InSteps,
     Match,
     Named,
     NoCallExpectation,
@@ -50,7 +51,10 @@ class ExpectationResult(BaseModel):
 
 
 def _calls_like(shape: _CallShape, calls: list[Call]) -> tuple[list[Call], list[Call]]:
-    """(calls of this tool/host whose arguments match, calls of it whose do not)."""
+    """(calls of this tool/host whose arguments match, calls of it whose do not); a
+    chain's expectation that names `steps` counts only those steps' calls."""
+    if isinstance(shape, InSteps) and shape.steps:
+        calls = [c for c in calls if c.in_step in shape.steps]
     same_tool = [
         c
         for c in calls
@@ -72,18 +76,18 @@ def _near_miss(shape: _CallShape, misses: list[Call]) -> str:
     return f"; nearest: line {misses[0].lineno} has {m.path or '$'} = {show(got)}"
 
 
-def _log_caveat(ev: Evidence) -> str:
+def _log_caveat(ev: Facts) -> str:
     notes = []
     if ev.log_truncated:
         notes.append("the action log is past its cap, later calls unread")
-    if ev.record.actions.log_full:
+    if ev.log_full:
         notes.append("the action log filled: later calls have no line")
     if ev.malformed_lines:
         notes.append(f"{ev.malformed_lines} action-log line(s) did not parse")
     return "; ".join(notes)
 
 
-def check_call(e: CallExpectation, ev: Evidence, first_of: dict[str, int]) -> ExpectationResult:
+def check_call(e: CallExpectation, ev: Facts, first_of: dict[str, int]) -> ExpectationResult:
     hit, misses = _calls_like(e, ev.calls)
     others = [c for c in hit if e.decision != "any" and c.line.decision != e.decision]
     counted = [c for c in hit if c not in others]
@@ -121,7 +125,7 @@ def check_call(e: CallExpectation, ev: Evidence, first_of: dict[str, int]) -> Ex
     )
 
 
-def check_no_call(e: NoCallExpectation, ev: Evidence) -> ExpectationResult:
+def check_no_call(e: NoCallExpectation, ev: Facts) -> ExpectationResult:
     hit, _ = _calls_like(e, ev.calls)
     caveat = _log_caveat(ev)
     ok = not hit and not caveat
@@ -166,11 +170,11 @@ def _cite_row(table: str, change: RowChange) -> str:
     return f"db {table} {change.kind} row: {shown}"
 
 
-def _db_rows(e: DbExpectation, ev: Evidence) -> tuple[list[RowChange], str]:
+def _db_rows(e: DbExpectation, ev: Facts) -> tuple[list[RowChange], str]:
     """The diff's rows this expectation matches, and why they cannot be trusted ("")."""
-    diff = ev.record.db_diff
+    diff = ev.db_diff
     if diff is None:
-        return [], "the run had no DB diff" + (" (no workflow DB)" if ev.record.no_db else "")
+        return [], "the run had no DB diff" + (" (no workflow DB)" if ev.no_db else "")
     if diff.error:
         return [], f"the DB diff failed: {diff.error}"
     table = next((t for t in diff.tables if t.name == e.table), None)
@@ -186,7 +190,7 @@ def _db_rows(e: DbExpectation, ev: Evidence) -> tuple[list[RowChange], str]:
     return rows, ("the diff's row list is capped" if table.truncated else "")
 
 
-def check_db(e: DbExpectation, ev: Evidence) -> ExpectationResult:
+def check_db(e: DbExpectation, ev: Facts) -> ExpectationResult:
     rows, caveat = _db_rows(e, ev)
     low, high = e.bounds()
     n = len(rows)
@@ -194,7 +198,7 @@ def check_db(e: DbExpectation, ev: Evidence) -> ExpectationResult:
     happened = f"{n} matching row(s)"
     if caveat:
         happened += f"; {caveat}"
-    diff = ev.record.db_diff
+    diff = ev.db_diff
     table = next((t for t in diff.tables if t.name == e.table), None) if diff else None
     evidence = [_cite_row(e.table, r) for r in rows[:3]]
     if table is None and not caveat:
@@ -210,15 +214,13 @@ def check_db(e: DbExpectation, ev: Evidence) -> ExpectationResult:
     )
 
 
-def check_no_other_db(
-    e: NoOtherDbChanges, ev: Evidence, db: list[DbExpectation]
-) -> ExpectationResult:
-    diff = ev.record.db_diff
+def check_no_other_db(e: NoOtherDbChanges, ev: Facts, db: list[DbExpectation]) -> ExpectationResult:
+    diff = ev.db_diff
     expected = e.describe()
     if diff is None:
-        happened = "no DB diff (the run had no workflow DB)" if ev.record.no_db else "no DB diff"
+        happened = "no DB diff (the run had no workflow DB)" if ev.no_db else "no DB diff"
         return ExpectationResult(
-            label="", kind=e.kind, ok=ev.record.no_db, expected=expected, happened=happened
+            label="", kind=e.kind, ok=ev.no_db, expected=expected, happened=happened
         )
     if diff.error:
         return ExpectationResult(
@@ -281,8 +283,8 @@ def check_no_other_db(
     )
 
 
-def _file_state(path: str, ev: Evidence) -> Literal["created", "changed", "deleted", "untouched"]:
-    files = ev.record.files
+def _file_state(path: str, ev: GroupFiles) -> Literal["created", "changed", "deleted", "untouched"]:
+    files = ev.files
     if path in files.created:
         return "created"
     if path in files.changed:
@@ -302,13 +304,13 @@ def _content_value(data: bytes, m: Match) -> Any:
         return None
 
 
-def check_file(e: FileExpectation, ev: Evidence) -> ExpectationResult:
+def check_file(e: FileExpectation, ev: GroupFiles) -> ExpectationResult:
     state = _file_state(e.path, ev)
     wanted = {"written": ("created", "changed")}.get(e.change, (e.change,))
     ok = state in wanted
     happened = f"{e.path} {state}"
-    cite = f"record files: {e.path} {state}"
-    if ev.record.files.truncated and state == "untouched":
+    cite = f"{ev.files_label}: {e.path} {state}"
+    if ev.files.truncated and state == "untouched":
         ok = False
         happened += " as far as the record says (its file lists are capped)"
     if ok and e.content:
@@ -337,23 +339,38 @@ def _select(value: Any, m: Match) -> Any:
     return select(value, m.path)
 
 
-def check_status(e: StatusExpectation, ev: Evidence) -> ExpectationResult:
-    rec = ev.record
-    ok = rec.status.value == e.status and (e.exit_code is None or rec.exit_code == e.exit_code)
-    happened = f"status {rec.status.value}, exit code {rec.exit_code}"
-    if rec.reason:
-        happened += f" ({rec.reason})"
+def check_status(e: StatusExpectation, ev: Facts) -> ExpectationResult:
+    ok = ev.status.value == e.status and (e.exit_code is None or ev.exit_code == e.exit_code)
+    if not isinstance(ev, Evidence):  # a whole chain: its status, no exit code
+        happened = f"chain status {ev.status.value}" + (f" ({ev.reason})" if ev.reason else "")
+        return ExpectationResult(
+            label="",
+            kind=e.kind,
+            ok=ok,
+            expected=e.describe(),
+            happened=happened,
+            evidence=[f"workflow record: status {ev.status.value}"],
+        )
+    happened = f"status {ev.status.value}, exit code {ev.exit_code}"
+    if ev.reason:
+        happened += f" ({ev.reason})"
     return ExpectationResult(
         label="",
         kind=e.kind,
         ok=ok,
         expected=e.describe(),
         happened=happened,
-        evidence=[f"record: status {rec.status.value}, exit_code {rec.exit_code}"],
+        evidence=[f"record: status {ev.status.value}, exit_code {ev.exit_code}"],
     )
 
 
-def check_all(named: list[Named], ev: Evidence) -> list[ExpectationResult]:
+def _unjudged(kind: str, expected: str, why: str) -> ExpectationResult:
+    return ExpectationResult(
+        label="", kind=kind, ok=False, expected=expected, happened=f"not judged here: {why}"
+    )
+
+
+def check_all(named: list[Named], ev: Facts) -> list[ExpectationResult]:
     """One result per expectation, in the order they were written."""
     first_of: dict[str, int] = {}
     for n in named:
@@ -376,7 +393,13 @@ def check_all(named: list[Named], ev: Evidence) -> list[ExpectationResult]:
         elif isinstance(e, NoOtherDbChanges):
             result = check_no_other_db(e, ev, db)
         elif isinstance(e, FileExpectation):
-            result = check_file(e, ev)
+            group = getattr(e, "group", None)
+            folder = ev.files_for(group)
+            result = (
+                check_file(e, folder)
+                if folder is not None
+                else _unjudged(e.kind, e.describe(), f"no step of the chain ran in group {group}")
+            )
         else:
             result = check_status(e, ev)
         results.append(result.model_copy(update={"label": n.label}))

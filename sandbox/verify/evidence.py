@@ -13,10 +13,18 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import ValidationError
 
-from sandbox.contracts.record import ACTIONS_FILE, TestRunRecord, read_record
+from sandbox.contracts.record import (
+    ACTIONS_FILE,
+    FileChanges,
+    RunStatus,
+    TestRunRecord,
+    read_record,
+)
+from sandbox.contracts.reports import DbDiff
 from sandbox.contracts.wire import ActionLine
 
 MAX_LOG_BYTES = 64 * 1024 * 1024
@@ -32,6 +40,9 @@ class Call:
     line: ActionLine
     raw: str
     outcome: ActionLine | None = None
+    # In a whole-workflow run: the chain step whose own log holds the line (the line
+    # number is then the chain's action log's), else "".
+    in_step: str = ""
 
     @property
     def method(self) -> str:
@@ -44,7 +55,45 @@ class Call:
     def cite(self, limit: int = 400) -> str:
         """The action-log line that decided, as a reader can find it in the file."""
         text = self.raw if len(self.raw) <= limit else self.raw[: limit - 3] + "..."
-        return f"action log line {self.lineno}: {text}"
+        step = f" (step {self.in_step})" if self.in_step else ""
+        return f"action log line {self.lineno}{step}: {text}"
+
+
+class GroupFiles(Protocol):
+    """What a file expectation reads: a group folder's changes and its files."""
+
+    @property
+    def files(self) -> FileChanges: ...
+    @property
+    def files_label(self) -> str: ...
+    def read_group_file(self, rel: str) -> bytes | None: ...
+
+
+class Facts(Protocol):
+    """What the checks read: one step's run (`Evidence`) or a whole chain's."""
+
+    def files_for(self, group: str | None) -> GroupFiles | None:
+        """The group folder a file expectation looks at (None: there is none)."""
+        ...
+
+    @property
+    def calls(self) -> list[Call]: ...
+    @property
+    def malformed_lines(self) -> int: ...
+    @property
+    def log_truncated(self) -> bool: ...
+    @property
+    def log_full(self) -> bool: ...
+    @property
+    def db_diff(self) -> DbDiff | None: ...
+    @property
+    def no_db(self) -> bool: ...
+    @property
+    def status(self) -> RunStatus: ...
+    @property
+    def exit_code(self) -> int | None: ...
+    @property
+    def reason(self) -> str: ...
 
 
 @dataclass
@@ -54,6 +103,42 @@ class Evidence:
     calls: list[Call] = field(default_factory=list)
     malformed_lines: int = 0
     log_truncated: bool = False
+
+    @property
+    def log_full(self) -> bool:
+        return self.record.actions.log_full
+
+    @property
+    def db_diff(self) -> DbDiff | None:
+        return self.record.db_diff
+
+    @property
+    def no_db(self) -> bool:
+        return self.record.no_db
+
+    @property
+    def status(self) -> RunStatus:
+        return self.record.status
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.record.exit_code
+
+    @property
+    def reason(self) -> str:
+        return self.record.reason
+
+    @property
+    def files(self) -> FileChanges:
+        return self.record.files
+
+    @property
+    def files_label(self) -> str:
+        return "record files"
+
+    def files_for(self, group: str | None) -> GroupFiles | None:
+        """The step's own group folder (a step's expectations name no other)."""
+        return self if group is None or group == self.record.group else None
 
     def read_group_file(self, rel: str) -> bytes | None:
         """A regular file of the run's copy of the group folder (the step's output), or
@@ -132,3 +217,15 @@ def gather(run_root: Path) -> Evidence:
     record = read_record(run_root)
     calls, malformed, truncated = read_calls(run_root / ACTIONS_FILE)
     return Evidence(run_root, record, calls, malformed, truncated)
+
+
+def count_lines(path: Path) -> int:
+    """The number of lines of a log (as `read_calls` numbers them), 0 if unreadable."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return 0
+        return len(handle.read(MAX_LOG_BYTES).splitlines())

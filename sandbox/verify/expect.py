@@ -194,6 +194,16 @@ class _CallShape(_Strict):
         return what
 
 
+class InSteps(_Strict):
+    """A whole chain's call expectation: `steps` counts only those steps' calls (none:
+    every step's)."""
+
+    steps: list[str] = Field(default_factory=list)
+
+    def describe_steps(self) -> str:
+        return f" (in step {', '.join(self.steps)})" if self.steps else " (across the chain)"
+
+
 class CallExpectation(_CallShape, _Counted):
     kind: Literal["call"]
     decision: Literal["stub", "allow", "redirect", "refuse", "any"] = "stub"
@@ -391,9 +401,11 @@ _KNOWN_FIELDS = sorted(
             FileExpectation,
             StatusExpectation,
             Match,
+            InSteps,
         )
         for name in model.model_fields
     }
+    | {"own", "id"}
 )
 
 
@@ -432,12 +444,21 @@ def _field_name(prefix: str, loc: tuple[Any, ...]) -> str:
 
 
 def _validate(
-    tables: list[Any], source: Path, text: str, step_index: int | None, prefix: str
-) -> list[Expectation]:
-    out: list[Expectation] = []
+    tables: list[Any],
+    source: Path,
+    text: str,
+    step_index: int | None,
+    prefix: str,
+    container: type[BaseModel] | None = None,
+) -> list[Any]:
+    """Each table validated as one `expect` entry of `container` (a model whose only
+    field is `expect`: a step's kinds by default)."""
+    model = container or ExpectationFile
+    out: list[Any] = []
     for index, table in enumerate(tables):
         try:
-            out.append(ExpectationFile.model_validate({"expect": [table]}).expect[0])
+            validated: Any = model.model_validate({"expect": [table]})
+            out.append(validated.expect[0])
         except ValidationError as exc:
             loc, msg = _explain(exc)
             line = _line_of(text, step_index, index, loc)
@@ -489,18 +510,20 @@ def load_expectations(workflow_dir: Path, workflow: Workflow, step: Step) -> lis
             f"step {step.id} has no expectations: add [[steps.expect]] tables to "
             f"{WORKFLOW_FILE} or name a file with expect_file"
         )
-    return _labelled(found, step)
+    return labelled(found, f"step {step.id}")
 
 
-def _labelled(found: list[Expectation], step: Step) -> list[Named]:
+def labelled(found: list[Expectation], where: str) -> list[Named]:
+    """Each expectation with its label; ConfigError for a name used twice or an `after`
+    that names no expectation of the same list (`where` says which list)."""
     names = [e.name for e in found if e.name]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ConfigError(f"step {step.id}: expectation name(s) used twice: {', '.join(dupes)}")
+        raise ConfigError(f"{where}: expectation name(s) used twice: {', '.join(dupes)}")
     for e in found:
         if isinstance(e, CallExpectation) and e.after is not None and e.after not in names:
             raise ConfigError(
-                f"step {step.id}: expectation {e.name or e.describe()!r}: after names no "
+                f"{where}: expectation {e.name or e.describe()!r}: after names no "
                 f"expectation ({e.after!r}; named: {', '.join(names) or 'none'})"
             )
     return [Named(label=e.name or e.describe(), expectation=e) for e in found]

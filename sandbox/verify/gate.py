@@ -129,3 +129,69 @@ def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = Fal
             False, f"{step_id} changed since its last verification ({shown_parts})" + effect_note
         )
     return GateResult(False, f"{step_id} has no passing verification" + effect_note)
+
+
+def gate_workflow(
+    workflow_dir: Path | str,
+    expectations_file: Path | str,
+    *,
+    from_step: str | None = None,
+    to_step: str | None = None,
+) -> GateResult:
+    """The Pulse rule for a chain: a passing workflow verification of these steps
+    (`from_step`..`to_step`, the whole order by default) under the file's current
+    expectations, with every step at its current content hash."""
+    from sandbox.run.workflowrun import chain_of
+    from sandbox.verify.workflow_expect import load_workflow_expectations
+
+    wf_dir = Path(workflow_dir).absolute()
+    workflow = load_workflow(wf_dir)
+    expectations = load_workflow_expectations(wf_dir, workflow, expectations_file)
+    chain = chain_of(workflow, from_step, to_step)
+    ids = [s.id for s in chain]
+    now = {s.id: current_content(wf_dir, workflow, s) for s in chain}
+    what = f"the chain {' -> '.join(ids)} ({expectations.source})"
+    past = [
+        e
+        for e in history.read_workflow(wf_dir)
+        if e.chain_steps == ids and e.expectations_file == expectations.source
+    ]
+
+    def at_now(entry: history.WorkflowHistoryEntry) -> bool:
+        return all(
+            entry.content.get(i) is not None and entry.content[i].digest == now[i].digest
+            for i in ids
+        )
+
+    current = [e for e in past if at_now(e)]
+    passing = [e for e in current if e.passed and e.expectations_digest == expectations.digest]
+    if passing:
+        return GateResult(True, f"{what} verified at its current version ({passing[-1].run_id})")
+    if current:
+        last = current[-1]
+        if last.passed:
+            return GateResult(
+                False,
+                f"{what}: the expectations changed since its last verification ({last.run_id})",
+            )
+        failed = "; ".join(last.failed[:3]) or "?"
+        return GateResult(
+            False,
+            f"{what}: its last verification at the current version failed "
+            f"({last.run_id}: {failed})",
+        )
+    verified = [e for e in past if e.passed]
+    if verified:
+        last_ok = verified[-1]
+        changed: list[str] = []
+        for i in ids:
+            before = last_ok.content.get(i)
+            if before is None:
+                changed.append(f"{i}: not in that run")
+            elif before.digest != now[i].digest:
+                parts = changed_parts(before.parts, now[i].parts)
+                changed.append(f"{i}: {', '.join(parts[:5])}")
+        return GateResult(
+            False, f"{what} changed since its last verification ({'; '.join(changed)})"
+        )
+    return GateResult(False, f"{what} has no passing verification")

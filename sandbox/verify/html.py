@@ -1,5 +1,9 @@
 """A test run as one self-contained HTML file people read (`sandbox report RUN --html FILE`).
 
+A whole-workflow run's report has the workflow verdict (each step's results and
+the chain's), the chain's stubbed actions, its steps, the timeline of the chain's
+action log and the chain's DB diff, under the same rules.
+
 In this order: the verdict (the verification's, else the run's status), every
 stubbed action, the timeline of guarded calls (decision, duration, session),
 the DB diff as tables, the files changed, the egress lines, then preflight and
@@ -18,8 +22,11 @@ from typing import Any
 
 from sandbox.contracts.record import TestRunRecord, write_json_atomic
 from sandbox.contracts.reports import DbDiff
+from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record
+from sandbox.verify.check import ExpectationResult
 from sandbox.verify.evidence import Call, gather
 from sandbox.verify.verdict import Verification, read_verification
+from sandbox.verify.workflow_verdict import WorkflowVerification, read_workflow_verification
 
 MAX_TIMELINE = 2000
 MAX_ARG_CHARS = 300
@@ -237,5 +244,109 @@ def render(run_root: Path) -> str:
     )
 
 
+def _results(results: list[ExpectationResult]) -> str:
+    rows = [
+        [
+            f'<span class="{"pass" if r.ok else "fail"}">{"PASS" if r.ok else "FAIL"}</span>',
+            _e(r.label),
+            _e(r.expected),
+            _e(r.happened),
+            f'<span class="mono">{_e(chr(10).join(r.evidence))}</span>',
+        ]
+        for r in results
+    ]
+    return _table(["", "expectation", "expected", "happened", "evidence"], rows)
+
+
+def _workflow_verdict(record: WorkflowRunRecord, verification: WorkflowVerification | None) -> str:
+    if verification is None:
+        ok = record.status.value == "passed"
+        return (
+            f'<p class="verdict {"pass" if ok else "fail"}">chain {_e(record.status.value)}'
+            " (no verification)</p>" + (f"<p>{_e(record.reason)}</p>" if record.reason else "")
+        )
+    ok = verification.passed
+    everything = [r for s in verification.steps for r in s.results] + verification.chain
+    parts = [
+        f'<p class="verdict {"pass" if ok else "fail"}">{"PASS" if ok else "FAIL"}: '
+        f"{sum(r.ok for r in everything)} of {len(everything)} expectation(s) held "
+        f"({_e(verification.expectations_file)})</p>"
+    ]
+    for step in verification.steps:
+        if step.results:
+            mark = "PASS" if step.passed else "FAIL"
+            parts.append(
+                f"<h3>step {step.index} {_e(step.step_id)}: {mark} ({_e(step.status)})</h3>"
+                + _results(step.results)
+            )
+    parts.append("<h3>the chain</h3>" + _results(verification.chain))
+    digest = "".join(f"<li>{_e(line)}</li>" for line in verification.digest.lines())
+    return "".join(parts) + f"<h3>digest</h3><ul>{digest}</ul>"
+
+
+def _chain_steps(record: WorkflowRunRecord) -> str:
+    rows = [
+        [
+            _e(e.index),
+            _e(e.step_id),
+            _e(e.group),
+            _e(e.status.value),
+            _e(f"{e.duration_s:.1f} s" if e.duration_s is not None else ""),
+            _e(f"{e.actions.allow} allowed, {e.actions.stub} stubbed, {e.actions.refuse} refused"),
+            _e(e.reason),
+            f'<span class="mono">{_e(e.record or "")}</span>',
+        ]
+        for e in record.steps
+    ]
+    return _table(
+        ["", "step", "group", "status", "duration", "guarded calls", "reason", "record"], rows
+    )
+
+
+def _chain_stubbed(record: WorkflowRunRecord) -> str:
+    rows = [[_e(a.step_id), _e(a.tool), _e(a.reason), _e(a.detail)] for a in record.stubbed]
+    return _table(["step", "tool", "why it was stubbed", "detail"], rows)
+
+
+def render_workflow(run_root: Path, record: WorkflowRunRecord) -> str:
+    """A whole-workflow test run: its verdict (per step and for the chain), every
+    stubbed action of the chain, its steps, the timeline, and the chain's DB diff."""
+    from sandbox.verify.verifyworkflow import gather_chain
+
+    try:
+        verification = read_workflow_verification(run_root)
+    except (OSError, ValueError):
+        verification = None
+    _, chain = gather_chain(run_root, record)
+    sections = [
+        ("verdict", "Verdict", _workflow_verdict(record, verification)),
+        ("stubbed", "Stubbed actions of the chain (would have run)", _chain_stubbed(record)),
+        ("steps", "Steps", _chain_steps(record)),
+        ("timeline", "Timeline of guarded calls (the chain's action log)", _timeline(chain.calls)),
+        ("db", "DB diff (the real DB against the chain's copy)", _db(record.db_diff, False)),
+        ("egress", "Egress", _egress(chain.calls)),
+    ]
+    body = "".join(
+        f'<section id="{sid}"><h2>{_e(title)}</h2>{content}</section>'
+        for sid, title, content in sections
+    )
+    title = f"workflow test run {record.id}: {record.workflow_name}"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">'
+        '<meta name="referrer" content="no-referrer">'
+        f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>"
+        f"<h1>{_e(title)}</h1><p>status {_e(record.status.value)}, steps "
+        f"{_e(' -> '.join(s.step_id for s in record.steps))}, started "
+        f"{_e(record.started_at.isoformat())}</p>"
+        f"{body}</body></html>\n"
+    )
+
+
 def write_report(run_root: Path, out: Path) -> None:
-    write_json_atomic(out, render(run_root))
+    """The report of a test run's folder: one step's, or a whole workflow's."""
+    record = read_any_record(run_root)
+    if isinstance(record, WorkflowRunRecord):
+        write_json_atomic(out, render_workflow(run_root, record))
+    else:
+        write_json_atomic(out, render(run_root))

@@ -61,7 +61,7 @@ def judge(
     )
 
 
-def _content_kept(wf_dir: Path, step_id: str, record: TestRunRecord) -> list[ExpectationResult]:
+def content_kept(wf_dir: Path, step_id: str, record: TestRunRecord) -> list[ExpectationResult]:
     """A failing result when what defines the step changed while it ran (the workflow
     folder is live, read-only, in the step's view): the run then tested something
     other than what its hash names, so it verifies nothing. Nothing when unchanged."""
@@ -106,7 +106,7 @@ def verify_step(
     named = with_implicit_status(load_expectations(wf_dir, workflow, step))
     record = TestRun(wf_dir, step_id, options, backend=backend).execute()
     run_root = RunLayout(wf_dir, record.id, step.group).root
-    verification = judge(run_root, named, _content_kept(wf_dir, step_id, record))
+    verification = judge(run_root, named, content_kept(wf_dir, step_id, record))
     write_verification(run_root, verification)
     history.append(wf_dir, verification)
     return verification
