@@ -202,3 +202,12 @@ def test_results_round_trip_and_markdown_from_a_saved_file(
     printed = capsys.readouterr().out
     assert printed.startswith("| figure | ours |")
     assert "| copy: tree | 600 MB/s | 800 MB/s (cp -a) | 0.75x | >= 0.8x cp | NO |" in printed
+
+
+def test_the_cluster_benchmark_runs_only_when_named() -> None:
+    """A plain `make bench` never stands up a cluster: `kubernetes` is selectable by
+    `--only` but not among the benchmarks every run makes."""
+    from bench.harness import ALL_BENCHMARKS, BENCHMARKS, ON_REQUEST
+
+    assert "kubernetes" in ON_REQUEST and "kubernetes" in BENCHMARKS
+    assert "kubernetes" not in ALL_BENCHMARKS
