@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?=
 
-.PHONY: demo demo-workflow test test-walls test-kubernetes venv engine images lint typecheck bench bench-load clean
+.PHONY: demo demo-workflow test test-walls test-kubernetes venv engine images lint typecheck bench bench-load bench-kubernetes clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -63,6 +63,11 @@ bench: images
 
 bench-load: images
 	$(BIN)/sandbox bench --load
+
+# A cluster's start-up figure: the host config's cluster, else the local test cluster
+# (tests/kubernetes), started for the benchmark and stopped after it.
+bench-kubernetes: images
+	$(BIN)/sandbox bench --only kubernetes
 
 clean:
 	rm -rf build .pytest_cache .mypy_cache .ruff_cache

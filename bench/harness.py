@@ -8,7 +8,8 @@ sample, the phase breakdown, the host) to `bench/results.json`.
 
 Benchmarks, one module each (see the README's Performance section for what each
 goal means): `startup`, `treecopy`, `dbcopy`, `guard`, `scale`, `mcp`,
-`egress`; `results` is the arithmetic and the table, `common` what they share,
+`egress`, `walls`, `chain`, and `kubernetes` only when named (`--only kubernetes`: it
+needs a cluster); `results` is the arithmetic and the table, `common` what they share,
 and `programs/` the client programs they run inside containers. Peers run in
 the same benchmark as the guard: Squid and tinyproxy (`peers`, in containers built
 here) for egress, the log's sync alone for the guard. `--load` runs the same
@@ -56,6 +57,9 @@ LOAD_RESULTS_PATH = REPO_ROOT / "bench" / "results-load.json"  # a full run with
 
 
 ALL_BENCHMARKS = ("startup", "copy", "db", "guard", "scale", "mcp", "egress", "walls", "chain")
+# Only when named (`--only kubernetes`): it needs a cluster, the host config's or the
+# local test cluster it starts for the duration.
+ON_REQUEST = ("kubernetes",)
 
 
 BENCHMARKS: dict[str, tuple[str, Callable[[Bench], list[Row]]]] = {
@@ -68,7 +72,15 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Bench], list[Row]]]] = {
     "egress": ("egress", bench_egress),
     "walls": ("second walls", lambda b: _walls(b)),
     "chain": ("whole-workflow chain", lambda b: _chain(b)),
+    "kubernetes": ("start-up on a cluster", lambda b: _kubernetes(b)),
 }
+
+
+def _kubernetes(b: Bench) -> list[Row]:
+    """A no-op run as a Pod against a bare Pod on the same cluster (bench/kubernetes.py)."""
+    from bench.kubernetes import bench_kubernetes
+
+    return bench_kubernetes(b)
 
 
 def _chain(b: Bench) -> list[Row]:
@@ -150,7 +162,10 @@ def run(selected: list[str], sizes: Sizes, *, load: bool = False) -> BenchResult
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sandbox bench", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--only", default="", help=f"comma-separated subset of: {','.join(ALL_BENCHMARKS)}"
+        "--only",
+        default="",
+        help=f"comma-separated subset of: {','.join(ALL_BENCHMARKS + ON_REQUEST)} "
+        f"({', '.join(ON_REQUEST)} only when named)",
     )
     parser.add_argument("--quick", action="store_true", help="small sizes (developing the bench)")
     parser.add_argument(

@@ -211,3 +211,12 @@ def test_a_copy_spread_is_max_over_min() -> None:
     assert spread([0.5, 1.0, 0.8]) == pytest.approx(2.0)
     assert spread([0.7]) == pytest.approx(1.0)
     assert spread([]) is None
+
+
+def test_the_cluster_benchmark_runs_only_when_named() -> None:
+    """A plain `make bench` never stands up a cluster: `kubernetes` is selectable by
+    `--only` but not among the benchmarks every run makes."""
+    from bench.harness import ALL_BENCHMARKS, BENCHMARKS, ON_REQUEST
+
+    assert "kubernetes" in ON_REQUEST and "kubernetes" in BENCHMARKS
+    assert "kubernetes" not in ALL_BENCHMARKS

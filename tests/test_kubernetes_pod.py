@@ -210,6 +210,24 @@ def test_a_claim_gives_each_folder_as_a_subpath(tmp_path: Path) -> None:
     assert subs["/test/g"] == (str(p.layout.disk_group.relative_to(tmp_path)), False)
 
 
+def test_a_claim_is_never_re_owned_for_the_pods_group(tmp_path: Path) -> None:
+    """A volume plugin that manages ownership would chown the whole claim (the real
+    workflow folders on it) to an fsGroup: a Pod on a claim sets none, and its guard's
+    Secret (mounted by the guard's container alone) is readable without it."""
+    settings = BackendConfig(
+        kind="kubernetes", storage="pvc", claim="workflows", claim_root=str(tmp_path)
+    )
+    pod = build(plan(tmp_path), settings)[0]
+    assert "fsGroup" not in pod["spec"]["securityContext"]
+    assert volumes(pod)["guard-config"]["secret"]["defaultMode"] == 0o444
+    mounting = [
+        c["name"]
+        for c in [*pod["spec"]["initContainers"], *pod["spec"]["containers"]]
+        if any(m["name"] == "guard-config" for m in c.get("volumeMounts", []))
+    ]
+    assert mounting == ["guard"]
+
+
 def test_a_folder_off_the_claim_is_refused(tmp_path: Path) -> None:
     settings = BackendConfig(
         kind="kubernetes", storage="pvc", claim="w", claim_root=str(tmp_path / "elsewhere")

@@ -11,7 +11,6 @@ iptables rule naming it, and the host's Docker engine still runs a container.
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 import docker
 import pytest
-from kubernetes import client, watch
+from kubernetes import client
 
 from sandbox.backends.docker import images
 from sandbox.contracts import names
@@ -30,6 +29,7 @@ from tests.kubernetes.cluster import (
     Cluster,
     stop_orphans,
 )
+from tests.kubernetes.pods import namespace_of_its_own
 
 HERE = Path(__file__).resolve().parent
 
@@ -63,7 +63,7 @@ def _host_snapshot() -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def kube_cluster() -> Iterator[Cluster]:
-    """A Ready single-node cluster with the step and guard images and `step.json` installed."""
+    """A Ready single-node cluster, the step and guard images loaded, `step.json` installed."""
     engine = docker.from_env(timeout=120)
     images.require(engine, names.STEP_IMAGE)
     images.require(engine, names.GUARD_IMAGE)
@@ -71,7 +71,8 @@ def kube_cluster() -> Iterator[Cluster]:
     before = _host_snapshot()
     cluster = Cluster.start(images=(names.STEP_IMAGE, names.GUARD_IMAGE))
     try:
-        cluster.install_seccomp_profile(SECCOMP_DIR / "step.json")
+        # Its OCI form, as the node's containerd reads a Localhost profile.
+        cluster.install_seccomp_profile(SECCOMP_DIR / "step.oci.json", "step.json")
         yield cluster
     finally:
         bridge, directory = cluster.state.bridge, cluster.directory
@@ -109,14 +110,5 @@ def kube_core(kube_api: Any) -> Any:
 @pytest.fixture
 def kube_namespace(kube_core: Any) -> Iterator[str]:
     """A fresh namespace whose default service account exists (Pods need it to be admitted)."""
-    name = f"t-{secrets.token_hex(4)}"
-    kube_core.create_namespace({"metadata": {"name": name}})
-    w = watch.Watch()
-    for event in w.stream(kube_core.list_namespaced_service_account, name, timeout_seconds=60):
-        if event["object"].metadata.name == "default":
-            w.stop()
-            break
-    else:
-        pytest.fail(f"no default service account in {name} within 60 s")
-    yield name
-    kube_core.delete_namespace(name)
+    with namespace_of_its_own(kube_core) as name:
+        yield name

@@ -21,9 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
-from kubernetes import stream
 
 from sandbox.backends import BackendFactory
 from sandbox.backends.choose import connect_backend
@@ -36,6 +34,15 @@ from sandbox.hostfs import hostmount
 from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import ThreadedRun, tree_digest, write_workflow
 from tests.kubernetes.cluster import Cluster
+from tests.kubernetes.pods import (
+    exec_in,
+    no_pods_or_secrets,
+    pod_of,
+    proc_status,
+    processes_of,
+    server_pod,
+    start_server,
+)
 from tests.kubernetes.test_pod_shape import (
     OUTSIDE_PORT,
     container_state,
@@ -76,83 +83,6 @@ def node_dir(kube_cluster: Cluster) -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _server_pod(name: str, command: list[str], volumes: dict[str, Path]) -> dict[str, Any]:
-    pod = outside_server_pod()
-    pod["metadata"]["name"] = name
-    container = pod["spec"]["containers"][0]
-    container["command"] = command
-    container["volumeMounts"] = [
-        {"name": f"v{i}", "mountPath": target, "readOnly": True} for i, target in enumerate(volumes)
-    ]
-    pod["spec"]["volumes"] = [
-        {"name": f"v{i}", "hostPath": {"path": str(source), "type": "Directory"}}
-        for i, source in enumerate(volumes.values())
-    ]
-    return pod
-
-
-def _start_server(core: Any, namespace: str, manifest: dict[str, Any]) -> str:
-    """Create a server Pod; its IP once its container runs."""
-    name = manifest["metadata"]["name"]
-    created = core.create_namespaced_pod(namespace, manifest)
-    ready = watch_pod(
-        core,
-        namespace,
-        name,
-        created.metadata.resource_version,
-        lambda p: p.status.pod_ip and getattr(container_state(p, "server"), "running", None),
-    )
-    return str(ready.status.pod_ip)
-
-
-def _exec(core: Any, namespace: str, pod: str, argv: list[str]) -> str:
-    return str(
-        stream.stream(
-            core.connect_get_namespaced_pod_exec,
-            pod,
-            namespace,
-            command=argv,
-            stderr=True,
-            stdin=False,
-            stdout=True,
-            tty=False,
-        )
-    )
-
-
-def _pod_of(core: Any, namespace: str, run_id: str) -> Any:
-    (pod,) = core.list_namespaced_pod(
-        namespace, label_selector=f"{names.LABEL_RUN_ID}={run_id}"
-    ).items
-    return pod
-
-
-def _processes_of(pod_uid: str, uid: int) -> list[psutil.Process]:
-    """The host's processes in the Pod's cgroups running as `uid`."""
-    marker = "pod" + pod_uid
-    found = []
-    for proc in psutil.process_iter(["uids"]):
-        try:
-            if proc.info["uids"].real != uid:
-                continue
-            if marker in Path(f"/proc/{proc.pid}/cgroup").read_text():
-                found.append(proc)
-        except (OSError, psutil.Error):
-            continue
-    return found
-
-
-def _status(pid: int) -> dict[str, str]:
-    text = Path(f"/proc/{pid}/status").read_text()
-    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
-
-
-def _no_pods_or_secrets(core: Any, namespace: str) -> None:
-    selector = f"{names.LABEL_MANAGED}=true"
-    assert core.list_namespaced_pod(namespace, label_selector=selector).items == []
-    assert core.list_namespaced_secret(namespace, label_selector=selector).items == []
-
-
 def test_job_board_bid_submit_passes_with_its_stubs(
     kube_core: Any, kube_namespace: str, pods: BackendFactory, node_dir: Path
 ) -> None:
@@ -166,10 +96,10 @@ def test_job_board_bid_submit_passes_with_its_stubs(
     ensure_db(wf)
     before = tree_digest(wf)
     command = ["python3", "/api/server.py", "--port", str(JOBBOARD_PORT)]
-    board_ip = _start_server(
+    board_ip = start_server(
         kube_core,
         kube_namespace,
-        _server_pod("jobboard", command, {"/api": wf / "fake_api"}),
+        server_pod("jobboard", command, {"/api": wf / "fake_api"}),
     )
     options = RunOptions(upstream_bridge=f"http://{board_ip}:{JOBBOARD_PORT}")
     record = TestRun(wf, "bid-submit", options, backend=pods).execute()
@@ -181,7 +111,7 @@ def test_job_board_bid_submit_passes_with_its_stubs(
     assert record.actions.allow > 0  # its reads reached the fake API through the guard
     assert tree_digest(wf) == before
     state = json.loads(
-        _exec(
+        exec_in(
             kube_core,
             kube_namespace,
             "jobboard",
@@ -195,7 +125,7 @@ def test_job_board_bid_submit_passes_with_its_stubs(
     )
     assert state["proposals"] == [] and state["connects"] == 100
     assert read_record(wf / "runs" / record.id) == record
-    _no_pods_or_secrets(kube_core, kube_namespace)
+    no_pods_or_secrets(kube_core, kube_namespace)
     assert not hostmount.mounts_below(wf)
 
 
@@ -226,7 +156,7 @@ print("PROBE " + json.dumps(out), flush=True)
 def test_the_step_cannot_reach_outside_or_write_the_workflow(
     kube_core: Any, kube_namespace: str, pods: BackendFactory, node_dir: Path
 ) -> None:
-    outside_ip = _start_server(kube_core, kube_namespace, outside_server_pod())
+    outside_ip = start_server(kube_core, kube_namespace, outside_server_pod())
     wf = write_workflow(
         node_dir,
         command=["python3", "/workflow/code/probe.py", outside_ip, str(OUTSIDE_PORT)],
@@ -247,7 +177,7 @@ def test_the_step_cannot_reach_outside_or_write_the_workflow(
     assert all(int(v, 16) == 0 for v in probe["caps"].values()), probe["caps"]
     assert tree_digest(wf) == before
     assert "out.txt" in record.files.created
-    _no_pods_or_secrets(kube_core, kube_namespace)
+    no_pods_or_secrets(kube_core, kube_namespace)
 
 
 HOLD_STEP = r"""
@@ -258,6 +188,9 @@ while not os.path.exists("go") and time.monotonic() < deadline:
     time.sleep(0.05)
 print("released", flush=True)
 """
+
+
+HOST_NAMESPACES = ("net", "pid", "ipc", "uts", "mnt")
 
 
 def _hold_workflow(node_dir: Path) -> Path:
@@ -272,16 +205,29 @@ def test_the_running_step_holds_no_capability_read_from_the_node(
     wf = _hold_workflow(node_dir)
     with ThreadedRun(wf, backend=pods) as run:
         ready = run.wait_for_in_group("ready")
-        pod = _pod_of(kube_core, kube_namespace, run.layout.run_id)
-        steps = _processes_of(pod.metadata.uid, STEP_UID)
-        guards = _processes_of(pod.metadata.uid, GUARD_UID)
+        pod = pod_of(kube_core, kube_namespace, run.layout.run_id)
+        steps = processes_of(pod.metadata.uid, STEP_UID)
+        guards = processes_of(pod.metadata.uid, GUARD_UID)
         assert steps and guards
         for proc in [*steps, *guards]:
-            status = _status(proc.pid)
+            status = proc_status(proc.pid)
             for key in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
                 assert int(status[key], 16) == 0, (proc.pid, key, status[key])
             assert status["NoNewPrivs"].strip() == "1"
             assert status["Seccomp"].strip() == "2"
+            # No host namespace: each is the Pod's own, not the node's (this runner's).
+            for ns in HOST_NAMESPACES:
+                ours = os.readlink(f"/proc/{proc.pid}/ns/{ns}")
+                assert ours != os.readlink(f"/proc/self/ns/{ns}"), (proc.pid, ns)
+        # The network, IPC and UTS namespaces are the Pod's, shared by its two
+        # containers; each container has its own process and mount namespace.
+        step_ns = {ns: os.readlink(f"/proc/{steps[0].pid}/ns/{ns}") for ns in HOST_NAMESPACES}
+        guard_ns = {ns: os.readlink(f"/proc/{guards[0].pid}/ns/{ns}") for ns in HOST_NAMESPACES}
+        assert {ns for ns in HOST_NAMESPACES if step_ns[ns] == guard_ns[ns]} == {
+            "net",
+            "ipc",
+            "uts",
+        }
         (ready.parent / "go").touch()
     assert run.record.status is RunStatus.PASSED, (run.record.reason, run.record.stderr.text)
     assert "released" in run.record.stderr.text
@@ -293,8 +239,8 @@ def test_killing_the_guard_kills_the_step(
     wf = _hold_workflow(node_dir)
     with ThreadedRun(wf, join_s=180, backend=pods) as run:
         run.wait_for_in_group("ready")
-        pod = _pod_of(kube_core, kube_namespace, run.layout.run_id)
-        guards = _processes_of(pod.metadata.uid, GUARD_UID)
+        pod = pod_of(kube_core, kube_namespace, run.layout.run_id)
+        guards = processes_of(pod.metadata.uid, GUARD_UID)
         assert guards
         started = time.monotonic()
         for proc in guards:
@@ -304,7 +250,7 @@ def test_killing_the_guard_kills_the_step(
     assert record.exit_code != 0
     assert "released" not in record.stderr.text
     assert time.monotonic() - started < 120
-    _no_pods_or_secrets(kube_core, kube_namespace)
+    no_pods_or_secrets(kube_core, kube_namespace)
 
 
 def test_a_step_past_its_timeout_is_killed(
@@ -316,7 +262,7 @@ def test_a_step_past_its_timeout_is_killed(
     assert record.status is RunStatus.TIMEOUT, (record.reason, record.stderr.text)
     assert record.exit_code is None and "released" not in record.stderr.text
     assert time.monotonic() - started < 120
-    _no_pods_or_secrets(kube_core, kube_namespace)
+    no_pods_or_secrets(kube_core, kube_namespace)
 
 
 def test_a_killed_runner_leaves_a_valid_record_and_gc_removes_the_pod(
@@ -362,7 +308,7 @@ def test_a_killed_runner_leaves_a_valid_record_and_gc_removes_the_pod(
             runner.kill()
             runner.wait()
     assert read_record(run_root).status is RunStatus.RUNNING
-    pod = _pod_of(kube_core, kube_namespace, run_root.name)
+    pod = pod_of(kube_core, kube_namespace, run_root.name)
     assert pod.metadata.name == manifests.object_name(run_root.name)
 
     done = subprocess.run(
@@ -383,7 +329,7 @@ def test_a_killed_runner_leaves_a_valid_record_and_gc_removes_the_pod(
     deadline = time.monotonic() + 60
     while True:
         try:
-            _no_pods_or_secrets(kube_core, kube_namespace)
+            no_pods_or_secrets(kube_core, kube_namespace)
             break
         except AssertionError:
             assert time.monotonic() < deadline, "the run's Secret outlived its Pod"

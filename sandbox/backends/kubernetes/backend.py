@@ -224,12 +224,6 @@ class KubernetesBackend:
 
     @classmethod
     def connect(cls, settings: BackendConfig) -> KubernetesBackend:
-        if settings.storage == "pvc":
-            raise ConfigError(
-                "storage = 'pvc' is not available for runs yet: the step's disk and the "
-                "workflow view are mounts on the runner's host, which a claim seen from "
-                "another node does not show"
-            )
         return cls(settings, connect(settings))
 
     def require_image(self, ref: str) -> str:

@@ -24,7 +24,12 @@ The Pod:
 Storage: `hostPath` (the runner's own folders; one node, or the Pod pinned to the
 runner's node) or one PersistentVolumeClaim whose root the runner sees at `claim_root`,
 each folder a `subPath` of it (the kubelet resolves a subPath without following a link
-out of the volume).
+out of the volume). Every mount's source must lie under `claim_root`: a Crew folder
+elsewhere is refused. With a claim the Pod sets no `fsGroup`, because a volume plugin
+that manages ownership would re-own the whole claim (the real workflow folders with
+it) for the Pod's group; the guard's Secret is then mode 0444, which only the guard's
+container sees (it alone mounts the Secret, and no container shares another's process
+or mount namespace).
 
 Limits, from the Pod API: IPC and UTS namespaces are the Pod's, shared by its
 containers (Docker gives the step a private IPC namespace); a Pod spec has no
@@ -63,7 +68,8 @@ FIREWALL = "firewall"
 GUARD = "guard"
 STEP = "step"
 SECRET_DIR = "/guard/secret"
-SECRET_MODE = 0o400
+SECRET_MODE = 0o400  # and group read for the Pod's fsGroup (the guard's gid)
+SECRET_MODE_NO_FSGROUP = 0o444  # storage on a claim: no fsGroup (see the module's doc)
 # The kubelet writes a Secret's files into a timestamped folder and links `..data` and
 # each file's name to it: the guard opens the file itself (it follows no final link).
 SECRET_CONFIG_PATH = f"{SECRET_DIR}/..data/{CONFIG_FILE_NAME}"
@@ -274,13 +280,14 @@ def pod_manifest(
         },
     }
 
+    on_claim = settings.storage == "pvc"
     volumes_list = [
         *volumes.volumes,
         {
             "name": "guard-config",
             "secret": {
                 "secretName": secret_name(meta.run_id),
-                "defaultMode": SECRET_MODE,
+                "defaultMode": SECRET_MODE_NO_FSGROUP if on_claim else SECRET_MODE,
                 "items": [{"key": CONFIG_FILE_NAME, "path": CONFIG_FILE_NAME}],
             },
         },
@@ -299,7 +306,8 @@ def pod_manifest(
         "securityContext": {
             "seccompProfile": {"type": "Localhost", "localhostProfile": settings.seccomp_profile},
             # The Secret's group: the guard's, so its uid reads its config (mode 0400 + g+r).
-            "fsGroup": GUARD_UID,
+            # hostPath volumes are never re-owned for it; a claim's volume may be.
+            **({} if on_claim else {"fsGroup": GUARD_UID}),
             "sysctls": [{"name": k, "value": v} for k, v in guard.sysctls.items()],
         },
         "initContainers": [firewall_container],

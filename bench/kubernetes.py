@@ -1,0 +1,231 @@
+"""Start-up on a cluster: a no-op test run as a Pod vs a bare one-container Pod on the
+same cluster (`sandbox bench --only kubernetes`, `make bench-kubernetes`).
+
+Not part of a plain `make bench`: it needs a cluster. The cluster is the host config's
+(`[backend] kind = "kubernetes"`: its kubeconfig, namespace, images and seccomp
+profile, with the runner on a node that its hostPath or claim storage reaches), or,
+when the host config names none, the local test cluster of `tests/kubernetes/`,
+started for the duration of the benchmark and stopped after it (the same cluster
+`make test-kubernetes` uses, nothing of it outliving the bench).
+
+Both sides go through the same API client and end the same way, watched, never polled:
+- the test run: `TestRun(...).execute()` of a `true` step through the Kubernetes
+  backend, from the call to its record (Secret and Pod made, the firewall's init
+  container, the guard, the step, the Pod deleted and gone, the record written);
+- the bare Pod: one container of the step image running `true`, no hardening, created,
+  its container's end seen, deleted and gone.
+
+Interleaved, one warm-up of each not counted; the figure is the ratio of the medians.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import shutil
+import statistics
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import BENCH_LABEL, Bench, BenchError, write_workflow
+from bench.results import Goal, PhaseBreakdown, Row, make_row
+from sandbox.contracts import names
+from sandbox.contracts.hostconfig import BackendConfig, load_host_config
+from sandbox.contracts.record import RunStatus, TestRunRecord
+from sandbox.run.testrun import TestRun
+
+WATCH_DEADLINE_S = 120
+
+
+@dataclass
+class Target:
+    """Where the benchmark runs: the cluster's settings, and a folder its node sees."""
+
+    settings: BackendConfig
+    work: Path
+    label: str
+
+
+@contextlib.contextmanager
+def _local_cluster(b: Bench) -> Iterator[Target]:
+    """The local test cluster, a namespace of the bench's own and a folder on its node."""
+    from kubernetes import client
+
+    from tests.kubernetes.cluster import SECCOMP_DIR, Cluster
+    from tests.kubernetes.pods import namespace_of_its_own
+
+    b.say("kubernetes: starting the local test cluster (tests/kubernetes), loading the images")
+    cluster = Cluster.start(
+        images=(names.STEP_IMAGE, names.GUARD_IMAGE), log=lambda m: b.say(f"kubernetes: {m}")
+    )
+    try:
+        profile = cluster.install_seccomp_profile(SECCOMP_DIR / "step.oci.json", "step.json")
+        api = cluster.api_client()
+        try:
+            with namespace_of_its_own(client.CoreV1Api(api)) as namespace:
+                work = cluster.node_storage / f"bench-{secrets.token_hex(4)}"
+                work.mkdir()
+                work.chmod(0o755)
+                try:
+                    yield Target(
+                        BackendConfig(
+                            kind="kubernetes",
+                            kubeconfig=str(cluster.kubeconfig),
+                            namespace=namespace,
+                            image_pull_policy="Never",
+                            seccomp_profile=profile,
+                        ),
+                        work,
+                        "the local test cluster (one node)",
+                    )
+                finally:
+                    shutil.rmtree(work, ignore_errors=True)
+        finally:
+            api.close()
+    finally:
+        cluster.stop()
+
+
+@contextlib.contextmanager
+def cluster_target(b: Bench) -> Iterator[Target]:
+    """The host config's cluster when it names one, else the local test cluster."""
+    settings = load_host_config().backend
+    if settings.kind == "kubernetes":
+        b.say(f"kubernetes: the host config's cluster, namespace {settings.namespace}")
+        on_claim = settings.storage == "pvc" and settings.claim_root
+        work = Path(settings.claim_root) if on_claim and settings.claim_root else b.work
+        folder = work / f"bench-{secrets.token_hex(4)}"
+        folder.mkdir()
+        folder.chmod(0o755)
+        try:
+            yield Target(settings, folder, "the host config's cluster")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        return
+    with _local_cluster(b) as target:
+        yield target
+
+
+def _watch_until(core: Any, namespace: str, name: str, version: str, done: Any) -> None:
+    """Until `done(event type, pod)` holds for an event of the Pod (one watch)."""
+    from kubernetes import watch
+
+    w = watch.Watch()
+    deadline = time.monotonic() + WATCH_DEADLINE_S
+    try:
+        while time.monotonic() < deadline:
+            for event in w.stream(
+                core.list_namespaced_pod,
+                namespace,
+                field_selector=f"metadata.name={name}",
+                resource_version=version,
+                timeout_seconds=max(1, int(deadline - time.monotonic())),
+            ):
+                version = event["object"].metadata.resource_version
+                if done(event["type"], event["object"]):
+                    return
+    finally:
+        w.stop()
+    raise BenchError(f"the bare Pod {name} did not get there within {WATCH_DEADLINE_S} s")
+
+
+def _ended(pod: Any) -> bool:
+    for status in pod.status.container_statuses or []:
+        if status.state.terminated is not None:
+            return True
+    return False
+
+
+def bare_pod_s(core: Any, settings: BackendConfig, bench_id: str, index: int) -> float:
+    """Created, its one `true` container ended, deleted and gone: seconds."""
+    name = f"sandbox-bench-bare-{bench_id[-8:].lower()}-{index}"
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {BENCH_LABEL: "true"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "terminationGracePeriodSeconds": 1,
+            **({"nodeSelector": dict(settings.node_selector)} if settings.node_selector else {}),
+            **({"nodeName": settings.node_name} if settings.node_name else {}),
+            "containers": [
+                {
+                    "name": "c",
+                    "image": settings.image_prefix + names.STEP_IMAGE,
+                    "imagePullPolicy": settings.image_pull_policy,
+                    "command": ["true"],
+                }
+            ],
+        },
+    }
+    namespace = settings.namespace
+    started = time.perf_counter()
+    created = core.create_namespaced_pod(namespace, manifest)
+    try:
+        version = created.metadata.resource_version
+        _watch_until(core, namespace, name, version, lambda kind, pod: _ended(pod))
+    finally:
+        deleted = core.delete_namespaced_pod(name, namespace, grace_period_seconds=1)
+        _watch_until(
+            core, namespace, name, deleted.metadata.resource_version, lambda k, p: k == "DELETED"
+        )
+    return time.perf_counter() - started
+
+
+def bench_kubernetes(b: Bench) -> list[Row]:
+    from kubernetes import client
+
+    from sandbox.backends.kubernetes.backend import KubernetesBackend
+    from sandbox.backends.kubernetes.podrun import connect
+
+    n = b.sizes.startup_n
+    with cluster_target(b) as target:
+        settings = target.settings
+        wf = write_workflow(target.work / "noop", name="noop", step="noop", command=["true"])
+        api = connect(settings)
+        core = client.CoreV1Api(api)
+
+        def pods() -> KubernetesBackend:
+            return KubernetesBackend.connect(settings)
+
+        def test_run() -> tuple[float, TestRunRecord]:
+            t = time.perf_counter()
+            record = TestRun(wf, "noop", backend=pods).execute()
+            wall = time.perf_counter() - t
+            if record.status is not RunStatus.PASSED:
+                status = record.status.value
+                raise BenchError(f"no-op run on the cluster ended {status}: {record.reason}")
+            return wall, record
+
+        try:
+            b.say("kubernetes: warm-up (one of each, not counted)")
+            test_run()
+            bare_pod_s(core, settings, b.bench_id, 0)
+            runs: list[tuple[float, TestRunRecord]] = []
+            bare: list[float] = []
+            for i in range(n):
+                b.say(f"kubernetes: round {i + 1}/{n}")
+                runs.append(test_run())
+                bare.append(bare_pod_s(core, settings, b.bench_id, i + 1))
+        finally:
+            api.close()
+    run_med = statistics.median(w for w, _ in runs)
+    wall, mid = sorted(runs, key=lambda r: r[0])[len(runs) // 2]
+    b.note(f"kubernetes, median no-op run on {target.label}: {PhaseBreakdown.of(mid, wall).text()}")
+    return [
+        make_row(
+            "kubernetes_startup",
+            "start-up on a cluster: no-op test run as a Pod",
+            "s",
+            run_med,
+            statistics.median(bare),
+            Goal(),
+            baseline_name="bare one-container Pod",
+            note=f"median of {n}, {target.label}",
+        )
+    ]

@@ -1,0 +1,133 @@
+"""What the cluster tests share: server Pods for the outside world, exec, the run's Pod
+and its processes read from the host (by the Pod's cgroup, never by name: other runs
+on this host use the same uids)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+from kubernetes import stream, watch
+
+from sandbox.contracts import names
+from tests.kubernetes.test_pod_shape import container_state, outside_server_pod, watch_pod
+
+
+def server_pod(name: str, command: list[str], volumes: dict[str, Path]) -> dict[str, Any]:
+    """A Pod of one `server` container (the guard image, locked down) running `command`,
+    with host folders mounted read-only (target -> source)."""
+    pod = outside_server_pod()
+    pod["metadata"]["name"] = name
+    container = pod["spec"]["containers"][0]
+    container["command"] = command
+    container["volumeMounts"] = [
+        {"name": f"v{i}", "mountPath": target, "readOnly": True} for i, target in enumerate(volumes)
+    ]
+    pod["spec"]["volumes"] = [
+        {"name": f"v{i}", "hostPath": {"path": str(source), "type": "Directory"}}
+        for i, source in enumerate(volumes.values())
+    ]
+    return pod
+
+
+def start_server(core: Any, namespace: str, manifest: dict[str, Any]) -> str:
+    """Create a server Pod; its IP once its container runs."""
+    name = manifest["metadata"]["name"]
+    created = core.create_namespaced_pod(namespace, manifest)
+    ready = watch_pod(
+        core,
+        namespace,
+        name,
+        created.metadata.resource_version,
+        lambda p: p.status.pod_ip and getattr(container_state(p, "server"), "running", None),
+    )
+    return str(ready.status.pod_ip)
+
+
+def exec_in(core: Any, namespace: str, pod: str, argv: list[str]) -> str:
+    """`argv` in the Pod's first container; its stdout and stderr.
+
+    The client's request method is swapped for the exec's while it runs: a client
+    another thread uses at the same time must not be `core`'s."""
+    return str(
+        stream.stream(
+            core.connect_get_namespaced_pod_exec,
+            pod,
+            namespace,
+            command=argv,
+            stderr=True,
+            stdin=False,
+            stdout=True,
+            tty=False,
+        )
+    )
+
+
+def http_get_in(core: Any, namespace: str, pod: str, url: str) -> str:
+    """The body of a GET of `url`, made from inside the Pod (its own loopback)."""
+    code = f"import urllib.request;print(urllib.request.urlopen({url!r}).read().decode())"
+    return exec_in(core, namespace, pod, ["python3", "-c", code])
+
+
+def pod_of(core: Any, namespace: str, run_id: str) -> Any:
+    (pod,) = core.list_namespaced_pod(
+        namespace, label_selector=f"{names.LABEL_RUN_ID}={run_id}"
+    ).items
+    return pod
+
+
+def processes_of(pod_uid: str, uid: int) -> list[psutil.Process]:
+    """The host's processes in the Pod's cgroups running as `uid`."""
+    marker = "pod" + pod_uid
+    found = []
+    for proc in psutil.process_iter(["uids"]):
+        try:
+            if proc.info["uids"].real != uid:
+                continue
+            if marker in Path(f"/proc/{proc.pid}/cgroup").read_text():
+                found.append(proc)
+        except (OSError, psutil.Error):
+            continue
+    return found
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def run_objects(core: Any, namespace: str) -> list[str]:
+    """The names of the runs' Pods and Secrets left in the namespace."""
+    selector = f"{names.LABEL_MANAGED}=true"
+    pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+    secrets_ = core.list_namespaced_secret(namespace, label_selector=selector).items
+    return [f"pod/{p.metadata.name}" for p in pods] + [
+        f"secret/{s.metadata.name}" for s in secrets_
+    ]
+
+
+def no_pods_or_secrets(core: Any, namespace: str) -> None:
+    assert run_objects(core, namespace) == []
+
+
+@contextmanager
+def namespace_of_its_own(core: Any) -> Iterator[str]:
+    """A fresh namespace whose default service account exists (Pods need it to be
+    admitted), deleted afterwards with everything in it."""
+    name = f"t-{secrets.token_hex(4)}"
+    core.create_namespace({"metadata": {"name": name}})
+    try:
+        w = watch.Watch()
+        for event in w.stream(core.list_namespaced_service_account, name, timeout_seconds=60):
+            if event["object"].metadata.name == "default":
+                w.stop()
+                break
+        else:
+            raise AssertionError(f"no default service account in {name} within 60 s")
+        yield name
+    finally:
+        core.delete_namespace(name)
