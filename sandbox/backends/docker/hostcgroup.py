@@ -42,6 +42,11 @@ def peak_file(pid: int, cgroup_root: Path = CGROUP_ROOT) -> Path | None:
         text = Path(f"/proc/{pid}/cgroup").read_text(encoding="ascii", errors="replace")
     except OSError:
         return None
+    return peak_file_of(text, cgroup_root)
+
+
+def peak_file_of(text: str, cgroup_root: Path = CGROUP_ROOT) -> Path | None:
+    """The peak file named by the text of a `/proc/<pid>/cgroup`, or None."""
     unified: Path | None = None
     for line in text.splitlines():
         hierarchy, sep, rest = line.partition(":")
