@@ -37,8 +37,12 @@ test: images lint
 
 # The second walls (gVisor for the step, userns-remap) in second engines that the
 # tests start and stop themselves (tests/engines/README.md); the host's engine is
-# never reconfigured. Installs runsc (Debian package) when missing.
+# never reconfigured. Installs runsc (Debian package) when missing. The escape
+# battery with the audit shapes (tests/security), egress, whole runs, the MCP
+# servers (hostile stdio servers, real stdio and HTTP servers) and the job-board run,
+# once per wall.
 WALL_TESTS := tests/security tests/test_egress_engine.py tests/test_run_engine.py \
+	tests/test_mcp_isolation_engine.py tests/test_mcp_engine.py \
 	tests/test_guard_engine.py::test_job_board_steps_pass_and_change_nothing_outside
 test-walls: images
 	bash scripts/ensure-runsc.sh >/dev/null

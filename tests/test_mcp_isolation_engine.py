@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from docker import DockerClient
+from docker.models.containers import Container
 
 from sandbox.contracts.record import RunStatus, TestRunRecord
 from sandbox.contracts.wire import ActionLine
@@ -65,6 +66,16 @@ def _text(result: dict[str, Any]) -> str:
     return "\n".join(b.get("text", "") for b in result.get("content", []) if "text" in b)
 
 
+def _host_view(container: Container) -> tuple[int, int, str]:
+    """(uid inside, the uid its main process has on the host, its OCI runtime)."""
+    container.reload()
+    inside = int(str(container.attrs["Config"]["User"]).split(":")[0])
+    pid = int(container.attrs["State"]["Pid"])
+    status = Path(f"/proc/{pid}/status").read_text()
+    host = int(next(ln for ln in status.splitlines() if ln.startswith("Uid:")).split()[1])
+    return inside, host, str(container.attrs["HostConfig"].get("Runtime") or "")
+
+
 ATTACK_STEP = """
 import json, os, pathlib, time
 import agentworks_mcp as mcp
@@ -98,6 +109,10 @@ def test_a_hostile_stdio_server_reaches_nothing_and_the_record_is_the_guards(
         )
         step_env = dict(e.split("=", 1) for e in step.attrs["Config"]["Env"])
         exec_token = step_env["AGENTWORKS_EXEC_TOKEN"]
+        servers = engine.containers.list(
+            filters={"label": ["sandbox.role=mcp", f"sandbox.run-id={run_id}"]}
+        )
+        hosted = {s.labels["sandbox.mcp-server"]: _host_view(s) for s in servers}
         (ready.parent / "go").write_text("1")
     record = run.record
     assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text)
@@ -105,8 +120,16 @@ def test_a_hostile_stdio_server_reaches_nothing_and_the_record_is_the_guards(
     report = json.loads(_text(out["attack"]))
     bridge_token = out["bridge_token"]
 
-    # Its own uid, neither the step's nor the guard's.
+    # Its own uid, neither the step's nor the guard's; on the host, that uid as the
+    # engine maps it (under userns-remap: base + uid, like the step's and the guard's).
     assert report["uid"] not in (GUARD_UID, STEP_UID, 0), report["uid"]
+    base = record.walls.host_uid_base or 0
+    assert set(hosted) == {"hostile", "other"}, hosted
+    for name, (uid, host_uid, runtime) in hosted.items():
+        assert host_uid == base + uid, (name, uid, host_uid, record.walls)
+        # A server stays on runc when the step is under gVisor (launch.runtime says why).
+        assert runtime in ("", "runc"), (name, runtime)
+    assert hosted["hostile"][0] == report["uid"]
     # No process of the guard, the step or the other server in sight: not their command
     # lines, environments or memory, and no signal reaches them.
     cmdlines = [p.get("cmdline", "") for p in report["processes"].values()]

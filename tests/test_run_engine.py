@@ -33,6 +33,33 @@ def run_dir(record: TestRunRecord) -> Path:
     return Path(record.workflow_dir) / "runs" / record.id
 
 
+def test_the_memory_peak_comes_from_a_source_the_step_cannot_speak_for(
+    engine: DockerClient, make_workflow: WorkflowFactory
+) -> None:
+    """A step that touches 64 MiB and exits at once: the record's peak is at least that,
+    and names its source. Under gVisor (`SANDBOX_TEST_WALL=runsc`) the container's cgroup
+    is invisible inside, so the figure must be the engine's (the host's read of the
+    container's cgroup, or its stats), never the executor's rusage."""
+    wf = make_workflow(command=STEP_CMD)
+    write_step(
+        wf,
+        """
+        block = b"\\x01" * (64 << 20)
+        print("TOUCHED", len(block))
+        """,
+    )
+    record = TestRun(wf, "step1").execute()
+
+    assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text)
+    assert f"TOUCHED {64 << 20}" in record.stdout.text
+    peak, source = record.resources.peak_memory_bytes, record.resources.peak_memory_source
+    assert peak is not None and peak >= 64 << 20, (peak, source)
+    if record.walls.step_runtime == "runsc":
+        assert source == "host_cgroup", (peak, source)
+    else:
+        assert source in ("container_cgroup", "engine_stats", "executor_rusage"), source
+
+
 def test_example_step_runs_in_test_mode(
     engine: DockerClient, make_workflow: WorkflowFactory
 ) -> None:

@@ -30,7 +30,7 @@ from typing import Literal, Protocol
 
 from sandbox.contracts.config import StepRuntime
 from sandbox.contracts.ids import IdMap
-from sandbox.contracts.record import OutputTail
+from sandbox.contracts.record import OutputTail, PeakMemorySource
 from sandbox.contracts.spec import ContainerSpec
 
 
@@ -64,9 +64,12 @@ class ExitWatcher(Protocol):
 
 
 class UsageWatcher(Protocol):
-    """Peak memory and CPU seen while the container ran, sampled until `finish()`."""
+    """Peak memory and CPU seen while the container ran, sampled until `finish()`;
+    `peak_memory_source` names where the engine's peak came from (`host_cgroup` or
+    `engine_stats`; None: no figure)."""
 
     peak_memory_bytes: int | None
+    peak_memory_source: PeakMemorySource | None
     cpu_seconds: float | None
 
     def finish(self) -> None: ...

@@ -74,8 +74,25 @@ class Walls(BaseModel):
     host_uid_base: int | None = None  # with userns_remap: host uid of container uid 0
 
 
+PeakMemorySource = Literal["container_cgroup", "host_cgroup", "engine_stats", "executor_rusage"]
+
+
 class Resources(BaseModel):
+    """The step container's peak memory and CPU time.
+
+    `peak_memory_source` names where `peak_memory_bytes` came from (the largest of the
+    sources the run trusts for its step runtime):
+    - `container_cgroup`: the container's own memory cgroup high-water mark, which the
+      executor reads inside once the step has ended (runc);
+    - `host_cgroup`: the same high-water mark read on the host by the runner while the
+      container ran (runsc, whose sandbox hides the cgroup from the step; the sentry's
+      own memory is included);
+    - `engine_stats`: the engine's sampled stats of the container;
+    - `executor_rusage`: the largest resident set of the step's processes, from the
+      executor's rusage (never used under runsc, where the sentry reports it)."""
+
     peak_memory_bytes: int | None = None
+    peak_memory_source: PeakMemorySource | None = None
     cpu_seconds: float | None = None
 
 

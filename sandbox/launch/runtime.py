@@ -22,9 +22,15 @@ each is handled here (measured in `/work/shared/facts/gvisor-and-userns.md`):
   glibc never falls back to `clone` and no thread starts: `profile_for` allows
   clone3 (the sentry answers it with ENOSYS itself). The executor's preflight then
   proves the profile is in force (a user namespace is refused) before the step runs.
-- Memory: the step sees no cgroup files under gVisor; the record's peak comes from
-  the engine's samples of the container (the sandbox's own ~16 MiB included) and
-  the executor's rusage.
+- Memory: the step sees no cgroup files under gVisor, and the executor's rusage is the
+  sentry's account of processes the step controls: the record's peak comes from the
+  engine alone, the container's cgroup read on the host while it runs
+  (`sandbox.backends.docker.hostcgroup`; the sandbox's own ~16 MiB included), or the
+  engine's samples, and `resources.peak_memory_source` says which.
+- MCP servers stay on runc: their one way out is a unix socket of the guard's, which
+  a gVisor sandbox reaches only with runsc's `--host-uds`, a wider opening than the
+  run needs; they have no network, no capability and their own uid (mapped like the
+  step's and the guard's under userns-remap).
 """
 
 from __future__ import annotations

@@ -749,7 +749,9 @@ class TestRun:
         record.stdout, record.stderr = launched.step.output_tails()
         record.preflight = verdict.preflight_from(record.stderr.text, plan.install_firewall)
         guarded.usage.finish()
-        record.resources = verdict.resources(guarded.usage, record.stderr.text)
+        record.resources = verdict.resources(
+            guarded.usage, record.stderr.text, executor_sees_memory=plan.step_runtime == "runc"
+        )
         record.stderr = verdict.without_reports(record.stderr)
         # What the servers said is read from the engine before their containers go.
         record.mcp_servers = self._collect_mcp(layout, launched.mcp)

@@ -10,7 +10,13 @@ import json
 
 from sandbox.backends import UsageWatcher
 from sandbox.collect.actionsummary import ActionSummary
-from sandbox.contracts.record import OutputTail, Preflight, Resources, RunStatus
+from sandbox.contracts.record import (
+    OutputTail,
+    PeakMemorySource,
+    Preflight,
+    Resources,
+    RunStatus,
+)
 from sandbox.stepside.agentworks_exec.interface import USAGE_MARK
 from sandbox.stepside.agentworks_exec.preflight import FAILED_EXIT as PREFLIGHT_FAILED_EXIT
 from sandbox.stepside.agentworks_exec.preflight import MARK_FAILED as PREFLIGHT_FAILED
@@ -31,21 +37,37 @@ def preflight_from(stderr: str, firewall_verified: bool) -> Preflight | None:
     return None
 
 
-def resources(usage: UsageWatcher, stderr: str) -> Resources:
-    """Peak memory and CPU: the executor's final rusage report, else the engine's samples."""
+def resources(usage: UsageWatcher, stderr: str, *, executor_sees_memory: bool) -> Resources:
+    """Peak memory and CPU: the largest peak among the sources trusted, and which it was.
+
+    The executor's final report (its rusage, and its container's own cgroup peak read
+    once the step ended) counts only when `executor_sees_memory`: under gVisor the
+    container's cgroup is not visible inside, and the rusage is the sentry's account of
+    processes the step controls, so the peak comes from the engine alone (the host's
+    read of the container's cgroup, or the engine's samples). CPU: the executor's
+    report, else the engine's samples."""
     peak, cpu = usage.peak_memory_bytes, usage.cpu_seconds
+    source: PeakMemorySource | None = usage.peak_memory_source if peak else None
     for line in reversed(stderr.splitlines()[-5:]):
         marker, _, payload = line.partition(" ")
         if marker == USAGE_MARK:
             try:
                 report = json.loads(payload)
-                cpu = float(report["cpu_seconds"])
-                measured = [int(report["max_rss_bytes"]), int(report.get("cgroup_peak_bytes", 0))]
-                peak = max(peak or 0, *measured) or None
+                reported_cpu = float(report["cpu_seconds"])
+                rss = int(report["max_rss_bytes"])
+                cgroup = int(report.get("cgroup_peak_bytes", 0))
             except (ValueError, KeyError, TypeError):
-                pass
+                break
+            cpu = reported_cpu
+            executor: tuple[tuple[int, PeakMemorySource], ...] = (
+                (cgroup, "container_cgroup"),
+                (rss, "executor_rusage"),
+            )
+            for figure, name in executor if executor_sees_memory else ():
+                if figure > (peak or 0):
+                    peak, source = figure, name
             break
-    return Resources(peak_memory_bytes=peak, cpu_seconds=cpu)
+    return Resources(peak_memory_bytes=peak or None, peak_memory_source=source, cpu_seconds=cpu)
 
 
 def without_reports(tail: OutputTail) -> OutputTail:

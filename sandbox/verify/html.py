@@ -201,7 +201,8 @@ def _preflight(record: TestRunRecord) -> str:
         rows.append(["preflight checks", _e(", ".join(pre.checks))])
         rows.append(["firewall read back", _e(pre.firewall_verified)])
     res = record.resources
-    rows.append(["peak memory", _e(f"{res.peak_memory_bytes or 0} bytes")])
+    source = f" ({res.peak_memory_source})" if res.peak_memory_source else ""
+    rows.append(["peak memory", _e(f"{res.peak_memory_bytes or 0} bytes{source}")])
     rows.append(["cpu", _e(f"{res.cpu_seconds} s")])
     rows.append(["disk used", _e(f"{record.disk_used_bytes} bytes")])
     rows.append(["duration", _e(f"{record.duration_s} s")])

@@ -28,9 +28,16 @@ from sandbox.contracts.spec import ContainerSpec
 class DockerContainer:
     """One container of the run, through the Engine API."""
 
-    def __init__(self, container: Container, watches: list[containers.ExitWatch]) -> None:
+    def __init__(
+        self,
+        container: Container,
+        watches: list[containers.ExitWatch],
+        *,
+        runtime: str | None = None,
+    ) -> None:
         self._container = container
         self._watches = watches
+        self._runtime = runtime
 
     @property
     def name(self) -> str:
@@ -78,7 +85,9 @@ class DockerContainer:
         return watch
 
     def watch_usage(self) -> containers.Usage:
-        return containers.watch_usage(self._container)
+        """Under a runtime other than the engine's default (gVisor's runsc), the executor
+        sees no cgroup: the host reads the container's cgroup while it runs."""
+        return containers.watch_usage(self._container, host_cgroup=self._runtime is not None)
 
 
 class DockerBackend:
@@ -115,7 +124,9 @@ class DockerBackend:
             runtimes.require_runsc(self.client.info())
 
     def create(self, spec: ContainerSpec, *, independent: bool = False) -> DockerContainer:
-        return DockerContainer(self._owned.create(spec, independent=independent), self._watches)
+        return DockerContainer(
+            self._owned.create(spec, independent=independent), self._watches, runtime=spec.runtime
+        )
 
     def connect_networks(self, container: RunContainer, networks: list[str]) -> None:
         containers.connect_networks(self.client, self._engine_side(container), networks)

@@ -25,9 +25,10 @@ from docker.models.containers import Container
 from docker.types import LogConfig
 from docker.types import Mount as DockerMount
 
+from sandbox.backends.docker import hostcgroup
 from sandbox.contracts.errors import EngineError
 from sandbox.contracts.names import LABEL_MANAGED
-from sandbox.contracts.record import OutputTail
+from sandbox.contracts.record import OutputTail, PeakMemorySource
 from sandbox.contracts.spec import ContainerSpec
 
 TAIL_CHARS = 8000
@@ -225,22 +226,42 @@ def remove(container: Container) -> None:
 
 @dataclass
 class Usage:
-    """Peak memory and CPU seen while the container ran (sampled through the engine)."""
+    """Peak memory and CPU seen while the container ran: the engine's sampled stats, and,
+    when asked for, the container's memory cgroup read on the host (`hostcgroup`).
+
+    `peak_memory_bytes` is the larger of the two; `peak_memory_source` names it."""
 
     peak_memory_bytes: int | None = None
+    peak_memory_source: PeakMemorySource | None = None
     cpu_seconds: float | None = None
+    stats_peak_bytes: int | None = None
+    host_cgroup_peak_bytes: int | None = None
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _thread: threading.Thread | None = field(default=None, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def _take(self, sample: dict[str, Any]) -> None:
         memory = sample.get("memory_stats") or {}
         # cgroup v1 reports the peak since start (max_usage); v2 only the current usage.
         peak = memory.get("max_usage") or memory.get("usage")
         if peak:
-            self.peak_memory_bytes = max(self.peak_memory_bytes or 0, int(peak))
+            with self._lock:
+                self.stats_peak_bytes = max(self.stats_peak_bytes or 0, int(peak))
+                self._settle()
         cpu = ((sample.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage")
         if cpu:
             self.cpu_seconds = max(self.cpu_seconds or 0.0, cpu / 1e9)
+
+    def _take_host(self, peak: int) -> None:
+        with self._lock:
+            self.host_cgroup_peak_bytes = max(self.host_cgroup_peak_bytes or 0, peak)
+            self._settle()
+
+    def _settle(self) -> None:
+        host, stats = self.host_cgroup_peak_bytes or 0, self.stats_peak_bytes or 0
+        if host or stats:
+            self.peak_memory_bytes = max(host, stats)
+            self.peak_memory_source = "host_cgroup" if host >= stats else "engine_stats"
 
     def finish(self) -> None:
         """Stop sampling (see `finish_usage`)."""
@@ -248,10 +269,15 @@ class Usage:
 
 
 SAMPLE_INTERVAL_S = 0.25
+# The host's look at the cgroup's high-water mark: one pread of a small file.
+HOST_LOOK_INTERVAL_S = 0.02
 
 
-def watch_usage(container: Container) -> Usage:
-    """Sample the engine's one-shot stats in a thread until `finish_usage`.
+def watch_usage(container: Container, *, host_cgroup: bool = False) -> Usage:
+    """Sample the engine's one-shot stats in a thread until `finish_usage`; with
+    `host_cgroup`, also look at the container's memory cgroup on the host every
+    HOST_LOOK_INTERVAL_S in a second thread (for a runtime that hides the cgroup
+    from the executor; see `hostcgroup` for what that look guarantees).
 
     The first sample is taken one interval in, so a short step costs no engine call;
     its figures come from the executor's own report anyway. (The streaming stats
@@ -268,8 +294,34 @@ def watch_usage(container: Container) -> Usage:
             if isinstance(sample, dict) and not usage._stop.is_set():
                 usage._take(sample)
 
+    client, container_id = container.client, container.id
+
+    def look() -> None:
+        if client is None or container_id is None:
+            return
+        try:  # its own inspect: the run's Container object is not shared with this thread
+            attrs = client.api.inspect_container(container_id)
+            pid = int((attrs.get("State") or {}).get("Pid") or 0)
+        except Exception:
+            return
+        reader = hostcgroup.PeakReader.open(pid) if pid > 0 else None
+        if reader is None:
+            return
+        try:
+            while True:
+                peak = reader.read()
+                if peak is None:
+                    return  # the cgroup is gone with its container
+                usage._take_host(peak)
+                if usage._stop.wait(HOST_LOOK_INTERVAL_S):
+                    return
+        finally:
+            reader.close()
+
     usage._thread = threading.Thread(target=follow, name="stats", daemon=True)
     usage._thread.start()
+    if host_cgroup:
+        threading.Thread(target=look, name="cgroup-peak", daemon=True).start()
     return usage
 
 

@@ -38,7 +38,7 @@ from sandbox.contracts.errors import ConfigError, EngineError, LaunchError
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.ids import NO_REMAP, IdMap
 from sandbox.contracts.names import LABEL_ROLE
-from sandbox.contracts.record import OutputTail
+from sandbox.contracts.record import OutputTail, PeakMemorySource
 from sandbox.contracts.spec import ContainerSpec
 from sandbox.guard.config import CONFIG_FILE_NAME, DATA_DIR
 
@@ -111,6 +111,7 @@ class _NoUsage:
     """The Pod API has no live usage without a metrics server."""
 
     peak_memory_bytes: int | None = None
+    peak_memory_source: PeakMemorySource | None = None
     cpu_seconds: float | None = None
 
     def finish(self) -> None:
