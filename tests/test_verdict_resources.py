@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from sandbox.contracts.record import PeakMemorySource
 from sandbox.run.verdict import resources
-from sandbox.stepside.agentworks_exec.supervisor import USAGE_MARK
+from sandbox.stepside.agentworks_exec.interface import USAGE_MARK
 
 MIB = 1 << 20
 
