@@ -624,15 +624,49 @@ def ours_or_orphaned(labels: dict[str, str]) -> bool:
     return labels.get(LABEL_RUNNER_PID) == str(os.getpid()) or orphaned(labels)
 
 
+# The host engine's containerd: its shims name this namespace and one of these sockets
+# (dockerd's own containerd, or the system's when dockerd uses that one).
+HOST_SHIM_NAMESPACE = "moby"
+HOST_CONTAINERD_SOCKETS = frozenset(
+    {
+        "/var/run/docker/containerd/containerd.sock",
+        "/run/docker/containerd/containerd.sock",
+        "/run/containerd/containerd.sock",
+        "/var/run/containerd/containerd.sock",
+    }
+)
+
+
+def other_containerd(cmdline: list[str]) -> bool:
+    """A shim of another containerd on the machine (a private engine's, a local
+    Kubernetes cluster's): its containers are someone else's, never a run's."""
+
+    def flag(name: str) -> str | None:
+        return cmdline[cmdline.index(name) + 1] if name in cmdline[:-1] else None
+
+    namespace, address = flag("-namespace"), flag("-address")
+    return (namespace is not None and namespace != HOST_SHIM_NAMESPACE) or (
+        address is not None and address not in HOST_CONTAINERD_SOCKETS
+    )
+
+
 def host_state(engine: DockerClient) -> HostState:
     procs = set()
+    elsewhere: set[str] = set()  # container ids of other containerds' shims
     for proc in psutil.process_iter(["pid", "name", "cmdline", "status", "ppid"]):
         if proc.info["status"] == psutil.STATUS_ZOMBIE and proc.info["ppid"] == 1:
             continue  # a shim's short-lived middle process, init's to reap
         text = " ".join([proc.info["name"] or "", *(proc.info["cmdline"] or [])])
         cid = container_of(proc)
+        if (
+            cid is not None
+            and "containerd-shim" in text
+            and other_containerd(list(proc.info["cmdline"] or []))
+        ):
+            elsewhere.add(cid)
         if cid is not None or any(mark in text for mark in PROCESS_MARKS):
             procs.add((int(proc.info["pid"]), str(proc.info["name"]), cid or ""))
+    procs = {p for p in procs if p[2] not in elsewhere}
     with open("/proc/mounts", encoding="utf-8", errors="replace") as handle:
         mounts = frozenset(line.split()[1] for line in handle if line.strip())
     tmp = frozenset(p.name for p in Path("/tmp").iterdir() if p.name.startswith("sandbox-"))
