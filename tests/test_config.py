@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.contracts.config import Egress, load_workflow
+from sandbox.contracts.config import DEFAULT_LOOKUP_BUDGET_S, Egress, load_workflow
 from sandbox.contracts.errors import ConfigError
 
 GOOD = """
@@ -42,6 +42,8 @@ def test_good_file_loads_every_section(tmp_path: Path) -> None:
     step = wf.step("bid-submit")
     assert step.argv() == ["python3", "/workflow/code/submit.py"]
     assert wf.mcp_servers[0].read_only_overrides == {"write_file": False}
+    # The live lookup before each call gets the default budget unless the server sets one.
+    assert wf.mcp_servers[0].lookup_budget_s == DEFAULT_LOOKUP_BUDGET_S
     hosts = [(e.host, e.port, e.model) for e in wf.egress.allow]
     assert hosts == [
         ("api.example.org", None, False),
@@ -78,6 +80,11 @@ def test_string_command_runs_through_sh(tmp_path: Path) -> None:
             "egress.allow[0].host",
         ),
         ("name='x'\n", "steps: Field required"),
+        (
+            "[[steps]]\nid='a'\ngroup='g'\ncommand='x'\n"
+            "[[mcp_servers]]\nname='m'\ncommand=['m']\nlookup_budget_s=0\n",
+            "mcp_servers[0].lookup_budget_s: Input should be greater than 0",
+        ),
     ],
 )
 def test_bad_file_is_one_clear_error(tmp_path: Path, text: str, expected: str) -> None:

@@ -179,6 +179,9 @@ class Egress(_Strict):
         return _entries_from_strings(value)
 
 
+DEFAULT_LOOKUP_BUDGET_S = 5.0  # a server's live tools/list before each call
+
+
 class McpServer(_Strict):
     """An MCP server the step may reach through the guard (stdio command or HTTP URL).
 
@@ -196,6 +199,10 @@ class McpServer(_Strict):
     env_from_host: list[str] = Field(default_factory=list)
     # Per-connection owner overrides: tool name -> read-only (true) or not (false).
     read_only_overrides: dict[str, bool] = Field(default_factory=dict)
+    # The time the guard gives this server's live tools/list before each call (and the
+    # step's own listings twice that). A server that starts a process per request
+    # (supergateway's stateless mode) may need more; a lookup past it stubs the call.
+    lookup_budget_s: float = Field(default=DEFAULT_LOOKUP_BUDGET_S, gt=0, le=120)
     # What a stdio server may reach, through the guard's egress proxy (the same
     # entry shapes as [egress] allow, judged by the same rules); never the step's list.
     egress: list[EgressEntry] = Field(default_factory=list)

@@ -19,7 +19,7 @@ roots, sampling or elicitation, and its client keeps no response cache.
 
 Each `tools/call` from the step:
 1. asks the server for its tool list afresh (every page; one `tools/list` round
-   trip for a server with one page), within `LOOKUP_DEADLINE_S`;
+   trip for a server with one page), within the server's `lookup_budget_s` (5 s unless configured);
 2. decides with `policy.decide_mcp` from the annotations exactly as the server
    sent them (raw JSON, so `"readOnlyHint": "true"` is not read as true) and the
    owner's `read_only_overrides`;
@@ -82,7 +82,6 @@ from sandbox.guard.listeners import bind_unix
 from sandbox.guard.mcp_socket import REPLY_TOO_LARGE, socket_transport
 from sandbox.guard.schema_instance import valid_instance
 
-LOOKUP_DEADLINE_S = 5.0  # the live tools/list (and any reconnect) of one call
 CONNECT_DEADLINE_S = 20.0  # one connect attempt (a stdio server's container start + handshake)
 STARTUP_WAIT_S = 15.0  # how long the guard waits for its servers before serving
 MAX_LIST_PAGES = 50
@@ -520,6 +519,7 @@ class Endpoint:
         tool = params.name
         arguments = dict(params.arguments or {})
         override = self.upstream.server.read_only_overrides.get(tool)
+        lookup_budget = self.upstream.server.lookup_budget_s
         detail: dict[str, Any] = {"server": self.name, "tool": tool}
         if override is not None:
             detail["override"] = {"read_only": override}
@@ -527,11 +527,11 @@ class Endpoint:
         listed_tool: dict[str, Any] | None = None
         t0 = time.perf_counter()
         try:
-            tools = await self.upstream.list_tools(LOOKUP_DEADLINE_S)
+            tools = await self.upstream.list_tools(lookup_budget)
             listed_tool = next((t for t in tools if t.get("name") == tool), None)
             del tools  # only this tool's entry is kept while the call runs
         except TimeoutError:
-            lookup_error = f"tools/list did not answer within {LOOKUP_DEADLINE_S:g} s"
+            lookup_error = f"tools/list did not answer within {lookup_budget:g} s"
         except McpServerError as exc:
             lookup_error = exc.reason
         except MCPError as exc:
@@ -617,7 +617,7 @@ class Endpoint:
             ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams
         ) -> HandlerResult:
             request = _LIST_REQUESTS[method](types.PaginatedRequestParams(cursor=params.cursor))
-            deadline = LOOKUP_DEADLINE_S * 2
+            deadline = self.upstream.server.lookup_budget_s * 2
             try:
                 async with self.proxy.forward_slot(deadline):
                     result = await self.upstream.request(request, deadline)
