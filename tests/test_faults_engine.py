@@ -319,7 +319,9 @@ def test_runner_sigkilled_mid_run_gc_and_the_next_run_recover(
     assert_nothing_of_the_run_left(engine, run_id, cids)
     assert_lock_free(wf)
     assert tree_digest(wf) == before
-    again = json.loads(sandbox_cli("gc", str(wf)).stdout)
+    second = sandbox_cli("gc", str(wf))
+    assert second.returncode == 0 and second.stdout, (second.returncode, second.stderr[-2000:])
+    again = json.loads(second.stdout)
     assert again == {
         "containers_removed": [],
         "networks_removed": [],
