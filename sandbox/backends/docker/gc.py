@@ -162,13 +162,16 @@ def collect(
 ) -> GcReport:
     report = GcReport()
     roots: set[Path] = set()
-    for container in client.containers.list(all=True, filters={"label": LABEL_MANAGED}):
-        labels = container.labels or {}
+    # The list's own labels, no inspect per container: on a shared engine a container
+    # listed here may be gone (another run ended) before it could be inspected.
+    for container in client.api.containers(all=True, filters={"label": LABEL_MANAGED}):
+        labels = container.get("Labels") or {}
         if not orphaned(labels):
             continue
+        name = ((container.get("Names") or [""])[0]).lstrip("/") or container["Id"]
         with contextlib.suppress(docker.errors.NotFound):
-            container.remove(force=True, v=True)
-            report.containers_removed.append(container.name or container.id or "?")
+            client.api.remove_container(container["Id"], force=True, v=True)
+            report.containers_removed.append(name)
         if LABEL_RUN_ROOT in labels:
             roots.add(Path(labels[LABEL_RUN_ROOT]))
     for network in client.networks.list(filters={"label": LABEL_MANAGED}):
