@@ -24,6 +24,7 @@ import secrets
 import shutil
 from pathlib import Path
 
+import psutil
 from pydantic import BaseModel
 
 from sandbox.backends.docker import containers, images, runtimes, userns
@@ -219,13 +220,20 @@ def _lsm(security: list[str]) -> Check:
 
 
 def _probe_spec(name: str, command: list[str], user: str, **kwargs: object) -> ContainerSpec:
+    # Labelled with this process as its runner, as a run's containers are: a `sandbox gc`
+    # elsewhere on the host leaves a live doctor's probe alone and removes a dead one's.
+    me = psutil.Process()
     return ContainerSpec.model_validate(
         {
             "name": f"sandbox-doctor-{name}-{secrets.token_hex(3)}",
             "image": names.STEP_IMAGE,
             "command": command,
             "user": user,
-            "labels": {names.LABEL_ROLE: "doctor"},
+            "labels": {
+                names.LABEL_ROLE: "doctor",
+                names.LABEL_RUNNER_PID: str(me.pid),
+                names.LABEL_RUNNER_START: repr(me.create_time()),
+            },
             "memory_bytes": 128 * 1024**2,
             "pids": 32,
             **kwargs,
