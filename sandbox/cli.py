@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from sandbox.contracts.workflow_record import AnyRecord
     from sandbox.progress import FollowPrinter
     from sandbox.run.testrun import RunOptions
+    from sandbox.verify.verdict import Verification
+    from sandbox.verify.workflow_verdict import WorkflowVerification
 
 
 def say(text: str = "", *, err: bool = False) -> None:
@@ -165,16 +167,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
     if args.junit:
         write_junit(Path(args.junit), verification)
-    if args.html:
-        from sandbox.verify.html import write_report
-
-        write_report(Path(args.workflow_dir) / "runs" / verification.run_id, Path(args.html))
-    if args.json:
-        say(verification.model_dump_json(indent=2))
-    else:
-        for line in verification.lines():
-            say(clean(line, keep_newlines=False))
-    return 0 if verification.passed else 1
+    return _report_verification(args, verification)
 
 
 def cmd_verify_workflow(args: argparse.Namespace) -> int:
@@ -195,6 +188,14 @@ def cmd_verify_workflow(args: argparse.Namespace) -> int:
         )
     if args.junit:
         write_workflow_junit(Path(args.junit), verification)
+    return _report_verification(args, verification)
+
+
+def _report_verification(
+    args: argparse.Namespace, verification: Verification | WorkflowVerification
+) -> int:
+    """What `verify` and `verify-workflow` both do with a verdict: the HTML report, the
+    verdict printed (JSON or terminal-safe lines), and the exit code (0 only if it held)."""
     if args.html:
         from sandbox.verify.html import write_report
 

@@ -341,26 +341,16 @@ def _select(value: Any, m: Match) -> Any:
 
 def check_status(e: StatusExpectation, ev: Facts) -> ExpectationResult:
     ok = ev.status.value == e.status and (e.exit_code is None or ev.exit_code == e.exit_code)
-    if not isinstance(ev, Evidence):  # a whole chain: its status, no exit code
-        happened = f"chain status {ev.status.value}" + (f" ({ev.reason})" if ev.reason else "")
-        return ExpectationResult(
-            label="",
-            kind=e.kind,
-            ok=ok,
-            expected=e.describe(),
-            happened=happened,
-            evidence=[f"workflow record: status {ev.status.value}"],
-        )
-    happened = f"status {ev.status.value}, exit code {ev.exit_code}"
+    if isinstance(ev, Evidence):
+        happened = f"status {ev.status.value}, exit code {ev.exit_code}"
+        cite = f"record: status {ev.status.value}, exit_code {ev.exit_code}"
+    else:  # a whole chain: its status, no exit code
+        happened = f"chain status {ev.status.value}"
+        cite = f"workflow record: status {ev.status.value}"
     if ev.reason:
         happened += f" ({ev.reason})"
     return ExpectationResult(
-        label="",
-        kind=e.kind,
-        ok=ok,
-        expected=e.describe(),
-        happened=happened,
-        evidence=[f"record: status {ev.status.value}, exit_code {ev.exit_code}"],
+        label="", kind=e.kind, ok=ok, expected=e.describe(), happened=happened, evidence=[cite]
     )
 
 

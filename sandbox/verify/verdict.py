@@ -11,7 +11,7 @@ import os
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,6 +20,7 @@ from sandbox.verify.check import ExpectationResult
 from sandbox.verify.evidence import Evidence
 
 VERIFICATION_FILE = "verification.json"
+_Verdict = TypeVar("_Verdict", bound=BaseModel)
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "contracts" / "verification.schema.json"
 MAX_FILES_LISTED = 20
 
@@ -120,16 +121,22 @@ def verification_json_schema() -> str:
     return json.dumps(Verification.model_json_schema(), indent=2, sort_keys=True) + "\n"
 
 
-def write_verification(run_root: Path, verification: Verification) -> Path:
+def write_verification(run_root: Path, verification: BaseModel) -> Path:
+    """Save a step's or a chain's verdict beside its run (the same file name for both)."""
     path = run_root / VERIFICATION_FILE
     write_json_atomic(path, verification.model_dump_json(indent=2) + "\n")
     return path
 
 
-def read_verification(run_root: Path) -> Verification | None:
+def read_saved_verification(run_root: Path, model: type[_Verdict]) -> _Verdict | None:
+    """The verdict saved beside a run, read without following a link (None if absent)."""
     try:
         fd = os.open(run_root / VERIFICATION_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     with os.fdopen(fd, encoding="utf-8") as handle:
-        return Verification.model_validate_json(handle.read())
+        return model.model_validate_json(handle.read())
+
+
+def read_verification(run_root: Path) -> Verification | None:
+    return read_saved_verification(run_root, Verification)

@@ -10,16 +10,15 @@ published schema is `sandbox/contracts/workflow_verification.schema.json`.
 from __future__ import annotations
 
 import json
-import os
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox.contracts.record import ContentHash, write_json_atomic
+from sandbox.contracts.record import ContentHash
 from sandbox.verify.check import ExpectationResult
-from sandbox.verify.verdict import VERIFICATION_FILE, RunDigest
+from sandbox.verify.verdict import RunDigest, read_saved_verification, write_verification
 
 SCHEMA_PATH = (
     Path(__file__).resolve().parents[1] / "contracts" / "workflow_verification.schema.json"
@@ -112,15 +111,8 @@ def workflow_verification_json_schema() -> str:
 
 
 def write_workflow_verification(run_root: Path, verification: WorkflowVerification) -> Path:
-    path = run_root / VERIFICATION_FILE
-    write_json_atomic(path, verification.model_dump_json(indent=2) + "\n")
-    return path
+    return write_verification(run_root, verification)
 
 
 def read_workflow_verification(run_root: Path) -> WorkflowVerification | None:
-    try:
-        fd = os.open(run_root / VERIFICATION_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd, encoding="utf-8") as handle:
-        return WorkflowVerification.model_validate_json(handle.read())
+    return read_saved_verification(run_root, WorkflowVerification)
