@@ -18,7 +18,7 @@ sys.path.insert(0, str(HERE / "fake_api"))
 sys.path.insert(0, str(HERE.parent))
 
 import docker  # noqa: E402
-from harness import fake_jobboard  # noqa: E402
+from harness import fake_jobboard, outside_world_lines  # noqa: E402
 from setup import ensure_db  # noqa: E402
 
 from sandbox import RunOptions, verify_step  # noqa: E402
@@ -44,14 +44,8 @@ def main(step: str = "bid-submit") -> int:
         print("--- step stderr (tail) ---")
         print(record.stderr.text.rstrip())
     print("--- the outside world afterwards ---")
-    print(
-        f"fake job-board API received {len(state['calls'])} call(s): "
-        + ", ".join(c.get("tool", "?") for c in state["calls"])
-    )
-    print(
-        f"proposals submitted: {len(state['proposals'])}, messages sent: {len(state['messages'])}, "
-        f"clicks: {len(state['clicks'])}, connects left: {state['connects']}"
-    )
+    for line in outside_world_lines(state):
+        print(line)
     same = hashlib.sha256(db.read_bytes()).hexdigest() == before
     print(f"real workflow DB unchanged: {same}")
     print("--- verification ---")

@@ -21,7 +21,7 @@ sys.path.insert(0, str(HERE / "fake_api"))
 sys.path.insert(0, str(HERE.parent))
 
 import docker  # noqa: E402
-from harness import fake_jobboard  # noqa: E402
+from harness import fake_jobboard, outside_world_lines  # noqa: E402
 from setup import ensure_db  # noqa: E402
 
 from sandbox import RunOptions, WorkflowOptions, verify_workflow  # noqa: E402
@@ -59,14 +59,8 @@ def main() -> int:
             print(f"--- {proposal.relative_to(HERE)} ---")
             print(proposal.read_text().rstrip())
     print("--- the outside world afterwards ---")
-    print(
-        f"fake job-board API received {len(state['calls'])} call(s): "
-        + ", ".join(c.get("tool", "?") for c in state["calls"])
-    )
-    print(
-        f"proposals submitted: {len(state['proposals'])}, messages sent: {len(state['messages'])}, "
-        f"clicks: {len(state['clicks'])}, connects left: {state['connects']}"
-    )
+    for line in outside_world_lines(state):
+        print(line)
     same = hashlib.sha256(db.read_bytes()).hexdigest() == before
     print(f"real workflow DB unchanged: {same}")
     print("--- the workflow verdict (expect/chain.toml) ---")

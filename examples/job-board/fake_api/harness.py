@@ -45,6 +45,17 @@ class FakeJobBoard:
             return data
 
 
+def outside_world_lines(state: dict[str, Any]) -> list[str]:
+    """What the fake job board saw, as the demos print it: every call it received and
+    the effects it counted (a test run must leave all of them at zero)."""
+    calls = ", ".join(c.get("tool", "?") for c in state["calls"])
+    return [
+        f"fake job-board API received {len(state['calls'])} call(s): {calls}",
+        f"proposals submitted: {len(state['proposals'])}, messages sent: {len(state['messages'])}, "
+        f"clicks: {len(state['clicks'])}, connects left: {state['connects']}",
+    ]
+
+
 @contextlib.contextmanager
 def fake_jobboard(client: DockerClient, image: str = STEP_IMAGE) -> Iterator[FakeJobBoard]:
     suffix = secrets.token_hex(4)
