@@ -43,7 +43,6 @@ from sandbox.contracts.layout import GUARD_UID
 from sandbox.contracts.record import SCHEMA_PATH, RunStatus, TestRunRecord, read_record
 from sandbox.contracts.wire import ActionLine
 from sandbox.hostfs import hostmount
-from sandbox.policy import stub_reply
 from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import ThreadedRun, call_lines, tree_digest, write_workflow
 from tests.kubernetes.cluster import Cluster
@@ -65,7 +64,7 @@ from tests.security.conftest import (
     check,
     parse_attempts,
 )
-from tests.test_egress_engine import EGRESS_TOML, THROUGH_PROXY
+from tests.test_egress_engine import EGRESS_TOML, THROUGH_PROXY, assert_proxy_step_answers
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
 
@@ -429,19 +428,7 @@ def test_egress_reads_pass_writes_are_stubbed_other_hosts_refused(
     assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text[-2000:])
     validated(record, kube_cluster.node_name)
     assert run.digest_same
-    assert out["get"] == [200, "hello from outside /page"]
-    assert out["head"] == [200, ""]
-    for method in ("POST", "PUT", "PATCH", "DELETE"):
-        status, body = out[method]
-        assert status == 403
-        assert body.strip() == stub_reply(
-            f"HTTP {method}", f"HTTP {method} can have effects; only GET and HEAD pass"
-        )
-    assert out["other_host"][0] == 403 and "not on the egress allow list" in out["other_host"][1]
-    assert out["wrong_port"][0] == 403
-    assert out["websocket"] == "403"
-    assert out["connect_allowed"] == "200"
-    assert out["connect_denied"] == "403"
+    assert_proxy_step_answers(out)
 
     # Only the reads (and the allowed tunnel) reached the outside server's Pod.
     http_seen = [(s["method"], s["path"]) for s in run.seen if s["proto"] == "http"]
