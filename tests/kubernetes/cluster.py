@@ -91,6 +91,9 @@ KUBELET_SYSCTLS = (
 # Host paths containerd, the CNI library and the kubelet write to whatever they are told.
 PRIVATE_PATHS = ("/var/log", "/var/lib/cni", "/run/containerd")
 CREATED_XATTR = "trusted.sandbox-test-cluster"
+# How long the host may take to unmount the node storage once the cluster is stopped
+# (what the killed processes held is dropped as they are reaped).
+UNMOUNT_DEADLINE_S = 30.0
 UNIX_PATH_MAX = 107
 
 
@@ -289,6 +292,38 @@ def _mounts_under(path: Path) -> list[str]:
             if point == prefix or point.startswith(prefix + "/"):
                 out.append(point)
     return out
+
+
+def _holders_of(path: Path, limit: int = 10) -> list[str]:
+    """Processes that keep `path` busy: a working directory, root or open file below it,
+    or a mount namespace of their own with a mount below it (what `umount` calls busy)."""
+    prefix = str(path)
+    own_ns = _ns_id(os.getpid(), "mnt")
+
+    def below(p: str) -> bool:
+        return p == prefix or p.startswith(prefix + "/")
+
+    found = []
+    for proc in psutil.process_iter(["pid", "name"]):
+        why = []
+        try:
+            if below(proc.cwd()):
+                why.append("cwd")
+            if below(os.readlink(f"/proc/{proc.pid}/root")):
+                why.append("root")
+            if any(below(f.path) for f in proc.open_files()):
+                why.append("open file")
+            if _ns_id(proc.pid, "mnt") != own_ns:
+                with open(f"/proc/{proc.pid}/mountinfo") as f:
+                    if any(below(line.split()[4]) for line in f):
+                        why.append("a mount in its namespace")
+        except (psutil.Error, OSError):
+            continue
+        if why:
+            found.append(f"{proc.pid} {proc.info['name']} ({', '.join(why)})")
+        if len(found) >= limit:
+            break
+    return found
 
 
 def _mounted_anywhere(path: str) -> bool:
@@ -773,11 +808,27 @@ class Cluster:
         storage = self.state.node_storage
         if storage is None or not _mounts_under(storage):
             return []
-        done = subprocess.run(
-            ["umount", "--recursive", str(storage)], capture_output=True, text=True, check=False
-        )
-        if done.returncode != 0:
-            return [f"node storage {storage} still mounted: {done.stderr.strip()}"]
+        refused = ""
+
+        def unmounted() -> bool:
+            # A process killed a moment ago may still hold the mount's copy in its
+            # namespace (the kernel drops it as the process is reaped), and a busy copy
+            # anywhere in the propagation tree fails the host's umount with EBUSY: retry.
+            nonlocal refused
+            done = subprocess.run(
+                ["umount", "--recursive", str(storage)],
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            refused = done.stderr.strip()
+            return done.returncode == 0 or not _mounts_under(storage)
+
+        try:
+            wait_for("the node storage's unmount", unmounted, UNMOUNT_DEADLINE_S)
+        except ClusterError:
+            holders = "; ".join(_holders_of(storage)) or "no process found holding it"
+            return [f"node storage {storage} still mounted: {refused} (held by: {holders})"]
         return []
 
     def _ensure_mountpoint(self, path: Path) -> None:
