@@ -15,10 +15,12 @@ Upstream, the guard holds one long-lived MCP client session per server
 (official `mcp` SDK `Client`, started in `running()`). A stdio server runs in
 a container of its own, started by the runner beside the guard (never in the
 guard's container or as its uid); the guard speaks to it over the unix socket
-it listens on in that server's folder, through `sandbox.guard.mcp_socket`,
-which treats every byte from it as hostile (one connection, a capped line
-reader, answers only to what the guard asked). A URL server is reached over
-streamable HTTP with each reply capped the same way. The guard advertises no
+it listens on in that server's folder, with `sandbox.guard.mcp_socket`'s
+`SocketSession` (raw JSON-RPC checked by envelope, not the SDK's client
+session), which treats every byte from it as hostile (one connection, a capped
+line reader, answers only to what the guard asked, a time budget per request).
+A URL server is reached over streamable HTTP with the SDK's client, each reply
+capped the same way. The guard advertises no
 roots, sampling or elicitation, and its client keeps no response cache.
 
 Each `tools/call` from the step:
@@ -63,7 +65,6 @@ import httpx2
 import mcp_types as types
 import pydantic_core
 from mcp import Client
-from mcp.client import Transport
 from mcp.client._transport import TransportStreams
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server
@@ -87,7 +88,12 @@ from sandbox.guard.actionlog import ActionLog, LogFull
 from sandbox.guard.config import MCP_PATH, GuardConfig
 from sandbox.guard.gate import BAD_TOKEN, bearer_ok, reject_and_log
 from sandbox.guard.listeners import bind_unix
-from sandbox.guard.mcp_socket import REPLY_TOO_LARGE, socket_transport
+from sandbox.guard.mcp_socket import (
+    REPLY_TOO_LARGE,
+    MalformedReply,
+    SocketSession,
+    open_socket_session,
+)
 from sandbox.guard.schema_instance import valid_instance
 
 CONNECT_DEADLINE_S = 20.0  # one connect attempt (a stdio server's container start + handshake)
@@ -231,7 +237,7 @@ class Upstream:
         self.name = server.name
         self._listener = listener
         self._expected_uid = expected_uid
-        self._client: Client | None = None
+        self._client: Client | SocketSession | None = None
         self._down_reason: str | None = "not started yet"
         self._attempts = 0  # connect attempts finished (a success or a failure)
         self._attempt_done = anyio.Event()  # replaced and set at each finished attempt
@@ -245,19 +251,21 @@ class Upstream:
 
     # -- the connection's task -------------------------------------------------
 
-    def _client_for(self) -> Client:
+    def _client_for(self) -> contextlib.AbstractAsyncContextManager[Client | SocketSession]:
+        """A stdio server's `SocketSession`, or a URL server's SDK `Client`."""
         if self.server.command is not None:
             listener, self._listener = self._listener, None
             if listener is None:
                 raise McpServerError("the server's socket is not listening")
-            transport: Transport = socket_transport(
-                listener, expected_uid=self._expected_uid, accept_deadline_s=CONNECT_DEADLINE_S
+            return open_socket_session(
+                listener,
+                expected_uid=self._expected_uid,
+                accept_deadline_s=CONNECT_DEADLINE_S,
+                client_info=CLIENT_INFO.model_dump(exclude_none=True),
             )
-        else:
-            assert self.server.url is not None
-            transport = _http_transport(self.server.url)
+        assert self.server.url is not None
         return Client(
-            transport,
+            _http_transport(self.server.url),
             mode="auto",
             cache=None,
             client_info=CLIENT_INFO,
@@ -316,7 +324,7 @@ class Upstream:
 
     # -- requests ----------------------------------------------------------------
 
-    async def _connected(self) -> Client:
+    async def _connected(self) -> Client | SocketSession:
         """The live session; a URL server without one is asked for a new one first."""
         if self._client is None and self._attempts == 0:  # the first attempt is running
             await self._wait_attempt(0)
@@ -349,10 +357,14 @@ class Upstream:
         for attempt in (0, 1):
             client = await self._connected()
             try:
-                raw = await client.session.send_request(
-                    request, _Raw, request_read_timeout_seconds=timeout_s
-                )
-                result = dict(raw.model_extra or {})
+                if isinstance(client, SocketSession):
+                    wire = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+                    result = await client.request(wire["method"], wire.get("params"), timeout_s)
+                else:
+                    raw = await client.session.send_request(
+                        request, _Raw, request_read_timeout_seconds=timeout_s
+                    )
+                    result = dict(raw.model_extra or {})
                 # A handshake-era server's result, relayed to a 2026-07-28 client, says so.
                 result.setdefault("resultType", "complete")
                 return result
@@ -367,6 +379,8 @@ class Upstream:
                 if attempt == 0 and retry and not self.is_stdio:
                     continue
                 raise McpServerError(self._down_reason or exc.message, lost=True) from None
+            except MalformedReply as exc:
+                raise McpServerError(f"malformed reply: {exc}") from None
             except ValidationError as exc:
                 raise McpServerError(
                     f"malformed reply: {_describe(exc).splitlines()[0][:200]}"
