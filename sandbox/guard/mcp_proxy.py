@@ -398,8 +398,17 @@ class Upstream:
         cursor: str | None = None
         begin = time.monotonic()
         listed_bytes = 0
-        with anyio.fail_after(deadline_s):
+        # A live stdio session times each page itself; the overall deadline covers
+        # the rest (waiting for a connection, a URL server's reconnect).
+        overall = (
+            contextlib.nullcontext()
+            if isinstance(self._client, SocketSession)
+            else anyio.fail_after(deadline_s)
+        )
+        with overall:
             for page_number in range(MAX_LIST_PAGES):
+                if page_number and time.monotonic() - begin >= deadline_s:
+                    raise TimeoutError
                 page = await self.request(
                     types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)),
                     max(0.05, deadline_s - (time.monotonic() - begin)),
@@ -863,11 +872,13 @@ class HotPath:
                 raise MCPError(
                     code=types.INTERNAL_ERROR, message="Handler returned an invalid result"
                 ) from None
-            reply: types.JSONRPCMessage = types.JSONRPCResponse(
-                jsonrpc="2.0", id=request_id, result=wire
-            )
+            # The bytes `JSONRPCResponse(...).model_dump_json(by_alias=True,
+            # exclude_unset=True)` gives (the tests compare them), without the model.
+            return pydantic_core.to_json({"jsonrpc": "2.0", "id": request_id, "result": wire})
         except MCPError as exc:
-            reply = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=exc.error)
+            reply: types.JSONRPCMessage = types.JSONRPCError(
+                jsonrpc="2.0", id=request_id, error=exc.error
+            )
         except _Fallback:
             raise
         except Exception as exc:  # as the SDK's dispatcher answers a handler's crash
@@ -1010,11 +1021,14 @@ class McpProxy:
     async def forward_slot(self, budget_s: float) -> AsyncIterator[None]:
         """One of the guard's forward slots, waited for within the call's own budget
         (SlotTimeout past it)."""
-        try:
-            with anyio.fail_after(budget_s):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise SlotTimeout() from None
+        if not self._slots.locked():  # a free slot: taken without a wait (no timer)
+            await self._slots.acquire()
+        else:
+            try:
+                with anyio.fail_after(budget_s):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise SlotTimeout() from None
         try:
             yield
         finally:

@@ -225,11 +225,13 @@ class SocketSession:
             ) from None
         answer: asyncio.Future[dict[str, Any]] = self._loop.create_future()
         self._pending[request_id] = answer
+        # A timer on the future, not a cancel scope: the same budget at a fraction
+        # of the cost per request (covers the send as well as the wait).
+        timer = self._loop.call_later(timeout_s, _expire, answer)
         try:
             async with self._send_lock:
                 await self._loop.sock_sendall(self._conn, data)
-            with anyio.fail_after(timeout_s):
-                return await answer
+            return await answer
         except TimeoutError:
             await self.notify(
                 "notifications/cancelled", {"requestId": request_id, "reason": "timed out"}
@@ -241,6 +243,7 @@ class SocketSession:
             self._close(f"Connection closed ({type(exc).__name__})")
             raise MCPError(code=types.CONNECTION_CLOSED, message="Connection closed") from None
         finally:
+            timer.cancel()
             self._pending.pop(request_id, None)
 
     # -- reading -------------------------------------------------------------------
@@ -317,6 +320,11 @@ class SocketSession:
         if target is not None:
             error = too_large_error(big.size, self._cap)
             target.set_exception(MCPError.from_error_data(error))
+
+
+def _expire(answer: asyncio.Future[dict[str, Any]]) -> None:
+    if not answer.done():
+        answer.set_exception(TimeoutError())
 
 
 @contextlib.asynccontextmanager
