@@ -11,17 +11,17 @@ server: 503 past it, logged), both protocol eras are served (handshake and
 with the same handlers and the same bytes on the wire; everything else goes to
 the SDK's transport (see `HotPath`).
 
-Upstream, the guard holds one long-lived MCP client session per server
-(official `mcp` SDK `Client`, started in `running()`). A stdio server runs in
+Upstream, the guard holds one long-lived MCP client session per server,
+started in `running()`. A stdio server runs in
 a container of its own, started by the runner beside the guard (never in the
 guard's container or as its uid); the guard speaks to it over the unix socket
 it listens on in that server's folder, with `sandbox.guard.mcp_socket`'s
 `SocketSession` (raw JSON-RPC checked by envelope, not the SDK's client
 session), which treats every byte from it as hostile (one connection, a capped
 line reader, answers only to what the guard asked, a time budget per request).
-A URL server is reached over streamable HTTP with the SDK's client, each reply
-capped the same way. The guard advertises no
-roots, sampling or elicitation, and its client keeps no response cache.
+A URL server is reached over streamable HTTP with the official `mcp` SDK's
+`Client`, each reply capped the same way. The guard advertises no roots,
+sampling or elicitation, and keeps no response cache.
 
 Each `tools/call` from the step:
 1. asks the server for its tool list afresh (every page; one `tools/list` round
