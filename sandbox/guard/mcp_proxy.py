@@ -135,6 +135,10 @@ class McpServerError(Exception):
         self.lost = lost
 
 
+class McpTimeout(McpServerError):
+    """The server did not answer one request within its time."""
+
+
 class McpReplyTooLarge(McpServerError):
     """The server's reply passed its cap and was dropped unread."""
 
@@ -370,7 +374,7 @@ class Upstream:
                 return result
             except MCPError as exc:
                 if exc.code == types.REQUEST_TIMEOUT:
-                    raise McpServerError(f"no answer within {timeout_s:g} s") from None
+                    raise McpTimeout(f"no answer within {timeout_s:g} s") from None
                 if exc.code == REPLY_TOO_LARGE or CAP_MARK in exc.message:
                     raise McpReplyTooLarge(exc.message) from None
                 if not _maybe_lost(exc, stdio=self.is_stdio):
@@ -409,10 +413,13 @@ class Upstream:
             for page_number in range(MAX_LIST_PAGES):
                 if page_number and time.monotonic() - begin >= deadline_s:
                     raise TimeoutError
-                page = await self.request(
-                    types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)),
-                    max(0.05, deadline_s - (time.monotonic() - begin)),
-                )
+                try:
+                    page = await self.request(
+                        types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)),
+                        max(0.05, deadline_s - (time.monotonic() - begin)),
+                    )
+                except McpTimeout:
+                    raise TimeoutError from None  # the lookup's budget, not the page's rest
                 listed = page.get("tools")
                 if not isinstance(listed, list):
                     raise McpServerError("tools/list reply has no tools array")
