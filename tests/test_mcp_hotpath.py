@@ -233,6 +233,14 @@ def test_plain_requests_are_answered_by_the_hot_path_as_the_sdk_answers_them(
         assert to_sdk == 0, body
     unknown = _request(7, "tools/call", {"name": "nope", "arguments": {}})
     assert _both(client, endpoint, counted, actions, unknown, session)[0] == 0
+    # JSON nulls where the SDK takes None, and a cursor.
+    for body in (
+        _request(8, "tools/call", {"name": "read", "arguments": None}),
+        _request(9, "tools/call", {"name": "read"}),
+        _request(10, "tools/list", {"cursor": None}),
+        _request(11, "tools/list", {"cursor": "c1"}),
+    ):
+        assert _both(client, endpoint, counted, actions, body, session)[0] == 0, body
     # What the step's client sees: the stub reply, the server's error, the result.
     answers = [
         client.post("/mcp/up", content=body, headers=session).json() for body in (read, stub, boom)
