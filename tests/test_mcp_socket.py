@@ -1,7 +1,7 @@
 """The guard's end of a stdio MCP server's socket, against a hostile peer (no engine).
 
 The peer is a real thread speaking raw bytes on a real unix socket; the guard
-side is the official SDK client over `socket_transport`.
+side is `SocketSession`, as the MCP proxy uses it.
 """
 
 from __future__ import annotations
@@ -17,11 +17,17 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
-from mcp import Client
 from mcp.shared.exceptions import MCPError
 
 from sandbox.guard.listeners import bind_unix
-from sandbox.guard.mcp_socket import REPLY_TOO_LARGE, LineReader, Oversized, socket_transport
+from sandbox.guard.mcp_socket import (
+    REPLY_TOO_LARGE,
+    LineReader,
+    MalformedReply,
+    Oversized,
+    SocketSession,
+    open_socket_session,
+)
 
 CAP = 64 * 1024
 
@@ -94,7 +100,7 @@ def socket_path(tmp_path: Path) -> Iterator[str]:
     yield str(tmp_path / "mcp.sock")
 
 
-def _with_peer(path: str, peer: Peer, body: Callable[[Client], Any], **kw: Any) -> Any:
+def _with_peer(path: str, peer: Peer, body: Callable[[SocketSession], Any], **kw: Any) -> Any:
     listener = bind_unix(path)
     client_sock = socket.socket(socket.AF_UNIX)
     client_sock.connect(path)
@@ -102,11 +108,14 @@ def _with_peer(path: str, peer: Peer, body: Callable[[Client], Any], **kw: Any) 
     thread.start()
 
     async def main() -> Any:
-        transport = socket_transport(
-            listener, expected_uid=kw.get("uid", os.getuid()), accept_deadline_s=5, cap=CAP
-        )
-        async with Client(transport, mode="legacy", read_timeout_seconds=5) as client:
-            return await body(client)
+        async with open_socket_session(
+            listener,
+            expected_uid=kw.get("uid", os.getuid()),
+            accept_deadline_s=5,
+            client_info={"name": "t", "version": "1"},
+            cap=CAP,
+        ) as session:
+            return await body(session)
 
     try:
         return anyio.run(main)
@@ -125,20 +134,16 @@ def test_an_oversized_result_is_an_error_naming_the_cap(socket_path: str) -> Non
         else:
             _send(conn, {"jsonrpc": "2.0", "id": rid, "result": {"content": []}})
 
-    async def body(client: Client) -> tuple[MCPError, Any]:
+    async def body(session: SocketSession) -> tuple[MCPError, Any]:
         with pytest.raises(MCPError) as caught:
-            await client.session.send_request(
-                types.CallToolRequest(params=types.CallToolRequestParams(name="big")), types.Result
-            )
-        after = await client.session.send_request(
-            types.CallToolRequest(params=types.CallToolRequestParams(name="small")), types.Result
-        )
+            await session.request("tools/call", {"name": "big"}, 5)
+        after = await session.request("tools/call", {"name": "small"}, 5)
         return caught.value, after
 
     error, after = _with_peer(socket_path, hostile_server(big), body)
     assert error.code == REPLY_TOO_LARGE
     assert "larger than the guard's cap of 64 KiB" in error.message
-    assert after is not None  # the connection goes on after the dropped message
+    assert after == {"content": []}  # the connection goes on after the dropped message
 
 
 def test_unasked_traffic_never_reaches_the_client(socket_path: str) -> None:
@@ -157,14 +162,11 @@ def test_unasked_traffic_never_reaches_the_client(socket_path: str) -> None:
         result = {"content": [{"type": "text", "text": "real"}]}
         _send(conn, {"jsonrpc": "2.0", "id": rid, "result": result})
 
-    async def body(client: Client) -> Any:
-        return await client.session.send_request(
-            types.CallToolRequest(params=types.CallToolRequestParams(name="x")),
-            types.CallToolResult,
-        )
+    async def body(session: SocketSession) -> Any:
+        return await session.request("tools/call", {"name": "x"}, 5)
 
     result = _with_peer(socket_path, hostile_server(noisy), body)
-    assert result.content[0].text == "real"
+    assert result["content"][0]["text"] == "real"
     assert seen_replies[0]["id"] == "s1" and seen_replies[0]["error"]["code"] == -32601
     assert seen_replies[1] == {"jsonrpc": "2.0", "id": "s2", "result": {}}
 
@@ -175,3 +177,66 @@ def test_a_peer_of_another_uid_is_refused(socket_path: str) -> None:
             socket_path, hostile_server(lambda *a: None), lambda c: anyio.sleep(0), uid=12345
         )
     assert "not the server's" in repr(caught.value)
+
+
+def test_deep_json_from_either_side_is_dropped(socket_path: str) -> None:
+    """A reply nested past the SDK parser's depth is never delivered (the call waits
+    out its budget); a request that deep is refused before it is sent."""
+    deep = "x"
+    for _ in range(400):
+        deep = f"[{deep}]"
+    asked: list[str] = []
+
+    def nested(conn: socket.socket, rid: Any, params: dict[str, Any]) -> None:
+        asked.append(params["name"])
+        if params["name"] == "deep":
+            line = (
+                '{"jsonrpc": "2.0", "id": ' + json.dumps(rid) + ', "result": {"x": ' + deep + "}}"
+            )
+            conn.sendall(line.encode() + b"\n")
+        else:
+            _send(conn, {"jsonrpc": "2.0", "id": rid, "result": {"content": []}})
+
+    async def body(session: SocketSession) -> tuple[int, int, Any]:
+        with pytest.raises(MCPError) as late:
+            await session.request("tools/call", {"name": "deep"}, 0.5)
+        too_deep: Any = "x"
+        for _ in range(400):
+            too_deep = [too_deep]
+        with pytest.raises(MCPError) as refused:
+            await session.request("tools/call", {"name": "out", "arguments": {"a": too_deep}}, 5)
+        return (
+            late.value.code,
+            refused.value.code,
+            await session.request("tools/call", {"name": "ok"}, 5),
+        )
+
+    late, refused, after = _with_peer(socket_path, hostile_server(nested), body)
+    assert late == types.REQUEST_TIMEOUT and refused == types.INVALID_PARAMS
+    assert after == {"content": []} and asked == ["deep", "ok"]
+
+
+def test_a_server_that_dies_or_answers_badly_fails_its_callers(socket_path: str) -> None:
+    def dies(conn: socket.socket, rid: Any, params: dict[str, Any]) -> None:
+        if params["name"] == "bad":
+            _send(conn, {"jsonrpc": "2.0", "id": rid, "result": [1, 2]})
+        elif params["name"] == "err":
+            _send(conn, {"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": "no"}})
+        else:
+            conn.shutdown(socket.SHUT_RDWR)
+
+    async def body(session: SocketSession) -> list[Any]:
+        out: list[Any] = []
+        with pytest.raises(MalformedReply):
+            await session.request("tools/call", {"name": "bad"}, 5)
+        with pytest.raises(MCPError) as error:
+            await session.request("tools/call", {"name": "err"}, 5)
+        out.append((error.value.code, error.value.message))
+        for name in ("die", "after"):
+            with pytest.raises(MCPError) as closed:
+                await session.request("tools/call", {"name": name}, 5)
+            out.append(closed.value.code)
+        return out
+
+    out = _with_peer(socket_path, hostile_server(dies), body)
+    assert out == [(-32602, "no"), types.CONNECTION_CLOSED, types.CONNECTION_CLOSED]

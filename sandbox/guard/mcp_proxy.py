@@ -4,18 +4,24 @@ Endpoint shape: one streamable-HTTP MCP endpoint per configured server, at
 `$AGENTWORKS_MCP_URL/<server name>` (`http://127.0.0.1:8790/mcp/<name>`), with
 the run's bridge token as `Authorization: Bearer ...`. `GET $AGENTWORKS_MCP_URL`
 lists the server names. Replies are JSON (`json_response`), sessions are the
-SDK's (`Mcp-Session-Id`), both protocol eras are served (handshake and
-2026-07-28).
+SDK's (`Mcp-Session-Id`, no idle expiry, at most `MAX_SESSIONS` open per
+server: 503 past it, logged), both protocol eras are served (handshake and
+2026-07-28). The repeated plain requests of a session (`tools/call`,
+`tools/list`, `ping`) are answered by `HotPath` in front of the SDK's transport,
+with the same handlers and the same bytes on the wire; everything else goes to
+the SDK's transport (see `HotPath`).
 
-Upstream, the guard holds one long-lived MCP client session per server
-(official `mcp` SDK `Client`, started in `running()`). A stdio server runs in
+Upstream, the guard holds one long-lived MCP client session per server,
+started in `running()`. A stdio server runs in
 a container of its own, started by the runner beside the guard (never in the
 guard's container or as its uid); the guard speaks to it over the unix socket
-it listens on in that server's folder, through `sandbox.guard.mcp_socket`,
-which treats every byte from it as hostile (one connection, a capped line
-reader, answers only to what the guard asked). A URL server is reached over
-streamable HTTP with each reply capped the same way. The guard advertises no
-roots, sampling or elicitation, and its client keeps no response cache.
+it listens on in that server's folder, with `sandbox.guard.mcp_socket`'s
+`SocketSession` (raw JSON-RPC checked by envelope, not the SDK's client
+session), which treats every byte from it as hostile (one connection, a capped
+line reader, answers only to what the guard asked, a time budget per request).
+A URL server is reached over streamable HTTP with the official `mcp` SDK's
+`Client`, each reply capped the same way. The guard advertises no roots,
+sampling or elicitation, and keeps no response cache.
 
 Each `tools/call` from the step:
 1. asks the server for its tool list afresh (every page; one `tools/list` round
@@ -57,20 +63,23 @@ from typing import Any
 import anyio
 import httpx2
 import mcp_types as types
+import pydantic_core
 from mcp import Client
-from mcp.client import Transport
 from mcp.client._transport import TransportStreams
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.streamable_http import CONTENT_TYPE_JSON
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.transport_security import TransportSecuritySettings
+from mcp.server.transport_security import TransportSecurityMiddleware, TransportSecuritySettings
 from mcp.shared.exceptions import MCPError
+from mcp_types import methods as _methods
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from sandbox import policy
 from sandbox.contracts.config import McpServer
@@ -79,7 +88,12 @@ from sandbox.guard.actionlog import ActionLog, LogFull
 from sandbox.guard.config import MCP_PATH, GuardConfig
 from sandbox.guard.gate import BAD_TOKEN, bearer_ok, reject_and_log
 from sandbox.guard.listeners import bind_unix
-from sandbox.guard.mcp_socket import REPLY_TOO_LARGE, socket_transport
+from sandbox.guard.mcp_socket import (
+    REPLY_TOO_LARGE,
+    MalformedReply,
+    SocketSession,
+    open_socket_session,
+)
 from sandbox.guard.schema_instance import valid_instance
 
 CONNECT_DEADLINE_S = 20.0  # one connect attempt (a stdio server's container start + handshake)
@@ -88,6 +102,7 @@ MAX_LIST_PAGES = 50
 MCP_SOCKET = "mcp.sock"  # in <mcp_dir>/<name>/ (sandbox.contracts.layout.MCP_SOCKET)
 CAP_MARK = "larger than the guard's cap"  # in every error that says a reply was too large
 CLIENT_INFO = types.Implementation(name="sandbox-guard", version="1")
+MAX_SESSIONS = 100  # open step-side sessions per server (the SDK answers 503 past it)
 
 # Requests the proxy serves; everything else from the step is refused (and logged).
 FORWARDED_LISTS = ("tools/list", "resources/list", "resources/templates/list", "prompts/list")
@@ -118,6 +133,10 @@ class McpServerError(Exception):
         super().__init__(reason)
         self.reason = reason
         self.lost = lost
+
+
+class McpTimeout(McpServerError):
+    """The server did not answer one request within its time."""
 
 
 class McpReplyTooLarge(McpServerError):
@@ -222,7 +241,7 @@ class Upstream:
         self.name = server.name
         self._listener = listener
         self._expected_uid = expected_uid
-        self._client: Client | None = None
+        self._client: Client | SocketSession | None = None
         self._down_reason: str | None = "not started yet"
         self._attempts = 0  # connect attempts finished (a success or a failure)
         self._attempt_done = anyio.Event()  # replaced and set at each finished attempt
@@ -236,19 +255,21 @@ class Upstream:
 
     # -- the connection's task -------------------------------------------------
 
-    def _client_for(self) -> Client:
+    def _client_for(self) -> contextlib.AbstractAsyncContextManager[Client | SocketSession]:
+        """A stdio server's `SocketSession`, or a URL server's SDK `Client`."""
         if self.server.command is not None:
             listener, self._listener = self._listener, None
             if listener is None:
                 raise McpServerError("the server's socket is not listening")
-            transport: Transport = socket_transport(
-                listener, expected_uid=self._expected_uid, accept_deadline_s=CONNECT_DEADLINE_S
+            return open_socket_session(
+                listener,
+                expected_uid=self._expected_uid,
+                accept_deadline_s=CONNECT_DEADLINE_S,
+                client_info=CLIENT_INFO.model_dump(exclude_none=True),
             )
-        else:
-            assert self.server.url is not None
-            transport = _http_transport(self.server.url)
+        assert self.server.url is not None
         return Client(
-            transport,
+            _http_transport(self.server.url),
             mode="auto",
             cache=None,
             client_info=CLIENT_INFO,
@@ -307,7 +328,7 @@ class Upstream:
 
     # -- requests ----------------------------------------------------------------
 
-    async def _connected(self) -> Client:
+    async def _connected(self) -> Client | SocketSession:
         """The live session; a URL server without one is asked for a new one first."""
         if self._client is None and self._attempts == 0:  # the first attempt is running
             await self._wait_attempt(0)
@@ -340,16 +361,20 @@ class Upstream:
         for attempt in (0, 1):
             client = await self._connected()
             try:
-                raw = await client.session.send_request(
-                    request, _Raw, request_read_timeout_seconds=timeout_s
-                )
-                result = dict(raw.model_extra or {})
+                if isinstance(client, SocketSession):
+                    wire = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+                    result = await client.request(wire["method"], wire.get("params"), timeout_s)
+                else:
+                    raw = await client.session.send_request(
+                        request, _Raw, request_read_timeout_seconds=timeout_s
+                    )
+                    result = dict(raw.model_extra or {})
                 # A handshake-era server's result, relayed to a 2026-07-28 client, says so.
                 result.setdefault("resultType", "complete")
                 return result
             except MCPError as exc:
                 if exc.code == types.REQUEST_TIMEOUT:
-                    raise McpServerError(f"no answer within {timeout_s:g} s") from None
+                    raise McpTimeout(f"no answer within {timeout_s:g} s") from None
                 if exc.code == REPLY_TOO_LARGE or CAP_MARK in exc.message:
                     raise McpReplyTooLarge(exc.message) from None
                 if not _maybe_lost(exc, stdio=self.is_stdio):
@@ -358,6 +383,8 @@ class Upstream:
                 if attempt == 0 and retry and not self.is_stdio:
                     continue
                 raise McpServerError(self._down_reason or exc.message, lost=True) from None
+            except MalformedReply as exc:
+                raise McpServerError(f"malformed reply: {exc}") from None
             except ValidationError as exc:
                 raise McpServerError(
                     f"malformed reply: {_describe(exc).splitlines()[0][:200]}"
@@ -375,12 +402,24 @@ class Upstream:
         cursor: str | None = None
         begin = time.monotonic()
         listed_bytes = 0
-        with anyio.fail_after(deadline_s):
+        # A live stdio session times each page itself; the overall deadline covers
+        # the rest (waiting for a connection, a URL server's reconnect).
+        overall = (
+            contextlib.nullcontext()
+            if isinstance(self._client, SocketSession)
+            else anyio.fail_after(deadline_s)
+        )
+        with overall:
             for page_number in range(MAX_LIST_PAGES):
-                page = await self.request(
-                    types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)),
-                    max(0.05, deadline_s - (time.monotonic() - begin)),
-                )
+                if page_number and time.monotonic() - begin >= deadline_s:
+                    raise TimeoutError
+                try:
+                    page = await self.request(
+                        types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)),
+                        max(0.05, deadline_s - (time.monotonic() - begin)),
+                    )
+                except McpTimeout:
+                    raise TimeoutError from None  # the lookup's budget, not the page's rest
                 listed = page.get("tools")
                 if not isinstance(listed, list):
                     raise McpServerError("tools/list reply has no tools array")
@@ -447,10 +486,9 @@ class Endpoint:
             instructions=f"Test mode: calls to {self.name} are checked by the sandbox guard.",
         )
         server.add_request_handler("tools/call", types.CallToolRequestParams, self._call_tool)
-        for method in FORWARDED_LISTS:
-            server.add_request_handler(
-                method, types.PaginatedRequestParams, self._forward_list(method)
-            )
+        self.lists = {method: self._forward_list(method) for method in FORWARDED_LISTS}
+        for method, forward in self.lists.items():
+            server.add_request_handler(method, types.PaginatedRequestParams, forward)
         server.add_request_handler(
             "resources/read", types.ReadResourceRequestParams, self._read_resource
         )
@@ -459,15 +497,22 @@ class Endpoint:
         # request and the guard exports no traces.
         server.middleware = [self._gate]
         self.server = server
+        self.security = TransportSecuritySettings(
+            enable_dns_rebinding_protection=True,
+            allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+            allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+        )
+        # No idle expiry: a session the step uses only through the hot path has no
+        # request in flight on the SDK's side and would expire under it. Instead a
+        # cap on open sessions (503 past it, logged by the hot path).
         self.manager = StreamableHTTPSessionManager(
             app=server,
             json_response=True,
-            security_settings=TransportSecuritySettings(
-                enable_dns_rebinding_protection=True,
-                allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
-                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
-            ),
+            security_settings=self.security,
+            session_idle_timeout=None,
+            max_sessions=MAX_SESSIONS,
         )
+        self.hot = HotPath(self)
 
     # -- the gate: what the step may ask at all --------------------------------------
 
@@ -494,8 +539,12 @@ class Endpoint:
     async def _call_tool(
         self, ctx: ServerRequestContext[Any, Any], params: types.CallToolRequestParams
     ) -> HandlerResult:
+        return await self.call_tool(params)
+
+    async def call_tool(self, params: types.CallToolRequestParams) -> dict[str, Any]:
         """One call, inside one of the guard's forward slots: its tool listing and its
-        result are what the guard holds for it (see caps)."""
+        result are what the guard holds for it (see caps). The SDK's handler and the
+        hot path both end here, so their policy and log lines are one code."""
         started = time.perf_counter()
         budget = self.proxy.config.budget_for(f"mcp:{self.name}/{params.name}")
         try:
@@ -515,7 +564,7 @@ class Endpoint:
 
     async def _judged_call(
         self, params: types.CallToolRequestParams, started: float, budget: float
-    ) -> HandlerResult:
+    ) -> dict[str, Any]:
         tool = params.name
         arguments = dict(params.arguments or {})
         override = self.upstream.server.read_only_overrides.get(tool)
@@ -612,10 +661,13 @@ class Endpoint:
 
     def _forward_list(
         self, method: str
-    ) -> Callable[[ServerRequestContext[Any, Any], types.PaginatedRequestParams], Awaitable[Any]]:
+    ) -> Callable[
+        [ServerRequestContext[Any, Any] | None, types.PaginatedRequestParams],
+        Awaitable[dict[str, Any]],
+    ]:
         async def forward(
-            ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams
-        ) -> HandlerResult:
+            ctx: ServerRequestContext[Any, Any] | None, params: types.PaginatedRequestParams
+        ) -> dict[str, Any]:
             request = _LIST_REQUESTS[method](types.PaginatedRequestParams(cursor=params.cursor))
             deadline = self.upstream.server.lookup_budget_s * 2
             try:
@@ -685,6 +737,241 @@ class Endpoint:
         return result
 
 
+# --------------------------------------------------------------------------- the hot path
+
+_HOT_METHODS = frozenset({"tools/call", "tools/list", "ping"})
+_HOT_PARAMS = {"tools/call": {"name", "arguments"}, "tools/list": {"cursor"}, "ping": set()}
+_ENVELOPE_KEYS = {"jsonrpc", "id", "method", "params"}
+_ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class _Fallback(Exception):
+    """Not a request the hot path answers: the SDK's transport gets it whole."""
+
+
+class HotPath:
+    """The endpoint's front: the few requests a step repeats, answered without the
+    SDK's session machinery; everything else goes to the SDK unchanged.
+
+    Answered here: a POST whose body is exactly one plain JSON-RPC request
+    (`tools/call` with only `name`/`arguments`, `tools/list` with at most a
+    `cursor`, `ping` without params), in a session the SDK opened and whose
+    `initialize` it answered with a result, on the handshake-era protocol version
+    that session negotiated (`Mcp-Protocol-Version` equal to it), with the Host,
+    Origin, Content-Type and Accept the SDK's transport would accept. The answer is
+    built by the same handlers (`Endpoint.call_tool`, the list forwarders: the same
+    policy, action-log lines and errors), shaped by the SDK's own result
+    serializer for that version and dumped as the SDK's transport dumps it, so a
+    client sees the same bytes either way.
+
+    Everything else, bytes unchanged (a body already read is replayed): the
+    opening `initialize`, notifications, responses, batches, DELETE, GET (SSE),
+    any other method, odd or malformed bodies, an unknown or ended session, the
+    2026-07-28 era. The SDK's answers to those, errors included, are its own. Its
+    503 past `MAX_SESSIONS` is logged here."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.sdk: _ASGIApp = endpoint.manager.handle_request
+        self.enabled = True  # tests turn it off to get the SDK's answer for the same call
+        self._security = TransportSecurityMiddleware(endpoint.security)
+        self._versions: dict[str, str] = {}  # session id -> the version it negotiated
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not self.enabled or scope["type"] != "http" or scope["method"] != "POST":
+            await self._to_sdk(scope, receive, send, opening=False)
+            return
+        headers: dict[bytes, bytes] = {}
+        for key, value in scope["headers"]:
+            headers.setdefault(key, value)  # a repeated header: the SDK reads the first too
+        session = headers.get(b"mcp-session-id")
+        version = self._ready(session, headers)
+        if session is None or version is None:
+            await self._to_sdk(scope, receive, send, opening=session is None)
+            return
+        body, complete = await _read_body(receive, self.endpoint.manager.max_request_body_size)
+        try:
+            if not complete:
+                raise _Fallback
+            answer = await self._answer(body, version)
+        except _Fallback:
+            await self._to_sdk(scope, _replay(body, complete, receive), send, opening=False)
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-length", str(len(answer)).encode()),
+                    (b"content-type", b"application/json"),
+                    (b"mcp-session-id", session),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": answer})
+
+    def _ready(self, session: bytes | None, headers: dict[bytes, bytes]) -> str | None:
+        """The session's negotiated version when this request may be answered here."""
+        if session is None:
+            return None
+        sid = session.decode("latin-1")
+        version = self._versions.get(sid)
+        transport = self.endpoint.manager._server_instances.get(sid)
+        if version is None or transport is None or transport.is_terminated:
+            return None
+        if headers.get(b"mcp-protocol-version", b"").decode("latin-1") != version:
+            return None
+        if sid in self.endpoint.manager._session_owners:
+            return None  # a credential-bound session: the SDK checks its owner
+        content_type = headers.get(b"content-type", b"").decode("latin-1").lower()
+        if content_type.split(";")[0].strip() != CONTENT_TYPE_JSON:
+            return None
+        if not self._security._validate_host(_text(headers.get(b"host"))):
+            return None
+        if not self._security._validate_origin(_text(headers.get(b"origin"))):
+            return None
+        accept = [
+            part.split(";")[0].strip().lower()
+            for part in headers.get(b"accept", b"").decode("latin-1").split(",")
+        ]
+        if not any(kind in (CONTENT_TYPE_JSON, "application/*", "*/*") for kind in accept):
+            return None
+        return version
+
+    async def _answer(self, body: bytes, version: str) -> bytes:
+        """The JSON-RPC reply to one plain request, or _Fallback for anything else."""
+        try:
+            message = pydantic_core.from_json(body)  # the SDK's parser, the SDK's depth limit
+        except ValueError:
+            raise _Fallback from None
+        if not isinstance(message, dict) or not message.keys() <= _ENVELOPE_KEYS:
+            raise _Fallback
+        method, request_id = message.get("method"), message.get("id")
+        if message.get("jsonrpc") != "2.0" or method not in _HOT_METHODS:
+            raise _Fallback
+        if isinstance(request_id, bool) or not isinstance(request_id, int | str):
+            raise _Fallback
+        params = message.get("params", {})
+        if not isinstance(params, dict) or not params.keys() <= _HOT_PARAMS[method]:
+            raise _Fallback
+        endpoint = self.endpoint
+        try:
+            if method == "tools/call":
+                name, arguments = params.get("name"), params.get("arguments")
+                if not isinstance(name, str) or not isinstance(arguments, dict | None):
+                    raise _Fallback
+                call = types.CallToolRequestParams(name=name, arguments=arguments)
+                result: dict[str, Any] = await endpoint.call_tool(call)
+            elif method == "tools/list":
+                cursor = params.get("cursor")
+                if not isinstance(cursor, str | None):
+                    raise _Fallback
+                page = types.PaginatedRequestParams(cursor=cursor)
+                result = await endpoint.lists[method](None, page)
+            else:
+                result = {}
+            hint = endpoint.server.cache_hints.get(method)
+            if hint is not None:
+                result = {"ttlMs": hint.ttl_ms, "cacheScope": hint.scope, **result}
+            try:
+                wire = _methods.serialize_server_result(method, version, dict(result))
+            except ValidationError:
+                raise MCPError(
+                    code=types.INTERNAL_ERROR, message="Handler returned an invalid result"
+                ) from None
+            # The bytes `JSONRPCResponse(...).model_dump_json(by_alias=True,
+            # exclude_unset=True)` gives (the tests compare them), without the model.
+            return pydantic_core.to_json({"jsonrpc": "2.0", "id": request_id, "result": wire})
+        except MCPError as exc:
+            reply: types.JSONRPCMessage = types.JSONRPCError(
+                jsonrpc="2.0", id=request_id, error=exc.error
+            )
+        except _Fallback:
+            raise
+        except Exception as exc:  # as the SDK's dispatcher answers a handler's crash
+            error = types.ErrorData(code=0, message=str(exc))
+            reply = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error)
+        return reply.model_dump_json(by_alias=True, exclude_unset=True).encode()
+
+    async def _to_sdk(self, scope: Scope, receive: Receive, send: Send, *, opening: bool) -> None:
+        """The SDK's transport; an opening request's reply is watched: a result to
+        `initialize` makes its session one the hot path serves, a 503 (the session
+        cap) is logged."""
+        if not opening:
+            await self.sdk(scope, receive, send)
+            return
+        status = 0
+        session: str | None = None
+        body = bytearray()
+
+        async def watch(message: Message) -> None:
+            nonlocal status, session
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                for key, value in message.get("headers", []):
+                    if key.lower() == b"mcp-session-id":
+                        session = value.decode("latin-1")
+            elif message["type"] == "http.response.body" and len(body) < 65536:
+                body.extend(message.get("body", b""))
+            await send(message)
+
+        await self.sdk(scope, receive, watch)
+        if status == 503:
+            await self.endpoint.proxy.log_line(
+                tool=f"mcp:{self.endpoint.name}",
+                decision="refuse",
+                reason=f"too many open MCP sessions (at most {MAX_SESSIONS} per server)",
+                arguments={},
+                started=time.perf_counter(),
+                detail={"server": self.endpoint.name, "max_sessions": MAX_SESSIONS},
+                category="request",
+            )
+        if status != 200 or session is None:
+            return
+        with contextlib.suppress(ValueError):
+            result = json.loads(body).get("result")
+            version = result.get("protocolVersion") if isinstance(result, dict) else None
+            if isinstance(version, str) and version in HANDSHAKE_PROTOCOL_VERSIONS:
+                self._versions[session] = version
+        live = self.endpoint.manager._server_instances
+        for gone in [sid for sid in self._versions if sid not in live]:
+            del self._versions[gone]
+
+
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode("latin-1")
+
+
+async def _read_body(receive: Receive, cap: int) -> tuple[bytes, bool]:
+    """The request body, read to its end or until it passes `cap` (complete False:
+    the rest is still in `receive`, for the SDK to refuse as it does)."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks), False
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > cap:
+            return b"".join(chunks), False
+        if not message.get("more_body", False):
+            return b"".join(chunks), True
+
+
+def _replay(body: bytes, complete: bool, receive: Receive) -> Receive:
+    """`receive` as if nothing had been read from it yet."""
+    pending = [{"type": "http.request", "body": body, "more_body": not complete}]
+
+    async def replay() -> Message:
+        if pending:
+            return pending.pop()
+        return await receive()
+
+    return replay
+
+
 # --------------------------------------------------------------------------- the proxy
 
 
@@ -741,11 +1028,14 @@ class McpProxy:
     async def forward_slot(self, budget_s: float) -> AsyncIterator[None]:
         """One of the guard's forward slots, waited for within the call's own budget
         (SlotTimeout past it)."""
-        try:
-            with anyio.fail_after(budget_s):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise SlotTimeout() from None
+        if not self._slots.locked():  # a free slot: taken without a wait (no timer)
+            await self._slots.acquire()
+        else:
+            try:
+                with anyio.fail_after(budget_s):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise SlotTimeout() from None
         try:
             yield
         finally:
@@ -784,9 +1074,7 @@ class McpProxy:
             Route(MCP_PATH + "/", self._index, methods=["GET"]),
         ]
         for name, endpoint in self.endpoints.items():
-            routes.append(
-                Route(f"{MCP_PATH}/{name}", _Authorized(self, endpoint.manager.handle_request))
-            )
+            routes.append(Route(f"{MCP_PATH}/{name}", _Authorized(self, endpoint.hot)))
         routes.append(
             Route(MCP_PATH + "/{rest:path}", self._unknown, methods=["GET", "POST", "DELETE"])
         )

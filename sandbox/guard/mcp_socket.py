@@ -2,8 +2,11 @@
 
 Each stdio server runs in its own container; a small relay there
 (`sandbox/stepside/agentworks_relay.py`) connects to the socket the guard listens on in that
-server's folder and pipes the server's stdin and stdout through it. This
-module is the MCP SDK client transport over that socket:
+server's folder and hands that connection to the server as its stdin and stdout.
+This module is the guard's client over that socket: `SocketSession`, JSON-RPC
+checked by envelope (the guard relays results as raw JSON and never needs the
+SDK's typed session objects, whose per-message cost was most of the guard's MCP
+time). The rules:
 
 - one connection per server: the first accepted connection, from the
   server's own uid (SO_PEERCRED), and the listener is closed after it;
@@ -14,8 +17,14 @@ module is the MCP SDK client transport over that socket:
 - the guard speaks first and asks; the server only answers: a response is
   delivered only to a request the guard sent and is still waiting for; a
   server's own requests are answered here (`ping`) or refused, and its
-  notifications are dropped, so nothing it sends unasked reaches the SDK or
-  costs the guard more than the read.
+  notifications are dropped, so nothing it sends unasked reaches a caller or
+  costs the guard more than the read;
+- JSON nested deeper than the SDK's parser takes is dropped, from either side
+  (a request the guard cannot encode is an error to its caller);
+- every request has a time budget: past it the request is given up on
+  (`notifications/cancelled` sent, a late answer dropped) and the caller gets
+  `REQUEST_TIMEOUT`; a server that closes its end fails every request still
+  waited for, and every later one, with `CONNECTION_CLOSED`.
 """
 
 from __future__ import annotations
@@ -31,9 +40,9 @@ from typing import Any
 
 import anyio
 import mcp_types as types
-from mcp.client._transport import TransportStreams
-from mcp.shared.message import SessionMessage
-from pydantic import ValidationError
+import pydantic_core
+from mcp.shared.exceptions import MCPError
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 
 from sandbox.guard.caps import MAX_MCP_MESSAGE_BYTES, mib
 
@@ -147,117 +156,211 @@ async def accept_one(
     return conn
 
 
-@contextlib.asynccontextmanager
-async def socket_transport(
-    listener: socket.socket,
-    *,
-    expected_uid: int | None,
-    accept_deadline_s: float,
-    cap: int = MAX_MCP_MESSAGE_BYTES,
-) -> AsyncIterator[TransportStreams]:
-    """An MCP client transport over the server's socket (see the module's rules)."""
-    conn = await accept_one(listener, expected_uid=expected_uid, deadline_s=accept_deadline_s)
-    loop = asyncio.get_running_loop()
-    read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
-    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
-    pending: list[types.RequestId] = []  # requests sent, not yet answered, oldest first
-    send_lock = anyio.Lock()
-
-    async def send(message: types.JSONRPCMessage) -> None:
-        data = message.model_dump_json(by_alias=True, exclude_unset=True).encode() + b"\n"
-        async with send_lock:
-            await loop.sock_sendall(conn, data)
-
-    def answered(request_id: Any) -> types.RequestId | None:
-        key = _coerce(request_id)
-        for waiting in pending:
-            if _coerce(waiting) == key:
-                pending.remove(waiting)
-                return waiting
-        return None
-
-    async def deliver(line: bytes) -> None:
-        try:
-            message = types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-        except (ValidationError, ValueError):
-            return  # not a JSON-RPC message: nothing the guard asked for
-        if isinstance(message, types.JSONRPCRequest):
-            # The guard advertises no client capability; only a ping is answered.
-            if message.method == "ping":
-                await send(types.JSONRPCResponse(jsonrpc="2.0", id=message.id, result={}))
-            else:
-                error = types.ErrorData(
-                    code=types.METHOD_NOT_FOUND,
-                    message=f"{message.method} is not served by the test-mode guard",
-                )
-                await send(types.JSONRPCError(jsonrpc="2.0", id=message.id, error=error))
-            return
-        if isinstance(message, types.JSONRPCNotification):
-            return
-        if message.id is None or answered(message.id) is None:
-            return  # an answer to nothing the guard is waiting for
-        await read_writer.send(SessionMessage(message))
-
-    async def dropped(big: Oversized) -> None:
-        waiting = [i for i in big.candidate_ids() if any(_coerce(i) == _coerce(p) for p in pending)]
-        target = answered(waiting[0]) if waiting else None
-        if target is None and len(pending) == 1:
-            target = pending.pop()
-        if target is None:
-            return
-        error = types.JSONRPCError(jsonrpc="2.0", id=target, error=too_large_error(big.size, cap))
-        await read_writer.send(SessionMessage(error))
-
-    async def reader() -> None:
-        lines = LineReader(cap)
-        try:
-            async with read_writer:
-                while data := await loop.sock_recv(conn, CHUNK):
-                    for item in lines.feed(data):
-                        if isinstance(item, Oversized):
-                            await dropped(item)
-                        else:
-                            await deliver(item)
-        except (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            pass
-
-    async def writer() -> None:
-        try:
-            async with write_reader:
-                async for session_message in write_reader:
-                    message = session_message.message
-                    if isinstance(message, types.JSONRPCRequest):
-                        pending.append(message.id)
-                        del pending[:-MAX_PENDING]
-                    elif (
-                        isinstance(message, types.JSONRPCNotification)
-                        and message.method == "notifications/cancelled"
-                        and message.params
-                    ):
-                        answered(message.params.get("requestId"))  # given up on
-                    await send(message)
-        except (OSError, anyio.ClosedResourceError, anyio.BrokenResourceError):
-            await read_writer.aclose()
-
-    try:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(reader)
-            tg.start_soon(writer)
-            try:
-                yield read_stream, write_stream
-            finally:
-                tg.cancel_scope.cancel()
-    finally:
-        with contextlib.suppress(OSError):
-            conn.shutdown(socket.SHUT_RDWR)
-        conn.close()
-        for stream in (read_stream, write_stream, read_writer, write_reader):
-            await stream.aclose()
-
-
 def _coerce(request_id: Any) -> Any:
     """ "7" and 7 are one id for correlation (as the SDK treats them)."""
     if isinstance(request_id, str):
         with contextlib.suppress(ValueError):
             return int(request_id)
     return request_id
+
+
+# --------------------------------------------------------------------------- SocketSession
+
+
+class MalformedReply(Exception):
+    """The server answered a request with something that is not a result object."""
+
+
+class SocketSession:
+    """A JSON-RPC client session on the server's one connection (see the module's rules).
+
+    `request` sends one request and waits, within its budget, for the answer to its
+    own id: the raw result object, or `MCPError` (the server's error; or
+    REPLY_TOO_LARGE, REQUEST_TIMEOUT, CONNECTION_CLOSED from here). Start it with
+    `open_socket_session`, which also runs the initialize handshake."""
+
+    def __init__(self, conn: socket.socket, cap: int) -> None:
+        self._conn = conn
+        self._cap = cap
+        self._loop = asyncio.get_running_loop()
+        self._next_id = 0
+        self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._send_lock = asyncio.Lock()
+        self._closed: str | None = None  # why the connection is gone (None: open)
+        self.protocol_version = ""
+        self.server_info: dict[str, Any] = {}
+
+    # -- sending -------------------------------------------------------------------
+
+    async def _send(self, message: dict[str, Any]) -> None:
+        data = pydantic_core.to_json(message) + b"\n"
+        async with self._send_lock:
+            await self._loop.sock_sendall(self._conn, data)
+
+    async def notify(self, method: str, params: dict[str, Any] | None = None) -> None:
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method}
+        if params is not None:
+            message["params"] = params
+        with contextlib.suppress(OSError):
+            await self._send(message)
+
+    async def request(
+        self, method: str, params: dict[str, Any] | None, timeout_s: float
+    ) -> dict[str, Any]:
+        if self._closed is not None:
+            raise MCPError(code=types.CONNECTION_CLOSED, message=self._closed)
+        if len(self._pending) >= MAX_PENDING:
+            raise MCPError(code=types.INTERNAL_ERROR, message="too many requests in flight")
+        self._next_id += 1
+        request_id = self._next_id
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        try:
+            data = pydantic_core.to_json(message) + b"\n"
+            pydantic_core.from_json(data)  # the depth the server's side of the SDK takes
+        except ValueError as exc:
+            raise MCPError(
+                code=types.INVALID_PARAMS, message=f"the request cannot be sent: {exc}"
+            ) from None
+        answer: asyncio.Future[dict[str, Any]] = self._loop.create_future()
+        self._pending[request_id] = answer
+        # A timer on the future, not a cancel scope: the same budget at a fraction
+        # of the cost per request (covers the send as well as the wait).
+        timer = self._loop.call_later(timeout_s, _expire, answer)
+        try:
+            async with self._send_lock:
+                await self._loop.sock_sendall(self._conn, data)
+            return await answer
+        except TimeoutError:
+            await self.notify(
+                "notifications/cancelled", {"requestId": request_id, "reason": "timed out"}
+            )
+            raise MCPError(
+                code=types.REQUEST_TIMEOUT, message=f"no answer within {timeout_s:g} s"
+            ) from None
+        except OSError as exc:
+            self._close(f"Connection closed ({type(exc).__name__})")
+            raise MCPError(code=types.CONNECTION_CLOSED, message="Connection closed") from None
+        finally:
+            timer.cancel()
+            self._pending.pop(request_id, None)
+
+    # -- reading -------------------------------------------------------------------
+
+    async def read_loop(self) -> None:
+        lines = LineReader(self._cap)
+        try:
+            while data := await self._loop.sock_recv(self._conn, CHUNK):
+                for item in lines.feed(data):
+                    if isinstance(item, Oversized):
+                        self._dropped(item)
+                    else:
+                        await self._deliver(item)
+        except OSError:
+            pass
+        self._close("Connection closed")
+
+    def _close(self, reason: str) -> None:
+        if self._closed is None:
+            self._closed = reason
+        for answer in self._pending.values():
+            if not answer.done():
+                answer.set_exception(MCPError(code=types.CONNECTION_CLOSED, message=reason))
+
+    def _waiting(self, request_id: Any) -> asyncio.Future[dict[str, Any]] | None:
+        key = _coerce(request_id)
+        answer = self._pending.get(key) if isinstance(key, int) else None
+        return answer if answer is not None and not answer.done() else None
+
+    async def _deliver(self, line: bytes) -> None:
+        try:
+            message = pydantic_core.from_json(line)
+        except ValueError:
+            return  # not JSON the SDK would take (nested too deep, broken): dropped
+        if not isinstance(message, dict) or message.get("jsonrpc") != "2.0":
+            return
+        request_id = message.get("id")
+        if "method" in message:
+            if request_id is None or isinstance(request_id, bool | float | dict | list):
+                return  # a notification (or nothing answerable): dropped
+            # The guard advertises no client capability; only a ping is answered.
+            with contextlib.suppress(OSError):
+                if message.get("method") == "ping":
+                    await self._send({"jsonrpc": "2.0", "id": request_id, "result": {}})
+                else:
+                    refusal = {
+                        "code": types.METHOD_NOT_FOUND,
+                        "message": f"{message.get('method')} is not served by the test-mode guard",
+                    }
+                    await self._send({"jsonrpc": "2.0", "id": request_id, "error": refusal})
+            return
+        answer = self._waiting(request_id)
+        if answer is None:
+            return  # an answer to nothing the guard is waiting for
+        if "error" in message:
+            error = message.get("error")
+            if not isinstance(error, dict):
+                return
+            try:
+                data = types.ErrorData.model_validate(error)
+            except ValueError:
+                return
+            answer.set_exception(MCPError(code=data.code, message=data.message, data=data.data))
+        elif isinstance(message.get("result"), dict):
+            answer.set_result(message["result"])
+        else:
+            answer.set_exception(MalformedReply("the result is not an object"))
+
+    def _dropped(self, big: Oversized) -> None:
+        target = next((a for i in big.candidate_ids() if (a := self._waiting(i))), None)
+        if target is None:
+            waiting = [a for a in self._pending.values() if not a.done()]
+            target = waiting[0] if len(waiting) == 1 else None
+        if target is not None:
+            error = too_large_error(big.size, self._cap)
+            target.set_exception(MCPError.from_error_data(error))
+
+
+def _expire(answer: asyncio.Future[dict[str, Any]]) -> None:
+    if not answer.done():
+        answer.set_exception(TimeoutError())
+
+
+@contextlib.asynccontextmanager
+async def open_socket_session(
+    listener: socket.socket,
+    *,
+    expected_uid: int | None,
+    accept_deadline_s: float,
+    client_info: dict[str, Any],
+    cap: int = MAX_MCP_MESSAGE_BYTES,
+) -> AsyncIterator[SocketSession]:
+    """The server's connection, its reader running and the handshake done (within
+    `accept_deadline_s` for both); closed on exit."""
+    conn = await accept_one(listener, expected_uid=expected_uid, deadline_s=accept_deadline_s)
+    try:
+        session = SocketSession(conn, cap)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(session.read_loop)
+            params = {
+                "protocolVersion": LATEST_HANDSHAKE_VERSION,
+                "capabilities": {},
+                "clientInfo": client_info,
+            }
+            result = await session.request("initialize", params, accept_deadline_s)
+            version = result.get("protocolVersion")
+            if version not in HANDSHAKE_PROTOCOL_VERSIONS:
+                raise ConnectionError(f"the server answered protocol version {version!r}")
+            session.protocol_version = str(version)
+            info = result.get("serverInfo")
+            session.server_info = info if isinstance(info, dict) else {}
+            await session.notify("notifications/initialized")
+            try:
+                yield session
+            finally:
+                tg.cancel_scope.cancel()
+    finally:
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
+        conn.close()

@@ -3,9 +3,12 @@
 Standard library only; installed with the step side (the MCP image is built on the
 step image) and run as `/usr/bin/python3 -m agentworks_relay`. It connects to the
 unix socket the guard listens on in the server's own folder (mounted read-only at
-`/run/mcp`; the guard may still be starting, so it retries until a deadline), starts
-the server command with its stdin and stdout piped, and moves bytes both ways until
-either side ends. The server's stderr is the container's, which only the host reads.
+`/run/mcp`; the guard may still be starting, so it retries until a deadline), and
+starts the server command with that connected socket itself as its stdin and
+stdout: no byte of the MCP conversation passes through the relay process (a copy
+loop here cost a thread hop and two copies per message each way). The relay then
+only waits for the server and passes SIGTERM on. The server's stderr is the
+container's, which only the host reads.
 
 With `--proxy-port`, it also listens on 127.0.0.1:PORT in the server's own
 network namespace (which has nothing else: no interface but loopback) and
@@ -21,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import signal
 import socket
 import subprocess
@@ -126,25 +128,17 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"the guard's socket {args.socket} is unreachable: {exc}")
         return 1
     try:
-        server = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        # The socket is the server's stdio (a read on stdin is a recv, a write on
+        # stdout a send); the relay's own copy is closed so that the server's
+        # exit is the guard's EOF.
+        server = subprocess.Popen(command, stdin=guard.fileno(), stdout=guard.fileno())
     except OSError as exc:
         _say(f"cannot start {command[0]}: {exc}")
         guard.close()
         return 127
-    signal.signal(signal.SIGTERM, lambda *_: server.terminate())
-    assert server.stdin is not None and server.stdout is not None
-    stdin, stdout = server.stdin, server.stdout
-    to_server = threading.Thread(
-        target=_pump, args=(lambda: guard.recv(CHUNK), stdin.write, stdin.close), daemon=True
-    )
-    to_server.start()
-    _pump(
-        lambda: os.read(stdout.fileno(), CHUNK),
-        guard.sendall,
-        lambda: guard.shutdown(socket.SHUT_WR),
-    )
-    code = server.wait()
     guard.close()
+    signal.signal(signal.SIGTERM, lambda *_: server.terminate())
+    code = server.wait()
     return code if code >= 0 else 128 - code
 
 
