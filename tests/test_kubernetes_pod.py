@@ -342,3 +342,58 @@ def test_the_guards_config_moves_off_the_host(tmp_path: Path) -> None:
     (p.layout.guard_dir / "config.json").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(OSError):
         _take_guard_config(guard)
+
+
+def test_stdio_servers_are_locked_down_containers_behind_per_uid_rules(tmp_path: Path) -> None:
+    """Each stdio server is a container of the Pod with what its Docker spec says a Pod
+    can hold, and the init container checks exactly the per-uid rules the runner
+    expects from its plan (`launch.pod_peers`), its own relay port per server."""
+    workflow = Workflow.model_validate(
+        {
+            "name": "wf",
+            "steps": [{"id": "s", "group": "g", "command": "true", "timeout_s": 60}],
+            "mcp_servers": [
+                {"name": "web", "url": "http://up:8080/mcp"},
+                {"name": "a_b", "command": ["srv"], "egress": [{"host": "x.test"}]},
+                {"name": "c", "command": ["srv"]},
+            ],
+        }
+    )
+    p = plan(tmp_path, workflow=workflow, step=workflow.step("s"))
+    guard = launch.guard_spec(p)
+    step = launch.step_spec(p, "", has_ca_bundle=False)
+    servers = [launch.mcp_server_spec(p, i, s) for i, s in launch.stdio_servers(workflow)]
+    files = frozenset({str(p.layout.prompt), str(p.layout.actions)})
+    meta = manifests.RunMeta.of(guard, runner_host="h", files=files)
+    pod = manifests.pod_manifest(guard, step, SETTINGS, meta, servers)
+    made = containers(pod)
+    assert set(made) == {"firewall", "guard", "step", "mcp-1", "mcp-2"}
+    for name, uid in (("mcp-1", 10101), ("mcp-2", 10102)):
+        server = made[name]
+        context = server["securityContext"]
+        assert (context["runAsUser"], context["runAsGroup"]) == (uid, uid)
+        assert context["capabilities"] == {"drop": ["ALL"]}
+        assert context["readOnlyRootFilesystem"] and not context["allowPrivilegeEscalation"]
+        assert server["resources"]["limits"]["memory"] == str(launch.MCP_MEMORY_BYTES)
+        tmp = volumes(pod)[f"{name}-tmp"]["emptyDir"]
+        assert tmp == {"medium": "Memory", "sizeLimit": f"{launch.MCP_TMPFS_MB}Mi"}
+        mounts = {m["mountPath"]: m for m in server["volumeMounts"]}
+        assert all(m.get("readOnly") for path, m in mounts.items() if path != "/tmp")
+    # Only its own server mounts a server's socket folder; the step mounts none.
+    own = {m["name"] for m in made["mcp-1"]["volumeMounts"] if m["mountPath"] == "/run/mcp"}
+    other = {m["name"] for m in made["mcp-2"]["volumeMounts"] if m["mountPath"] == "/run/mcp"}
+    assert own and other and not own & other
+    assert not {m["name"] for m in made["step"]["volumeMounts"]} & (own | other)
+    assert (
+        made["mcp-1"]["env"]
+        and {"name": "HTTPS_PROXY", "value": "http://127.0.0.1:3129"} in (made["mcp-1"]["env"])
+    )
+    peers = launch.pod_peers(p)
+    assert peers is not None and peers.servers == ((10101, 3129), (10102, None))
+    assert manifests.firewall_peers(step, servers) == peers
+    script = made["firewall"]["args"][0]
+    assert "\n".join(firewall.expected_readback(peers)) in script
+    assert "--uid-owner 10101 -m tcp --dport 3129 -j ACCEPT" in script
+    assert "--uid-owner 10102 -m tcp --dport" not in script  # no egress list: no port
+    # Without stdio servers the rules are Docker's, the runner expects no peers.
+    assert launch.pod_peers(plan(tmp_path)) is None

@@ -170,7 +170,8 @@ def test_each_stdio_mcp_server_is_a_container_of_its_own(tmp_path: Path) -> None
         "FILES_KEY": "k-secret",
     }
     # With an allow list: its proxy is its relay, on its own loopback; never the step's.
-    assert api.env["HTTPS_PROXY"] == "http://127.0.0.1:3128" and "FILES_KEY" not in api.env
+    # (Each server's relay has a port of its own, base + index: a Pod shares loopback.)
+    assert api.env["HTTPS_PROXY"] == "http://127.0.0.1:3130" and "FILES_KEY" not in api.env
     assert "--egress-socket" in api.command and "--egress-socket" not in files.command
     # The guard: no server credential, the servers' uids, their sockets' folder.
     guard = launch.guard_spec(p)

@@ -47,12 +47,20 @@ MCP_UID_BASE = 10100
 C_MCP_DIR = "/run/mcp"
 MCP_SOCKET = "mcp.sock"  # the server's stdio
 MCP_EGRESS_SOCKET = "egress.sock"  # its egress proxy (only with an egress allow list)
-MCP_PROXY_PORT = 3128  # where the relay listens for it, on the server's own loopback
+# Where a server's relay listens for its proxy, on loopback: the first server's port
+# and one more per index. On Docker each server has a loopback of its own; the
+# containers of a Pod share one, so each server needs a port of its own there.
+MCP_PROXY_PORT = 3128
 C_MCP_CA_BUNDLE = "/run/ca-bundle.pem"  # system CAs plus the run's (TLS inspection)
 
 
 def mcp_uid(index: int) -> int:
     return MCP_UID_BASE + index
+
+
+def mcp_proxy_port(index: int) -> int:
+    """The relay's proxy port of the server at `index` (below the guard's 87xx ports)."""
+    return MCP_PROXY_PORT + index
 
 
 def new_run_id(now: datetime | None = None) -> str:

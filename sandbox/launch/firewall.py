@@ -7,11 +7,19 @@ joins it. Everything the guard's uid sends may leave; the step
 may talk to loopback (its guard, its own local servers) but not to the
 engine's embedded DNS, and every other packet is REJECTed so a blocked
 connection fails at once instead of hanging. IPv4 and IPv6 alike.
+
+In a Pod every container shares the one namespace (and its loopback), so a run with
+stdio MCP servers there adds rules per uid (`PodPeers`): the step may open
+connections only to the guard's ports, each server only to its own relay's proxy
+port, and nothing else of either uid leaves or crosses loopback; replies of an
+accepted connection pass by conntrack. Unix sockets are not packets: the guard's
+are paths in folders only their server mounts, never abstract names.
 """
 
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 
 from sandbox.contracts.layout import GUARD_UID
 
@@ -21,12 +29,58 @@ LOOPBACK_LOCAL = "-A OUTPUT -o lo -m addrtype --dst-type LOCAL -j ACCEPT"
 LOOPBACK_SOURCE = "127.0.0.2"
 
 
-def rules(guard_uid: int = GUARD_UID) -> dict[str, list[str]]:
+@dataclass(frozen=True)
+class PodPeers:
+    """Who else shares the guard's network namespace (a Pod with stdio MCP servers).
+
+    `servers` holds each server's uid and its relay's proxy port (None: the server
+    has no egress list, so nothing of its uid may connect anywhere)."""
+
+    step_uid: int
+    guard_ports: tuple[int, ...]
+    servers: tuple[tuple[int, int | None], ...]
+
+
+ESTABLISHED = "-A OUTPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
+
+
+def _to_port(uid: int, port: int) -> str:
+    # The order `iptables -S` prints: the protocol before the owner match.
+    return f"-A OUTPUT -o lo -p tcp -m owner --uid-owner {uid} -m tcp --dport {port} -j ACCEPT"
+
+
+def _reject_uid(uid: int, unreachable: str) -> list[str]:
+    return [
+        f"-A OUTPUT -p tcp -m owner --uid-owner {uid} -j REJECT --reject-with tcp-reset",
+        f"-A OUTPUT -m owner --uid-owner {uid} -j REJECT --reject-with {unreachable}",
+    ]
+
+
+def _peer_rules(peers: PodPeers | None, unreachable: str) -> list[str]:
+    """The per-uid rules of a shared namespace: what each uid may open, then nothing."""
+    if peers is None:
+        return []
+    uids = [peers.step_uid, *(uid for uid, _ in peers.servers)]
+    if 0 in uids or len(set(uids)) != len(uids):
+        raise ValueError(f"the Pod's uids must be distinct and not root: {uids}")
+    out = [ESTABLISHED]
+    out += [_to_port(peers.step_uid, port) for port in peers.guard_ports]
+    out += _reject_uid(peers.step_uid, unreachable)
+    for uid, port in peers.servers:
+        out += [_to_port(uid, port)] if port is not None else []
+        out += _reject_uid(uid, unreachable)
+    return out
+
+
+def rules(guard_uid: int = GUARD_UID, peers: PodPeers | None = None) -> dict[str, list[str]]:
     """iptables / ip6tables arguments for the OUTPUT chain, in order.
 
     Only the guard's uid is let out, and never uid 0: under gVisor every socket of
     the step belongs to the sentry, whose host uid is 0, so a rule accepting root
-    would let the step out (and the guard itself runs as root for a moment)."""
+    would let the step out (and the guard itself runs as root for a moment).
+    With `peers` (a Pod's shared namespace), the per-uid rules come right after the
+    guard's: packets no socket owns (the kernel's resets, neighbour discovery) still
+    meet the rules below them as today."""
     if guard_uid == 0:
         raise ValueError("the firewall never lets uid 0 out (the gVisor sentry is uid 0)")
     common_head = [
@@ -39,6 +93,7 @@ def rules(guard_uid: int = GUARD_UID) -> dict[str, list[str]]:
     return {
         "iptables": [
             *common_head,
+            *_peer_rules(peers, "icmp-port-unreachable"),
             f"-A OUTPUT -d {ENGINE_DNS_V4}/32 -j REJECT --reject-with icmp-port-unreachable",
             # Loopback to the namespace's own addresses, so the kernel's own TCP resets
             # and ICMP errors for a rejected connect reach the step at once. A packet
@@ -50,6 +105,7 @@ def rules(guard_uid: int = GUARD_UID) -> dict[str, list[str]]:
         ],
         "ip6tables": [
             *common_head,
+            *_peer_rules(peers, "icmp6-port-unreachable"),
             # Neighbour discovery is sent by the kernel, not by any uid: without these
             # the guard's every IPv6 connect waits 3 s for a neighbour and fails. The
             # step cannot send them (no raw sockets; ICMP sockets are closed to it).
@@ -79,7 +135,7 @@ def restore_input(args: list[str]) -> str:
     return "\n".join(["*filter", *chains, *(a for a in args if a.startswith("-A")), "COMMIT"])
 
 
-def _install_lines(guard_uid: int, *, install: bool) -> list[str]:
+def _install_lines(guard_uid: int, *, install: bool, peers: PodPeers | None = None) -> list[str]:
     """Shell lines that put the rules in the current network namespace in one go."""
     if not install:
         return []
@@ -88,7 +144,7 @@ def _install_lines(guard_uid: int, *, install: bool) -> list[str]:
     # none, and the reset the rules send to 0.0.0.0 never arrives (the connect would
     # hang for its timeout). This address is the source such packets get instead.
     lines = [f"ip -4 addr add {LOOPBACK_SOURCE}/32 dev lo scope link"]
-    for tool, args in rules(guard_uid).items():
+    for tool, args in rules(guard_uid, peers).items():
         lines.append(f"{tool}-restore -w <<'RULES'")
         lines.append(restore_input(args))
         lines.append("RULES")
@@ -131,27 +187,29 @@ def guard_entry_script(
     return "\n".join(lines) + "\n"
 
 
-def expected_readback() -> list[str]:
+def expected_readback(peers: PodPeers | None = None) -> list[str]:
     """The `-S OUTPUT` lines a correct install prints (both families, in order).
 
     The rule texts above are written in the canonical order `iptables -S` prints."""
     out: list[str] = []
-    for args in rules().values():
+    for args in rules(GUARD_UID, peers).values():
         policy = [a for a in args if a.startswith("-P")]
         out.extend(policy)
         out.extend(a for a in args if a.startswith("-A"))
     return out
 
 
-def init_container_script(guard_uid: int = GUARD_UID, *, install: bool = True) -> str:
+def init_container_script(
+    guard_uid: int = GUARD_UID, *, install: bool = True, peers: PodPeers | None = None
+) -> str:
     """Shell for a Pod's init container (root with NET_ADMIN and nothing else), in the
     network namespace the Pod's containers share: install the rules, print them back,
     and fail (so no container of the Pod ever starts) unless they read back exactly as
     `expected_readback()`. It ends there: the guard starts later as its own uid.
 
     `install=False` (tests of the preflight only) installs nothing and checks nothing."""
-    expected = "\n".join(expected_readback())
-    lines = ["set -eu", *_install_lines(guard_uid, install=install)]
+    expected = "\n".join(expected_readback(peers))
+    lines = ["set -eu", *_install_lines(guard_uid, install=install, peers=peers)]
     lines += [
         "echo '--- rules ---'",
         'got="$(iptables -w -S OUTPUT; ip6tables -w -S OUTPUT)"',

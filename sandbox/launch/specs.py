@@ -26,10 +26,10 @@ from sandbox.contracts.layout import (
     C_PROMPT,
     GUARD_UID,
     MCP_EGRESS_SOCKET,
-    MCP_PROXY_PORT,
     MCP_SOCKET,
     STEP_UID,
     RunLayout,
+    mcp_proxy_port,
     mcp_uid,
 )
 from sandbox.contracts.names import (
@@ -308,7 +308,7 @@ MCP_TMPFS_MB = 64
 MCP_LOG_BYTES = 1024**2  # its stderr, kept by the engine, read back by the host
 
 
-def mcp_server_env(plan: RunPlan, server: McpServer) -> dict[str, str]:
+def mcp_server_env(plan: RunPlan, index: int, server: McpServer) -> dict[str, str]:
     """A stdio server's whole environment: a minimal PATH and HOME, its own `env`, its
     `env_from_host` values, and (with an egress allow list) its proxy, and (when that
     list is inspected) the CA bundle that trusts the run's CA. Nothing else."""
@@ -320,11 +320,27 @@ def mcp_server_env(plan: RunPlan, server: McpServer) -> dict[str, str]:
         "PYTHONUNBUFFERED": "1",
     }
     if server.egress:
-        proxy = f"http://127.0.0.1:{MCP_PROXY_PORT}"
+        proxy = f"http://127.0.0.1:{mcp_proxy_port(index)}"
         env.update(dict.fromkeys(("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"), proxy))
     if mcp_trusts_run_ca(plan, server):
         env.update(dict.fromkeys(CA_BUNDLE_VARIABLES, C_MCP_CA_BUNDLE))
     return {**env, **server.env, **plan.mcp_host_env.get(server.name, {})}
+
+
+def pod_peers(plan: RunPlan) -> firewall.PodPeers | None:
+    """Who shares the guard's network namespace when the run is one Pod: the step and
+    each stdio server (its uid, and its relay's port when it has an egress list).
+    None without stdio servers: the firewall is then the same as on Docker."""
+    servers = stdio_servers(plan.workflow)
+    if not servers:
+        return None
+    return firewall.PodPeers(
+        step_uid=step_user()[0],
+        guard_ports=(BRIDGE_PORT, EGRESS_PORT),
+        servers=tuple(
+            (mcp_uid(i), mcp_proxy_port(i) if server.egress else None) for i, server in servers
+        ),
+    )
 
 
 def mcp_server_spec(plan: RunPlan, index: int, server: McpServer) -> ContainerSpec:
@@ -348,7 +364,7 @@ def mcp_server_spec(plan: RunPlan, index: int, server: McpServer) -> ContainerSp
             "--egress-socket",
             f"{C_MCP_DIR}/{MCP_EGRESS_SOCKET}",
             "--proxy-port",
-            str(MCP_PROXY_PORT),
+            str(mcp_proxy_port(index)),
         ]
     return ContainerSpec(
         name=f"sandbox-{plan.layout.run_id}-mcp-{server.name}",
@@ -357,7 +373,7 @@ def mcp_server_spec(plan: RunPlan, index: int, server: McpServer) -> ContainerSp
         command=[*relay, "--", *server.command],
         user=f"{uid}:{uid}",
         workdir=MCP_HOME,
-        env=mcp_server_env(plan, server),
+        env=mcp_server_env(plan, index, server),
         mounts=[
             *workflow_mounts(plan.layout),
             Mount(source=str(plan.layout.mcp_server_dir(server.name)), target=C_MCP_DIR),

@@ -677,7 +677,9 @@ class TestRun:
                     raise LaunchError(f"the run's firewall did not come up: {output.tail()}")
                 # The guard's entry script printed the rules back; they must be exactly ours.
                 installed = [ln for ln in output.lines() if ln.startswith(("-P", "-A"))]
-                if plan.install_firewall and installed != firewall.expected_readback():
+                # One Pod shares its namespace: the per-uid rules of its peers too.
+                peers = launch.pod_peers(plan) if backend.kind == "kubernetes" else None
+                if plan.install_firewall and installed != firewall.expected_readback(peers):
                     raise LaunchError(
                         f"the run's firewall reads back wrong: {' | '.join(installed)}"
                     )

@@ -15,14 +15,18 @@ Docker). What the run then asks of each container is answered from the Pod's wat
 - no live usage samples (no metrics server is assumed): the executor's own report
   gives the step's peak memory and CPU.
 
-Refused, with a message, before anything runs: stdio MCP servers (a Pod's containers
-share one network namespace, so a server could not be kept off the network) and
-Docker networks for the guard.
+Stdio MCP servers are containers of the same Pod (`pod.pod_manifest` says how they
+are kept apart in its shared network namespace): the run creates each one as an
+independent container, as on Docker; the Pod is made once the guard's config (which
+names every server's uid) and every server's spec are in.
+
+Refused, with a message, before anything runs: Docker networks for the guard.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import socket
 import stat
@@ -37,13 +41,14 @@ from sandbox.contracts.config import StepRuntime
 from sandbox.contracts.errors import ConfigError, EngineError, LaunchError
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.ids import NO_REMAP, IdMap
+from sandbox.contracts.layout import MCP_UID_BASE
 from sandbox.contracts.names import LABEL_ROLE
 from sandbox.contracts.record import OutputTail, PeakMemorySource
 from sandbox.contracts.spec import ContainerSpec
 from sandbox.guard.config import CONFIG_FILE_NAME, DATA_DIR
 
 from . import pod as manifests
-from .podrun import ENGINE_ERRORS, PodRun, connect
+from .podrun import ENGINE_ERRORS, PodRun, PodView, connect
 
 CONFIG_MAX_BYTES = 1000 * 1000  # a Secret holds at most 1 MiB
 SPECS_DEADLINE_S = 60.0  # the step's spec is made beside the guard's start
@@ -140,17 +145,19 @@ class PodContainer:
 
     def start(self) -> None:
         run = self._backend.pod_run()
-        if self.role != manifests.STEP:
+        if self.role == manifests.GUARD:
             return
-        run.wait_for(
-            lambda v: v.step.running or v.step.exit_code is not None or v.over or bool(v.stuck()),
-            STOP_DEADLINE_S,
-        )
+        role = self.role
+
+        def begun(v: PodView) -> bool:
+            return v.role(role).running or v.role(role).exit_code is not None
+
+        run.wait_for(lambda v: begun(v) or v.over or bool(v.stuck()), STOP_DEADLINE_S)
         view = run.view
         if view.stuck():
             raise LaunchError(f"a container of the run's Pod cannot start: {view.stuck()}")
-        if not (view.step.running or view.step.exit_code is not None):
-            raise LaunchError(f"the run's step did not start (Pod phase {view.phase!r})")
+        if not begun(view):
+            raise LaunchError(f"the run's {role} did not start (Pod phase {view.phase!r})")
 
     def wait(self, timeout_s: float) -> int | None:
         run = self._backend.pod_run()
@@ -222,6 +229,7 @@ class KubernetesBackend:
         self._cond = threading.Condition()
         self._run: PodRun | None = None
         self._created_at = 0.0
+        self._guard_config: bytes | None = None
 
     @classmethod
     def connect(cls, settings: BackendConfig) -> KubernetesBackend:
@@ -229,17 +237,16 @@ class KubernetesBackend:
 
     def require_image(self, ref: str) -> str:
         """The reference the nodes run (they hold or pull it; the record names it)."""
-        if ref == names.MCP_IMAGE:
-            raise ConfigError(
-                "stdio MCP servers run on the Docker backend only: a Pod's containers share "
-                "one network namespace, so a server could not be kept off the network"
-            )
         return self.settings.image_prefix + ref
 
     def create(self, spec: ContainerSpec, *, independent: bool = False) -> RunContainer:
         role = spec.labels.get(LABEL_ROLE, "")
-        if role not in (manifests.GUARD, manifests.STEP) or independent:
-            raise ConfigError(f"a run's Pod holds a guard and a step, not a {role!r} container")
+        if role == "mcp" and independent:
+            role = manifests.mcp_container_name(spec)
+        elif role not in (manifests.GUARD, manifests.STEP) or independent:
+            raise ConfigError(
+                f"a run's Pod holds a guard, a step and stdio servers, not a {role!r} container"
+            )
         container = PodContainer(self, role, spec)
         with self._cond:
             if self._run is not None or role in self._specs:
@@ -272,21 +279,35 @@ class KubernetesBackend:
         return time.monotonic() - self._created_at
 
     def pod_run(self) -> PodRun:
-        """The run's Pod, created at the first need once the guard's and the step's
-        specs are both in (the step's is made beside the guard's start)."""
+        """The run's Pod, created at the first need once the guard's, the step's and
+        every stdio server's specs are in (the step's is made beside the guard's start,
+        the servers' beside both; the guard's config says how many servers there are)."""
         with self._cond:
             if self._run is not None:
                 return self._run
-            done = self._cond.wait_for(
-                lambda: {manifests.GUARD, manifests.STEP} <= set(self._specs), SPECS_DEADLINE_S
-            )
-            if not done:
-                raise LaunchError("the run's step was never described: no Pod was made")
-            guard, step = self._specs[manifests.GUARD].spec, self._specs[manifests.STEP].spec
-            files = frozenset(_file_sources([*guard.mounts, *step.mounts]))
+            if not self._cond.wait_for(lambda: manifests.GUARD in self._specs, SPECS_DEADLINE_S):
+                raise LaunchError("the run's guard was never described: no Pod was made")
+            guard = self._specs[manifests.GUARD].spec
+            # Taken once: another caller may wait here while the first waits below.
+            if self._guard_config is None:
+                self._guard_config = _take_guard_config(guard)
+            config_json = self._guard_config
+            wanted = {manifests.GUARD, manifests.STEP} | _server_roles(config_json)
+            if not self._cond.wait_for(lambda: wanted <= set(self._specs), SPECS_DEADLINE_S):
+                missing = sorted(wanted - set(self._specs))
+                raise LaunchError(f"the run's {', '.join(missing)} never described: no Pod")
+            if self._run is not None:  # made by another caller while this one waited
+                return self._run
+            if set(self._specs) != wanted:
+                raise LaunchError(f"the run's Pod would hold unknown containers: {self._specs}")
+            step = self._specs[manifests.STEP].spec
+            servers = [
+                c.spec for r, c in sorted(self._specs.items()) if r.startswith(manifests.MCP_PREFIX)
+            ]
+            mounts = [*guard.mounts, *step.mounts, *(m for s in servers for m in s.mounts)]
+            files = frozenset(_file_sources(mounts))
             meta = manifests.RunMeta.of(guard, runner_host=socket.gethostname(), files=files)
-            pod = manifests.pod_manifest(guard, step, self.settings, meta)
-            config_json = _take_guard_config(guard)
+            pod = manifests.pod_manifest(guard, step, self.settings, meta, servers)
             secret = manifests.secret_manifest(meta, self.settings, config_json)
             self._created_at = time.monotonic()
             self._run = PodRun.create(self.api, pod, secret)
@@ -323,6 +344,15 @@ def _file_sources(mounts: list[Any]) -> set[str]:
         elif not stat.S_ISDIR(st.st_mode):
             raise LaunchError(f"{mount.source} is neither a folder nor a file: not mounted")
     return files
+
+
+def _server_roles(config_json: bytes) -> set[str]:
+    """The containers of the stdio servers the guard's config names (by their uids)."""
+    try:
+        uids = json.loads(config_json).get("mcp_uids") or {}
+    except (ValueError, AttributeError):
+        raise LaunchError("the guard's config is not a JSON object") from None
+    return {f"{manifests.MCP_PREFIX}{int(uid) - MCP_UID_BASE}" for uid in uids.values()}
 
 
 def _take_guard_config(guard: ContainerSpec) -> bytes:

@@ -31,8 +31,22 @@ it) for the Pod's group; the guard's Secret is then mode 0444, which only the gu
 container sees (it alone mounts the Secret, and no container shares another's process
 or mount namespace).
 
+Stdio MCP servers: each one a container `mcp-<index>` of the same Pod, with what a
+Pod can say of its Docker container (`launch.mcp_server_spec`): its own uid and gid,
+no capability, no privilege escalation, read-only root, its /tmp a memory emptyDir
+with the same size, the Pod's seccomp profile, memory and CPU limits; it mounts the
+workflow view and its own folder of the guard's sockets (the host folder the runner
+made: the guard's, passable by that server's group alone) read-only, and the step
+mounts none of them. The Pod's namespace is shared, so the init container's firewall
+adds rules per uid (`firewall.PodPeers`): the step opens connections only to the
+guard's ports, each server only to its own relay's port (`layout.mcp_proxy_port`),
+neither reaches the network.
+
 Limits, from the Pod API: IPC and UTS namespaces are the Pod's, shared by its
-containers (Docker gives the step a private IPC namespace); a Pod spec has no
+containers (Docker gives the step a private IPC namespace; System V IPC objects of
+one container are visible to the others, as far as their modes allow); so are the
+abstract unix socket names (the guard binds none: its sockets are paths); a server
+sees the Pod's interfaces (only its uid's rules keep it off them); a Pod spec has no
 per-container pids limit (the node's `podPidsLimit` caps the whole Pod).
 """
 
@@ -46,7 +60,7 @@ from typing import Any
 from sandbox.contracts import names
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.hostconfig import BackendConfig
-from sandbox.contracts.layout import GUARD_UID
+from sandbox.contracts.layout import GUARD_UID, MCP_UID_BASE
 from sandbox.contracts.names import (
     LABEL_MANAGED,
     LABEL_ROLE,
@@ -56,7 +70,7 @@ from sandbox.contracts.names import (
     LABEL_RUNNER_START,
 )
 from sandbox.contracts.spec import ContainerSpec, Mount
-from sandbox.guard.config import CONFIG_FILE_ENV, CONFIG_FILE_NAME
+from sandbox.guard.config import BRIDGE_PORT, CONFIG_FILE_ENV, CONFIG_FILE_NAME, EGRESS_PORT
 from sandbox.launch import firewall
 from sandbox.launch import specs as launch
 
@@ -67,6 +81,7 @@ LABEL_RUNNER_HOST = "sandbox.runner-host"  # only when the host name is a valid 
 FIREWALL = "firewall"
 GUARD = "guard"
 STEP = "step"
+MCP_PREFIX = "mcp-"  # and the server's index: a DNS label whatever the server's name
 SECRET_DIR = "/guard/secret"
 SECRET_MODE = 0o400  # and group read for the Pod's fsGroup (the guard's gid)
 SECRET_MODE_NO_FSGROUP = 0o444  # storage on a claim: no fsGroup (see the module's doc)
@@ -227,8 +242,71 @@ def _tmpfs_size(options: str) -> str | None:
     return None
 
 
+def mcp_container_name(spec: ContainerSpec) -> str:
+    """A server's container name, from its uid (`layout.mcp_uid(index)`)."""
+    return f"{MCP_PREFIX}{_user(spec)[0] - MCP_UID_BASE}"
+
+
+def _relay_port(spec: ContainerSpec) -> int | None:
+    """The proxy port the server's relay listens on (`--proxy-port`), if it has one."""
+    args = spec.command
+    for i, arg in enumerate(args[:-1]):
+        if arg == "--":
+            break
+        if arg == "--proxy-port":
+            return int(args[i + 1])
+    return None
+
+
+def firewall_peers(step: ContainerSpec, servers: list[ContainerSpec]) -> firewall.PodPeers | None:
+    """The Pod's peers of the guard, as the runner reads them from the plan
+    (`launch.pod_peers`): the init container checks the read-back against these."""
+    if not servers:
+        return None
+    return firewall.PodPeers(
+        step_uid=_user(step)[0],
+        guard_ports=(BRIDGE_PORT, EGRESS_PORT),
+        servers=tuple(
+            (_user(s)[0], _relay_port(s)) for s in sorted(servers, key=lambda s: _user(s)[0])
+        ),
+    )
+
+
+def _mcp_container(
+    spec: ContainerSpec, settings: BackendConfig, volumes: _Volumes
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One stdio server's container, and its /tmp volume."""
+    if set(spec.tmpfs) - {"/tmp"}:
+        raise ConfigError(f"a server's tmpfs other than /tmp: {sorted(spec.tmpfs)}")
+    uid, gid = _user(spec)
+    name = mcp_container_name(spec)
+    tmp = f"{name}-tmp"
+    container = {
+        "name": name,
+        "image": _image(settings, spec.image),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": spec.entrypoint,
+        "args": spec.command,
+        "workingDir": spec.workdir,
+        "env": _env(spec.env),
+        "securityContext": _locked_down(uid, gid),
+        "resources": _resources(spec),
+        "volumeMounts": [
+            *(volumes.mount(m) for m in spec.mounts),
+            {"name": tmp, "mountPath": "/tmp"},
+        ],
+        "terminationMessagePolicy": "File",
+    }
+    size = _tmpfs_size(spec.tmpfs.get("/tmp", "")) or "16Mi"
+    return container, {"name": tmp, "emptyDir": {"medium": "Memory", "sizeLimit": size}}
+
+
 def pod_manifest(
-    guard: ContainerSpec, step: ContainerSpec, settings: BackendConfig, meta: RunMeta
+    guard: ContainerSpec,
+    step: ContainerSpec,
+    settings: BackendConfig,
+    meta: RunMeta,
+    servers: list[ContainerSpec] | None = None,
 ) -> dict[str, Any]:
     """The run's Pod. Raises ConfigError for what a Pod cannot hold as Docker would."""
     if guard.network_mode != "none":
@@ -272,7 +350,13 @@ def pod_manifest(
         "image": _image(settings, names.GUARD_IMAGE),
         "imagePullPolicy": pull,
         "command": ["/bin/sh", "-c"],
-        "args": [firewall.init_container_script(GUARD_UID, install=meta.install_firewall)],
+        "args": [
+            firewall.init_container_script(
+                GUARD_UID,
+                install=meta.install_firewall,
+                peers=firewall_peers(step, list(servers or [])),
+            )
+        ],
         "securityContext": _locked_down(0, 0, add=["NET_ADMIN"]),
         "resources": {
             "limits": {"cpu": "500m", "memory": "64Mi"},
@@ -280,6 +364,7 @@ def pod_manifest(
         },
     }
 
+    mcp = [_mcp_container(s, settings, volumes) for s in servers or []]
     on_claim = settings.storage == "pvc"
     volumes_list = [
         *volumes.volumes,
@@ -292,6 +377,7 @@ def pod_manifest(
             },
         },
         {"name": "guard-tmp", "emptyDir": {"medium": "Memory", "sizeLimit": tmp_size or "16Mi"}},
+        *(volume for _, volume in mcp),
     ]
     spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -311,7 +397,7 @@ def pod_manifest(
             "sysctls": [{"name": k, "value": v} for k, v in guard.sysctls.items()],
         },
         "initContainers": [firewall_container],
-        "containers": [guard_container, step_container],
+        "containers": [guard_container, step_container, *(c for c, _ in mcp)],
         "volumes": volumes_list,
     }
     if settings.node_selector:

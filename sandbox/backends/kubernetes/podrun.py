@@ -109,6 +109,7 @@ class PodView:
     firewall: Role = Role()
     guard: Role = Role()
     step: Role = Role()
+    servers: tuple[tuple[str, Role], ...] = ()  # each stdio MCP server's container
     gone: bool = False
 
     @classmethod
@@ -136,6 +137,11 @@ class PodView:
             firewall=role(status.init_container_statuses, manifests.FIREWALL),
             guard=role(status.container_statuses, manifests.GUARD),
             step=role(status.container_statuses, manifests.STEP),
+            servers=tuple(
+                (s.name, role(status.container_statuses, s.name))
+                for s in status.container_statuses or []
+                if s.name.startswith(manifests.MCP_PREFIX)
+            ),
         )
 
     @property
@@ -144,11 +150,13 @@ class PodView:
         return self.gone or self.phase in ("Succeeded", "Failed")
 
     def role(self, name: str) -> Role:
+        if name.startswith(manifests.MCP_PREFIX):
+            return dict(self.servers).get(name, Role())
         return {manifests.FIREWALL: self.firewall, manifests.GUARD: self.guard}.get(name, self.step)
 
     def stuck(self) -> str:
         """Why a container of the Pod cannot start, if one cannot."""
-        for name in (manifests.FIREWALL, manifests.GUARD, manifests.STEP):
+        for name in (manifests.FIREWALL, manifests.GUARD, manifests.STEP, *dict(self.servers)):
             if self.role(name).waiting:
                 return f"{name}: {self.role(name).waiting}"
         return ""
@@ -308,7 +316,7 @@ class PodRun:
         if self.killed:
             return
         self.killed = True
-        for name in (manifests.STEP, manifests.GUARD):
+        for name in (manifests.STEP, manifests.GUARD, *dict(self.view.servers)):
             self._logs[name] = self._read_log(name)
         try:
             self.core.delete_namespaced_pod(
