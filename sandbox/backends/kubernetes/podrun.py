@@ -43,6 +43,9 @@ MERGE_PATCH = "application/merge-patch+json"
 # The Pod's deadline, past at once: how a run stops every container of its Pod and keeps it.
 STOP_NOW_PATCH = {"spec": {"activeDeadlineSeconds": 1}}
 KILL_FALLBACK_S = 10.0  # then the Pod is deleted, as a Pod whose kubelet did not act
+# A container the run's kill stopped, whose end the kubelet no longer reports: Docker's
+# code for a killed container.
+KILLED_EXIT = 137
 ENGINE_ERRORS: tuple[type[Exception], ...] = (ApiException, urllib3.exceptions.HTTPError)
 
 
@@ -256,11 +259,6 @@ class PodWatch:
         self._set(PodView.of(obj))
 
 
-def _stopped(view: PodView) -> bool:
-    """The Pod is over and the kubelet has reported its containers' ends."""
-    return view.gone or (view.over and not view.step.running and not view.guard.running)
-
-
 class PodRun:
     """One run's Pod and Secret, from creation to deletion."""
 
@@ -297,11 +295,25 @@ class PodRun:
 
     @property
     def view(self) -> PodView:
-        return self.watch.view if self.watch is not None else PodView()
+        return self._seen(self.watch.view if self.watch is not None else PodView())
 
     def wait_for(self, done: Callable[[PodView], bool], timeout_s: float) -> bool:
         assert self.watch is not None
-        return self.watch.wait_for(done, timeout_s)
+        return self.watch.wait_for(lambda view: done(self._seen(view)), timeout_s)
+
+    def _seen(self, view: PodView) -> PodView:
+        """The Pod as the run knows it: once its own kill has failed the Pod, a container
+        the last status still shows running was stopped by the kubelet (which reports no
+        container's end after a Pod's phase is final): it ended, killed."""
+        if not (self.killed and view.over):
+            return view
+
+        def ended(role: Role) -> Role:
+            if role.exit_code is not None or not role.running:
+                return role
+            return Role(exit_code=KILLED_EXIT, reason="Killed")
+
+        return dataclasses.replace(view, guard=ended(view.guard), step=ended(view.step))
 
     def patch(self, body: dict[str, Any]) -> None:
         with contextlib.suppress(ApiException):
@@ -310,31 +322,28 @@ class PodRun:
             )
 
     def kill(self) -> None:
-        """Every container of the Pod stopped, then its logs read (they go with the Pod).
+        """Every container of the Pod stopped, its logs read first (they go with the Pod).
 
         The Pod's `activeDeadlineSeconds` is patched to 1: the kubelet acts on a past
-        deadline at once, stops every container with the grace period and reports each
-        one's end while the Pod still exists; the watch sees that. Deleting a Pod whose
-        containers still ran instead waited 9-15 s for the kubelet to drop it. Should
-        the kubelet not stop the Pod within KILL_FALLBACK_S (or the patch be refused),
-        the Pod is deleted with its grace period as before: nothing outlives the run."""
+        deadline at once, fails the Pod and stops its containers; once the watch sees the
+        Pod over, it is deleted with its grace period, and the kubelet, with nothing
+        left running, lets it go within seconds (the watch's DELETED event: `delete`
+        waits for it). Deleting a Pod whose containers still ran waited 9-15 s for the
+        kubelet to drop it. Should the Pod not be over within KILL_FALLBACK_S (or the
+        patch be refused), it is deleted all the same: nothing outlives the run. The
+        kubelet reports no container's end once the Pod has failed: those it stopped
+        read as killed (`_seen`)."""
         if self.killed:
             return
         self.killed = True
-        stopped = False
-        try:
+        with contextlib.suppress(ApiException):
             self.core.patch_namespaced_pod(
                 self.name, self.namespace, STOP_NOW_PATCH, _content_type=MERGE_PATCH
             )
-        except ApiException as exc:
-            stopped = exc.status == 404  # already gone: nothing to stop
-        else:
             if self.watch is not None:
-                stopped = self.watch.wait_for(_stopped, KILL_FALLBACK_S) or self.watch.view.gone
+                self.watch.wait_for(lambda v: v.over, KILL_FALLBACK_S)
         for name in (manifests.STEP, manifests.GUARD):
             self._logs[name] = self._read_log(name)
-        if stopped:
-            return
         try:
             self.core.delete_namespaced_pod(
                 self.name, self.namespace, grace_period_seconds=manifests.GRACE_S
