@@ -13,6 +13,7 @@ kubeconfig = "/etc/sandbox/kubeconfig"
 namespace = "sandbox-runs"
 node_selector = { "sandbox.io/runner" = "true" }
 storage = "hostPath"             # or "pvc" with claim and claim_root
+run_without_landlock = false     # true: Pods run on nodes without Landlock (a hole accepted)
 ```
 """
 
