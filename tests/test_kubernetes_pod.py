@@ -104,6 +104,12 @@ def test_only_the_init_container_holds_a_capability(tmp_path: Path) -> None:
         assert context["runAsUser"] == uid and context["runAsNonRoot"] is (uid != 0), name
 
 
+def test_a_host_may_run_pods_without_the_landlock_wall(tmp_path: Path) -> None:
+    settings = SETTINGS.model_copy(update={"run_without_landlock": True})
+    step = containers(build(plan(tmp_path), settings)[0])["step"]
+    assert {"name": "AGENTWORKS_LANDLOCK", "value": "apply"} in step["env"]
+
+
 def test_the_init_container_installs_and_checks_the_firewall(tmp_path: Path) -> None:
     init = containers(build(plan(tmp_path), SETTINGS)[0])["firewall"]
     script = init["args"][0]
@@ -122,7 +128,12 @@ def test_the_step_is_the_docker_backends_step(tmp_path: Path) -> None:
     step = containers(pod)["step"]
     spec = launch.step_spec(p, "", has_ca_bundle=False)
     assert step["args"] == spec.command and step["workingDir"] == spec.workdir
-    assert {e["name"]: e["value"] for e in step["env"]} == spec.env
+    # The one difference: the Landlock wall is required on a Pod, a second wall on Docker.
+    assert {e["name"]: e["value"] for e in step["env"]} == {
+        **spec.env,
+        "AGENTWORKS_LANDLOCK": "require",
+    }
+    assert spec.env["AGENTWORKS_LANDLOCK"] == "apply"
     assert step["image"] == names.STEP_IMAGE and step["imagePullPolicy"] == "IfNotPresent"
     limits = step["resources"]["limits"]
     assert limits["memory"] == str(p.workflow.limits.memory_mb * 1024**2)

@@ -13,6 +13,7 @@ kubeconfig = "/etc/sandbox/kubeconfig"
 namespace = "sandbox-runs"
 node_selector = { "sandbox.io/runner" = "true" }
 storage = "hostPath"             # or "pvc" with claim and claim_root
+run_without_landlock = false     # true: Pods run on nodes without Landlock (a hole accepted)
 ```
 """
 
@@ -54,6 +55,10 @@ class BackendConfig(BaseModel):
     # The project's seccomp profile as the nodes have it, relative to the kubelet's
     # seccomp root (`/var/lib/kubelet/seccomp` by default).
     seccomp_profile: str = "sandbox-step.json"
+    # Kubernetes only. A Pod's step runs only behind its Landlock wall (the kubelet's
+    # /dev/termination-log is a writable file of the node's disk in every container);
+    # true lets it run on nodes whose kernel has no Landlock, that hole accepted.
+    run_without_landlock: bool = False
 
     @model_validator(mode="after")
     def _pvc_has_claim(self) -> BackendConfig:

@@ -125,6 +125,24 @@ class Preflight(BaseModel):
     open: list[str] = Field(default_factory=list)
 
 
+class Landlock(BaseModel):
+    """The Landlock wall the executor put on itself before the step started.
+
+    `required`: the backend runs no step without it (Pods, unless the host config's
+    `[backend] run_without_landlock`); else it is a second wall where the kernel has
+    it. `abi`: the kernel's Landlock ABI, None without one. `applied`: writes were
+    confined to the group folder, the DB copy's folder, /tmp, /dev/shm and a few
+    device nodes. `scoped`: IPC kept inside the step (`abstract_unix_socket`,
+    `signal`; ABI 6 and later). `reason`: why it was not applied. All defaults: the
+    executor did not report (a run that never reached it, or a record from before)."""
+
+    required: bool = False
+    abi: int | None = None
+    applied: bool = False
+    scoped: list[str] = Field(default_factory=list)
+    reason: str = ""
+
+
 class StubbedAction(BaseModel):
     """One line of the result's opening summary: what would have run."""
 
@@ -235,6 +253,7 @@ class TestRunRecord(BaseModel):
     files: FileChanges = Field(default_factory=FileChanges)
     resources: Resources = Field(default_factory=Resources)
     preflight: Preflight | None = None
+    landlock: Landlock = Field(default_factory=Landlock)
     # The most the step's disk held (its folders and /tmp, the copies it started with
     # included), sampled while it ran and at the end.
     disk_used_bytes: int | None = None

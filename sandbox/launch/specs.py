@@ -57,7 +57,7 @@ from sandbox.guard.config import (
 )
 from sandbox.launch import firewall, runtime
 from sandbox.launch.mounts import step_mounts, workflow_mounts
-from sandbox.stepside.agentworks_exec.interface import GUARD_WAIT_ENV
+from sandbox.stepside.agentworks_exec.interface import GUARD_WAIT_ENV, LANDLOCK_ENV
 from sandbox.stepside.agentworks_exec.preflight import ENV as PREFLIGHT_ENV
 
 CA_BUNDLE_VARIABLES = (
@@ -257,6 +257,8 @@ def step_env(plan: RunPlan, *, has_ca_bundle: bool) -> dict[str, str]:
         # The step starts while its guard is still starting; the executor waits for it.
         GUARD_WAIT_ENV: f"127.0.0.1:{BRIDGE_PORT}",
         PREFLIGHT_ENV: json.dumps({"canary": plan.canary, "canary6": plan.canary6}),
+        # A second wall wherever the kernel has it; Pods require it (backends.kubernetes.pod).
+        LANDLOCK_ENV: "apply",
     }
     if plan.has_db:
         env["DB_PATH"] = C_DB_PATH

@@ -750,6 +750,7 @@ class TestRun:
         record.guard_log = launched.guard.output_tails()[1]
         record.stdout, record.stderr = launched.step.output_tails()
         record.preflight = verdict.preflight_from(record.stderr.text, plan.install_firewall)
+        record.landlock = verdict.landlock_from(record.stderr.text)
         guarded.usage.finish()
         record.resources = verdict.resources(
             guarded.usage, record.stderr.text, executor_sees_memory=plan.step_runtime == "runc"
@@ -857,6 +858,7 @@ class TestRun:
             preflight=record.preflight,
             quota_mb=limits.disk_quota_mb if collected.disk_full else None,
             oom_mb=limits.memory_mb if collected.oom_killed else None,
+            landlock=record.landlock,
         )
         return self._finish(layout, record, status, reason)
 

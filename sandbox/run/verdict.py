@@ -11,13 +11,18 @@ import json
 from sandbox.backends import UsageWatcher
 from sandbox.collect.actionsummary import ActionSummary
 from sandbox.contracts.record import (
+    Landlock,
     OutputTail,
     PeakMemorySource,
     Preflight,
     Resources,
     RunStatus,
 )
-from sandbox.stepside.agentworks_exec.interface import USAGE_MARK
+from sandbox.stepside.agentworks_exec.interface import (
+    LANDLOCK_MARK,
+    LANDLOCK_REFUSED_EXIT,
+    USAGE_MARK,
+)
 from sandbox.stepside.agentworks_exec.preflight import FAILED_EXIT as PREFLIGHT_FAILED_EXIT
 from sandbox.stepside.agentworks_exec.preflight import MARK_FAILED as PREFLIGHT_FAILED
 from sandbox.stepside.agentworks_exec.preflight import MARK_OK as PREFLIGHT_OK
@@ -35,6 +40,18 @@ def preflight_from(stderr: str, firewall_verified: bool) -> Preflight | None:
             # The guard's entry script read the rules back before this container started.
             return report.model_copy(update={"firewall_verified": firewall_verified})
     return None
+
+
+def landlock_from(stderr: str) -> Landlock:
+    """The executor's Landlock report: among the first stderr lines, before the step's."""
+    for line in stderr.splitlines()[:5]:
+        marker, _, payload = line.partition(" ")
+        if marker == LANDLOCK_MARK:
+            try:
+                return Landlock.model_validate_json(payload)
+            except ValueError:
+                return Landlock(reason="unreadable Landlock report")
+    return Landlock()
 
 
 def resources(usage: UsageWatcher, stderr: str, *, executor_sees_memory: bool) -> Resources:
@@ -72,7 +89,7 @@ def resources(usage: UsageWatcher, stderr: str, *, executor_sees_memory: bool) -
 
 def without_reports(tail: OutputTail) -> OutputTail:
     """The step's own stderr: the executor's report lines live in their own fields."""
-    markers = (PREFLIGHT_OK, PREFLIGHT_FAILED, USAGE_MARK)
+    markers = (PREFLIGHT_OK, PREFLIGHT_FAILED, LANDLOCK_MARK, USAGE_MARK)
     kept = [ln for ln in tail.text.splitlines(keepends=True) if not ln.startswith(markers)]
     return tail.model_copy(update={"text": "".join(kept)})
 
@@ -87,6 +104,7 @@ def verdict(
     preflight: Preflight | None,
     quota_mb: int | None,
     oom_mb: int | None = None,
+    landlock: Landlock | None = None,
 ) -> tuple[RunStatus, str]:
     """The run's status, most telling cause first: a step that never started, a fence it
     hit, a dead guard, a refused Crew call, and only then its own exit code."""
@@ -98,6 +116,13 @@ def verdict(
         )
     if preflight is None and exit_code == PREFLIGHT_FAILED_EXIT:
         return RunStatus.ERROR, "the preflight failed without a report"
+    refused = landlock is not None and landlock.required and not landlock.applied
+    if exit_code == LANDLOCK_REFUSED_EXIT and landlock is not None and refused:
+        return RunStatus.ERROR, (
+            f"the step's Landlock wall is required and was not made "
+            f"({landlock.reason or 'no reason given'}), so the step never started; "
+            "[backend] run_without_landlock = true in the host config accepts that"
+        )
     if quota_mb is not None:
         return RunStatus.QUOTA, (
             f"the step's disk (group folder, DB copy and /tmp) reached its disk quota of "

@@ -120,6 +120,7 @@ attempt("write the Pod's /etc/hosts", write_to("/etc/hosts"))
 attempt("write /etc/resolv.conf", write_to("/etc/resolv.conf"))
 attempt("write /etc/hostname", write_to("/etc/hostname"))
 attempt("write /dev/termination-log", write_to("/dev/termination-log"))
+attempt("truncate /dev/termination-log", lambda: os.truncate("/dev/termination-log", 0))
 attempt("the node's containerd socket", unix_connect("@@CONTAINERD_SOCKET@@"))
 attempt("the kubelet's port on loopback", tcp_connect("127.0.0.1", @@KUBELET_PORT@@))
 attempt("the cluster's API server (from the environment)", tcp_connect(
@@ -134,7 +135,10 @@ POD_SAFE: dict[str, set[str]] = {
     "write the Pod's /etc/hosts": {"EACCES", "EROFS"},
     "write /etc/resolv.conf": {"EACCES", "EROFS"},
     "write /etc/hostname": {"EACCES", "EROFS"},
-    "write /dev/termination-log": {"EACCES", "EROFS", "ENOENT"},
+    # The kubelet's termination-message file is the node's (mode 0666, read-write):
+    # the executor's Landlock wall alone refuses it.
+    "write /dev/termination-log": {"EACCES"},
+    "truncate /dev/termination-log": {"EACCES"},
     "the node's containerd socket": {"ENOENT"},
     # The firewall rejects every port on loopback but the guard's, at once.
     "the kubelet's port on loopback": {"ECONNREFUSED"},
@@ -144,14 +148,9 @@ POD_SAFE: dict[str, set[str]] = {
 }
 
 # What a Pod gives every container that the step can use: strict xfails (closing one
-# is noticed), each with what bounds it.
-POD_KNOWN_HOLES: dict[str, str] = {
-    "write /dev/termination-log": (
-        "the kubelet mounts a termination-message file of the node's (mode 0666) into every "
-        "container and the Pod API cannot leave it out: the step can write it, outside its "
-        "disk's quota (the node's kubelet root dir bounds it)"
-    ),
-}
+# is noticed), each with what bounds it. None left: the termination-message file was
+# one until the step's Landlock wall.
+POD_KNOWN_HOLES: dict[str, str] = {}
 
 SAFE: dict[str, set[str]] = {**fs_battery.SAFE, **POD_SAFE}
 
@@ -418,6 +417,44 @@ def test_battery_host_collector_never_read_through_the_traps(runs: PodRuns) -> N
 
 
 # --- egress ----------------------------------------------------------------------------
+
+
+# Behind the Landlock wall, what a step normally writes still takes.
+ORDINARY_WRITES = """
+import os, sqlite3
+with open("made.txt", "w") as handle:
+    handle.write("made")
+with open("/tmp/scratch", "w") as handle:
+    handle.write("scratch")
+with open("/dev/null", "w") as handle:
+    handle.write("gone")
+con = sqlite3.connect(os.environ["DB_PATH"])
+con.execute("INSERT INTO t VALUES (2, 'two')")
+con.commit()
+con.close()
+print("all written")
+"""
+
+
+def test_ordinary_writes_work_behind_the_pods_landlock_wall(
+    pods: BackendFactory, module_dir: Path, kube_cluster: Cluster
+) -> None:
+    root = module_dir / "ordinary"
+    root.mkdir()
+    wf = write_workflow(root, command=["python3", "/workflow/code/step.py"])
+    (wf / "code" / "step.py").write_text(ORDINARY_WRITES)
+    record = validated(
+        TestRun(wf, "step1", RunOptions(), backend=pods).execute(), kube_cluster.node_name
+    )
+    assert record.status is RunStatus.PASSED, f"{record.reason}; log: {pod_log(record)[-800:]}"
+    assert "all written" in record.stdout.text + record.stderr.text
+    wall = record.landlock
+    assert wall.required and wall.applied and wall.abi is not None and wall.abi >= 1, wall
+    if wall.abi >= 6:
+        assert wall.scoped == ["abstract_unix_socket", "signal"]
+    assert (wf / "runs" / record.id / "g" / "made.txt").read_text() == "made"
+    assert record.db_diff is not None
+    assert [(t.name, t.inserted) for t in record.db_diff.tables] == [("t", 1)]
 
 
 def test_egress_reads_pass_writes_are_stubbed_other_hosts_refused(

@@ -73,6 +73,7 @@ from sandbox.contracts.spec import ContainerSpec, Mount
 from sandbox.guard.config import BRIDGE_PORT, CONFIG_FILE_ENV, CONFIG_FILE_NAME, EGRESS_PORT
 from sandbox.launch import firewall
 from sandbox.launch import specs as launch
+from sandbox.stepside.agentworks_exec.interface import LANDLOCK_ENV
 
 # Annotations (values a label cannot hold: paths, host names).
 ANNOTATION_RUN_ROOT = LABEL_RUN_ROOT
@@ -324,7 +325,11 @@ def pod_manifest(
         "imagePullPolicy": pull,
         "args": step.command,
         "workingDir": step.workdir,
-        "env": _env(step.env),
+        # The kubelet's /dev/termination-log is a 0666 file of the node's disk in every
+        # container: no step without the Landlock wall unless the host accepts that hole.
+        "env": _env(
+            {**step.env, LANDLOCK_ENV: "apply" if settings.run_without_landlock else "require"}
+        ),
         "securityContext": _locked_down(step_uid, step_gid),
         "resources": _resources(step),
         "volumeMounts": [volumes.mount(m) for m in step.mounts],

@@ -4,9 +4,9 @@ The runner creates the guard's Secret, then the Pod, then makes the Pod the Secr
 owner (the cluster's garbage collector deletes the Secret with the Pod, whoever
 deletes the Pod). What the run learns comes from one watch of the Pod, followed by
 one thread for the Pod's life (`PodWatch`), never by polling: the init container's
-end, the step's start and end, the guard's end. Killing reads the containers' logs,
-then deletes the Pod with its grace period: the kubelet stops every container and
-reports each one's end before the Pod goes (the last event carries the exit codes).
+end, the step's start and end, the guard's end. Killing sets the Pod's deadline to now:
+the kubelet stops every container and reports each one's end while the Pod stays
+(deleting it is the fallback), and then the containers' logs are read.
 Deleting the Pod and its Secret ends every run, and waits (on the same watch) until
 the Pod is gone.
 
@@ -40,6 +40,12 @@ LOG_READ_CAP_BYTES = 64 * 1024**2  # what the runner reads of one log at most
 WATCH_CHUNK_S = 10  # one watch request; a stopped watch ends within it
 GONE_DEADLINE_S = 60.0
 MERGE_PATCH = "application/merge-patch+json"
+# The Pod's deadline, past at once: how a run stops every container of its Pod and keeps it.
+STOP_NOW_PATCH = {"spec": {"activeDeadlineSeconds": 1}}
+KILL_FALLBACK_S = 10.0  # then the Pod is deleted, as a Pod whose kubelet did not act
+# A container the run's kill stopped, whose end the kubelet no longer reports: Docker's
+# code for a killed container.
+KILLED_EXIT = 137
 ENGINE_ERRORS: tuple[type[Exception], ...] = (ApiException, urllib3.exceptions.HTTPError)
 
 
@@ -297,11 +303,25 @@ class PodRun:
 
     @property
     def view(self) -> PodView:
-        return self.watch.view if self.watch is not None else PodView()
+        return self._seen(self.watch.view if self.watch is not None else PodView())
 
     def wait_for(self, done: Callable[[PodView], bool], timeout_s: float) -> bool:
         assert self.watch is not None
-        return self.watch.wait_for(done, timeout_s)
+        return self.watch.wait_for(lambda view: done(self._seen(view)), timeout_s)
+
+    def _seen(self, view: PodView) -> PodView:
+        """The Pod as the run knows it: once its own kill has failed the Pod, a container
+        the last status still shows running was stopped by the kubelet (which reports no
+        container's end after a Pod's phase is final): it ended, killed."""
+        if not (self.killed and view.over):
+            return view
+
+        def ended(role: Role) -> Role:
+            if role.exit_code is not None or not role.running:
+                return role
+            return Role(exit_code=KILLED_EXIT, reason="Killed")
+
+        return dataclasses.replace(view, guard=ended(view.guard), step=ended(view.step))
 
     def patch(self, body: dict[str, Any]) -> None:
         with contextlib.suppress(ApiException):
@@ -310,12 +330,26 @@ class PodRun:
             )
 
     def kill(self) -> None:
-        """Every container of the Pod stopped: its logs are read first (they go with the
-        Pod), then the Pod is deleted with its grace period, during which the kubelet
-        reports each container's end (a Pod past its deadline would stop reporting)."""
+        """Every container of the Pod stopped, its logs read first (they go with the Pod).
+
+        The Pod's `activeDeadlineSeconds` is patched to 1: the kubelet acts on a past
+        deadline at once, fails the Pod and stops its containers; once the watch sees the
+        Pod over, it is deleted with its grace period, and the kubelet, with nothing
+        left running, lets it go within seconds (the watch's DELETED event: `delete`
+        waits for it). Deleting a Pod whose containers still ran waited 9-15 s for the
+        kubelet to drop it. Should the Pod not be over within KILL_FALLBACK_S (or the
+        patch be refused), it is deleted all the same: nothing outlives the run. The
+        kubelet reports no container's end once the Pod has failed: those it stopped
+        read as killed (`_seen`)."""
         if self.killed:
             return
         self.killed = True
+        with contextlib.suppress(ApiException):
+            self.core.patch_namespaced_pod(
+                self.name, self.namespace, STOP_NOW_PATCH, _content_type=MERGE_PATCH
+            )
+            if self.watch is not None:
+                self.watch.wait_for(lambda v: v.over, KILL_FALLBACK_S)
         for name in (manifests.STEP, manifests.GUARD, *dict(self.view.servers)):
             self._logs[name] = self._read_log(name)
         try:

@@ -14,3 +14,13 @@ GUARD_WAIT_ENV: Final = "AGENTWORKS_WAIT_FOR_GUARD"
 
 # `AGENTWORKS_USAGE {json}`: the step's CPU time and largest RSS, once it exited.
 USAGE_MARK: Final = "AGENTWORKS_USAGE"
+
+# `require` or `apply`: the Landlock wall the executor puts on itself before the step
+# starts (agentworks_exec.walls); unset, none.
+LANDLOCK_ENV: Final = "AGENTWORKS_LANDLOCK"
+
+# `AGENTWORKS_LANDLOCK_REPORT {json}`: the wall as the executor made it, before the step.
+LANDLOCK_MARK: Final = "AGENTWORKS_LANDLOCK_REPORT"
+
+# The executor's exit code when the wall is required and the kernel did not give it.
+LANDLOCK_REFUSED_EXIT: Final = 95

@@ -22,6 +22,7 @@ from .preflight import gate as preflight_gate
 from .results import os_reason
 from .server import ExecServer
 from .shell import OWN_CHILDREN, SPAWN_LOCK, exit_status
+from .walls import gate as landlock_gate
 
 PORT_ENV: Final = "AGENTWORKS_EXEC_PORT"
 
@@ -117,6 +118,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     refused = preflight_gate()  # the ways out must be closed before the step starts
     if refused is not None:
         return refused
+    root = os.environ.get(ROOT_ENV) or os.getcwd()
+    # Still one thread: the wall binds this one and everything it starts.
+    refused = landlock_gate(root)
+    if refused is not None:
+        return refused
     guard = os.environ.pop(GUARD_WAIT_ENV, "")
     if guard and not _wait_for_guard(guard):
         print(
@@ -138,7 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _usage(f"{PORT_ENV} must be a TCP port number, not {port_text!r}")
     if not token:
         return _usage(f"{PORT_ENV} is set but {TOKEN_ENV} is empty; refusing to serve")
-    executor = Executor(os.environ.get(ROOT_ENV) or os.getcwd())
+    executor = Executor(root)
     try:
         server = ExecServer(port, token, executor)
     except OSError as exc:
