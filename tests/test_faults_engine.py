@@ -444,10 +444,13 @@ def copy_rows(wf: Path, record: TestRunRecord) -> list[tuple[int, str]]:
 
 def helper_running() -> bool:
     """dbcopy's snapshot helper (a child of this process) is trying to copy."""
-    me = psutil.Process()
-    return any(
-        "sandbox.prepare.dbsnapshot" in " ".join(p.cmdline()) for p in me.children(recursive=True)
-    )
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "sandbox.prepare.dbsnapshot" in " ".join(child.cmdline()):
+                return True
+        except psutil.Error:  # a child that ended (or is a zombie) since it was listed
+            continue
+    return False
 
 
 @pytest.mark.parametrize(
