@@ -273,10 +273,8 @@ class _GroupCommit:
             left = lines[0].queued + HOLD_S - time.monotonic()
             if left <= 0:
                 return lines, False
-            try:
+            with contextlib.suppress(queue.Empty):  # timed out: `left` is checked again
                 lines.append(self._lines.get(timeout=left))
-            except queue.Empty:
-                return lines, False
 
     def _run(self) -> None:
         stopping = False
