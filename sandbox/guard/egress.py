@@ -13,9 +13,12 @@ Host header that disagrees with the target, an oversized head) is refused with
 not forwarded is one action-log line (method, URL, body size and hash, never
 the body). A forwarded one gets its `start` line (with the forwarded head,
 credentials masked, and the SHA-256 of its exact bytes) on disk before its
-first byte leaves, and its `outcome` line once the reply has been relayed or
-the exchange failed; with the action log full it is refused, never forwarded
-unlogged. The proxy that an MCP server's relay reaches runs this same code with
+first byte leaves (on plain TCP the action log's writer thread sends the head
+itself the moment that line is synced; a log that cannot be written gets the
+step a 502 and sends nothing), and its `outcome` line once the reply has been
+relayed or the exchange failed (that line may wait up to 20 ms to share the
+next line's sync: see `actionlog`); with the action log full it is refused,
+never forwarded unlogged. The proxy that an MCP server's relay reaches runs this same code with
 that server's own allow list, and every line it writes names the server
 (`detail.mcp_server`, from `label`).
 
