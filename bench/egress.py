@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+from pathlib import Path, PurePosixPath
 
 import docker.errors
 from docker.types import Mount as DockerMount
@@ -35,6 +36,42 @@ from sandbox.run.testrun import RunOptions, TestRun
 
 TARGETS = ("guard", "direct", "squid", "tinyproxy")
 MODES = ("new", "keep")  # a new connection per GET; one kept-alive connection for all
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def cpu_ns(b: Bench, container_id: str) -> int | None:
+    """CPU time the container's cgroup has used so far, in ns (cgroup v1
+    `cpuacct.usage`, v2 `cpu.stat` usage_usec), read on the host; None when the
+    engine's cgroups are not visible here."""
+    pid = b.client.api.inspect_container(container_id)["State"]["Pid"]
+    try:
+        text = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if not path.startswith("/") or ".." in PurePosixPath(path).parts:
+            continue
+        try:
+            if "cpuacct" in controllers.split(","):
+                usage = (CGROUP_ROOT / "cpuacct" / path.lstrip("/") / "cpuacct.usage").read_text()
+                return int(usage)
+            if hierarchy == "0" and controllers == "":
+                stat = (CGROUP_ROOT / path.lstrip("/") / "cpu.stat").read_text()
+                fields = dict(ln.split() for ln in stat.splitlines() if ln.count(" ") == 1)
+                return int(fields["usage_usec"]) * 1000
+        except (OSError, KeyError, ValueError):
+            return None
+    return None
+
+
+def _container_at(b: Bench, network: str, address: str) -> str:
+    """The id of the bench's container that has `address` on `network`."""
+    for item in b.client.api.containers(filters={"label": [f"{BENCH_LABEL}={b.bench_id}"]}):
+        if address_on(b, item["Id"], network) == address:
+            return str(item["Id"])
+    raise BenchError(f"no bench container has {address} on {network}")
 
 
 def bench_egress(b: Bench) -> list[Row]:
@@ -56,6 +93,7 @@ def bench_egress(b: Bench) -> list[Row]:
     b.results.egress = detail
     lat: dict[str, list[int]] = {}
     mb_s: dict[str, list[float]] = {}
+    cpu_ms: dict[str, list[float]] = {}
     sync_us: list[int] = []
     with bench_network(b) as network:
         # HTTP/1.1 with keep-alive, so that every proxy may keep its connection to it
@@ -96,21 +134,37 @@ def bench_egress(b: Bench) -> list[Row]:
                     "direct": (GUARD_UID, None),
                     **{name: (GUARD_UID, [a, port]) for name, (a, port) in peer_at.items()},
                 }
+                # whose CPU a big GET through each proxy is counted in
+                counted = {
+                    "guard": held.guard_id,
+                    **{name: _container_at(b, network, a) for name, (a, _) in peer_at.items()},
+                }
                 for r in range(s.egress_rounds):
                     order = TARGETS[r % len(TARGETS) :] + TARGETS[: r % len(TARGETS)]
                     for name in order:
                         user, proxy = proxies[name]
                         for mode in MODES if name != "tinyproxy" else ("new",):
                             cfg = {**base, "proxy": proxy, "keepalive": mode == "keep"}
-                            if mode == "new":
-                                cfg["big_url"] = f"http://{address}:8081/big.bin"
                             out = b.helper(
                                 netns_of=held.guard_id, user=user, script=GET_CLIENT, cfg=cfg
                             )
                             lat.setdefault(f"{name}/{mode}", []).extend(out["lat_us"])
-                            if out["big_s"]:
-                                rate = round(big / 1e6 / out["big_s"], 1)
-                                mb_s.setdefault(name, []).append(rate)
+                        # the big GET alone, so the proxy's cgroup counts only it
+                        big_cfg = {
+                            **base,
+                            "proxy": proxy,
+                            "n": 0,
+                            "warmup": 0,
+                            "big_url": f"http://{address}:8081/big.bin",
+                        }
+                        before = cpu_ns(b, counted[name]) if name in counted else None
+                        out = b.helper(
+                            netns_of=held.guard_id, user=user, script=GET_CLIENT, cfg=big_cfg
+                        )
+                        after = cpu_ns(b, counted[name]) if name in counted else None
+                        mb_s.setdefault(name, []).append(round(big / 1e6 / out["big_s"], 1))
+                        if before is not None and after is not None:
+                            cpu_ms.setdefault(name, []).append(round((after - before) / 1e6, 1))
                     sync_us += log_sync_alone(held.run_root.parent, b.sizes.guard_sync_n)
                     b.say(f"egress: round {r + 1}/{s.egress_rounds}")
         finally:
@@ -122,6 +176,7 @@ def bench_egress(b: Bench) -> list[Row]:
         raise BenchError(f"egress bench run did not pass: {why}")
     detail.small = {key: LatencyStats.from_us(samples) for key, samples in lat.items()}
     detail.mb_s = mb_s
+    detail.big_cpu_ms = cpu_ms
     detail.log_sync_alone = LatencyStats.from_us(sync_us)
     sync_ms = detail.log_sync_alone.median_ms
     b.note(
@@ -155,6 +210,13 @@ def bench_egress(b: Bench) -> list[Row]:
         )
 
     at_most_squid = Goal(kind="ratio_max", threshold=1.0, text="<= 1.0x Squid")
+    cpu = {name: statistics.median(v) for name, v in cpu_ms.items()}
+    b.note(
+        f"egress CPU: what the proxy's container used (its cgroup's CPU count, read on the"
+        f" host before and after) while one {s.egress_big_mib} MiB GET went through it, the"
+        f" GET alone in its own helper; the guard's container holds the bridge and MCP"
+        f" ports too (idle then); medians of {s.egress_rounds} rounds"
+    )
     return [
         make_row(
             "egress_rate",
@@ -172,6 +234,15 @@ def bench_egress(b: Bench) -> list[Row]:
             rate["guard"],
             rate.get("squid"),
             baseline_name="squid",
+        ),
+        make_row(
+            "egress_cpu_squid",
+            f"egress: proxy CPU per {s.egress_big_mib} MiB GET",
+            "ms",
+            cpu.get("guard"),
+            cpu.get("squid"),
+            baseline_name="squid",
+            note=f"tinyproxy {cpu['tinyproxy']:.0f} ms" if "tinyproxy" in cpu else "",
         ),
         make_row(
             "egress_latency",

@@ -332,6 +332,8 @@ class EgressDetail(BaseModel):
     # "guard/new", "squid/keep", ...: the small GETs of each target, by connection mode
     small: dict[str, LatencyStats] = Field(default_factory=dict)
     mb_s: dict[str, list[float]] = Field(default_factory=dict)  # the big GET, by target
+    # CPU the proxy's container used during the big GET, ms, by proxy (its cgroup's count)
+    big_cpu_ms: dict[str, list[float]] = Field(default_factory=dict)
     log_sync_alone: LatencyStats | None = None  # one line's write + fdatasync, same disk
 
 

@@ -4,12 +4,14 @@ secrets never written down, sizes capped."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,9 @@ from sandbox.guard.actionlog import (
     Started,
     redact,
 )
+from tests.polling import wait_for
+
+EGRESS_CALL = {"session": "egress", "decision": "allow", "reason": "r", "category": "egress"}
 
 
 def test_redact_masks_credential_keys_and_known_secrets() -> None:
@@ -339,6 +344,8 @@ def test_a_queued_outcome_is_on_disk_before_the_next_line_is_answered(
         return disk.synced_bytes == path.stat().st_size
 
     assert asyncio.run(main())
+    # held: the outcome shared the next start line's write and sync
+    assert log.syncs == 2
     log.close()
     lines = [ActionLine.model_validate_json(x) for x in path.read_text().splitlines()]
     assert [(ln.event, ln.call_id) for ln in lines] == [
@@ -346,3 +353,191 @@ def test_a_queued_outcome_is_on_disk_before_the_next_line_is_answered(
         ("outcome", "c1"),
         ("start", "c2"),
     ]
+
+
+class _TimedDisk(_SlowDisk):
+    """A `_SlowDisk` that also notes when each sync began (time.monotonic())."""
+
+    def __init__(self, fd_path: Path, seconds: float) -> None:
+        super().__init__(fd_path, seconds)
+        self.began: list[float] = []
+
+    def __call__(self, fd: int) -> None:
+        self.began.append(time.monotonic())
+        super().__call__(fd)
+
+
+def test_then_runs_on_the_writer_once_the_line_is_synced_before_begin_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`begin(then=...)`: the effect follows its line at once, on the writer thread
+    (no hop back to the loop), never before the sync, and before `begin` returns; what
+    it raises is handed back, with the line on disk all the same."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    disk = _SlowDisk(path, 0.01)
+    monkeypatch.setattr(os, "fdatasync", disk)
+    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    seen: list[tuple[int, bool]] = []
+
+    def effect() -> None:
+        seen.append((threading.get_ident(), disk.synced_bytes == path.stat().st_size))
+
+    def broken() -> None:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    async def main() -> tuple[int, int, Started, Started]:
+        first = await log.begin(tool="http", arguments={"n": 1}, then=effect, **EGRESS_CALL)  # type: ignore[arg-type]
+        ran_before_return = len(seen)
+        second = await log.begin(tool="http", arguments={"n": 2}, then=broken, **EGRESS_CALL)  # type: ignore[arg-type]
+        return threading.get_ident(), ran_before_return, first, second
+
+    loop_thread, ran_before_return, first, second = asyncio.run(main())
+    log.close()
+    assert ran_before_return == 1
+    ((thread, synced),) = seen
+    assert synced and thread != loop_thread and thread in disk.threads
+    assert first.then_error is None
+    assert isinstance(second.then_error, ConnectionResetError)
+    lines = [ActionLine.model_validate_json(x) for x in path.read_text().splitlines()]
+    assert [(ln.event, ln.call_id) for ln in lines] == [("start", "c1"), ("start", "c2")]
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_then_never_runs_after_a_failed_write() -> None:
+    """A log on a full device: the write fails with ENOSPC, `begin` raises it, and the
+    effect does not happen, for that call or any later one."""
+    log = ActionLog("/dev/full", secrets=(), fsync_each=True)
+    ran: list[int] = []
+
+    async def main() -> list[int | None]:
+        errors: list[int | None] = []
+        for n in range(2):
+            try:
+                await log.begin(
+                    tool="http",
+                    arguments={"n": n},
+                    then=lambda n=n: ran.append(n),  # type: ignore[misc]
+                    **EGRESS_CALL,  # type: ignore[arg-type]
+                )
+            except OSError as exc:
+                errors.append(exc.errno)
+        return errors
+
+    assert asyncio.run(main()) == [errno.ENOSPC, errno.ENOSPC]
+    log.close()
+    assert ran == []
+
+
+def test_then_never_runs_after_a_failed_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+
+    def broken(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", broken)
+    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    ran: list[str] = []
+
+    async def main() -> str:
+        try:
+            await log.begin(tool="http", arguments={}, then=lambda: ran.append("x"), **EGRESS_CALL)  # type: ignore[arg-type]
+        except OSError as exc:
+            return str(exc.strerror)
+        return "no error"
+
+    assert asyncio.run(main()) == "Input/output error"
+    log.close()
+    assert ran == []
+
+
+def test_a_held_outcome_alone_is_synced_by_the_timer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no next line, a held egress outcome is written once HOLD_S has passed, not
+    before, in a sync of its own."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    disk = _TimedDisk(path, 0.0)
+    monkeypatch.setattr(os, "fdatasync", disk)
+    log = ActionLog(str(path), secrets=(), fsync_each=True)
+
+    async def main() -> float:
+        started = await log.begin(tool="http", arguments={}, **EGRESS_CALL)  # type: ignore[arg-type]
+        queued = time.monotonic()
+        log.outcome_queued(started, ok=True)
+        return queued
+
+    queued = asyncio.run(main())
+    wait_for(lambda: log.syncs == 2, 10, "the held outcome line to be synced")
+    assert disk.began[-1] - queued >= actionlog.HOLD_S
+    assert disk.synced_bytes == path.stat().st_size
+    log.close()
+    events = [ActionLine.model_validate_json(x).event for x in path.read_text().splitlines()]
+    assert events == ["start", "outcome"]
+
+
+def test_a_held_outcome_is_written_at_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(actionlog, "HOLD_S", 600.0)  # only close can write it
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    log = ActionLog(str(path), secrets=(), fsync_each=True)
+
+    async def main() -> None:
+        started = await log.begin(tool="http", arguments={}, **EGRESS_CALL)  # type: ignore[arg-type]
+        log.outcome_queued(started, ok=True)
+
+    asyncio.run(main())
+    t = time.monotonic()
+    log.close()
+    assert time.monotonic() - t < 60
+    events = [ActionLine.model_validate_json(x).event for x in path.read_text().splitlines()]
+    assert events == ["start", "outcome"]
+
+
+def test_a_guard_killed_while_an_outcome_is_held_leaves_it_started_outcome_unknown(
+    tmp_path: Path,
+) -> None:
+    """What a SIGKILL costs: only the held egress outcome (here held long, so the kill
+    surely falls inside the hold). The record reads that request as started, outcome
+    unknown; every line that was waited for is there."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    program = f"""
+import asyncio, os, sys
+from sandbox.guard import actionlog
+from sandbox.guard.actionlog import ActionLog
+
+actionlog.HOLD_S = 600.0
+log = ActionLog({str(path)!r}, secrets=(), fsync_each=True)
+
+async def main():
+    call = dict(session="egress", decision="allow", reason="r", category="egress", arguments={{}})
+    first = await log.begin(tool="http", **call)
+    log.outcome_queued(first, ok=True)
+    second = await log.begin(tool="http", **call)  # flushes the first outcome
+    log.outcome_queued(second, ok=True)  # held when the guard dies
+    sys.stdout.write("answered\\n")
+    sys.stdout.flush()
+    os.kill(os.getpid(), 9)
+
+asyncio.run(main())
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert (done.returncode, done.stdout) == (-9, "answered\n"), done.stderr
+    lines = [ActionLine.model_validate_json(x) for x in path.read_text().splitlines()]
+    assert [(ln.event, ln.call_id) for ln in lines] == [
+        ("start", "c1"),
+        ("outcome", "c1"),
+        ("start", "c2"),
+    ]
+    summary = read(path)
+    assert summary.counts.allow == 2 and summary.counts.outcome_unknown == 1
+    assert [c.call_id for c in summary.outcome_unknown] == ["c2"]

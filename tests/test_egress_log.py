@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import socket
 import threading
 from collections.abc import Iterator
@@ -309,3 +310,36 @@ def test_a_stubbed_body_that_arrives_after_its_head_is_still_measured(tmp_path: 
     assert line.decision == "stub"
     assert line.arguments["body_bytes"] == len(body)
     assert line.arguments["body_sha256"] == hashlib.sha256(body).hexdigest()
+
+
+def test_a_log_that_cannot_be_synced_refuses_the_request_and_nothing_leaves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start line's sync fails: the head (sent by the log's writer once the line is
+    on disk) never leaves, and the step gets an error that says why, never a stub."""
+
+    def broken(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", broken)
+    with _actions(tmp_path) as actions:
+        host = Host(actions, OK)
+        try:
+            egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
+            log = ActionLog(str(actions), secrets=(), fsync_each=True)
+            proxy = EgressProxy(_config(actions, egress), log)
+            authority = f"127.0.0.1:{host.port}"
+            request = (
+                f"GET http://{authority}/p HTTP/1.1\r\nHost: {authority}\r\n"
+                "Connection: close\r\n\r\n"
+            )
+            reply = asyncio.run(_through(proxy, request.encode()))
+            log.close()
+        finally:
+            host.close()
+    # the host was dialled before the line was written; it got no byte
+    wait_for(lambda: host.received == [b""], 10, "the proxy to close its connection")
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 502") and b"X-Agentworks-Test-Mode: refused" in head
+    assert b"action log could not be written (Input/output error)" in body
+    assert b"nothing was sent" in body and b"Continue as if" not in body

@@ -10,15 +10,25 @@ guard that dies mid-call leaves "started, outcome unknown" behind.
 Durability without stalling (group commit): `write`, `begin` and `outcome`
 return only once their line is on disk (written, and by default
 `fdatasync`ed), yet neither the write nor the sync runs on the event loop's
-thread. One writer thread takes every line queued since its last round, in the
-order the calls queued them, appends them with one `write(2)` on an O_APPEND
-descriptor (lines never interleave; a crash leaves whole lines before a
-possibly cut last one) and syncs once for all of them; then it wakes their
-callers. N calls that arrive while a sync is under way cost one more sync, not
-N, and a slow disk stalls only the calls waiting for their own lines, never the
-other connections of the run. Order, call ids and size accounting are decided
-on the loop, when a line is queued. A failed write or sync fails that line's
-call and every later one (the log no longer says what it should: fail closed).
+thread. One writer thread takes every line queued since its last round (from a
+`queue.SimpleQueue`), in the order the calls queued them, appends them with one
+`write(2)` on an O_APPEND descriptor (lines never interleave; a crash leaves
+whole lines before a possibly cut last one) and syncs once for all of them;
+then it runs what the calls asked to happen right after their line (`begin`'s
+`then`: an egress request's head sent upstream, with no hop back to the loop)
+and wakes their callers, once per round. N calls that arrive while a sync is
+under way cost one more sync, not N, and a slow disk stalls only the calls
+waiting for their own lines, never the other connections of the run. Order,
+call ids and size accounting are decided on the loop, when a line is queued. A
+failed write or sync fails that line's call and every later one, and no `then`
+runs after it (the log no longer says what it should: fail closed).
+
+One exception to "waited for": an egress outcome line (`outcome_queued`, the
+reply already relayed) may wait up to HOLD_S (20 ms) for the next line and
+share its write and sync, so a kept-alive connection costs one sync per
+request. A guard killed (SIGKILL, power loss) within those 20 ms loses that
+line: the record shows the request as started, outcome unknown. Bridge and MCP
+outcome lines are waited for before their reply.
 Only the guard's uid can write the file
 (the runner makes it 0600, owned by that uid; no other process of the run runs
 as it, and it is mounted into no other container).
@@ -38,13 +48,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import hashlib
 import json
 import os
+import queue
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -61,6 +74,7 @@ MAX_ITEMS = 200  # entries of one list or object
 MAX_LINE_BYTES = 64 * 1024  # one line; past it the arguments become their size and hash
 MAX_LOG_BYTES = 48 * 1024 * 1024  # calls stop being forwarded past this
 OUTCOME_RESERVE_BYTES = 8 * 1024 * 1024  # outcomes and markers may use this much more
+HOLD_S = 0.020  # an egress outcome line may wait this long for the next line's sync
 LOG_TOOL = "action-log"
 
 
@@ -161,16 +175,27 @@ class Started:
     reason: str
     category: str
     started: float  # time.perf_counter() at the start line
+    # What the `then` given to `begin` raised (it ran on the writer thread, after the
+    # line was on disk): the caller's to report as the call's outcome.
+    then_error: BaseException | None = None
 
 
 class _Waiter:
-    """A caller waiting for its line: its loop and future (None: nobody waits)."""
+    """A caller waiting for its line: its loop and future, and what it asked the writer
+    to run once the line is on disk (`then`, and what that raised)."""
 
-    __slots__ = ("future", "loop")
+    __slots__ = ("future", "loop", "then", "then_error")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, future: asyncio.Future[None]) -> None:
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        future: asyncio.Future[None],
+        then: Callable[[], object] | None = None,
+    ) -> None:
         self.loop = loop
         self.future = future
+        self.then = then
+        self.then_error: BaseException | None = None
 
 
 def _settle(waiters: list[_Waiter], error: BaseException | None) -> None:
@@ -183,76 +208,117 @@ def _settle(waiters: list[_Waiter], error: BaseException | None) -> None:
             waiter.future.set_exception(error)
 
 
-def _retrieved(future: asyncio.Future[None]) -> None:
-    """A line nobody waits for: its failure is the log's (every later call fails too)."""
-    if not future.cancelled():
-        future.exception()
+class _Line:
+    """One queued line: its bytes, who waits for it (None: nobody), and whether it may
+    be held (HOLD_S) for the next line's write and sync."""
+
+    __slots__ = ("data", "hold", "queued", "waiter")
+
+    def __init__(self, data: bytes, waiter: _Waiter | None, *, hold: bool) -> None:
+        self.data = data
+        self.waiter = waiter
+        self.hold = hold
+        self.queued = time.monotonic() if hold else 0.0
+
+
+_STOP = _Line(b"", None, hold=False)  # close: write what is queued, then end
 
 
 class _GroupCommit:
     """The writer thread: appends queued lines in order, one `write(2)` and one
-    `fdatasync` per round for all the lines queued since the last one."""
+    `fdatasync` per round for all the lines queued since the last one.
+
+    Lines come through a `queue.SimpleQueue` (a put from the loop is one C call, no
+    Python lock or condition to wake, so no futex round trip per line). A round that
+    holds only lines nobody waits for (`hold`: an egress outcome whose reply is
+    already out) waits up to HOLD_S, from the oldest of them, for one more line and
+    shares its write and sync; a line somebody waits for, the timer, or close ends
+    the wait. Once a round is on disk the writer runs each of its lines' `then`
+    (before waking their loop: the effect follows its line without a hop back to
+    the loop), then wakes each loop once for all its callers. After a failed write
+    or sync no `then` runs and every line, that one and each later one, fails."""
 
     def __init__(self, fd: int, *, sync: bool) -> None:
         self._fd = fd
         self._sync = sync
-        self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
-        self._queue: list[tuple[bytes, _Waiter | None]] = []
-        self._stopping = False
+        self._lines: queue.SimpleQueue[_Line] = queue.SimpleQueue()
         self._error: OSError | None = None
+        self._stopped = False
         self.syncs = 0  # fdatasync calls made: what the group commit saves is visible
         self._thread = threading.Thread(target=self._run, name="action-log", daemon=True)
         self._thread.start()
 
-    def put(self, data: bytes, waiter: _Waiter | None) -> None:
-        with self._wake:
-            if self._error is not None or self._stopping:
-                error = self._error or OSError("the action log is closed")
-                if waiter is not None:
-                    waiter.loop.call_soon(_settle, [waiter], error)
-                return
-            self._queue.append((data, waiter))
-            self._wake.notify()
+    def put(self, data: bytes, waiter: _Waiter | None, *, hold: bool = False) -> None:
+        if self._stopped:
+            if waiter is not None:
+                error = self._error or OSError(errno.EBADF, "the action log is closed")
+                waiter.loop.call_soon(_settle, [waiter], error)
+            return
+        self._lines.put(_Line(data, waiter, hold=hold))
+
+    def _round(self) -> tuple[list[_Line], bool]:
+        """The next round's lines (blocking until there is one), and whether close
+        was asked for."""
+        lines = [self._lines.get()]
+        while True:
+            while True:
+                try:
+                    lines.append(self._lines.get_nowait())
+                except queue.Empty:
+                    break
+            if lines[-1] is _STOP:
+                return lines[:-1], True
+            if not all(line.hold for line in lines) or self._error is not None:
+                return lines, False
+            left = lines[0].queued + HOLD_S - time.monotonic()
+            if left <= 0:
+                return lines, False
+            with contextlib.suppress(queue.Empty):  # timed out: `left` is checked again
+                lines.append(self._lines.get(timeout=left))
 
     def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._queue and not self._stopping:
-                    self._wake.wait()
-                batch, self._queue = self._queue, []
-                if not batch:
-                    return  # stopping, with nothing left
-            error: OSError | None = None
-            try:
-                data = memoryview(b"".join(line for line, _ in batch))
-                while data:
-                    data = data[os.write(self._fd, data) :]
-                if self._sync:
-                    os.fdatasync(self._fd)
-                    self.syncs += 1
-            except OSError as exc:
-                error = exc
-                with self._wake:
-                    self._error = exc
-                    for _, late in self._queue:  # queued behind a failed line: failed too
-                        batch.append((b"", late))
-                    self._queue = []
+        stopping = False
+        while not stopping:
+            batch, stopping = self._round()
+            if not batch:
+                continue
+            error = self._error
+            if error is None:
+                try:
+                    data = memoryview(b"".join(line.data for line in batch))
+                    while data:
+                        data = data[os.write(self._fd, data) :]
+                    if self._sync:
+                        os.fdatasync(self._fd)
+                        self.syncs += 1
+                except OSError as exc:
+                    error = self._error = exc
             by_loop: dict[asyncio.AbstractEventLoop, list[_Waiter]] = {}
-            for _, waiter in batch:
-                if waiter is not None:
-                    by_loop.setdefault(waiter.loop, []).append(waiter)
+            for line in batch:
+                waiter = line.waiter
+                if waiter is None:
+                    continue
+                # a caller cancelled meanwhile (the guard stopping) gets no effect
+                if error is None and waiter.then is not None and not waiter.future.cancelled():
+                    try:
+                        waiter.then()
+                    except Exception as exc:  # the caller's to report, as its outcome
+                        waiter.then_error = exc
+                by_loop.setdefault(waiter.loop, []).append(waiter)
             for loop, waiters in by_loop.items():
                 with contextlib.suppress(RuntimeError):  # a loop already closed: nobody waits
                     loop.call_soon_threadsafe(_settle, waiters, error)
-            if error is not None:
-                return
+
+    @property
+    def error(self) -> OSError | None:
+        """The write or sync failure that failed the log, if any."""
+        return self._error
 
     def stop(self) -> None:
         """Write what is queued, then end the thread (blocks until it has)."""
-        with self._wake:
-            self._stopping = True
-            self._wake.notify()
+        if not self._stopped:
+            self._stopped = True
+            self._lines.put(_STOP)
         self._thread.join()
 
 
@@ -335,8 +401,16 @@ class ActionLog:
         category: str,
         arguments: dict[str, Any],
         detail: dict[str, Any] | None = None,
+        then: Callable[[], object] | None = None,
     ) -> Started:
         """The `start` line of a call about to be forwarded, on disk before it returns.
+
+        `then` (the call's first effect, e.g. its head written to an upstream socket
+        that is already open) is run by the writer thread the moment the line is on
+        disk, before the loop is woken: no hop back to the loop between the sync and
+        the effect. It must be quick and must not touch the loop; what it raises is in
+        the result's `then_error`. It never runs when the write or sync failed (begin
+        raises that OSError: nothing happened) or the log is full.
 
         Raises LogFull when the log has no room: the caller stubs the call."""
         self._next_call += 1
@@ -356,8 +430,9 @@ class ActionLog:
         if not self._room_for(len(line), reserve=False):
             self._unlogged += 1
             raise LogFull(_full_reason())
-        await self._append(line)
-        return Started(call_id, session, tool, decision, reason, category, time.perf_counter())
+        began = time.perf_counter()
+        waiter = await self._append(line, then)
+        return Started(call_id, session, tool, decision, reason, category, began, waiter.then_error)
 
     async def outcome(
         self, call: Started, *, ok: bool, reason: str = "", detail: dict[str, Any] | None = None
@@ -371,12 +446,15 @@ class ActionLog:
         self, call: Started, *, ok: bool, reason: str = "", detail: dict[str, Any] | None = None
     ) -> None:
         """The `outcome` line of a call whose reply has already gone out (egress), queued
-        in order but not waited for, so the connection's next request does not wait for
-        this line's sync. It is on disk no later than any line queued after it (the
-        next request's `start` line), and `close` writes it if nothing else does."""
+        in order but not waited for, and held: the writer waits up to HOLD_S for the
+        next line (on a kept-alive connection, the next request's `start` line) and
+        writes and syncs both at once, so a request costs one sync, not two. It is on
+        disk no later than any line queued after it, at most HOLD_S after it was
+        queued, and at close. A guard killed within those HOLD_S loses it: the
+        record then shows that request as started, outcome unknown."""
         line = self._outcome_line(call, ok=ok, reason=reason, detail=detail)
         if self._room_for(len(line), reserve=True):
-            self._append(line).add_done_callback(_retrieved)
+            self._queue(line, None, hold=True)
 
     def _outcome_line(
         self, call: Started, *, ok: bool, reason: str, detail: dict[str, Any] | None
@@ -441,16 +519,17 @@ class ActionLog:
         )
         return (line.model_dump_json() + "\n").encode()
 
-    def _queue(self, data: bytes, waiter: _Waiter | None) -> None:
+    def _queue(self, data: bytes, waiter: _Waiter | None, *, hold: bool = False) -> None:
         self._bytes += len(data)
-        self._writer.put(data, waiter)
+        self._writer.put(data, waiter, hold=hold)
 
-    def _append(self, data: bytes) -> asyncio.Future[None]:
-        """Queue one line, in call order; the future is done once it is on disk."""
+    async def _append(self, data: bytes, then: Callable[[], object] | None = None) -> _Waiter:
+        """Queue one line, in call order, and return once it is on disk (and `then` ran)."""
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        self._queue(data, _Waiter(loop, future))
-        return future
+        waiter = _Waiter(loop, loop.create_future(), then)
+        self._queue(data, waiter)
+        await waiter.future
+        return waiter
 
     def close(self) -> None:
         """Write what is queued and sync it; when the log filled up, say how many calls
@@ -465,7 +544,8 @@ class ActionLog:
                 )
                 self._queue(marker, None)
             self._writer.stop()
-            os.fsync(self._fd)
+            if self._writer.error is None:  # a failed log has failed its calls already
+                os.fsync(self._fd)
         finally:
             self._closed = True
             os.close(self._fd)

@@ -13,9 +13,12 @@ Host header that disagrees with the target, an oversized head) is refused with
 not forwarded is one action-log line (method, URL, body size and hash, never
 the body). A forwarded one gets its `start` line (with the forwarded head,
 credentials masked, and the SHA-256 of its exact bytes) on disk before its
-first byte leaves, and its `outcome` line once the reply has been relayed or
-the exchange failed; with the action log full it is refused, never forwarded
-unlogged. The proxy that an MCP server's relay reaches runs this same code with
+first byte leaves (on plain TCP the action log's writer thread sends the head
+itself the moment that line is synced; a log that cannot be written gets the
+step a 502 and sends nothing), and its `outcome` line once the reply has been
+relayed or the exchange failed (that line may wait up to 20 ms to share the
+next line's sync: see `actionlog`); with the action log full it is refused,
+never forwarded unlogged. The proxy that an MCP server's relay reaches runs this same code with
 that server's own allow list, and every line it writes names the server
 (`detail.mcp_server`, from `label`).
 
@@ -243,6 +246,17 @@ class _Upstream:
         poller = select.poll()
         poller.register(self.sock.fileno(), select.POLLIN | select.POLLPRI)
         return not poller.poll(0)
+
+    def send_now(self, data: bytes) -> int:
+        """As much of `data` as the kernel takes at once, without waiting (plain TCP):
+        what the action log's writer thread runs the moment a request's start line is
+        on disk. Nothing else uses the socket then (the loop is waiting for that line)."""
+        assert self.sock is not None
+        self.reusable = False  # until the exchange is seen to end cleanly
+        try:
+            return self.sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            return 0  # the loop sends it all
 
     async def send(self, data: bytes) -> None:
         if not data:
@@ -590,6 +604,12 @@ class EgressProxy:
             assert head is not None
             kind = "model call" if entry.model else "read"
             where = " (inspected inside TLS)" if seen.tls else ""
+            # Plain TCP: the log's writer sends the head the moment its line is on disk.
+            early = [0]
+
+            def send_head() -> None:
+                early[0] = upstream.send_now(head)
+
             logged = await self._begin(
                 seen,
                 f"allow-listed {kind}{where}",
@@ -600,11 +620,14 @@ class EgressProxy:
                     **({"upstream_reused": True} if upstream.reused else {}),
                 },
                 extra_arguments={"forwarded_head": _shown_head(head)},
+                then=send_head if upstream.sock is not None else None,
             )
             seen.forwarded = True
             outcome: dict[str, Any] = {}
             try:
-                await upstream.send(head)
+                if logged.then_error is not None:
+                    raise logged.then_error
+                await upstream.send(head[early[0] :])
                 if entry.model and b"100-continue" in (http1.header(request, b"expect") or b""):
                     await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 async for chunk in self._body(client, incoming):  # empty for a read
@@ -892,9 +915,12 @@ class EgressProxy:
         category: str,
         extra_detail: dict[str, Any],
         extra_arguments: dict[str, Any] | None = None,
+        then: Callable[[], object] | None = None,
     ) -> Started:
         """The start line of a request about to be forwarded, on disk before its first
-        byte leaves. With the log full the request is refused instead (Denied)."""
+        byte leaves (`then`: that first byte, sent by the log's writer). With the log
+        full, or a log that cannot be written, the request is refused instead (Denied):
+        nothing was sent."""
         arguments, detail = self._facts(
             seen, status=None, extra_detail=extra_detail, extra_arguments=extra_arguments
         )
@@ -907,9 +933,13 @@ class EgressProxy:
                 category=category,
                 arguments=arguments,
                 detail=detail,
+                then=then,
             )
         except LogFull as full:
             raise Denied(403, str(full), unlogged=True) from None
+        except OSError as exc:  # the line is not on disk: nothing may happen
+            reason = f"the action log could not be written ({exc.strerror or exc})"
+            raise Denied(502, reason, unlogged=True) from None
 
     def _facts(
         self,
