@@ -148,7 +148,7 @@ def test_the_front_and_the_routes_behind_answer_and_log_alike(
     async def main() -> tuple[list[Any], list[Any]]:
         front = build_app(front_guard)
         behind = build_app(behind_guard)
-        assert isinstance(front, BridgeFront)
+        assert isinstance(front, BridgeFront) and front.framework is not None
         through_front = await _send(front, REQUESTS)
         through_routes = await _send(behind.rest, REQUESTS)  # the framework app, as before
         await front_guard.close()

@@ -662,4 +662,4 @@ def build_app(
     )
     from sandbox.guard.front import BridgeFront
 
-    return BridgeFront(guard, CappedRequests(app, guard.log))
+    return BridgeFront(guard, CappedRequests(app, guard.log), framework=app)

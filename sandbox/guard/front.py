@@ -17,6 +17,7 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 
+from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandbox.guard import caps
@@ -38,9 +39,11 @@ class BridgeFront:
     """ASGI app: `/v1/tools/call`, `/v1/sessions`, `/v1/health` here, the rest (MCP,
     lifespan, unknown paths) to `rest`, unchanged."""
 
-    def __init__(self, guard: Guard, rest: ASGIApp) -> None:
+    def __init__(self, guard: Guard, rest: ASGIApp, *, framework: Starlette | None = None) -> None:
         self.guard = guard
-        self.rest = rest
+        self.rest = rest  # the caps wrapper around the framework app
+        # The framework app itself (its router, for code and tests that look routes up).
+        self.framework = framework
         self._methods: dict[str, frozenset[str]] = {
             TOOLS_CALL: frozenset({"POST"}),
             SESSIONS: frozenset({"POST"}),
