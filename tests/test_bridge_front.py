@@ -21,7 +21,8 @@ from sandbox.guard.front import BridgeFront
 from tests.test_bridge_forward import AUTH, TOKEN, Upstream, ok
 
 # (method, path, headers, body): every kind of request the step can make on the bridge.
-Request = tuple[str, str, dict[str, str], bytes | Callable[[], AsyncIterator[bytes]]]
+# A header given as a list is sent once per value, in that order.
+Request = tuple[str, str, dict[str, Any], bytes | Callable[[], AsyncIterator[bytes]]]
 
 
 def _call(tool: str, **arguments: Any) -> bytes:
@@ -46,6 +47,7 @@ REQUESTS: list[Request] = [
     ("POST", "/v1/tools/call", {"Authorization": "Bearer wrong"}, _call("notify_user")),
     ("POST", "/v1/tools/call", {"Authorization": TOKEN}, _call("notify_user")),  # no scheme
     ("POST", "/v1/tools/call", AUTH, b""),
+    ("POST", "/v1/tools/call", {"Authorization": ["Bearer wrong", AUTH["Authorization"]]}, b"{}"),
     ("POST", "/v1/tools/call", AUTH, b"{"),
     ("POST", "/v1/tools/call", AUTH, b"[]"),
     ("POST", "/v1/tools/call", AUTH, b'{"tool": 5}'),
@@ -101,7 +103,12 @@ async def _send(
     async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8790") as client:
         for method, path, headers, body in requests:
             content = body() if callable(body) else body
-            r = await client.request(method, path, headers=headers, content=content)
+            fields = [
+                (name, one)
+                for name, value in headers.items()
+                for one in (value if isinstance(value, list) else [value])
+            ]
+            r = await client.request(method, path, headers=fields, content=content)
             answers.append(
                 (
                     r.status_code,
@@ -161,7 +168,7 @@ def test_the_front_and_the_routes_behind_answer_and_log_alike(
         assert a[:3] == b[:3], where
         assert _session_blind(a[3]) == _session_blind(b[3]), where
     statuses = [a[0] for a in through_front]
-    assert statuses.count(401) == 5 and statuses.count(413) == 3 and statuses.count(431) == 2
+    assert statuses.count(401) == 6 and statuses.count(413) == 3 and statuses.count(431) == 2
     assert statuses.count(400) >= 7
     front_lines = [
         ActionLine.model_validate_json(x) for x in front_actions.read_text().split("\n")[:-1]

@@ -82,13 +82,16 @@ class BridgeFront:
             await log_request_refusal(log, path, reason, started)
             await _answer(send, 431, json_bytes({"error": reason}), close=True)
             return
-        authorization = b""
-        declared = b""
+        # The first of each, as the framework's headers and `CappedRequests` read them.
+        authorization: bytes | None = None
+        declared: bytes | None = None
         for key, value in headers:
-            if key == b"authorization":
+            if key == b"authorization" and authorization is None:
                 authorization = value
-            elif key == b"content-length" and not declared:
+            elif key == b"content-length" and declared is None:
                 declared = value
+        authorization = authorization or b""
+        declared = declared or b""
         if declared.isdigit() and int(declared) > caps.MAX_REQUEST_BYTES:
             reason = too_large_request()
             await log_request_refusal(log, path, reason, started)
