@@ -43,6 +43,7 @@ from sandbox.stepside.agentworks_exec.toolargs import executor_deadline_s
 
 if TYPE_CHECKING:
     from sandbox.guard.egress import EgressProxy
+    from sandbox.guard.front import BridgeFront
 from sandbox.contracts.wire import (
     RUN_KIND_HEADER,
     ExecRequest,
@@ -110,9 +111,15 @@ class Guard:
         self.log.close()
 
     # -- HTTP handlers -----------------------------------------------------------
+    # Each entry has a core that knows nothing of the HTTP framework (bytes in, status
+    # and body bytes out), shared by the raw front (`sandbox.guard.front`) and the
+    # framework routes behind it, so both give the same answer and the same line.
+
+    def authorized(self, authorization: str | bytes) -> bool:
+        return bearer_ok(authorization, self.config.bridge_token)
 
     def _authorized(self, request: Request) -> bool:
-        return bearer_ok(request.headers.get("authorization", ""), self.config.bridge_token)
+        return self.authorized(request.headers.get("authorization", ""))
 
     async def _body(self, request: Request) -> bytes | None:
         """The body, or None when it is larger than a bridge request may be."""
@@ -131,19 +138,32 @@ class Guard:
             self.log, status, reason, tool=tool, session="?", started=started
         )
 
+    async def refused(
+        self, status: int, reason: str, started: float, tool: str = "?"
+    ) -> tuple[int, bytes]:
+        """`_reject`'s line and answer, as status and body bytes."""
+        response = await self._reject(status, reason, started, tool)
+        return response.status_code, bytes(response.body)
+
     async def tools_call(self, request: Request) -> Response:
         started = time.perf_counter()
         if not self._authorized(request):
             return await self._reject(401, BAD_TOKEN, started)
         body = await self._body(request)
         if body is None:
-            return await self._reject(413, _too_large_request(), started)
+            return await self._reject(413, too_large_request(), started)
+        status, payload = await self.answer_call(body, started)
+        return Response(payload, status_code=status, media_type="application/json")
+
+    async def answer_call(self, body: bytes, started: float) -> tuple[int, bytes]:
+        """One authorized tool call's whole body in, its status and reply bytes out, its
+        line(s) on disk first."""
         try:
             call = ToolCall.model_validate_json(body)
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "body"
-            return await self._reject(400, f"malformed request: {where}: {first['msg']}", started)
+            return await self.refused(400, f"malformed request: {where}: {first['msg']}", started)
         self._next_call += 1
         call_id = self._next_call
         self._inflight[call_id] = f"{call.tool} (session {call.session or ROOT_SESSION})"
@@ -164,20 +184,25 @@ class Guard:
                 detail=detail,
             )
         # Serialized by pydantic straight to bytes (no dict, no second encoder).
-        return Response(reply.model_dump_json(), media_type="application/json")
+        return 200, reply.model_dump_json().encode()
 
     async def new_session(self, request: Request) -> Response:
         started = time.perf_counter()
         if not self._authorized(request):
             return await self._reject(401, BAD_TOKEN, started)
-        body = await self._body(request)
+        status, payload = await self.answer_session(await self._body(request), started)
+        return Response(payload, status_code=status, media_type="application/json")
+
+    async def answer_session(self, body: bytes | None, started: float) -> tuple[int, bytes]:
+        """An authorized session request's body (None: past the cap) in, status and
+        reply bytes out, its line on disk first."""
         try:
             asked = SessionRequest.model_validate_json(body or b"{}")
         except ValidationError:
-            return await self._reject(400, "malformed session request", started)
+            return await self.refused(400, "malformed session request", started)
         parent = asked.parent or ROOT_SESSION
         if not self.sessions.known(parent):
-            return await self._reject(400, f"unknown parent session {parent!r}", started)
+            return await self.refused(400, f"unknown parent session {parent!r}", started)
         session = self.sessions.child(parent)
         await self.log.write(
             session=session,
@@ -188,10 +213,13 @@ class Guard:
             arguments={"parent": parent},
             duration_ms=(time.perf_counter() - started) * 1000,
         )
-        return JSONResponse(SessionReply(session=session, parent=parent).model_dump())
+        return 200, json_bytes(SessionReply(session=session, parent=parent).model_dump())
 
     async def health(self, request: Request) -> Response:
-        return JSONResponse({"ok": True, "run_id": self.config.run_id})
+        return Response(self.health_body(), media_type="application/json")
+
+    def health_body(self) -> bytes:
+        return json_bytes({"ok": True, "run_id": self.config.run_id})
 
     # -- one call ------------------------------------------------------------------
 
@@ -422,7 +450,15 @@ def exec_wait_s(tool: str, arguments: dict[str, Any], grace_s: float) -> float:
     return executor_deadline_s(tool, arguments) + grace_s
 
 
-def _too_large_request() -> str:
+def json_bytes(content: Any) -> bytes:
+    """JSON as the framework's JSONResponse renders it (compact, UTF-8), so every entry
+    answers byte for byte alike."""
+    return json.dumps(
+        content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")
+    ).encode()
+
+
+def too_large_request() -> str:
     return f"request larger than {caps.mib(caps.MAX_REQUEST_BYTES)} (the guard's cap)"
 
 
@@ -476,7 +512,7 @@ class CappedRequests:
             return
         declared = next((v for k, v in headers if k == b"content-length"), b"")
         if declared.isdigit() and int(declared) > caps.MAX_REQUEST_BYTES:
-            await self._refuse(scope, receive, send, 413, _too_large_request(), started)
+            await self._refuse(scope, receive, send, 413, too_large_request(), started)
             return
         seen = 0
         over = False
@@ -507,7 +543,7 @@ class CappedRequests:
             if not over:
                 raise
         if over and not responded:
-            await self._refuse(scope, None, send, 413, _too_large_request(), started)
+            await self._refuse(scope, None, send, 413, too_large_request(), started)
 
     async def _refuse(
         self,
@@ -518,16 +554,7 @@ class CappedRequests:
         reason: str,
         started: float,
     ) -> None:
-        path = str(scope.get("path", "?"))[:100]
-        await self.log.write(
-            session="?",
-            tool=f"mcp:{path}" if path.startswith(MCP_PATH) else path,
-            decision="refuse",
-            reason=reason,
-            category="request",
-            arguments={},
-            duration_ms=(time.perf_counter() - started) * 1000,
-        )
+        await log_request_refusal(self.log, str(scope.get("path", "?")), reason, started)
         response = JSONResponse({"error": reason}, status_code=status)
         response.headers["Connection"] = "close"
 
@@ -535,6 +562,21 @@ class CappedRequests:
             return {"type": "http.disconnect"}
 
         await response(scope, receive or nothing, send)
+
+
+async def log_request_refusal(log: ActionLog, path: str, reason: str, started: float) -> None:
+    """The line of a request refused for its shape (head, size, path or method) before
+    any handler ran: the tool is the path it asked for."""
+    path = path[:100]
+    await log.write(
+        session="?",
+        tool=f"mcp:{path}" if path.startswith(MCP_PATH) else path,
+        decision="refuse",
+        reason=reason,
+        category="request",
+        arguments={},
+        duration_ms=(time.perf_counter() - started) * 1000,
+    )
 
 
 class McpSurface(Protocol):
@@ -573,8 +615,12 @@ def build_app(
     *,
     mcp_listeners: dict[str, socket.socket] | None = None,
     mcp_egress_listeners: dict[str, socket.socket] | None = None,
-) -> ASGIApp:
+) -> BridgeFront:
     """The bridge, the MCP proxy (under /mcp) and the egress proxy's lifetime, in one app.
+
+    The bridge's own three paths are served by `BridgeFront` (raw ASGI, the hot path of
+    every step's calls); everything else, and the app's lifespan, by the framework app
+    behind it (`BridgeFront.rest`), which also still routes the bridge paths the old way.
 
     `egress_listener`: the egress port, already listening (the guard binds its ports
     first thing); None binds it here. `mcp_listeners` / `mcp_egress_listeners`: each
@@ -614,4 +660,6 @@ def build_app(
         ],
         lifespan=lifespan,
     )
-    return CappedRequests(app, guard.log)
+    from sandbox.guard.front import BridgeFront
+
+    return BridgeFront(guard, CappedRequests(app, guard.log), framework=app)

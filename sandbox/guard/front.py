@@ -1,0 +1,169 @@
+"""The bridge's front: its three paths on raw ASGI, everything else to the app behind.
+
+Every tool call a step makes crosses this code, so it is kept to what a call needs:
+one dict look-up for the route, the caps, the token, the body, then the guard's own
+core (`Guard.answer_call`), which is the same code the framework routes behind run.
+The framework's request and response objects, router and middleware cost more per
+call than the rest of the guard's own work without the log's syncs, so they are not
+on this path. Same caps (`CappedRequests`' head and body caps, with the same lines
+and answers), same policy, lines and error shapes as the routes behind; two
+differences, both fail closed and logged: a wrong method is a 405 with its line
+(the framework answers it with none), and a bridge path with a trailing slash is a
+404 with its line (the framework redirects it).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+
+from starlette.applications import Starlette
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sandbox.guard import caps
+from sandbox.guard.bridge import Guard, json_bytes, log_request_refusal, too_large_request
+from sandbox.guard.gate import BAD_TOKEN
+
+TOOLS_CALL = "/v1/tools/call"
+SESSIONS = "/v1/sessions"
+HEALTH = "/v1/health"
+_JSON = (b"content-type", b"application/json")
+_CLOSE = (b"connection", b"close")
+
+
+class _Gone(Exception):
+    """The client hung up before its body was in: there is no one to answer."""
+
+
+class BridgeFront:
+    """ASGI app: `/v1/tools/call`, `/v1/sessions`, `/v1/health` here, the rest (MCP,
+    lifespan, unknown paths) to `rest`, unchanged."""
+
+    def __init__(self, guard: Guard, rest: ASGIApp, *, framework: Starlette | None = None) -> None:
+        self.guard = guard
+        self.rest = rest  # the caps wrapper around the framework app
+        # The framework app itself (its router, for code and tests that look routes up).
+        self.framework = framework
+        self._methods: dict[str, frozenset[str]] = {
+            TOOLS_CALL: frozenset({"POST"}),
+            SESSIONS: frozenset({"POST"}),
+            HEALTH: frozenset({"GET", "HEAD"}),
+        }
+        self._health: bytes | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.rest(scope, receive, send)
+            return
+        path: str = scope["path"]
+        methods = self._methods.get(path)
+        if methods is None:
+            bare = path.rstrip("/")
+            if bare == path or bare not in self._methods:
+                await self.rest(scope, receive, send)
+                return
+        await self._serve(scope, receive, send, path, methods)
+
+    async def _serve(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        path: str,
+        methods: frozenset[str] | None,
+    ) -> None:
+        started = time.perf_counter()
+        log = self.guard.log
+        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        if sum(len(k) + len(v) + 4 for k, v in headers) > caps.MAX_HEADER_BYTES:
+            reason = (
+                f"request headers larger than {caps.mib(caps.MAX_HEADER_BYTES)} (the guard's cap)"
+            )
+            await log_request_refusal(log, path, reason, started)
+            await _answer(send, 431, json_bytes({"error": reason}), close=True)
+            return
+        # The first of each, as the framework's headers and `CappedRequests` read them.
+        authorization: bytes | None = None
+        declared: bytes | None = None
+        for key, value in headers:
+            if key == b"authorization" and authorization is None:
+                authorization = value
+            elif key == b"content-length" and declared is None:
+                declared = value
+        authorization = authorization or b""
+        declared = declared or b""
+        if declared.isdigit() and int(declared) > caps.MAX_REQUEST_BYTES:
+            reason = too_large_request()
+            await log_request_refusal(log, path, reason, started)
+            await _answer(send, 413, json_bytes({"error": reason}), close=True)
+            return
+        method: str = scope["method"]
+        if methods is None or method not in methods:
+            if methods is None:
+                status, reason, extra = 404, f"no such path: {path[:100]}", []
+            else:
+                allowed = ", ".join(sorted(methods))
+                status, reason = 405, f"method {method[:20]} not allowed on {path} ({allowed})"
+                extra = [(b"allow", allowed.encode())]
+            await log_request_refusal(log, path, reason, started)
+            await _answer(send, status, json_bytes({"error": reason}), extra=extra)
+            return
+        if path == HEALTH:
+            if self._health is None:
+                self._health = self.guard.health_body()
+            await _answer(send, 200, self._health)
+            return
+        handler: Callable[[bytes, float], Awaitable[tuple[int, bytes]]]
+        if not self.guard.authorized(authorization):
+            status, payload = await self.guard.refused(401, BAD_TOKEN, started)
+            await _answer(send, status, payload)
+            return
+        try:
+            body = await _read_body(receive)
+        except _Gone:
+            return
+        if body is None:
+            reason = too_large_request()
+            await log_request_refusal(log, path, reason, started)
+            await _answer(send, 413, json_bytes({"error": reason}), close=True)
+            return
+        handler = self.guard.answer_call if path == TOOLS_CALL else self.guard.answer_session
+        status, payload = await handler(body, started)
+        await _answer(send, status, payload)
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    """The whole body, or None once it passes the cap (the rest is not read)."""
+    message = await receive()
+    if message["type"] != "http.request":
+        raise _Gone
+    body: bytes = message.get("body", b"")
+    if not message.get("more_body", False):  # the common case: one message
+        return None if len(body) > caps.MAX_REQUEST_BYTES else body
+    whole = bytearray(body)
+    while True:
+        if len(whole) > caps.MAX_REQUEST_BYTES:
+            return None
+        message = await receive()
+        if message["type"] != "http.request":
+            raise _Gone
+        whole += message.get("body", b"")
+        if not message.get("more_body", False):
+            return None if len(whole) > caps.MAX_REQUEST_BYTES else bytes(whole)
+
+
+async def _answer(
+    send: Send,
+    status: int,
+    body: bytes,
+    *,
+    close: bool = False,
+    extra: list[tuple[bytes, bytes]] | None = None,
+) -> None:
+    headers = [(b"content-length", str(len(body)).encode()), _JSON]
+    if close:
+        headers.append(_CLOSE)
+    if extra:
+        headers += extra
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

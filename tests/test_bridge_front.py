@@ -1,0 +1,220 @@
+"""The bridge's raw front against the framework routes behind it: the same calls, the
+same answers and the same lines, malformed and oversized ones included (in-process
+guard; the forwarded calls go to a real upstream server on loopback)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from sandbox.contracts.wire import MAX_REQUEST_BYTES, ActionLine
+from sandbox.guard.actionlog import ActionLog
+from sandbox.guard.bridge import Guard, build_app
+from sandbox.guard.config import GuardConfig
+from sandbox.guard.front import BridgeFront
+from tests.test_bridge_forward import AUTH, TOKEN, Upstream, ok
+
+# (method, path, headers, body): every kind of request the step can make on the bridge.
+# A header given as a list is sent once per value, in that order.
+Request = tuple[str, str, dict[str, Any], bytes | Callable[[], AsyncIterator[bytes]]]
+
+
+def _call(tool: str, **arguments: Any) -> bytes:
+    return json.dumps({"tool": tool, "arguments": arguments}).encode()
+
+
+async def _past_the_cap() -> AsyncIterator[bytes]:
+    """A body with no declared length that grows past the cap as it streams in."""
+    chunk = b" " * (1024 * 1024)
+    for _ in range(MAX_REQUEST_BYTES // len(chunk) + 2):
+        yield chunk
+
+
+REQUESTS: list[Request] = [
+    ("GET", "/v1/health", {}, b""),
+    ("POST", "/v1/tools/call", AUTH, _call("notify_user", text="hi")),  # stubbed
+    ("POST", "/v1/tools/call", AUTH, _call("generate_text_llm", prompt="p")),  # forwarded
+    ("POST", "/v1/tools/call", AUTH, _call("read_file", path="../../etc/passwd")),
+    ("POST", "/v1/tools/call", AUTH, _call("no_such_tool_anywhere")),
+    ("POST", "/v1/tools/call", AUTH, b'{"tool": "notify_user", "session": "s-nope"}'),
+    ("POST", "/v1/tools/call", {}, _call("notify_user")),  # no token
+    ("POST", "/v1/tools/call", {"Authorization": "Bearer wrong"}, _call("notify_user")),
+    ("POST", "/v1/tools/call", {"Authorization": TOKEN}, _call("notify_user")),  # no scheme
+    ("POST", "/v1/tools/call", AUTH, b""),
+    ("POST", "/v1/tools/call", {"Authorization": ["Bearer wrong", AUTH["Authorization"]]}, b"{}"),
+    ("POST", "/v1/tools/call", AUTH, b"{"),
+    ("POST", "/v1/tools/call", AUTH, b"[]"),
+    ("POST", "/v1/tools/call", AUTH, b'{"tool": 5}'),
+    ("POST", "/v1/tools/call", AUTH, b'{"tool": "notify_user", "arguments": []}'),
+    ("POST", "/v1/tools/call", AUTH, b"\xff\xfe"),
+    ("POST", "/v1/tools/call", AUTH, b" " * (MAX_REQUEST_BYTES + 1)),  # declared, past
+    ("POST", "/v1/tools/call", AUTH, _past_the_cap),  # streamed, past
+    ("POST", "/v1/tools/call", {**AUTH, "X-Pad": "x" * (17 * 1024)}, _call("notify_user")),
+    ("GET", "/v1/health", {"X-Pad": "x" * (17 * 1024)}, b""),
+    ("POST", "/v1/sessions", AUTH, b"{}"),
+    ("POST", "/v1/sessions", AUTH, b""),
+    ("POST", "/v1/sessions", AUTH, b'{"parent": "root"}'),
+    ("POST", "/v1/sessions", AUTH, b'{"parent": "s-unknown"}'),
+    ("POST", "/v1/sessions", AUTH, b"{"),
+    ("POST", "/v1/sessions", {}, b"{}"),
+    ("POST", "/v1/sessions", AUTH, _past_the_cap),
+    ("GET", "/v1/nope", AUTH, b""),  # not a bridge path: the app behind answers both ways
+    ("GET", "/mcp", AUTH, b""),
+    ("GET", "/mcp", {}, b""),
+]
+
+
+@pytest.fixture
+def upstream() -> Iterator[Upstream]:
+    server = Upstream(lambda n, body: ok(f"reply {n}"))
+    yield server
+    server.close()
+
+
+def _guard(tmp_path: Path, name: str, upstream: str) -> tuple[Guard, Path]:
+    actions = tmp_path / f"{name}.jsonl"
+    actions.touch()
+    config = GuardConfig(
+        run_id="test-x",
+        workflow="wf",
+        step="s",
+        bridge_token=TOKEN,
+        exec_token="e" * 24,
+        has_db=False,
+        upstream=upstream,
+        actions_path=str(actions),
+        data_dir=str(tmp_path),
+        fsync_each=False,
+    )
+    return Guard(config, ActionLog(str(actions), secrets=(TOKEN,), fsync_each=False)), actions
+
+
+async def _send(
+    app: Any, requests: list[Request]
+) -> list[tuple[int, str | None, str | None, bytes]]:
+    transport = httpx.ASGITransport(app=app)
+    answers = []
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:8790") as client:
+        for method, path, headers, body in requests:
+            content = body() if callable(body) else body
+            fields = [
+                (name, one)
+                for name, value in headers.items()
+                for one in (value if isinstance(value, list) else [value])
+            ]
+            r = await client.request(method, path, headers=fields, content=content)
+            answers.append(
+                (
+                    r.status_code,
+                    r.headers.get("content-type"),
+                    r.headers.get("connection"),
+                    r.content,
+                )
+            )
+    return answers
+
+
+def _normal(line: ActionLine) -> dict[str, Any]:
+    """A line without what differs between two runs (time, ids, durations)."""
+    fields = line.model_dump(exclude={"time", "duration_ms", "call_id"})
+    fields["detail"] = {k: v for k, v in line.detail.items() if k != "child_session"}
+    if str(fields.get("session", "")).startswith("s-"):
+        fields["session"] = "s-*"
+    if isinstance(fields["arguments"], dict) and fields["tool"] == "session.create":
+        fields["arguments"] = {
+            k: ("s-*" if str(v).startswith("s-") else v) for k, v in fields["arguments"].items()
+        }
+    return fields
+
+
+def _session_blind(body: bytes) -> bytes:
+    """A reply with each minted session id replaced (they are random on each side)."""
+    try:
+        reply = json.loads(body)
+    except ValueError:
+        return body
+    text = json.dumps(reply, sort_keys=True)
+    for word in set(text.replace('"', " ").replace(".", " ").replace(",", " ").split()):
+        if word.startswith("s-") and len(word) == 14:
+            text = text.replace(word, "s-*")
+    return text.encode()
+
+
+def test_the_front_and_the_routes_behind_answer_and_log_alike(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    front_guard, front_actions = _guard(tmp_path, "front", upstream.url)
+    behind_guard, behind_actions = _guard(tmp_path, "behind", upstream.url)
+
+    async def main() -> tuple[list[Any], list[Any]]:
+        front = build_app(front_guard)
+        behind = build_app(behind_guard)
+        assert isinstance(front, BridgeFront) and front.framework is not None
+        through_front = await _send(front, REQUESTS)
+        through_routes = await _send(behind.rest, REQUESTS)  # the framework app, as before
+        await front_guard.close()
+        await behind_guard.close()
+        return through_front, through_routes
+
+    through_front, through_routes = asyncio.run(main())
+    for request, a, b in zip(REQUESTS, through_front, through_routes, strict=True):
+        where = f"{request[0]} {request[1]} {request[3]!r:.60}"
+        assert a[:3] == b[:3], where
+        assert _session_blind(a[3]) == _session_blind(b[3]), where
+    statuses = [a[0] for a in through_front]
+    assert statuses.count(401) == 6 and statuses.count(413) == 3 and statuses.count(431) == 2
+    assert statuses.count(400) >= 7
+    front_lines = [
+        ActionLine.model_validate_json(x) for x in front_actions.read_text().split("\n")[:-1]
+    ]
+    behind_lines = [
+        ActionLine.model_validate_json(x) for x in behind_actions.read_text().split("\n")[:-1]
+    ]
+    assert [_normal(x) for x in front_lines] == [_normal(x) for x in behind_lines]
+    # Every refused request has its line: one per 4xx from the guard's own code.
+    refused = [x for x in front_lines if x.category == "request"]
+    guard_4xx = [
+        a
+        for req, a in zip(REQUESTS, through_front, strict=True)
+        if a[0] >= 400 and req[1] != "/v1/nope"
+    ]
+    assert len(refused) == len(guard_4xx)
+    # The forwarded call went out exactly once from each side.
+    assert len(upstream.requests) == 2
+
+
+def test_a_wrong_method_or_a_trailing_slash_is_refused_with_its_line(
+    tmp_path: Path, upstream: Upstream
+) -> None:
+    """Where the front differs from the routes behind (a bare 405 with no line, a
+    redirect): it refuses, and says so on disk, and nothing is forwarded."""
+    guard, actions = _guard(tmp_path, "front", upstream.url)
+    requests: list[Request] = [
+        ("GET", "/v1/tools/call", AUTH, b""),
+        ("PUT", "/v1/tools/call", AUTH, _call("generate_text_llm", prompt="p")),
+        ("GET", "/v1/sessions", AUTH, b""),
+        ("POST", "/v1/health", AUTH, b"{}"),
+        ("POST", "/v1/tools/call/", AUTH, _call("generate_text_llm", prompt="p")),
+        ("POST", "/v1/sessions//", AUTH, b"{}"),
+    ]
+
+    async def main() -> list[Any]:
+        answers = await _send(build_app(guard), requests)
+        await guard.close()
+        return answers
+
+    answers = asyncio.run(main())
+    assert [a[0] for a in answers] == [405, 405, 405, 405, 404, 404]
+    assert all(a[1] == "application/json" and "error" in json.loads(a[3]) for a in answers)
+    lines = [ActionLine.model_validate_json(x) for x in actions.read_text().splitlines()]
+    assert [(x.tool, x.decision, x.category) for x in lines] == [
+        (path, "refuse", "request") for _, path, _, _ in requests
+    ]
+    assert "not allowed" in lines[0].reason and "no such path" in lines[4].reason
+    assert upstream.requests == []
