@@ -379,6 +379,8 @@ def test_stdio_servers_are_locked_down_containers_behind_per_uid_rules(tmp_path:
     pod = manifests.pod_manifest(guard, step, SETTINGS, meta, servers)
     made = containers(pod)
     assert set(made) == {"firewall", "guard", "step", "mcp-1", "mcp-2"}
+    # Beside servers the step's wall must also scope abstract sockets and signals.
+    assert {"name": "AGENTWORKS_LANDLOCK", "value": "require-scoped"} in made["step"]["env"]
     for name, uid in (("mcp-1", 10101), ("mcp-2", 10102)):
         server = made[name]
         context = server["securityContext"]

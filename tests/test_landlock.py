@@ -214,6 +214,50 @@ def test_a_wall_the_executor_cannot_make_stops_the_step(tmp_path: Path) -> None:
     assert status is RunStatus.FAILED
 
 
+@needs_landlock
+def test_beside_stdio_servers_a_wall_that_cannot_scope_stops_the_step(tmp_path: Path) -> None:
+    """`require-scoped` (a Pod with stdio MCP servers) where the kernel's Landlock cannot
+    scope abstract sockets and signals (the wall made as ABI 5 sees it): exit 95 with
+    the reason, and the run's verdict says the step never started."""
+    code = (
+        "import sys; from sandbox.stepside import landlock; landlock.abi_version = lambda: 5;"
+        " from sandbox.stepside.agentworks_exec import walls;"
+        " sys.exit(walls.gate(sys.argv[1]) or 0)"
+    )
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "AGENTWORKS_LANDLOCK": "require-scoped",
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=False,
+    )
+    assert done.returncode == LANDLOCK_REFUSED_EXIT, done.stderr
+    wall = verdict.landlock_from(done.stderr)
+    assert wall.required and wall.applied and wall.abi == 5
+    assert "abstract_unix_socket" in wall.reason and "signal" in wall.reason
+    status, reason = verdict.verdict(
+        done.returncode,
+        60,
+        True,
+        None,
+        ActionSummary(),
+        preflight=None,
+        quota_mb=None,
+        landlock=wall,
+    )
+    assert status is RunStatus.ERROR and "never started" in reason
+    # With this kernel's own ABI (6 or later) the same mode walls the step in and runs it.
+    ran = _executor(tmp_path, "require-scoped", "echo ran")
+    assert ran.returncode == 0 and "ran" in ran.stdout, ran.stderr
+    assert verdict.landlock_from(ran.stderr).scoped == ["abstract_unix_socket", "signal"]
+
+
 STEP = r"""
 import errno, os, sqlite3
 def attempt(action):

@@ -116,10 +116,13 @@ def verdict(
         )
     if preflight is None and exit_code == PREFLIGHT_FAILED_EXIT:
         return RunStatus.ERROR, "the preflight failed without a report"
-    refused = landlock is not None and landlock.required and not landlock.applied
+    # A required wall refused: not made, or made without what it had to hold (reason).
+    refused = (
+        landlock is not None and landlock.required and (not landlock.applied or landlock.reason)
+    )
     if exit_code == LANDLOCK_REFUSED_EXIT and landlock is not None and refused:
         return RunStatus.ERROR, (
-            f"the step's Landlock wall is required and was not made "
+            f"the step's Landlock wall is required and could not be made as needed "
             f"({landlock.reason or 'no reason given'}), so the step never started; "
             "[backend] run_without_landlock = true in the host config accepts that"
         )

@@ -302,6 +302,16 @@ def _mcp_container(
     return container, {"name": tmp, "emptyDir": {"medium": "Memory", "sizeLimit": size}}
 
 
+def _landlock_mode(settings: BackendConfig, with_servers: bool) -> str:
+    """How strict the step's Landlock wall must be on this Pod: required (the kubelet's
+    0666 /dev/termination-log), and scoped too beside stdio MCP servers (they share the
+    step's network namespace, so an abstract unix socket of theirs would be a way round
+    the guard); `apply` where the host config accepts those holes."""
+    if settings.run_without_landlock:
+        return "apply"
+    return "require-scoped" if with_servers else "require"
+
+
 def pod_manifest(
     guard: ContainerSpec,
     step: ContainerSpec,
@@ -327,9 +337,7 @@ def pod_manifest(
         "workingDir": step.workdir,
         # The kubelet's /dev/termination-log is a 0666 file of the node's disk in every
         # container: no step without the Landlock wall unless the host accepts that hole.
-        "env": _env(
-            {**step.env, LANDLOCK_ENV: "apply" if settings.run_without_landlock else "require"}
-        ),
+        "env": _env({**step.env, LANDLOCK_ENV: _landlock_mode(settings, bool(servers))}),
         "securityContext": _locked_down(step_uid, step_gid),
         "resources": _resources(step),
         "volumeMounts": [volumes.mount(m) for m in step.mounts],

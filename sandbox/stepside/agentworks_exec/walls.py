@@ -26,7 +26,12 @@ from .interface import LANDLOCK_ENV, LANDLOCK_MARK, LANDLOCK_REFUSED_EXIT
 if TYPE_CHECKING:
     from types import ModuleType
 
-MODES: Final = ("require", "apply")
+# `require-scoped`: as `require`, and the wall must also keep abstract unix sockets
+# and signals inside the step (ABI 6): a Pod with stdio MCP servers, whose
+# containers share the step's network namespace (a server's abstract socket would
+# otherwise be a way round the guard).
+MODES: Final = ("require", "require-scoped", "apply")
+SCOPES_NEEDED: Final = ("abstract_unix_socket", "signal")
 
 WRITABLE_DIRS: Final = ("/tmp", "/dev/shm")
 # Device nodes a shell or a terminal program writes or ioctls; /dev/pts as a folder.
@@ -75,9 +80,16 @@ def gate(root: str) -> int | None:
         except OSError as exc:
             report["reason"] = f"the kernel gave no Landlock wall: {exc.strerror or exc}"
         else:
+            names: list[str] = landlock.scope_names(scoped)
             report["applied"] = True
-            report["scoped"] = landlock.scope_names(scoped)
+            report["scoped"] = names
+            missing = [n for n in SCOPES_NEEDED if n not in names]
+            if mode == "require-scoped" and missing:
+                report["reason"] = (
+                    f"the kernel's Landlock (ABI {abi}) cannot scope {', '.join(missing)} "
+                    "(ABI 6 can), and stdio MCP servers share the step's network namespace"
+                )
     os.write(2, f"{LANDLOCK_MARK} {json.dumps(report)}\n".encode())
-    if report["required"] and not report["applied"]:
+    if report["required"] and (not report["applied"] or report["reason"]):
         return LANDLOCK_REFUSED_EXIT
     return None
