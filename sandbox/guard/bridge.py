@@ -462,6 +462,20 @@ def too_large_request() -> str:
     return f"request larger than {caps.mib(caps.MAX_REQUEST_BYTES)} (the guard's cap)"
 
 
+def refused_head(headers: list[tuple[bytes, bytes]]) -> tuple[int, str] | None:
+    """Why a request is refused on its head alone, or None: 431 for header lines past
+    the cap, 413 for a declared body past it (the first Content-Length). The raw front
+    and `CappedRequests` both ask here, so both refuse the same heads alike."""
+    if sum(len(k) + len(v) + 4 for k, v in headers) > caps.MAX_HEADER_BYTES:
+        return 431, (
+            f"request headers larger than {caps.mib(caps.MAX_HEADER_BYTES)} (the guard's cap)"
+        )
+    declared = next((v for k, v in headers if k == b"content-length"), b"")
+    if declared.isdigit() and int(declared) > caps.MAX_REQUEST_BYTES:
+        return 413, too_large_request()
+    return None
+
+
 def _stub(tool: str, session: str, reason: str) -> ToolReply:
     return ToolReply(
         ok=True,
@@ -502,17 +516,9 @@ class CappedRequests:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
-        head_bytes = sum(len(k) + len(v) + 4 for k, v in headers)
-        if head_bytes > caps.MAX_HEADER_BYTES:
-            reason = (
-                f"request headers larger than {caps.mib(caps.MAX_HEADER_BYTES)} (the guard's cap)"
-            )
-            await self._refuse(scope, receive, send, 431, reason, started)
-            return
-        declared = next((v for k, v in headers if k == b"content-length"), b"")
-        if declared.isdigit() and int(declared) > caps.MAX_REQUEST_BYTES:
-            await self._refuse(scope, receive, send, 413, too_large_request(), started)
+        refusal = refused_head(scope.get("headers", []))
+        if refusal is not None:
+            await self._refuse(scope, receive, send, *refusal, started)
             return
         seen = 0
         over = False

@@ -21,7 +21,13 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandbox.guard import caps
-from sandbox.guard.bridge import Guard, json_bytes, log_request_refusal, too_large_request
+from sandbox.guard.bridge import (
+    Guard,
+    json_bytes,
+    log_request_refusal,
+    refused_head,
+    too_large_request,
+)
 from sandbox.guard.gate import BAD_TOKEN
 
 TOOLS_CALL = "/v1/tools/call"
@@ -75,28 +81,14 @@ class BridgeFront:
         started = time.perf_counter()
         log = self.guard.log
         headers: list[tuple[bytes, bytes]] = scope["headers"]
-        if sum(len(k) + len(v) + 4 for k, v in headers) > caps.MAX_HEADER_BYTES:
-            reason = (
-                f"request headers larger than {caps.mib(caps.MAX_HEADER_BYTES)} (the guard's cap)"
-            )
+        refusal = refused_head(headers)
+        if refusal is not None:
+            status, reason = refusal
             await log_request_refusal(log, path, reason, started)
-            await _answer(send, 431, json_bytes({"error": reason}), close=True)
+            await _answer(send, status, json_bytes({"error": reason}), close=True)
             return
-        # The first of each, as the framework's headers and `CappedRequests` read them.
-        authorization: bytes | None = None
-        declared: bytes | None = None
-        for key, value in headers:
-            if key == b"authorization" and authorization is None:
-                authorization = value
-            elif key == b"content-length" and declared is None:
-                declared = value
-        authorization = authorization or b""
-        declared = declared or b""
-        if declared.isdigit() and int(declared) > caps.MAX_REQUEST_BYTES:
-            reason = too_large_request()
-            await log_request_refusal(log, path, reason, started)
-            await _answer(send, 413, json_bytes({"error": reason}), close=True)
-            return
+        # The first one, as the framework's headers read it.
+        authorization = next((v for k, v in headers if k == b"authorization"), b"")
         method: str = scope["method"]
         if methods is None or method not in methods:
             if methods is None:
