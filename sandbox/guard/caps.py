@@ -14,9 +14,12 @@ own caps (`sandbox.guard.actionlog`).
 
 from __future__ import annotations
 
-from typing import Final
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 from sandbox.contracts.wire import MAX_REQUEST_BYTES as _WIRE_MAX_REQUEST_BYTES
+
+if TYPE_CHECKING:
+    from starlette.types import Receive
 
 MiB: Final = 1024 * 1024
 
@@ -46,6 +49,33 @@ _COPIES: Final = 8
 _GUARD_BASE_BYTES: Final = 160 * MiB  # the guard's own RSS (~50-70 MB) with headroom
 _LARGEST_REPLY: Final = max(MAX_MCP_MESSAGE_BYTES, MAX_UPSTREAM_REPLY_BYTES, MAX_EXEC_REPLY_BYTES)
 GUARD_MEMORY_BYTES: Final = _GUARD_BASE_BYTES + FORWARD_SLOTS * _COPIES * _LARGEST_REPLY
+
+
+class CappedBody(NamedTuple):
+    """A request body read up to a cap: `complete` when it ended within the cap;
+    otherwise `body` is what was read (the rest still waits in `receive`), and `gone`
+    says the client hung up rather than sent too much."""
+
+    body: bytes
+    complete: bool
+    gone: bool
+
+
+async def read_capped_body(receive: Receive, cap: int) -> CappedBody:
+    """An ASGI request's body, never more than `cap` bytes (and one chunk) held."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return CappedBody(b"".join(chunks), complete=False, gone=True)
+        chunk = message.get("body", b"")
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > cap:
+            return CappedBody(b"".join(chunks), complete=False, gone=False)
+        if not message.get("more_body", False):
+            return CappedBody(b"".join(chunks), complete=True, gone=False)
 
 
 def mib(size: int) -> str:

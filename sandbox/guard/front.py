@@ -37,10 +37,6 @@ _JSON = (b"content-type", b"application/json")
 _CLOSE = (b"connection", b"close")
 
 
-class _Gone(Exception):
-    """The client hung up before its body was in: there is no one to answer."""
-
-
 class BridgeFront:
     """ASGI app: `/v1/tools/call`, `/v1/sessions`, `/v1/health` here, the rest (MCP,
     lifespan, unknown paths) to `rest`, unchanged."""
@@ -110,11 +106,10 @@ class BridgeFront:
             status, payload = await self.guard.refused(401, BAD_TOKEN, started)
             await _answer(send, status, payload)
             return
-        try:
-            body = await _read_body(receive)
-        except _Gone:
+        body, complete, gone = await caps.read_capped_body(receive, caps.MAX_REQUEST_BYTES)
+        if gone:  # the client hung up before its body was in: no one to answer
             return
-        if body is None:
+        if not complete:
             reason = too_large_request()
             await log_request_refusal(log, path, reason, started)
             await _answer(send, 413, json_bytes({"error": reason}), close=True)
@@ -122,26 +117,6 @@ class BridgeFront:
         handler = self.guard.answer_call if path == TOOLS_CALL else self.guard.answer_session
         status, payload = await handler(body, started)
         await _answer(send, status, payload)
-
-
-async def _read_body(receive: Receive) -> bytes | None:
-    """The whole body, or None once it passes the cap (the rest is not read)."""
-    message = await receive()
-    if message["type"] != "http.request":
-        raise _Gone
-    body: bytes = message.get("body", b"")
-    if not message.get("more_body", False):  # the common case: one message
-        return None if len(body) > caps.MAX_REQUEST_BYTES else body
-    whole = bytearray(body)
-    while True:
-        if len(whole) > caps.MAX_REQUEST_BYTES:
-            return None
-        message = await receive()
-        if message["type"] != "http.request":
-            raise _Gone
-        whole += message.get("body", b"")
-        if not message.get("more_body", False):
-            return None if len(whole) > caps.MAX_REQUEST_BYTES else bytes(whole)
 
 
 async def _answer(

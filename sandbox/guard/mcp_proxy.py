@@ -789,7 +789,9 @@ class HotPath:
         if session is None or version is None:
             await self._to_sdk(scope, receive, send, opening=session is None)
             return
-        body, complete = await _read_body(receive, self.endpoint.manager.max_request_body_size)
+        body, complete, _ = await caps.read_capped_body(
+            receive, self.endpoint.manager.max_request_body_size
+        )
         try:
             if not complete:
                 raise _Fallback
@@ -940,24 +942,6 @@ class HotPath:
 
 def _text(value: bytes | None) -> str | None:
     return None if value is None else value.decode("latin-1")
-
-
-async def _read_body(receive: Receive, cap: int) -> tuple[bytes, bool]:
-    """The request body, read to its end or until it passes `cap` (complete False:
-    the rest is still in `receive`, for the SDK to refuse as it does)."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return b"".join(chunks), False
-        chunk = message.get("body", b"")
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > cap:
-            return b"".join(chunks), False
-        if not message.get("more_body", False):
-            return b"".join(chunks), True
 
 
 def _replay(body: bytes, complete: bool, receive: Receive) -> Receive:
