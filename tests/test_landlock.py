@@ -141,6 +141,21 @@ def test_an_abi_without_scopes_scopes_nothing() -> None:
     assert not landlock.handled_rights(1) & (landlock.REFER | landlock.TRUNCATE)
 
 
+def _verdict(exit_code: int, wall: Landlock) -> tuple[RunStatus, str]:
+    """The run's verdict for a step that exited so behind that wall (its guard up,
+    nothing else amiss)."""
+    return verdict.verdict(
+        exit_code,
+        60,
+        True,
+        None,
+        ActionSummary(),
+        preflight=None,
+        quota_mb=None,
+        landlock=wall,
+    )
+
+
 def _executor(tmp_path: Path, mode: str, command: str) -> subprocess.CompletedProcess[str]:
     """The real executor on the host, as the step image runs it (no exec server)."""
     root = tmp_path / "group"
@@ -189,28 +204,10 @@ def test_a_wall_the_executor_cannot_make_stops_the_step(tmp_path: Path) -> None:
     assert done.stderr.startswith(LANDLOCK_MARK)
     wall = verdict.landlock_from(done.stderr)
     assert wall.required and not wall.applied and "neither" in wall.reason
-    status, reason = verdict.verdict(
-        done.returncode,
-        60,
-        True,
-        None,
-        ActionSummary(),
-        preflight=None,
-        quota_mb=None,
-        landlock=wall,
-    )
+    status, reason = _verdict(done.returncode, wall)
     assert status is RunStatus.ERROR and "never started" in reason and "requir" in reason
     # Exit 95 from a step itself, with the wall up, stays the step's own failure.
-    status, _ = verdict.verdict(
-        95,
-        60,
-        True,
-        None,
-        ActionSummary(),
-        preflight=None,
-        quota_mb=None,
-        landlock=Landlock(required=True, applied=True, abi=ABI),
-    )
+    status, _ = _verdict(95, Landlock(required=True, applied=True, abi=ABI))
     assert status is RunStatus.FAILED
 
 
@@ -241,16 +238,7 @@ def test_beside_stdio_servers_a_wall_that_cannot_scope_stops_the_step(tmp_path: 
     wall = verdict.landlock_from(done.stderr)
     assert wall.required and wall.applied and wall.abi == 5
     assert "abstract_unix_socket" in wall.reason and "signal" in wall.reason
-    status, reason = verdict.verdict(
-        done.returncode,
-        60,
-        True,
-        None,
-        ActionSummary(),
-        preflight=None,
-        quota_mb=None,
-        landlock=wall,
-    )
+    status, reason = _verdict(done.returncode, wall)
     assert status is RunStatus.ERROR and "never started" in reason
     # With this kernel's own ABI (6 or later) the same mode walls the step in and runs it.
     ran = _executor(tmp_path, "require-scoped", "echo ran")

@@ -139,18 +139,20 @@ HEADERS = {
 }
 
 
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": VERSION,
+        "capabilities": {},
+        "clientInfo": {"name": "t", "version": "1"},
+    },
+}
+
+
 def _open(client: TestClient) -> dict[str, str]:
-    init = {
-        "jsonrpc": "2.0",
-        "id": 0,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": VERSION,
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
-    reply = client.post("/mcp/up", json=init, headers=HEADERS)
+    reply = client.post("/mcp/up", json=INITIALIZE, headers=HEADERS)
     assert reply.status_code == 200 and reply.json()["result"]["protocolVersion"] == VERSION
     session = {
         **HEADERS,
@@ -305,17 +307,7 @@ def test_sessions_are_capped_and_the_refusal_is_logged(
     assert endpoint.manager.session_idle_timeout is None  # no expiry under the hot path
     for _ in range(MAX_SESSIONS):
         _open(client)
-    init = {
-        "jsonrpc": "2.0",
-        "id": 0,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": VERSION,
-            "capabilities": {},
-            "clientInfo": {"name": "t", "version": "1"},
-        },
-    }
-    assert client.post("/mcp/up", json=init, headers=HEADERS).status_code == 503
+    assert client.post("/mcp/up", json=INITIALIZE, headers=HEADERS).status_code == 503
     (line,) = _lines(actions, 0)
     assert (line["decision"], line["category"], line["tool"]) == ("refuse", "request", "mcp:up")
     assert "too many open MCP sessions" in line["reason"]
