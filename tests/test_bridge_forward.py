@@ -98,26 +98,31 @@ def ok(text: str = "done") -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload)
 
 
+def make_guard(tmp_path: Path, name: str, upstream: str | None) -> tuple[Guard, Path]:
+    """A guard in this process with its own action log (`<name>.jsonl`), no fsync."""
+    actions = tmp_path / f"{name}.jsonl"
+    actions.touch()
+    config = GuardConfig(
+        run_id="test-x",
+        workflow="wf",
+        step="s",
+        bridge_token=TOKEN,
+        exec_token="e" * 24,
+        has_db=False,
+        upstream=upstream,
+        actions_path=str(actions),
+        data_dir=str(tmp_path),
+        fsync_each=False,
+    )
+    return Guard(config, ActionLog(str(actions), secrets=(TOKEN,), fsync_each=False)), actions
+
+
 @pytest.fixture
 def guard_at(tmp_path: Path) -> Iterator[Callable[[str | None], tuple[Guard, Path]]]:
     made: list[Guard] = []
 
     def make(upstream: str | None) -> tuple[Guard, Path]:
-        actions = tmp_path / f"actions-{len(made)}.jsonl"
-        actions.touch()
-        config = GuardConfig(
-            run_id="test-x",
-            workflow="wf",
-            step="s",
-            bridge_token=TOKEN,
-            exec_token="e" * 24,
-            has_db=False,
-            upstream=upstream,
-            actions_path=str(actions),
-            data_dir=str(tmp_path),
-            fsync_each=False,
-        )
-        guard = Guard(config, ActionLog(str(actions), secrets=(TOKEN,), fsync_each=False))
+        guard, actions = make_guard(tmp_path, f"actions-{len(made)}", upstream)
         made.append(guard)
         return guard, actions
 

@@ -14,11 +14,9 @@ import httpx
 import pytest
 
 from sandbox.contracts.wire import MAX_REQUEST_BYTES, ActionLine
-from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.bridge import Guard, build_app
-from sandbox.guard.config import GuardConfig
+from sandbox.guard.bridge import build_app
 from sandbox.guard.front import BridgeFront
-from tests.test_bridge_forward import AUTH, TOKEN, Upstream, ok
+from tests.test_bridge_forward import AUTH, TOKEN, Upstream, make_guard, ok
 
 # (method, path, headers, body): every kind of request the step can make on the bridge.
 # A header given as a list is sent once per value, in that order.
@@ -77,24 +75,6 @@ def upstream() -> Iterator[Upstream]:
     server.close()
 
 
-def _guard(tmp_path: Path, name: str, upstream: str) -> tuple[Guard, Path]:
-    actions = tmp_path / f"{name}.jsonl"
-    actions.touch()
-    config = GuardConfig(
-        run_id="test-x",
-        workflow="wf",
-        step="s",
-        bridge_token=TOKEN,
-        exec_token="e" * 24,
-        has_db=False,
-        upstream=upstream,
-        actions_path=str(actions),
-        data_dir=str(tmp_path),
-        fsync_each=False,
-    )
-    return Guard(config, ActionLog(str(actions), secrets=(TOKEN,), fsync_each=False)), actions
-
-
 async def _send(
     app: Any, requests: list[Request]
 ) -> list[tuple[int, str | None, str | None, bytes]]:
@@ -149,8 +129,8 @@ def _session_blind(body: bytes) -> bytes:
 def test_the_front_and_the_routes_behind_answer_and_log_alike(
     tmp_path: Path, upstream: Upstream
 ) -> None:
-    front_guard, front_actions = _guard(tmp_path, "front", upstream.url)
-    behind_guard, behind_actions = _guard(tmp_path, "behind", upstream.url)
+    front_guard, front_actions = make_guard(tmp_path, "front", upstream.url)
+    behind_guard, behind_actions = make_guard(tmp_path, "behind", upstream.url)
 
     async def main() -> tuple[list[Any], list[Any]]:
         front = build_app(front_guard)
@@ -194,7 +174,7 @@ def test_a_wrong_method_or_a_trailing_slash_is_refused_with_its_line(
 ) -> None:
     """Where the front differs from the routes behind (a bare 405 with no line, a
     redirect): it refuses, and says so on disk, and nothing is forwarded."""
-    guard, actions = _guard(tmp_path, "front", upstream.url)
+    guard, actions = make_guard(tmp_path, "front", upstream.url)
     requests: list[Request] = [
         ("GET", "/v1/tools/call", AUTH, b""),
         ("PUT", "/v1/tools/call", AUTH, _call("generate_text_llm", prompt="p")),
