@@ -11,7 +11,7 @@ import contextlib
 import json
 import threading
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.config import GuardConfig
 from sandbox.guard.mcp_proxy import MAX_SESSIONS, Endpoint, McpProxy
+from tests.test_mcp_proxy import JsonMcpServer
 
 TOKEN = "b" * 24
 VERSION = "2025-11-25"
@@ -35,52 +36,21 @@ TOOLS = [
 ]
 
 
-class _Upstream(BaseHTTPRequestHandler):
-    """A streamable-HTTP MCP server (JSON replies): three tools, one of which fails."""
+class _Upstream(JsonMcpServer):
+    """A fake MCP server: three tools, one of which fails."""
 
-    def log_message(self, format: str, *args: object) -> None:
-        return
+    NAME = "up"
+    SESSION_ID = "up-1"
 
-    def do_GET(self) -> None:
-        self.send_response(405)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def do_DELETE(self) -> None:
-        self.do_GET()
-
-    def do_POST(self) -> None:
-        message = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        rid, method = message.get("id"), message.get("method")
-        if rid is None:
-            self.send_response(202)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        params = message.get("params") or {}
-        reply: dict[str, Any] = {"jsonrpc": "2.0", "id": rid}
-        if method == "initialize":
-            reply["result"] = {
-                "protocolVersion": params["protocolVersion"],
-                "capabilities": {"tools": {}},
-                "serverInfo": {"name": "up", "version": "1"},
-            }
-        elif method == "tools/list":
-            reply["result"] = {"tools": TOOLS}
-        elif method == "tools/call" and params.get("name") == "boom":
-            reply["error"] = {"code": -32602, "message": "boom: bad arguments"}
-        elif method == "tools/call":
+    def answer(self, method: str | None, params: dict[str, Any]) -> dict[str, Any]:
+        if method == "tools/list":
+            return {"result": {"tools": TOOLS}}
+        if method == "tools/call" and params.get("name") == "boom":
+            return {"error": {"code": -32602, "message": "boom: bad arguments"}}
+        if method == "tools/call":
             text = json.dumps(params.get("arguments"), sort_keys=True)
-            reply["result"] = {"content": [{"type": "text", "text": f"read {text} é"}]}
-        else:
-            reply["error"] = {"code": -32601, "message": "no"}
-        data = json.dumps(reply).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Mcp-Session-Id", "up-1")
-        self.end_headers()
-        self.wfile.write(data)
+            return {"result": {"content": [{"type": "text", "text": f"read {text} é"}]}}
+        return super().answer(method, params)
 
 
 class _Counted:

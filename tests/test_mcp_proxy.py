@@ -301,8 +301,13 @@ def test_oversized_requests_get_an_http_error_and_a_line(tmp_path: Path) -> None
     assert "headers larger than 16 KiB" in lines[2].reason
 
 
-class _HugeReplies(BaseHTTPRequestHandler):
-    """A streamable-HTTP MCP server (JSON replies) whose one tool answers past the cap."""
+class JsonMcpServer(BaseHTTPRequestHandler):
+    """A fake streamable-HTTP MCP server (JSON replies, no event stream) for the
+    outside world: it answers `initialize` as `NAME`, accepts notifications, and
+    leaves every other request to `answer` (a JSON-RPC `result` or `error` member)."""
+
+    NAME = "fake"
+    SESSION_ID = "s1"
 
     def log_message(self, format: str, *args: object) -> None:
         return
@@ -323,31 +328,42 @@ class _HugeReplies(BaseHTTPRequestHandler):
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
+        params = message.get("params") or {}
         if method == "initialize":
-            result: dict[str, Any] = {
-                "protocolVersion": message["params"]["protocolVersion"],
-                "capabilities": {"tools": {}},
-                "serverInfo": {"name": "huge", "version": "1"},
+            member: dict[str, Any] = {
+                "result": {
+                    "protocolVersion": params["protocolVersion"],
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": self.NAME, "version": "1"},
+                }
             }
-        elif method == "tools/list":
-            tool = {"name": "huge", "inputSchema": {"type": "object"}}
-            result = {"tools": [{**tool, "annotations": {"readOnlyHint": True}}]}
-        elif method == "tools/call":
-            text = "h" * (caps.MAX_MCP_MESSAGE_BYTES + 1024)
-            result = {"content": [{"type": "text", "text": text}]}
         else:
-            body = {"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "no"}}
-            return self._json(body)
-        self._json({"jsonrpc": "2.0", "id": rid, "result": result})
-
-    def _json(self, body: dict[str, Any]) -> None:
-        data = json.dumps(body).encode()
+            member = self.answer(method, params)
+        data = json.dumps({"jsonrpc": "2.0", "id": rid, **member}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(data)))
-        self.send_header("Mcp-Session-Id", "s1")
+        self.send_header("Mcp-Session-Id", self.SESSION_ID)
         self.end_headers()
         self.wfile.write(data)
+
+    def answer(self, method: str | None, params: dict[str, Any]) -> dict[str, Any]:
+        return {"error": {"code": -32601, "message": "no"}}
+
+
+class _HugeReplies(JsonMcpServer):
+    """A fake MCP server whose one tool answers past the cap."""
+
+    NAME = "huge"
+
+    def answer(self, method: str | None, params: dict[str, Any]) -> dict[str, Any]:
+        if method == "tools/list":
+            tool = {"name": "huge", "inputSchema": {"type": "object"}}
+            return {"result": {"tools": [{**tool, "annotations": {"readOnlyHint": True}}]}}
+        if method == "tools/call":
+            text = "h" * (caps.MAX_MCP_MESSAGE_BYTES + 1024)
+            return {"result": {"content": [{"type": "text", "text": text}]}}
+        return super().answer(method, params)
 
 
 def test_a_url_servers_reply_past_the_cap_is_a_tool_error(tmp_path: Path) -> None:
