@@ -118,6 +118,14 @@ async def _through(proxy: EgressProxy, payload: bytes) -> bytes:
         proxy.close()  # its idle upstream connections too: the proxy is done
 
 
+def _closing_get(proxy: EgressProxy, port: int) -> bytes:
+    """One `GET /p` to the local host at `port` through the proxy, on a connection
+    that closes after it; everything the proxy answers."""
+    authority = f"127.0.0.1:{port}"
+    request = f"GET http://{authority}/p HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
+    return asyncio.run(_through(proxy, request.encode()))
+
+
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
 
 
@@ -219,12 +227,7 @@ def test_a_full_log_refuses_the_request_and_nothing_leaves(
                     asyncio.run(log.write(**filler))  # type: ignore[arg-type]
                 assert not log.full
             proxy = EgressProxy(_config(actions, egress), log)
-            authority = f"127.0.0.1:{host.port}"
-            request = (
-                f"GET http://{authority}/p HTTP/1.1\r\nHost: {authority}\r\n"
-                "Connection: close\r\n\r\n"
-            )
-            reply = asyncio.run(_through(proxy, request.encode()))
+            reply = _closing_get(proxy, host.port)
             log.close()
         finally:
             host.close()
@@ -249,9 +252,8 @@ def test_an_mcp_servers_proxy_names_the_server_on_every_line(tmp_path: Path) -> 
             log = ActionLog(str(actions), secrets=(), fsync_each=False)
             proxy = EgressProxy(_config(actions, egress), log, label={"mcp_server": "fetcher"})
             authority = f"127.0.0.1:{host.port}"
-            read_ = f"GET http://{authority}/p HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
             write = f"POST http://{authority}/w HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 2\r\n\r\nhi"
-            asyncio.run(_through(proxy, read_.encode()))
+            _closing_get(proxy, host.port)
             asyncio.run(_through(proxy, write.encode()))
             log.close()
         finally:
@@ -328,12 +330,7 @@ def test_a_log_that_cannot_be_synced_refuses_the_request_and_nothing_leaves(
             egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
             log = ActionLog(str(actions), secrets=(), fsync_each=True)
             proxy = EgressProxy(_config(actions, egress), log)
-            authority = f"127.0.0.1:{host.port}"
-            request = (
-                f"GET http://{authority}/p HTTP/1.1\r\nHost: {authority}\r\n"
-                "Connection: close\r\n\r\n"
-            )
-            reply = asyncio.run(_through(proxy, request.encode()))
+            reply = _closing_get(proxy, host.port)
             log.close()
         finally:
             host.close()
