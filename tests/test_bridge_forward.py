@@ -98,22 +98,28 @@ def ok(text: str = "done") -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload)
 
 
-def make_guard(tmp_path: Path, name: str, upstream: str | None) -> tuple[Guard, Path]:
-    """A guard in this process with its own action log (`<name>.jsonl`), no fsync."""
-    actions = tmp_path / f"{name}.jsonl"
-    actions.touch()
-    config = GuardConfig(
+def guard_config(tmp_path: Path, actions: Path, **fields: Any) -> GuardConfig:
+    """An in-process guard's config: the run `test-x`, the bridge token TOKEN, its log
+    at `actions` without fsync, and `fields` (an upstream, MCP servers)."""
+    return GuardConfig(
         run_id="test-x",
         workflow="wf",
         step="s",
         bridge_token=TOKEN,
         exec_token="e" * 24,
         has_db=False,
-        upstream=upstream,
         actions_path=str(actions),
         data_dir=str(tmp_path),
         fsync_each=False,
+        **fields,
     )
+
+
+def make_guard(tmp_path: Path, name: str, upstream: str | None) -> tuple[Guard, Path]:
+    """A guard in this process with its own action log (`<name>.jsonl`), no fsync."""
+    actions = tmp_path / f"{name}.jsonl"
+    actions.touch()
+    config = guard_config(tmp_path, actions, upstream=upstream)
     return Guard(config, ActionLog(str(actions), secrets=(TOKEN,), fsync_each=False)), actions
 
 

@@ -23,11 +23,10 @@ from starlette.types import Receive, Scope, Send
 from sandbox.contracts.config import McpServer
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.config import GuardConfig
 from sandbox.guard.mcp_proxy import MAX_SESSIONS, Endpoint, McpProxy
+from tests.test_bridge_forward import TOKEN, guard_config
 from tests.test_mcp_proxy import JsonMcpServer
 
-TOKEN = "b" * 24
 VERSION = "2025-11-25"
 TOOLS = [
     {"name": "read", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}},
@@ -71,16 +70,9 @@ def guard(tmp_path: Path) -> Iterator[tuple[TestClient, Endpoint, _Counted, Path
     threading.Thread(target=http.serve_forever, daemon=True).start()
     actions = tmp_path / "actions.jsonl"
     actions.touch()
-    config = GuardConfig(
-        run_id="test-x",
-        workflow="wf",
-        step="s",
-        bridge_token=TOKEN,
-        exec_token="e" * 24,
-        has_db=False,
-        actions_path=str(actions),
-        data_dir=str(tmp_path),
-        fsync_each=False,
+    config = guard_config(
+        tmp_path,
+        actions,
         mcp_servers=[McpServer(name="up", url=f"http://127.0.0.1:{http.server_address[1]}/")],
         mcp_dir=str(tmp_path / "mcp"),
     )
