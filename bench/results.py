@@ -263,6 +263,10 @@ class CopyDetail(BaseModel):
     # user + system seconds of each sample (ours: the copying thread's; cp: the child's)
     ours_cpu_s: list[float] = Field(default_factory=list)
     cp_cpu_s: list[float] = Field(default_factory=list)
+    # CPUs the rest of the host kept busy during each sample (its load, the copy's excluded)
+    ours_others_cpus: list[float] = Field(default_factory=list)
+    cp_others_cpus: list[float] = Field(default_factory=list)
+    fresh_disk: bool = False  # each sample into a fresh step disk (else a host folder)
 
 
 class DbDetail(BaseModel):
