@@ -260,7 +260,8 @@ class CopyDetail(BaseModel):
     place: str
     ours_s: list[float] = Field(default_factory=list)
     cp_s: list[float] = Field(default_factory=list)
-    # user + system seconds of each sample (ours: the copying thread's; cp: the child's)
+    # user + system seconds of each sample (ours: the bench process's, the copy's helper
+    # thread included; cp: the child's)
     ours_cpu_s: list[float] = Field(default_factory=list)
     cp_cpu_s: list[float] = Field(default_factory=list)
     # CPUs the rest of the host kept busy during each sample (its load, the copy's excluded)

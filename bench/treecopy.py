@@ -24,9 +24,10 @@ host's file system (`os.sync()` before each), and a note says so.
 
 What it cannot take out is the CPU that other work takes: the copy is CPU-bound (kernel
 page-cache copies), so on a shared 2-CPU host its wall time is its CPU time divided by
-the share it gets. Each sample keeps its CPU time (this thread's for ours, the child's
-for `cp`) and the CPUs the rest of the host used while it ran (`/proc/stat`, minus the
-copy's own); the two tools alternate which goes first in each round.
+the share it gets. Each sample keeps its CPU time (this process's for ours, the copy's
+helper thread included; the child's for `cp`) and the CPUs the rest of the host used
+while it ran (`/proc/stat`, minus the copy's own); the two tools alternate which goes
+first in each round.
 """
 
 from __future__ import annotations
@@ -158,11 +159,11 @@ def bench_copy(b: Bench) -> list[Row]:
 
     def ours(dst: Path) -> tuple[float, float]:
         dst.mkdir()
-        cpu = _cpu(resource.RUSAGE_THREAD)
+        cpu = _cpu(resource.RUSAGE_SELF)
         t = time.perf_counter()
         report = copy_execution_tree(src, dst, cap_bytes=512 * MIB)
         elapsed = time.perf_counter() - t
-        cpu = _cpu(resource.RUSAGE_THREAD) - cpu
+        cpu = _cpu(resource.RUSAGE_SELF) - cpu
         if (
             report.bytes_copied != detail.tree_bytes
             or report.files_copied != detail.files

@@ -192,3 +192,80 @@ def test_newest_real_run(tmp_path: Path) -> None:
     assert newest_real_run(wf, "bid") == wf / "runs" / "r2" / "bid" / "execution"
     with pytest.raises(ValueError):
         newest_real_run(wf, "../etc")
+
+
+def _mixed_tree(src: Path) -> None:
+    """Small and large files (the large ones go to the copy's helper thread) at two
+    depths, a sparse one among them."""
+    for i in range(6):
+        _write(src / f"big{i}.bin", bytes([65 + i]) * (300 * KB + i * 7 * KB))
+        _write(src / f"small{i}.txt", b"s" * (900 + i))
+    for i in range(4):
+        _write(src / "sub" / f"deep{i}.bin", bytes([97 + i]) * (280 * KB + i))
+        _write(src / "sub" / f"tiny{i}.txt", b"t" * (10 + i))
+    with open(src / "sparse.bin", "wb") as f:
+        f.truncate(4 * 1024 * KB)
+        f.seek(1024 * KB)
+        f.write(b"d" * (300 * KB))
+
+
+def _tree_of(root: Path) -> dict[str, bytes]:
+    return {
+        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+    }
+
+
+@pytest.mark.parametrize("cap_kb", [0, 250, 1500, 2300, 3100, 100_000])
+def test_the_helper_thread_copies_and_leaves_out_what_one_thread_would(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cap_kb: int
+) -> None:
+    """Large files' bytes are copied by a helper thread while the walk goes on; for any
+    cap the report and the copied tree are the ones a copy without the helper gives."""
+    from sandbox.prepare import copytree
+
+    src = tmp_path / "execution"
+    _mixed_tree(src)
+    with_helper = tmp_path / "with"
+    with_helper.mkdir()
+    rep = copy_execution_tree(src, with_helper, cap_bytes=cap_kb * KB)
+    monkeypatch.setattr(copytree, "_HELPER_MIN_BYTES", 1 << 62)  # nothing handed over
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    rep_alone = copy_execution_tree(src, alone, cap_bytes=cap_kb * KB)
+
+    assert rep.model_dump(exclude={"dest"}) == rep_alone.model_dump(exclude={"dest"})
+    assert _tree_of(with_helper) == _tree_of(alone)
+    assert rep.bytes_copied <= cap_kb * KB
+    if cap_kb == 100_000:
+        assert _tree_of(with_helper) == _tree_of(src) and not rep.left_out
+    # the sparse file stays sparse either way
+    if (with_helper / "sparse.bin").exists():
+        assert os.stat(with_helper / "sparse.bin").st_blocks * 512 < 1024 * KB
+
+
+def test_a_failed_copy_of_a_large_file_is_reported_and_removed(tmp_path: Path) -> None:
+    """A large file whose bytes the helper cannot write (the file size limit, EFBIG, a
+    real error from the kernel) is reported as an error and leaves no half-copied file;
+    the rest is copied."""
+    import resource
+    import signal
+
+    src = tmp_path / "execution"
+    _write(src / "a_big.bin", b"a" * (600 * KB))
+    _write(src / "b_small.txt", b"b" * 1000)
+    _write(src / "c_big.bin", b"c" * (700 * KB))
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (512 * KB, old_limit[1]))
+    try:
+        rep = copy_execution_tree(src, dst)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+    assert rep.errors_count == 2
+    assert sorted(e.split(":")[0] for e in rep.errors) == ["a_big.bin", "c_big.bin"]
+    assert rep.files_copied == 1 and rep.bytes_copied == 1000
+    assert sorted(os.listdir(dst)) == ["b_small.txt"]

@@ -6,7 +6,10 @@ are skipped, setuid/setgid/sticky bits are stripped, holes stay holes (a file co
 it occupies, not its apparent size), copied bytes never exceed the cap, at most ``max_entries``
 entries are looked at, a chain of folders of any depth is copied without recursion, and every
 left-out file or unreadable entry is reported instead of raised (lists capped at
-``MAX_LISTED``, counts exact). Not guaranteed:
+``MAX_LISTED``, counts exact). Large files' bytes are copied by a helper thread while the
+walk goes on (two CPUs busy instead of one); what is copied and left out is exactly what a
+one-thread copy would decide (see ``_Walker._fits``), only an error from copying a large
+file's bytes may be listed after errors of entries the walk met later. Not guaranteed:
 ownership, hard links, xattrs/ACLs, an atomic snapshot of a tree that changes while copied, and
 the path components above ``src`` (only ``src`` itself is opened without following).
 """
@@ -18,6 +21,7 @@ import errno
 import os
 import stat
 from collections import OrderedDict, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Final
 
@@ -34,6 +38,12 @@ DEFAULT_MAX_ENTRIES: Final = 200_000
 _DIR_FLAGS: Final = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ_FLAGS: Final = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CREATE_FLAGS: Final = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+
+# Files at least this large have their bytes copied by the helper thread (below it, handing
+# a file over costs more than copying it); at most this many such files are in flight (each
+# holds three fds), beyond that the walk copies the next one itself.
+_HELPER_MIN_BYTES: Final = 256 * 1024
+_MAX_IN_FLIGHT: Final = 8
 
 
 class CopyTreeError(PrepareError):
@@ -114,13 +124,25 @@ class _Walker:
         self.entries_left = max_entries
         # (relative parts, mode, atime_ns, mtime_ns) of created dirs, applied after the walk.
         self.dir_meta: list[tuple[tuple[str, ...], int, int, int]] = []
+        # The helper thread (made at the first large file, only with a second CPU), the
+        # files it is copying in the order they were handed over (with the most each can
+        # add: its size), and the sum of those.
+        self.helper: ThreadPoolExecutor | None = None
+        self.use_helper = len(os.sched_getaffinity(0)) > 1
+        self.in_flight: deque[tuple[Future[int], tuple[str, ...], int]] = deque()
+        self.in_flight_bytes = 0
 
     def run(self) -> None:
         try:
             self._run()
         finally:
-            self.src.close()
-            self.dst.close()
+            try:
+                self._drain()
+            finally:
+                if self.helper is not None:
+                    self.helper.shutdown(wait=True)
+                self.src.close()
+                self.dst.close()
 
     def _run(self) -> None:
         queue: deque[tuple[str, ...]] = deque([()])
@@ -141,6 +163,8 @@ class _Walker:
             finally:
                 os.close(sfd)
                 os.close(dfd)
+            self._collect(block=False)
+        self._drain()  # every file's bytes are in before its folder's times are set
         self._apply_dir_meta()
 
     def _copy_dir(self, sfd: int, dfd: int, rel: tuple[str, ...]) -> list[tuple[str, ...]]:
@@ -196,8 +220,34 @@ class _Walker:
         if len(self.r.symlinks) < MAX_LISTED:
             self.r.symlinks.append(SymlinkEntry(path=_display(parts), target=shown[:1000]))
 
+    def _fits(self, size: int) -> bool:
+        """Whether ``size`` more bytes fit under the cap, decided as a one-thread copy would:
+        on the bytes copied so far. A file in flight adds at most its size, so when the
+        cap holds even with every one of them at its size it holds for sure; otherwise
+        the files in flight are waited for and the exact sum decides."""
+        if self.r.bytes_copied + self.in_flight_bytes + size <= self.r.cap_bytes:
+            return True
+        self._drain()
+        return self.r.bytes_copied + size <= self.r.cap_bytes
+
+    def _collect(self, *, block: bool) -> None:
+        """Record the helper's finished files, oldest first (all of them if ``block``)."""
+        while self.in_flight and (block or self.in_flight[0][0].done()):
+            future, parts, reserved = self.in_flight.popleft()
+            self.in_flight_bytes -= reserved
+            try:
+                n = future.result()
+            except OSError as exc:
+                self.r.note_error(f"{_display(parts)}: {_why(exc)}")
+                continue
+            self.r.files_copied += 1
+            self.r.bytes_copied += n
+
+    def _drain(self) -> None:
+        self._collect(block=True)
+
     def _leave_out(self, parts: tuple[str, ...], size: int) -> bool:
-        if self.r.bytes_copied + size <= self.r.cap_bytes:
+        if self._fits(size):
             return False
         self.r.left_out_count += 1
         if len(self.r.left_out) < MAX_LISTED:
@@ -215,20 +265,46 @@ class _Walker:
                 return
             if self._leave_out(parts, _cost(st)):  # grew since it was listed
                 return
+            self._collect(block=False)  # frees the slots of files the helper has done
             dst = os.open(name, _CREATE_FLAGS, 0o600, dir_fd=dfd)
-            try:
-                n = copy_fd(src, dst, limit=st.st_size, src_size=st.st_size)
-                os.fchmod(dst, stat.S_IMODE(st.st_mode) & 0o777)
-                os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
-            except OSError:
-                os.close(dst)
-                os.unlink(name, dir_fd=dfd)
-                raise
-            os.close(dst)
+            if (
+                self.use_helper
+                and st.st_size >= _HELPER_MIN_BYTES
+                and len(self.in_flight) < _MAX_IN_FLIGHT
+            ):
+                self._hand_over(src, dst, dfd, name, parts, st)
+                src = -1  # the helper's now
+                return
+            n = _copy_file_data(src, dst, dfd, name, st)
         finally:
-            os.close(src)
+            if src >= 0:
+                os.close(src)
         self.r.files_copied += 1
         self.r.bytes_copied += n
+
+    def _hand_over(
+        self, src: int, dst: int, dfd: int, name: str, parts: tuple[str, ...], st: os.stat_result
+    ) -> None:
+        """Let the helper copy the file's bytes: once handed over, it closes ``src`` and
+        ``dst``; if it cannot be handed over, ``dst`` is closed and removed here and
+        ``src`` stays the caller's."""
+        try:
+            dir_fd = os.dup(dfd)  # to remove a half-copied file after the folder's fd is gone
+        except OSError:
+            os.close(dst)
+            os.unlink(name, dir_fd=dfd)
+            raise
+        try:
+            if self.helper is None:
+                self.helper = ThreadPoolExecutor(max_workers=1, thread_name_prefix="copytree")
+            future = self.helper.submit(_helper_copy, src, dst, dir_fd, name, st)
+        except BaseException:
+            os.close(dst)
+            os.unlink(name, dir_fd=dir_fd)
+            os.close(dir_fd)
+            raise
+        self.in_flight.append((future, parts, st.st_size))
+        self.in_flight_bytes += st.st_size
 
     def _apply_dir_meta(self) -> None:
         # Deepest first: a parent's restrictive mode must not block reaching its children, and
@@ -246,6 +322,30 @@ class _Walker:
                 self.r.note_error(f"{_display(parts)}: cannot set mode/mtime: {exc.strerror}")
             finally:
                 os.close(fd)
+
+
+def _copy_file_data(src: int, dst: int, dfd: int, name: str, st: os.stat_result) -> int:
+    """Copy the bytes, mode and times of an open file into the new ``dst`` (closed here);
+    on failure the half-copied file is removed and the error raised."""
+    try:
+        n = copy_fd(src, dst, limit=st.st_size, src_size=st.st_size)
+        os.fchmod(dst, stat.S_IMODE(st.st_mode) & 0o777)
+        os.utime(dst, ns=(st.st_atime_ns, st.st_mtime_ns))
+    except OSError:
+        os.close(dst)
+        os.unlink(name, dir_fd=dfd)
+        raise
+    os.close(dst)
+    return n
+
+
+def _helper_copy(src: int, dst: int, dir_fd: int, name: str, st: os.stat_result) -> int:
+    """The helper thread's part: ``_copy_file_data``, then every fd it was given closed."""
+    try:
+        return _copy_file_data(src, dst, dir_fd, name, st)
+    finally:
+        os.close(src)
+        os.close(dir_fd)
 
 
 # Order (deterministic; it decides what the cap leaves out): breadth-first by depth, so every
