@@ -254,8 +254,9 @@ def bench_copy(b: Bench) -> list[Row]:
             baseline_name="cp -a's",
             note=(
                 f"wall times; CPU times spread {_fmt(spread(detail.ours_cpu_s))} (ours),"
-                f" {_fmt(spread(detail.cp_cpu_s))} (cp -a); the rest of the host used"
-                f" {min(host_load):.2f}-{max(host_load):.2f} of {os.cpu_count()} CPUs meanwhile"
+                f" {_fmt(spread(detail.cp_cpu_s))} (cp -a); the rest of the host kept about"
+                f" {min(host_load):.1f}-{max(host_load):.1f} of {os.cpu_count()} CPUs busy"
+                " meanwhile (/proc/stat's ticks)"
             ),
         ),
         make_row(
