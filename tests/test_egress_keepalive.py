@@ -27,7 +27,7 @@ from sandbox.guard import http1
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.config import GuardConfig
 from sandbox.guard.egress import EgressProxy
-from tests.fakes.keepalive_host import KeepAliveHost
+from tests.fakes.keepalive_host import KeepAliveHost, big_body
 
 
 @dataclass
@@ -169,6 +169,34 @@ def test_an_upstream_connection_is_reused_only_after_a_cleanly_framed_reply(
     assert [path for _, _, path in host.seen.requests] == [f"/{kind}/{i}" for i in range(3)]
     assert host.seen.connections == (1 if reused else 3)
     assert accepted == 1  # the client's connection to the proxy carried all three
+
+
+def test_spliced_bodies_end_exactly_where_their_length_says_on_both_kept_connections(
+    tmp_path: Path, host: KeepAliveHost
+) -> None:
+    """Bodies past the splice threshold move in the kernel; the relay never reads past
+    one, so the next reply on the same upstream connection, and the next request on the
+    client's, arrive whole. Stray bytes after a spliced body stay with the host's
+    connection, which is then not reused."""
+    kinds = ["big/1000000", "len", "big/700001", "len", f"big/{65 * 1024 + 1}", "len"]
+    kinds += ["bigextra/900000", "len", "big/800000"]
+    with (
+        proxy_for(tmp_path, host) as proxied,
+        httpx.Client(proxy=proxied.url, timeout=20, trust_env=False) as client,
+    ):
+        for i, kind in enumerate(kinds):
+            reply = client.get(f"http://127.0.0.1:{host.port}/{kind}/{i}")
+            assert reply.status_code == 200
+            size = int(kind.split("/")[1]) if "/" in kind else None
+            assert reply.content == (big_body(size) if size else f"hello /len/{i}".encode())
+        accepted = proxied.accepted[0]
+        reuses = proxied.proxy.upstream_reuses
+    assert [path for _, _, path in host.seen.requests] == [
+        f"/{kind}/{i}" for i, kind in enumerate(kinds)
+    ]
+    # the stray bytes retired the first connection; every other request reused one
+    assert host.seen.connections == 2 and reuses == len(kinds) - 2
+    assert accepted == 1
 
 
 def test_an_idle_connection_the_host_closed_is_not_reused(

@@ -165,3 +165,21 @@ def test_forwarded_headers_drop_hop_by_hop_and_what_connection_names() -> None:
     )
     assert not http1.wants_keep_alive(parse(b"GET / HTTP/1.0\r\n\r\n"))
     assert http1.wants_keep_alive(parse(GOOD))
+
+
+def test_fields_index_each_header_by_lower_case_name_with_its_first_value() -> None:
+    request = parse(
+        b"GET http://a.test/x HTTP/1.1\r\nHost: a.test\r\nX-Twice: one\r\nACCEPT: */*\r\n"
+        b"x-twice: two\r\nConnection: a\r\nConnection: B, c\r\n\r\n"
+    )
+    found = http1.fields(request)
+    assert found == {
+        b"host": b"a.test",
+        b"x-twice": b"one",
+        b"accept": b"*/*",
+        b"connection": b"a",
+    }
+    assert http1.header(request, b"accept") == b"*/*" and http1.header(request, b"te") is None
+    # every Connection header's tokens, not only the first one's
+    assert http1.connection_tokens(request) == {b"a", b"b", b"c"}
+    assert http1.body_length(request, found) == 0

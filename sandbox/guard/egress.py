@@ -348,11 +348,16 @@ class _Pool:
 
 @dataclass
 class _Incoming:
-    """One parsed request and the h11 connection that reads its body."""
+    """One parsed request and the h11 connection that reads its body; `fields` its
+    headers by name, indexed once (every check below looks them up)."""
 
     conn: h11.Connection
     request: h11.Request
     head: bytes
+    fields: dict[bytes, bytes] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.fields = http1.fields(self.request)
 
     @property
     def method(self) -> bytes:
@@ -500,8 +505,8 @@ class EgressProxy:
         seen.url = request.target.decode("ascii")
         target = http1.absolute_target(request.target)
         seen.url, seen.host = target.url("http"), target.host
-        http1.check_host(request, target.host, target.port, 80)
-        if http1.header(request, b"upgrade") is not None:
+        http1.check_host(request, target.host, target.port, 80, incoming.fields)
+        if b"upgrade" in incoming.fields:
             raise Denied(403, "a protocol upgrade cannot be inspected")
         entry = match(self.config.egress, target.host, target.port, tunnel=False)
         if entry is None:
@@ -520,8 +525,8 @@ class EgressProxy:
         seen.url = request.target.decode("ascii")
         host, port = http1.connect_target(request.target)
         seen.host = host
-        http1.check_host(request, host, port, port)
-        if http1.header(request, b"content-length") or http1.header(request, b"transfer-encoding"):
+        http1.check_host(request, host, port, port, incoming.fields)
+        if incoming.fields.get(b"content-length") or incoming.fields.get(b"transfer-encoding"):
             raise Refused(400, "a CONNECT carries no body")
         entry = match(self.config.egress, host, port, tunnel=True)
         if entry is None:
@@ -565,8 +570,8 @@ class EgressProxy:
         seen.url = http1.Target(host, port, raw).url("https") if raw.startswith("/") else raw
         target = http1.tunnel_target(request.target, host, port)
         seen.url = target.url("https")
-        http1.check_host(request, host, port, 443)
-        if http1.header(request, b"upgrade") is not None:
+        http1.check_host(request, host, port, 443, incoming.fields)
+        if b"upgrade" in incoming.fields:
             raise Denied(403, "a protocol upgrade inside TLS cannot be inspected")
         _judge_read(incoming, entry)
         upstream = await self._dial(host, port, tls=self._tls_to_hosts(), server_hostname=host)
@@ -628,7 +633,7 @@ class EgressProxy:
                 if logged.then_error is not None:
                     raise logged.then_error
                 await upstream.send(head[early[0] :])
-                if entry.model and b"100-continue" in (http1.header(request, b"expect") or b""):
+                if entry.model and b"100-continue" in incoming.fields.get(b"expect", b""):
                     await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 async for chunk in self._body(client, incoming):  # empty for a read
                     await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
@@ -664,17 +669,19 @@ class EgressProxy:
         response = await _reply_head(upstream, outgoing)
         status = response.status_code
         outcome["status"] = status
+        found = http1.fields(response)
+        tokens = http1.connection_tokens(response)
         if request.method == b"HEAD" or status in (204, 304):
             framing, length = "none", 0
-        elif http1.header(response, b"transfer-encoding") is not None:
+        elif b"transfer-encoding" in found:
             framing, length = "chunked", 0
-        elif (declared := http1.header(response, b"content-length")) is not None:
+        elif (declared := found.get(b"content-length")) is not None:
             framing, length = "length", int(declared)
         else:
             framing, length = "close", 0
         client_11 = request.http_version == b"1.1"
         keep = http1.wants_keep_alive(request) and framing != "close"
-        headers = http1.forward_headers(response)
+        headers = http1.forward_headers(response, tokens=tokens)
         if framing == "length":
             headers.append((b"Content-Length", b"%d" % length))
         elif framing == "chunked" and client_11:
@@ -682,7 +689,7 @@ class EgressProxy:
         elif framing == "chunked":
             keep = False  # an HTTP/1.0 client: the body runs to the close
         elif framing == "none" and status != 204:
-            declared = http1.header(response, b"content-length")
+            declared = found.get(b"content-length")
             if declared is not None:
                 headers.append((b"Content-Length", declared))
         if not keep:
@@ -709,7 +716,7 @@ class EgressProxy:
             complete
             and framing != "close"
             and response.http_version == b"1.1"
-            and b"close" not in http1.connection_tokens(response)
+            and b"close" not in tokens
             and not upstream.overread
             and not outgoing.trailing_data[0]
         )
@@ -835,7 +842,7 @@ class EgressProxy:
         """Size and hash of a denied request's body (read, never forwarded, never logged)."""
         if incoming is None:
             return {}
-        if b"100-continue" in (http1.header(incoming.request, b"expect") or b""):
+        if b"100-continue" in incoming.fields.get(b"expect", b""):
             return {"body_bytes": None, "body_note": "not sent: the client waited for 100"}
         digest = hashlib.sha256()
         size = 0
@@ -976,9 +983,9 @@ def _judge_read(incoming: _Incoming, entry: EgressEntry) -> None:
     method = incoming.method.decode("ascii")
     if incoming.method not in READ_METHODS:
         raise Denied(403, f"HTTP {method} can have effects; only GET and HEAD pass", stub=True)
-    if http1.header(incoming.request, b"transfer-encoding") is not None:
+    if b"transfer-encoding" in incoming.fields:
         raise Refused(400, "Transfer-Encoding on a read is ambiguous; it is not forwarded")
-    if http1.body_length(incoming.request):
+    if http1.body_length(incoming.request, incoming.fields):
         raise Denied(
             403, "a read (GET or HEAD) carries no body; one that does is not forwarded", stub=True
         )

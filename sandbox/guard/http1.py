@@ -140,16 +140,29 @@ def check_request(head: bytes, request: h11.Request) -> None:
         raise Refused(400, "the request has more than one Transfer-Encoding header")
 
 
+def fields(message: h11.Request | h11.Response) -> dict[bytes, bytes]:
+    """The message's headers by lower-case name, each name's first value (h11-normalised).
+
+    Made once per message and looked up many times: h11's `headers` is a Sequence
+    whose iteration calls a Python `__getitem__` per item (and raises IndexError at
+    the end), which per lookup cost more than the whole index."""
+    found: dict[bytes, bytes] = {}
+    for name, value in message.headers.raw_items():
+        found.setdefault(name.lower(), value)
+    return found
+
+
 def header(request: h11.Request | h11.Response, name: bytes) -> bytes | None:
     """The (h11-normalised) value of a header that occurs at most once."""
-    return next((v for k, v in request.headers if k == name), None)
+    return fields(request).get(name)
 
 
-def body_length(request: h11.Request) -> int | None:
-    """The request's Content-Length; None when it is chunked."""
-    if header(request, b"transfer-encoding") is not None:
+def body_length(request: h11.Request, found: dict[bytes, bytes] | None = None) -> int | None:
+    """The request's Content-Length; None when it is chunked. `found`: its `fields`."""
+    found = fields(request) if found is None else found
+    if b"transfer-encoding" in found:
         return None
-    return int(header(request, b"content-length") or b"0")
+    return int(found.get(b"content-length") or b"0")
 
 
 @dataclass(frozen=True)
@@ -215,9 +228,16 @@ def connect_target(target: bytes) -> tuple[str, int]:
     return _host_port(match, 0)
 
 
-def check_host(request: h11.Request, host: str, port: int, default_port: int) -> None:
-    """A Host header, when there is one, names exactly the judged host and port."""
-    value = header(request, b"host")
+def check_host(
+    request: h11.Request,
+    host: str,
+    port: int,
+    default_port: int,
+    found: dict[bytes, bytes] | None = None,
+) -> None:
+    """A Host header, when there is one, names exactly the judged host and port.
+    `found`: the request's `fields`."""
+    value = (fields(request) if found is None else found).get(b"host")
     if value is None:
         if request.http_version == b"1.1":  # h11 requires it already
             raise Refused(400, "an HTTP/1.1 request needs a Host header")
@@ -231,29 +251,35 @@ def check_host(request: h11.Request, host: str, port: int, default_port: int) ->
 def connection_tokens(message: h11.Request | h11.Response) -> set[bytes]:
     return {
         token.strip().lower()
-        for name, value in message.headers
-        if name == b"connection"
+        for name, value in message.headers.raw_items()
+        if name.lower() == b"connection"
         for token in value.split(b",")
     }
 
 
 def forward_headers(
-    message: h11.Request | h11.Response, *, keep: Iterable[bytes] = ()
+    message: h11.Request | h11.Response,
+    *,
+    keep: Iterable[bytes] = (),
+    tokens: set[bytes] | None = None,
 ) -> list[tuple[bytes, bytes]]:
     """The message's end-to-end headers, in order and in the sender's spelling: every
     hop-by-hop header and every header its Connection header names is dropped, except
-    the framing headers listed in `keep`."""
-    named = connection_tokens(message)
+    the framing headers listed in `keep`. `tokens`: its `connection_tokens`."""
+    named = connection_tokens(message) if tokens is None else tokens
     kept = frozenset(keep)
-    return [
-        (name, value)
-        for name, value in message.headers.raw_items()
-        if name.lower() in kept or (name.lower() not in HOP_BY_HOP and name.lower() not in named)
-    ]
+    out = []
+    for name, value in message.headers.raw_items():
+        lower = name.lower()
+        if lower in kept or (lower not in HOP_BY_HOP and lower not in named):
+            out.append((name, value))
+    return out
 
 
-def wants_keep_alive(request: h11.Request) -> bool:
-    return request.http_version == b"1.1" and b"close" not in connection_tokens(request)
+def wants_keep_alive(request: h11.Request, tokens: set[bytes] | None = None) -> bool:
+    """HTTP/1.1 without `Connection: close`. `tokens`: its `connection_tokens`."""
+    tokens = connection_tokens(request) if tokens is None else tokens
+    return request.http_version == b"1.1" and b"close" not in tokens
 
 
 def _clip(text: str, limit: int = 200) -> str:

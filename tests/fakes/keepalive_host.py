@@ -8,7 +8,10 @@ Paths (any GET or HEAD):
 - `/http10/...`: an HTTP/1.0 reply (no keep-alive), then the close;
 - `/extra/...`: a Content-Length reply followed by stray bytes nobody asked for;
 - `/quiet-close/...`: a Content-Length reply, then the close, without saying so;
-- `/drop/...`: no reply at all: the connection closes once the request arrived.
+- `/drop/...`: no reply at all: the connection closes once the request arrived;
+- `/big/<n>/...`: a Content-Length reply of `n` bytes of `big_body(n)`, kept open (a
+  body large enough for the proxy to splice); `/bigextra/<n>/...` the same followed by
+  stray bytes.
 
 It reads each request head whole (requests here carry no body) and answers in
 order; it never reads ahead of what it answered, so a request it counts is a
@@ -22,6 +25,11 @@ import contextlib
 import socket
 import threading
 from dataclasses import dataclass, field
+
+
+def big_body(size: int) -> bytes:
+    """`size` bytes of a pattern that shows where a byte was lost or added."""
+    return (bytes(range(256)) * (size // 256 + 1))[:size]
 
 
 @dataclass
@@ -70,6 +78,8 @@ class KeepAliveHost:
                 if path.startswith("/drop/"):
                     return
                 body = f"hello {path}".encode()
+                if path.startswith(("/big/", "/bigextra/")):
+                    body = big_body(int(path.split("/")[2]))
                 shown = b"" if method == "HEAD" else body
                 kind = path.split("/")[1]
                 if kind == "chunked":
@@ -79,7 +89,8 @@ class KeepAliveHost:
                 version = b"HTTP/1.0" if kind == "http10" else b"HTTP/1.1"
                 extra = b"Connection: close\r\n" if kind == "close" else b""
                 reply = b"%s 200 OK\r\nContent-Length: %d\r\n%s\r\n" % (version, len(body), extra)
-                conn.sendall(reply + shown + (b"stray bytes" if kind == "extra" else b""))
+                stray = b"stray bytes" if kind in ("extra", "bigextra") else b""
+                conn.sendall(reply + shown + stray)
                 if kind in ("close", "http10", "quiet-close"):
                     return
 
