@@ -24,6 +24,7 @@ from sandbox.contracts.wire import ActionLine
 from sandbox.guard.caps import MAX_HEADER_BYTES, TRANSPORT_MAX_HEAD_BYTES
 from sandbox.guard.config import CONFIG_FILE_ENV, READY_MARK
 from sandbox.guard.serve import HEAD_TOO_LARGE
+from tests.polling import wait_for
 from tests.test_bridge_forward import TOKEN, guard_config
 
 REPO = Path(__file__).resolve().parent.parent
@@ -210,13 +211,36 @@ def test_a_head_past_the_transport_cap_is_431_and_the_connection_closed(
         assert guard.proc.poll() is None  # the guard lives
 
 
-def test_sigterm_stops_the_guard_with_its_log_whole(tmp_path: Path) -> None:
+def _sockets(pid: int) -> int:
+    """The process's open sockets (an fd closed while this counts is not one)."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(FileNotFoundError):
+            count += os.readlink(fd).startswith("socket:")
+    return count
+
+
+def test_sigterm_to_an_idle_guard_exits_at_once_with_its_log_whole(tmp_path: Path) -> None:
     with guard_process(tmp_path) as guard:
+        listening = _sockets(guard.proc.pid)
         with guard.connect() as sock:
             sock.sendall(_call("notify_user"))
             assert _read_reply(sock)[0] == 200
+        # Idle once the guard has closed its side of the connection.
+        wait_for(lambda: _sockets(guard.proc.pid) == listening, DEADLINE_S, "the guard idle")
         guard.proc.send_signal(signal.SIGTERM)
-        assert guard.proc.wait(timeout=DEADLINE_S) == 0
+        assert guard.proc.wait(timeout=DEADLINE_S) == 0  # the idle exit, not a shutdown
+        assert [x.decision for x in guard.lines()] == ["stub"]
+
+
+def test_sigterm_to_a_busy_guard_shuts_it_down_with_its_log_whole(tmp_path: Path) -> None:
+    """A connection still open: uvicorn's own graceful shutdown (which ends the process
+    with the signal it caught), the lines of every answered call on disk."""
+    with guard_process(tmp_path) as guard, guard.connect() as sock:
+        sock.sendall(_call("notify_user"))
+        assert _read_reply(sock)[0] == 200
+        guard.proc.send_signal(signal.SIGTERM)
+        assert guard.proc.wait(timeout=DEADLINE_S) == -signal.SIGTERM
         assert [x.decision for x in guard.lines()] == ["stub"]
 
 
