@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from sandbox.collect.actionsummary import read
 from sandbox.contracts.wire import ActionLine
@@ -88,6 +89,125 @@ def test_lines_are_valid_records_and_summarized(tmp_path: Path) -> None:
     assert summary.stubbed[0].detail == 'text="hi [redacted]"'
     assert (summary.counts.stub, summary.counts.refuse, summary.counts.malformed) == (1, 1, 1)
     assert summary.fails_step.startswith("crew was refused in test mode")
+
+
+# Every kind of line the guard writes, as `_line` gets its fields (before redaction).
+LINE_KINDS: list[dict[str, object]] = [
+    {"event": "call", "session": "root", "tool": "notify_user", "decision": "stub",
+     "reason": "messaging", "category": "messaging", "arguments": {"text": "hi"},
+     "duration_ms": 0.51234, "detail": None},
+    {"event": "call", "session": "?", "tool": "/v1/tools/call", "decision": "refuse",
+     "reason": "wrong or missing bridge token", "category": "request", "arguments": {},
+     "duration_ms": 0.1, "detail": {"fails_step": True}},
+    {"event": "start", "call_id": "c1", "session": "s-0123456789ab", "tool": "generate_text_llm",
+     "decision": "allow", "reason": "model call", "category": "model",
+     "arguments": {"prompt": "é ü 漢字 \u2028", "n": 3, "x": [1, 2.5, None, True, {"y": "z"}]},
+     "duration_ms": None, "detail": {"budget_s": 40.0, "request_bytes": 61, "bound": ["run_id"]}},
+    {"event": "start", "call_id": "c2", "session": "root", "tool": "write_file",
+     "decision": "redirect", "reason": "to the test folder", "category": "fs",
+     "arguments": {"path": "a", "content": "c" * (MAX_VALUE_CHARS + 10)},
+     "duration_ms": None, "detail": {}},
+    {"event": "outcome", "call_id": "c1", "outcome": "ok", "session": "root",
+     "tool": "generate_text_llm", "decision": "allow", "reason": "model call",
+     "category": "model", "arguments": {}, "duration_ms": 12.3456789,
+     "detail": {"upstream_status": 200, "reply_bytes": 1_000_000_000_000}},
+    {"event": "outcome", "call_id": "c2", "outcome": "error", "session": "egress",
+     "tool": "GET example.com", "decision": "allow", "reason": "r", "category": "egress",
+     "arguments": {}, "duration_ms": 0.0, "detail": {"error": "boom\n\"quoted\"\x00"}},
+    # From the step: NaN and infinity (the model writes null), a huge line, a long tool.
+    {"event": "call", "session": "root", "tool": "t" * 300, "decision": "stub", "reason": "r",
+     "category": "c", "arguments": {"a": float("nan"), "b": [float("inf")]},
+     "duration_ms": 1.0, "detail": None},
+    {"event": "call", "session": "root", "tool": "notify_user", "decision": "stub", "reason": "r",
+     "category": "c", "arguments": {f"k{n}": "w" * 1500 for n in range(150)},
+     "duration_ms": 1.0, "detail": None},
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("fields", LINE_KINDS)
+def test_every_kind_of_line_is_what_the_record_model_writes(
+    tmp_path: Path, fields: dict[str, object]
+) -> None:
+    """The lines are built without a model per line; each is the model's own line: it
+    validates as an ActionLine, and it is byte for byte the line the model itself
+    writes from the same fields at the same time."""
+    log, _ = _log(tmp_path)
+    fast = log._line(**dict(fields))
+    now = ActionLine.model_validate_json(fast).time
+    prepared = {**fields, "arguments": redact(fields["arguments"], ("tok",))}
+    prepared["detail"] = redact(fields["detail"] or {}, ("tok",))
+    prepared["tool"] = str(fields["tool"])[:200]
+    prepared["reason"] = redact(str(fields["reason"]), ("tok",))
+    if prepared["duration_ms"] is not None:
+        prepared["duration_ms"] = round(float(prepared["duration_ms"]), 3)
+    model = actionlog._model_line(now, "", prepared)
+    if len(model) > MAX_LINE_BYTES:
+        prepared["arguments"] = actionlog._summarized(prepared["arguments"])
+        prepared["detail"] = actionlog._summarized(prepared["detail"])
+        model = actionlog._model_line(now, "", prepared)
+    assert fast.endswith(b"\n") and fast.count(b"\n") == 1 and len(fast) <= MAX_LINE_BYTES
+    assert ActionLine.model_validate_json(fast) == ActionLine.model_validate_json(model)
+    assert fast == model  # NaN and infinity included: null, as the model writes them
+    log.close()
+
+
+def test_a_line_the_model_would_refuse_is_refused(tmp_path: Path) -> None:
+    log, path = _log(tmp_path)
+    base = dict(LINE_KINDS[0])
+    for bad in (
+        {"decision": "maybe"},
+        {"event": "finish"},
+        {"event": "outcome", "outcome": "perhaps"},
+        {"event": "start", "call_id": "c" * 41},
+        {"session": 5},
+    ):
+        with pytest.raises(ValidationError):
+            log._line(**{**base, **bad})
+    log.close()
+    assert path.read_bytes() == b""
+
+
+def test_secrets_are_redacted_in_every_field_of_a_line(tmp_path: Path) -> None:
+    token = "s3cr3t-run-token-0123456789"
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    log = ActionLog(str(path), secrets=(token, "exec-token-abcdefghij"), fsync_each=False)
+
+    async def main() -> None:
+        await log.write(
+            session="root",
+            tool="notify_user",
+            decision="stub",
+            reason=f"reason with {token}",
+            category="messaging",
+            arguments={"text": f"x{token}y", "password": "hunter2", "deep": [{"api_key": "k"}]},
+            duration_ms=1.0,
+            detail={"seen": f"exec-token-abcdefghij and {token}", "cookie": "c"},
+        )
+        started = await log.begin(
+            session="root",
+            tool="generate_text_llm",
+            decision="allow",
+            reason="model call",
+            category="model",
+            arguments={"prompt": token, "Authorization": "Bearer x"},
+        )
+        await log.outcome(started, ok=False, detail={"error": f"echo {token}"})
+
+    asyncio.run(main())
+    log.close()
+    raw = path.read_text()
+    assert token not in raw and "exec-token-abcdefghij" not in raw and "hunter2" not in raw
+    first, start, outcome = [ActionLine.model_validate_json(x) for x in raw.splitlines()]
+    assert first.reason == f"reason with {REDACTED}"
+    assert first.arguments == {
+        "text": f"x{REDACTED}y",
+        "password": REDACTED,
+        "deep": [{"api_key": REDACTED}],
+    }
+    assert first.detail == {"seen": f"{REDACTED} and {REDACTED}", "cookie": REDACTED}
+    assert start.arguments == {"prompt": REDACTED, "Authorization": REDACTED}
+    assert outcome.detail == {"error": f"echo {REDACTED}"}
 
 
 def test_summary_never_follows_a_planted_link(tmp_path: Path) -> None:

@@ -35,9 +35,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from sandbox import policy
 from sandbox.guard import bindings, caps
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
+from sandbox.guard.bridge_client import BridgeClient
 from sandbox.guard.config import MCP_PATH, GuardConfig
 from sandbox.guard.gate import BAD_TOKEN, bearer_ok, reject_and_log
-from sandbox.guard.upstream import ReplyTooLarge, UpstreamClient, UpstreamError
+from sandbox.guard.upstream import ReplyTooLarge, UpstreamError
 from sandbox.stepside.agentworks_exec.pathsafety import check_tool_path
 from sandbox.stepside.agentworks_exec.toolargs import executor_deadline_s
 
@@ -90,7 +91,7 @@ class Guard:
         # Forwarded calls whose reply may be held in memory at once (see caps).
         self.forward_slots = asyncio.Semaphore(caps.FORWARD_SLOTS)
         self._next_call = 0
-        self._upstream = UpstreamClient(config.upstream) if config.upstream else None
+        self._upstream = BridgeClient(config.upstream) if config.upstream else None
         self._executor = httpx.AsyncClient(
             base_url=f"http://127.0.0.1:{config.exec_port}",
             headers={"Authorization": f"Bearer {config.exec_token}"},
