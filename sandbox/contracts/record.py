@@ -12,7 +12,6 @@ import json
 import os
 import tempfile
 from datetime import UTC, datetime
-from enum import StrEnum
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -21,29 +20,16 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.contracts.reports import CopyReport, DbCopyReport, DbDiff
+from sandbox.contracts.status import ACTIONS_FILE as ACTIONS_FILE
+from sandbox.contracts.status import RECORD_FILE as RECORD_FILE
+from sandbox.contracts.status import RunStatus as RunStatus
 
 SCHEMA_VERSION: Literal[1] = 1
-RECORD_FILE = "test_mode.json"
-ACTIONS_FILE = "test_mode_actions.jsonl"
 SCHEMA_PATH: Traversable = resources.files("sandbox") / "contracts" / "test_mode.schema.json"
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-class RunStatus(StrEnum):
-    """`running` is only ever seen while the runner lives; `sandbox gc` turns an
-    orphaned `running` record into `killed`."""
-
-    RUNNING = "running"
-    PASSED = "passed"
-    FAILED = "failed"
-    TIMEOUT = "timeout"
-    REFUSED = "refused"
-    ERROR = "error"
-    KILLED = "killed"
-    QUOTA = "quota"
 
 
 class OutputTail(BaseModel):
