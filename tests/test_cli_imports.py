@@ -31,6 +31,9 @@ NOT_FOR_A_RUN = (
     "sandbox.policy",  # the guard judges calls; the runner only hashes the file
     "sandbox.stepside.agentworks_exec.server",
     "sandbox.stepside.agentworks_exec.supervisor",
+    # Its find_library runs `ldconfig -p` as a new process (the mounts use the
+    # interpreter's own C library instead).
+    "ctypes.util",
 )
 
 # Not needed to parse the command line (nor by `sandbox show`/`list`): the engine's SDK;
