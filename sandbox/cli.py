@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import signal
 import sys
 from collections.abc import Callable, Iterator
@@ -19,15 +20,16 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 from sandbox.contracts.errors import ConfigError, SandboxError
-from sandbox.contracts.layout import TEST_RUN_PREFIX
-from sandbox.contracts.record import RECORD_FILE, RunStatus
+from sandbox.contracts.status import RECORD_FILE, RunStatus
 from sandbox.termsafe import clean
 
 # What only some commands need is imported by them: the command a controller calls
 # (`sandbox run`) loads the run's modules and nothing else (no workflow record, no
-# progress printer without --follow, no cluster client, no report renderer).
+# progress printer without --follow, no cluster client, no report renderer); this
+# module itself loads no pydantic, so the start-up's collector policy (`_StartGc`)
+# covers every model the command builds.
 if TYPE_CHECKING:
-    from sandbox.backends import BackendFactory
+    from sandbox.backends import Backend, BackendFactory
     from sandbox.contracts.workflow_record import AnyRecord
     from sandbox.progress import FollowPrinter
     from sandbox.run.testrun import RunOptions
@@ -53,13 +55,13 @@ EXIT_BY_STATUS = {
 
 
 def _print_record(record: AnyRecord, as_json: bool, *, one_line: bool = False) -> None:
-    from sandbox.contracts.workflow_record import WorkflowRunRecord
-
     if as_json:
         # JSON escapes every control character itself (ensure_ascii-free text is safe).
         say(record.model_dump_json(indent=None if one_line else 2))
         return
-    if isinstance(record, WorkflowRunRecord):
+    from sandbox.contracts.record import TestRunRecord
+
+    if not isinstance(record, TestRunRecord):  # a workflow run's record (AnyRecord)
         for line in record.summary_lines():
             say(clean(line, keep_newlines=False))
         say(f"record: {Path(record.workflow_dir) / 'runs' / record.id / 'test_mode.json'}")
@@ -96,17 +98,64 @@ def _run_options(args: argparse.Namespace, printer: FollowPrinter | None) -> Run
     )
 
 
+class _StartGc:
+    """The collector while a process that runs steps starts: off while the command's
+    modules load, frozen and back on once the first backend is connected.
+
+    Start-up makes some 70,000 objects (modules, classes, the pydantic models' validators,
+    the engine's client) that live until the process exits: a collection pass over them
+    finds nothing, yet the allocations of the imports trigger one pass after another,
+    and the interpreter's exit scans them all once more. `gc.freeze()` moves them to a
+    generation the collector never visits, so the run's own collections (the collector
+    is on again for everything the run allocates) and the exit's skip them. The price:
+    the few cycles already garbage when frozen (about 1,600 objects) are kept until exit.
+    Only for a process that is this command (`main()` reading `sys.argv`): a caller of
+    `main([...])` keeps its own collector as it was."""
+
+    def __init__(self) -> None:
+        self._was_enabled = gc.isenabled()
+        self._ended = False
+        gc.disable()
+
+    def end(self) -> None:
+        """Freeze what start-up made and restore the collector; later calls do nothing."""
+        if self._ended:
+            return
+        self._ended = True
+        gc.freeze()
+        if self._was_enabled:
+            gc.enable()
+
+    def after_connect(self, factory: BackendFactory) -> BackendFactory:
+        """`factory`, ending start-up once it returns: the engine's client is its last
+        import, and the run's work (copying, collecting) begins after it."""
+
+        def connect() -> Backend:
+            backend = factory()
+            self.end()
+            return backend
+
+        return connect
+
+
 def _backend(args: argparse.Namespace) -> BackendFactory | None:
-    """The backend `--backend`/`--host-config` name; None leaves it to the host's config."""
+    """The backend `--backend`/`--host-config` name; None leaves it to the host's config
+    (the run's default factory), unless start-up waits for the connection."""
+    start: _StartGc | None = getattr(args, "start_gc", None)
     if args.backend is None and args.host_config is None:
-        return None
+        if start is None:
+            return None
+        from sandbox.run.testrun import host_backend
+
+        return start.after_connect(host_backend)
     from sandbox.backends.choose import connect_backend
     from sandbox.contracts.hostconfig import load_host_config
 
     config = load_host_config(args.host_config).backend
     if args.backend is not None:
         config = config.model_copy(update={"kind": args.backend})
-    return lambda: connect_backend(config)
+    factory: BackendFactory = lambda: connect_backend(config)  # noqa: E731
+    return factory if start is None else start.after_connect(factory)
 
 
 @contextlib.contextmanager
@@ -273,6 +322,7 @@ def _listed_status(record: AnyRecord) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from sandbox.contracts.layout import TEST_RUN_PREFIX
     from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record
 
     runs = Path(args.workflow_dir) / "runs"
@@ -530,9 +580,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# The commands that run steps: a controller starts one process per run, and its
+# start-up is paid by every run (see `_StartGc`).
+_RUNS_STEPS = frozenset({"run", "run-workflow", "verify", "verify-workflow"})
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The command line; `argv` None: this process's own (`sys.argv`), and the process
+    is this command (the console script, `python -m sandbox.cli`)."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    start = _StartGc() if argv is None and args.command in _RUNS_STEPS else None
+    args.start_gc = start
+    try:
+        return _dispatch(args)
+    finally:
+        if start is not None:
+            start.end()
+
+
+def _dispatch(args: argparse.Namespace) -> int:
     try:
         code: int = args.func(args)
     except SandboxError as exc:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -157,3 +159,46 @@ def test_doctor_reports_a_healthy_host(engine: DockerClient) -> None:
     done = sandbox_cli("doctor")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "[ok  ] seccomp profile" in done.stdout
+
+
+def test_a_run_as_its_own_process_freezes_start_up_once_the_engine_is_connected(
+    engine: DockerClient, make_workflow: WorkflowFactory
+) -> None:
+    # What `sandbox run` does as a process of its own (`main()` reading sys.argv): the
+    # collector is off through the imports and on again for the run, with what start-up
+    # made (the engine's client included) frozen; the run's own objects are not.
+    wf = make_workflow(command="true")
+    code = textwrap.dedent(
+        f"""
+        import contextlib, gc, io, json, sys
+        sys.argv = ["sandbox", "run", {str(wf)!r}, "step1", "--json"]
+        import sandbox.run.testrun as testrun
+        seen = {{}}
+        execute = testrun.TestRun.execute
+        def spy(self):
+            record = execute(self)
+            seen["record"] = record
+            return record
+        testrun.TestRun.execute = spy
+        from sandbox.cli import main
+        with contextlib.redirect_stdout(io.StringIO()):
+            exit_code = main()
+        tracked = {{id(o) for o in gc.get_objects()}}  # the permanent generation is not listed
+        from docker.api.client import APIClient
+        print(json.dumps({{
+            "exit_code": exit_code,
+            "enabled": gc.isenabled(),
+            "client_frozen": id(APIClient) not in tracked,
+            "record_frozen": id(seen["record"]) not in tracked,
+        }}))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    state = json.loads(done.stdout)
+    assert state == {
+        "exit_code": 0,
+        "enabled": True,
+        "client_frozen": True,
+        "record_frozen": False,
+    }

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -30,10 +31,22 @@ NOT_FOR_A_RUN = (
     "sandbox.policy",  # the guard judges calls; the runner only hashes the file
     "sandbox.stepside.agentworks_exec.server",
     "sandbox.stepside.agentworks_exec.supervisor",
+    # Its find_library runs `ldconfig -p` as a new process (the mounts use the
+    # interpreter's own C library instead).
+    "ctypes.util",
 )
 
-# Not needed to parse the command line (nor by `sandbox show`/`list`): the engine's SDK.
-NOT_FOR_THE_CLI_MODULE = (*NOT_FOR_A_RUN, "docker", "requests", "sandbox.run.testrun")
+# Not needed to parse the command line (nor by `sandbox show`/`list`): the engine's SDK;
+# nor pydantic: the models are built once the command runs, inside the start-up's
+# collector policy (`sandbox.cli._StartGc`).
+NOT_FOR_THE_CLI_MODULE = (
+    *NOT_FOR_A_RUN,
+    "docker",
+    "requests",
+    "pydantic",
+    "sandbox.contracts.record",
+    "sandbox.run.testrun",
+)
 
 
 def loaded_after(*modules: str) -> set[str]:
@@ -66,3 +79,45 @@ def test_what_sandbox_run_imports_leaves_out_what_a_plain_run_never_uses(backend
     loaded = loaded_after("sandbox.cli", "sandbox.run.testrun", "sandbox.backends.choose", backend)
     assert "docker" in loaded  # the check sees real imports
     assert present(loaded, NOT_FOR_A_RUN) == []
+
+
+def after_main(argv: list[str] | None, sys_argv: list[str]) -> dict[str, object]:
+    """In a new interpreter: `main(argv)` with `sys.argv` set; then the collector's state,
+    and whether the engine's client class and the run's record were frozen."""
+    code = textwrap.dedent(
+        f"""
+        import contextlib, gc, io, json, sys
+        sys.argv = {sys_argv!r}
+        from sandbox.cli import main
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            exit_code = main({argv!r})
+        tracked = {{id(o) for o in gc.get_objects()}}  # the permanent generation is not listed
+        client = sys.modules.get("docker.api.client")
+        print(json.dumps({{
+            "exit_code": exit_code,
+            "enabled": gc.isenabled(),
+            "frozen": gc.get_freeze_count(),
+            "client_frozen": None if client is None else id(client.APIClient) not in tracked,
+        }}))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=300
+    )
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_main_with_an_argv_leaves_the_callers_collector_alone(tmp_path: Path) -> None:
+    state = after_main(["run", f"{tmp_path}/missing", "step1"], ["pytest"])
+    assert state["exit_code"] == 2
+    assert state["enabled"] is True and state["frozen"] == 0
+
+
+def test_a_run_that_fails_before_the_engine_still_ends_with_the_collector_on(
+    tmp_path: Path,
+) -> None:
+    state = after_main(None, ["sandbox", "run", f"{tmp_path}/missing", "step1"])
+    assert state["exit_code"] == 2
+    assert state["enabled"] is True
+    assert isinstance(state["frozen"], int) and state["frozen"] > 10_000

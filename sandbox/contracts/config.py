@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from sandbox.contracts.defaults import empty_list
 from sandbox.contracts.errors import ConfigError
 
 WORKFLOW_FILE = "workflow.toml"
@@ -51,13 +52,13 @@ class Step(_Strict):
     kind: Literal["command", "crew"] = "command"
     command: str | list[str] | None = None
     crew: Ident | None = None
-    needs: list[Ident] = Field(default_factory=list)
+    needs: list[Ident] = Field(default_factory=empty_list)
     prompt_file: str | None = None
     timeout_s: float = Field(default=600.0, gt=0, le=24 * 3600)
     # What a verification checks (`sandbox verify`): tables here, or a TOML file of
     # `[[expect]]` tables beside the workflow. Parsed and judged by `sandbox.verify`,
     # never by a test run, which does not read them.
-    expect: list[dict[str, Any]] = Field(default_factory=list)
+    expect: list[dict[str, Any]] = Field(default_factory=empty_list)
     expect_file: str | None = None
 
     @model_validator(mode="after")
@@ -157,11 +158,11 @@ class Egress(_Strict):
     list is an Egress of its entries alone (`McpServer.own_egress`): inspected
     unless an entry opts out."""
 
-    allow: list[EgressEntry] = Field(default_factory=list)
+    allow: list[EgressEntry] = Field(default_factory=empty_list)
     inspect_tls: bool = True
     # PEM files (relative to the workflow folder) of CAs the guard trusts for the
     # real hosts when it inspects TLS, besides the system's.
-    trust_ca_files: list[str] = Field(default_factory=list)
+    trust_ca_files: list[str] = Field(default_factory=empty_list)
 
     def inspects(self, entry: EgressEntry) -> bool:
         """Whether the proxy opens this entry's TLS and judges the requests inside."""
@@ -196,7 +197,7 @@ class McpServer(_Strict):
     # read-only into it); put credentials in `env_from_host` instead.
     env: dict[str, str] = Field(default_factory=dict)
     # Names of runner-environment variables handed to this server only.
-    env_from_host: list[str] = Field(default_factory=list)
+    env_from_host: list[str] = Field(default_factory=empty_list)
     # Per-connection owner overrides: tool name -> read-only (true) or not (false).
     read_only_overrides: dict[str, bool] = Field(default_factory=dict)
     # The time the guard gives this server's live tools/list before each call (and the
@@ -205,7 +206,7 @@ class McpServer(_Strict):
     lookup_budget_s: float = Field(default=DEFAULT_LOOKUP_BUDGET_S, gt=0, le=120)
     # What a stdio server may reach, through the guard's egress proxy (the same
     # entry shapes as [egress] allow, judged by the same rules); never the step's list.
-    egress: list[EgressEntry] = Field(default_factory=list)
+    egress: list[EgressEntry] = Field(default_factory=empty_list)
 
     @field_validator("egress", mode="before")
     @classmethod
@@ -233,7 +234,7 @@ class Bridge(_Strict):
 
     upstream: str | None = None
     # Existing Docker networks the guard joins to reach its upstreams.
-    networks: list[str] = Field(default_factory=list)
+    networks: list[str] = Field(default_factory=empty_list)
     default_budget_s: float = Field(default=30.0, gt=0, le=3600)
     grace_s: float = Field(default=10.0, ge=0, le=600)
     budgets: dict[str, float] = Field(default_factory=dict)
@@ -270,8 +271,8 @@ class Workflow(_Strict):
 
     name: Ident = "workflow"
     steps: list[Step]
-    crew_folders: list[CrewFolder] = Field(default_factory=list)
-    mcp_servers: list[McpServer] = Field(default_factory=list)
+    crew_folders: list[CrewFolder] = Field(default_factory=empty_list)
+    mcp_servers: list[McpServer] = Field(default_factory=empty_list)
     egress: Egress = Field(default_factory=Egress)
     bridge: Bridge = Field(default_factory=Bridge)
     limits: Limits = Field(default_factory=Limits)

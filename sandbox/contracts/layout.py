@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from sandbox.contracts.record import ACTIONS_FILE, RECORD_FILE
+from sandbox.contracts.status import ACTIONS_FILE, RECORD_FILE
 
 TEST_RUN_PREFIX = "test-"
 # In the run root, while the step runs (see RunLayout).

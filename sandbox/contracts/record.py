@@ -12,7 +12,6 @@ import json
 import os
 import tempfile
 from datetime import UTC, datetime
-from enum import StrEnum
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
@@ -20,30 +19,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox.contracts.defaults import empty_list
 from sandbox.contracts.reports import CopyReport, DbCopyReport, DbDiff
+from sandbox.contracts.status import ACTIONS_FILE as ACTIONS_FILE
+from sandbox.contracts.status import RECORD_FILE as RECORD_FILE
+from sandbox.contracts.status import RunStatus as RunStatus
 
 SCHEMA_VERSION: Literal[1] = 1
-RECORD_FILE = "test_mode.json"
-ACTIONS_FILE = "test_mode_actions.jsonl"
 SCHEMA_PATH: Traversable = resources.files("sandbox") / "contracts" / "test_mode.schema.json"
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-class RunStatus(StrEnum):
-    """`running` is only ever seen while the runner lives; `sandbox gc` turns an
-    orphaned `running` record into `killed`."""
-
-    RUNNING = "running"
-    PASSED = "passed"
-    FAILED = "failed"
-    TIMEOUT = "timeout"
-    REFUSED = "refused"
-    ERROR = "error"
-    KILLED = "killed"
-    QUOTA = "quota"
 
 
 class OutputTail(BaseModel):
@@ -60,9 +47,9 @@ class FileChanges(BaseModel):
     the run is not listed. `truncated`: a list was cut, or the folder had more entries
     than a snapshot looks at."""
 
-    created: list[str] = Field(default_factory=list)
-    changed: list[str] = Field(default_factory=list)
-    deleted: list[str] = Field(default_factory=list)
+    created: list[str] = Field(default_factory=empty_list)
+    changed: list[str] = Field(default_factory=empty_list)
+    deleted: list[str] = Field(default_factory=empty_list)
     truncated: bool = False
 
 
@@ -121,8 +108,8 @@ class Preflight(BaseModel):
     ok: bool
     firewall_verified: bool = False
     ms: float | None = None
-    checks: list[str] = Field(default_factory=list)
-    open: list[str] = Field(default_factory=list)
+    checks: list[str] = Field(default_factory=empty_list)
+    open: list[str] = Field(default_factory=empty_list)
 
 
 class Landlock(BaseModel):
@@ -139,7 +126,7 @@ class Landlock(BaseModel):
     required: bool = False
     abi: int | None = None
     applied: bool = False
-    scoped: list[str] = Field(default_factory=list)
+    scoped: list[str] = Field(default_factory=empty_list)
     reason: str = ""
 
 
@@ -261,9 +248,9 @@ class TestRunRecord(BaseModel):
     # folder: what was copied and what was left out (special files, the cap).
     export_report: CopyReport | None = None
     phases: Phases = Field(default_factory=Phases)
-    stubbed: list[StubbedAction] = Field(default_factory=list)
+    stubbed: list[StubbedAction] = Field(default_factory=empty_list)
     actions: ActionCounts = Field(default_factory=ActionCounts)
-    outcome_unknown: list[UnfinishedCall] = Field(default_factory=list)
+    outcome_unknown: list[UnfinishedCall] = Field(default_factory=empty_list)
     mcp_servers: dict[str, McpServerReport] = Field(default_factory=dict)
     egress: dict[str, EgressCounts] = Field(default_factory=dict)
     actions_log: str = ACTIONS_FILE

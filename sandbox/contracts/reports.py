@@ -14,6 +14,8 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, Field
 
+from sandbox.contracts.defaults import empty_list
+
 # A copy report keeps the first MAX_LISTED entries of each list; its counts are exact.
 MAX_LISTED: Final = 1000
 
@@ -50,10 +52,10 @@ class CopyReport(BaseModel):
     files_copied: int = 0
     dirs_created: int = 0
     bytes_copied: int = 0
-    symlinks: list[SymlinkEntry] = Field(default_factory=list)
-    left_out: list[LeftOut] = Field(default_factory=list)
-    skipped_special: list[str] = Field(default_factory=list)
-    errors: list[str] = Field(default_factory=list)
+    symlinks: list[SymlinkEntry] = Field(default_factory=empty_list)
+    left_out: list[LeftOut] = Field(default_factory=empty_list)
+    skipped_special: list[str] = Field(default_factory=empty_list)
+    errors: list[str] = Field(default_factory=empty_list)
     # The lists above keep the first MAX_LISTED entries; the counts are exact.
     symlinks_count: int = 0
     left_out_count: int = 0
@@ -99,11 +101,11 @@ class TableDiff(BaseModel):
 
     name: str
     status: Literal["changed", "added", "dropped"] = "changed"
-    key_columns: list[str] = Field(default_factory=list)
+    key_columns: list[str] = Field(default_factory=empty_list)
     inserted: int = 0
     updated: int = 0
     deleted: int = 0
-    rows: list[RowChange] = Field(default_factory=list)
+    rows: list[RowChange] = Field(default_factory=empty_list)
     truncated: bool = False
     error: str | None = None
 
@@ -113,17 +115,17 @@ class DbDiff(BaseModel):
 
     before: str
     after: str
-    tables: list[TableDiff] = Field(default_factory=list)
-    tables_added: list[str] = Field(default_factory=list)
-    tables_dropped: list[str] = Field(default_factory=list)
-    schema_changed: list[str] = Field(default_factory=list)
-    other_schema_changes: list[str] = Field(default_factory=list)
+    tables: list[TableDiff] = Field(default_factory=empty_list)
+    tables_added: list[str] = Field(default_factory=empty_list)
+    tables_dropped: list[str] = Field(default_factory=empty_list)
+    schema_changed: list[str] = Field(default_factory=empty_list)
+    other_schema_changes: list[str] = Field(default_factory=empty_list)
     tables_compared: int = 0
     # Database-wide settings after the run, and the ones the step changed (old, new).
     # journal_mode is read from the file's header: "wal" or "rollback".
     pragmas: dict[str, JsonValue] = Field(default_factory=dict)
     pragmas_changed: dict[str, tuple[JsonValue, JsonValue]] = Field(default_factory=dict)
-    notes: list[str] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=empty_list)
     error: str | None = None
 
     @property

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox.contracts.defaults import empty_list
+
 
 class Mount(BaseModel):
     model_config = ConfigDict(frozen=True)
@@ -28,7 +30,7 @@ class ContainerSpec(BaseModel):
     user: str
     workdir: str = "/tmp"
     env: dict[str, str] = Field(default_factory=dict)
-    mounts: list[Mount] = Field(default_factory=list)
+    mounts: list[Mount] = Field(default_factory=empty_list)
     tmpfs: dict[str, str] = Field(default_factory=dict)
     labels: dict[str, str] = Field(default_factory=dict)
     memory_bytes: int = 1024 * 1024**2
@@ -37,7 +39,7 @@ class ContainerSpec(BaseModel):
     seccomp_profile: str | None = None  # JSON text; None means the engine default
     runtime: str | None = None  # the engine's OCI runtime by name; None: its default (runc)
     network_mode: str = "none"
-    cap_add: list[str] = Field(default_factory=list)
+    cap_add: list[str] = Field(default_factory=empty_list)
     sysctls: dict[str, str] = Field(default_factory=dict)
     read_only_rootfs: bool = True
     init: bool = True  # docker-init as pid 1; off when the command reaps itself

@@ -21,6 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox.contracts.defaults import empty_list
 from sandbox.contracts.record import (
     ACTIONS_FILE,
     RECORD_FILE,
@@ -75,7 +76,7 @@ class ChainStep(BaseModel):
     duration_s: float | None = None
     exit_code: int | None = None
     phases: Phases = Field(default_factory=Phases)
-    stubbed: list[StubbedAction] = Field(default_factory=list)
+    stubbed: list[StubbedAction] = Field(default_factory=empty_list)
     actions: ActionCounts = Field(default_factory=ActionCounts)
     db_diff: DbDiff | None = None
     files: FileChanges = Field(default_factory=FileChanges)
@@ -112,9 +113,9 @@ class WorkflowRunRecord(BaseModel):
     status: RunStatus
     reason: str = ""
     # Every stubbed action of the chain, in the order the steps ran.
-    stubbed: list[ChainStubbedAction] = Field(default_factory=list)
+    stubbed: list[ChainStubbedAction] = Field(default_factory=empty_list)
     current_step: str | None = None  # the step running now (kept when the runner died in it)
-    order: list[str] = Field(default_factory=list)  # the workflow's whole order
+    order: list[str] = Field(default_factory=empty_list)  # the workflow's whole order
     from_step: str | None = None
     to_step: str | None = None
     keep_going: bool = False
@@ -127,7 +128,7 @@ class WorkflowRunRecord(BaseModel):
     # Where each group folder and the DB copy ended (relative to the run root).
     groups: dict[str, str] = Field(default_factory=dict)
     db: str | None = None
-    steps: list[ChainStep] = Field(default_factory=list)
+    steps: list[ChainStep] = Field(default_factory=empty_list)
     actions_log: str = ACTIONS_FILE
     runner: RunnerInfo | None = None
 

@@ -10,7 +10,6 @@ runner left below a run root.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import errno
 import os
 from pathlib import Path
@@ -23,7 +22,10 @@ MS_NOEXEC: Final = 8
 MS_NOATIME: Final = 1024
 _MNT_DETACH: Final = 2
 
-_libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+# The C library the interpreter itself is linked with (dlopen(NULL)), not one looked up
+# by name: `ctypes.util.find_library` runs `ldconfig -p` in a new process, paid by every
+# CLI start that imports this module.
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def mount(source: str, target: Path, fstype: str, flags: int, data: str) -> None:
