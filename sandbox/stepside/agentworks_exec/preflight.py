@@ -5,8 +5,9 @@ executor as the step's user, in the step's network namespace, after the firewall
 is installed and before the step command starts. Each check must END IN A
 REFUSAL; anything that succeeds is a way out and the step never starts. It
 takes a few milliseconds. What it does not check: the firewall rules
-themselves (the guard's entry script prints them back and the runner compares
-them before the step container starts; that is the first check in the record)
+themselves (the guard's entry script checks them and prints them back before
+the guard starts, which the executor waits for; the runner compares them too,
+the first check in the record)
 and anything the canary does not stand for (it proves one address is
 unreachable, not all).
 """

@@ -97,8 +97,10 @@ def _launch_error(cmd: Sequence[str], exc: OSError) -> int:
 def _wait_for_guard(address: str, deadline_s: float = GUARD_WAIT_S) -> bool:
     """True once something listens at `address` (the guard binds only when it is ready).
 
-    The runner starts the step as soon as the firewall is in, while the guard is
-    still importing; the step's first bridge call must not find nobody home."""
+    The runner starts the step's container as soon as the guard's runs, while the
+    firewall goes in and the guard starts: the guard binds only after its entry script
+    put the rules in and read them back right, so the preflight and the step come
+    after this, and the step's first bridge call never finds nobody home."""
     host, _, port_text = address.rpartition(":")
     try:
         port = int(port_text)
@@ -127,14 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     port_text = os.environ.pop(PORT_ENV, "").strip()
     token = os.environ.pop(TOKEN_ENV, "")
     _no_dump()
-    refused = preflight_gate()  # the ways out must be closed before the step starts
-    if refused is not None:
-        return refused
-    root = os.environ.get(ROOT_ENV) or os.getcwd()
-    # Still one thread: the wall binds this one and everything it starts.
-    refused = landlock_gate(root)
-    if refused is not None:
-        return refused
+    # First the guard: it listens only once the firewall is in and read back right (the
+    # runner starts this container while the firewall is still going in).
     guard = os.environ.pop(GUARD_WAIT_ENV, "")
     if guard and not _wait_for_guard(guard):
         print(
@@ -143,6 +139,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return GUARD_DOWN_EXIT
+    refused = preflight_gate()  # the ways out must be closed before the step starts
+    if refused is not None:
+        return refused
+    root = os.environ.get(ROOT_ENV) or os.getcwd()
+    # Still one thread: the wall binds this one and everything it starts.
+    refused = landlock_gate(root)
+    if refused is not None:
+        return refused
     if not port_text:
         try:
             os.execvp(cmd[0], cmd)
