@@ -8,8 +8,9 @@ started joined when it closes.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import docker.errors
 import requests
@@ -104,11 +105,17 @@ class DockerBackend:
         self.client = client
         self._owned = containers.OwnedContainers(client)
         self._watches: list[containers.ExitWatch] = []
+        self._info: _InfoPrefetch | None = None
 
     @classmethod
     def connect(cls) -> DockerBackend:
-        """A backend whose engine answered a ping, or `EngineError`."""
-        return cls(connect())
+        """A backend whose engine answered a ping, or `EngineError`. The engine's
+        `/info` (its user-namespace remapping, its runtimes), which every run reads
+        before its first container, is asked for at once in a thread: a run's image
+        check, record and lock go on beside that round trip instead of after it."""
+        backend = cls(connect())
+        backend._info = _InfoPrefetch(backend.client)
+        return backend
 
     def require_image(self, ref: str) -> str:
         return images.require(self.client, ref)
@@ -116,12 +123,17 @@ class DockerBackend:
     def node(self) -> str | None:
         return None  # this host's engine
 
+    def _engine_info(self) -> dict[str, Any]:
+        if self._info is not None:
+            return self._info.result()
+        return dict(self.client.info())
+
     def id_map(self) -> IdMap:
-        return userns.id_map(self.client.info())
+        return userns.id_map(self._engine_info())
 
     def require_step_runtime(self, runtime: StepRuntime) -> None:
         if runtime == "runsc":
-            runtimes.require_runsc(self.client.info())
+            runtimes.require_runsc(self._engine_info())
 
     def create(self, spec: ContainerSpec, *, independent: bool = False) -> DockerContainer:
         return DockerContainer(
@@ -140,6 +152,8 @@ class DockerBackend:
         for watch in list(self._watches):
             watch.cancel()
             watch.join()
+        if self._info is not None:
+            self._info.join()
         with contextlib.suppress(Exception):
             self.client.close()
 
@@ -148,3 +162,32 @@ class DockerBackend:
         if not isinstance(container, DockerContainer):
             raise TypeError(f"not a Docker container: {container!r}")
         return container._container
+
+
+class _InfoPrefetch:
+    """The engine's `/info`, asked for in a thread as the backend connects; `result()`
+    waits for it and raises what the call raised (as a direct call would have)."""
+
+    def __init__(self, client: DockerClient) -> None:
+        self._client = client
+        self._info: dict[str, Any] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._fetch, name="engine-info", daemon=True)
+        self._thread.start()
+
+    def _fetch(self) -> None:
+        try:
+            self._info = dict(self._client.info())
+        except BaseException as exc:  # handed to the caller of result()
+            self._error = exc
+
+    def result(self) -> dict[str, Any]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._info is not None
+        return self._info
+
+    def join(self) -> None:
+        """Before the client closes: the thread never outlives the backend."""
+        self._thread.join()
