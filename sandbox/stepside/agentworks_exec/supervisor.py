@@ -21,7 +21,8 @@ import time
 
 from .children import OWN_CHILDREN, SPAWN_LOCK, exit_status
 from .interface import GUARD_WAIT_ENV, USAGE_MARK
-from .preflight import gate as preflight_gate
+from .preflight import begin as preflight_begin
+from .preflight import finish as preflight_finish
 from .results import os_reason
 from .walls import gate as landlock_gate
 
@@ -129,8 +130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     port_text = os.environ.pop(PORT_ENV, "").strip()
     token = os.environ.pop(TOKEN_ENV, "")
     _no_dump()
-    # First the guard: it listens only once the firewall is in and read back right (the
-    # runner starts this container while the firewall is still going in).
+    # The ways out must be closed before the step starts. What needs no firewall is
+    # checked first, while the guard may still be starting; then the guard: it
+    # listens only once the firewall is in and read back right (the runner starts
+    # this container while the rules still go in); then what the firewall closes.
+    preflight = preflight_begin()
     guard = os.environ.pop(GUARD_WAIT_ENV, "")
     if guard and not _wait_for_guard(guard):
         print(
@@ -139,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return GUARD_DOWN_EXIT
-    refused = preflight_gate()  # the ways out must be closed before the step starts
+    refused = preflight_finish(preflight)
     if refused is not None:
         return refused
     root = os.environ.get(ROOT_ENV) or os.getcwd()
