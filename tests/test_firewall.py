@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import shlex
+import subprocess
+from pathlib import Path
+
 from sandbox.contracts.layout import GUARD_UID
 from sandbox.launch.firewall import READY_MARK, expected_readback, guard_entry_script, rules
 
@@ -32,10 +36,16 @@ def test_script_installs_reads_back_then_drops_to_the_guard() -> None:
         assert [ln for ln in table if ln.startswith("-A")] == [
             a for a in args if a.startswith("-A")
         ]
-    readback = lines.index("iptables -w -S OUTPUT")
-    assert lines[readback + 1] == "ip6tables -w -S OUTPUT"
-    assert lines[readback + 2] == f"echo {READY_MARK}"
+    readback = lines.index('got="$(iptables -w -S OUTPUT; ip6tables -w -S OUTPUT)"')
+    # The guard starts only if the rules read back exactly as expected.
+    expected = lines.index("expected=$(cat <<'EXPECTED'")
+    assert readback < expected
+    assert lines[expected + 1 : lines.index("EXPECTED", expected)] == expected_readback()
+    check = lines.index('[ "$got" = "$expected" ] || { echo "FIREWALL-MISMATCH"; exit 1; }')
+    assert lines[check + 1] == f"echo {READY_MARK}"
     assert lines[-1].startswith("exec setpriv ") and lines[-1].endswith("-- tini -- guard --x")
+    assert lines.index(f"echo {READY_MARK}") == len(lines) - 2
+    subprocess.run(["sh", "-n"], input=script, text=True, check=True)
     assert len(expected_readback()) == sum(len(a) for a in rules().values())
 
 
@@ -43,3 +53,53 @@ def test_without_install_the_script_still_reads_back_and_drops() -> None:
     """The test-only open namespace: no rules, the same drop (the preflight must catch it)."""
     script = guard_entry_script(["guard"], install=False)
     assert "-restore" not in script and "exec setpriv " in script
+
+
+def _run_entry_script(tmp_path: Path, readback_v4: list[str]) -> tuple[int, str, bool]:
+    """The entry script under `sh`, with stand-ins for ip, the iptables tools and setpriv
+    on PATH (the real ones need NET_ADMIN): its exit code, its output, whether it
+    went on to start the guard."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    started = tmp_path / "guard-started"
+    v4, v6 = rules().values()
+    stand_ins = {
+        "ip": "exit 0",
+        "iptables-restore": "cat > /dev/null",
+        "ip6tables-restore": "cat > /dev/null",
+        "iptables": "printf '%s\\n' " + " ".join(shlex.quote(a) for a in readback_v4),
+        "ip6tables": "printf '%s\\n' "
+        + " ".join(shlex.quote(a) for a in expected_readback()[len(v4) :]),
+        "setpriv": f"touch {shlex.quote(str(started))}",
+    }
+    assert len(v6) == len(expected_readback()) - len(v4)
+    for name, body in stand_ins.items():
+        path = bin_dir / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(0o755)
+    done = subprocess.run(
+        ["/bin/sh", "-c", guard_entry_script(["guard"])],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return done.returncode, done.stdout, started.exists()
+
+
+def test_the_guard_starts_only_after_the_rules_read_back_right(tmp_path: Path) -> None:
+    code, out, started = _run_entry_script(
+        tmp_path, expected_readback()[: len(rules()["iptables"])]
+    )
+    assert (code, started) == (0, True), out
+    assert out.splitlines()[-1] == READY_MARK
+
+
+def test_a_wrong_readback_ends_the_script_before_the_guard(tmp_path: Path) -> None:
+    """The step's executor starts the step only once the guard listens: a guard that
+    never starts keeps the step from ever running."""
+    wrong = expected_readback()[: len(rules()["iptables"]) - 1]  # the last rule missing
+    code, out, started = _run_entry_script(tmp_path, wrong)
+    assert (code, started) == (1, False), out
+    assert "FIREWALL-MISMATCH" in out and READY_MARK not in out

@@ -95,6 +95,7 @@ def start_exec(tmp_path: Path) -> Iterator[ExecFactory]:
         db_path: Path | None = None,
         extra_env: dict[str, str] | None = None,
         wait: bool = True,
+        pass_fds: tuple[int, ...] = (),
     ) -> Exec:
         root = tmp_path / f"root{len(started)}"
         root.mkdir()
@@ -113,6 +114,7 @@ def start_exec(tmp_path: Path) -> Iterator[ExecFactory]:
             [sys.executable, "-m", "sandbox.stepside.agentworks_exec", "--", *step],
             cwd=REPO,
             env=env,
+            pass_fds=pass_fds,
         )
         started.append(proc)
         if wait:
@@ -619,3 +621,73 @@ def test_a_command_that_exits_at_once_keeps_its_exit_code(ex: Exec) -> None:
             )
         )
     assert codes == [3] * 200
+
+
+# What the executor's start-up (everything before the step runs) must not load: the
+# server, the tools and their imports come at the guard's first call, after the start.
+NOT_BEFORE_THE_STEP = (
+    "agentworks_exec.server",
+    "agentworks_exec.executor",
+    "agentworks_exec.shell",
+    "http.server",
+    "sqlite3",
+    "subprocess",
+    "typing",
+    "contextlib",
+)
+
+
+def test_the_start_up_path_loads_neither_the_server_nor_the_tools(tmp_path: Path) -> None:
+    """Checked through `sys.modules` in the step image's layout, never by timing."""
+    from sandbox.backends.docker.images import stage_step_side
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    stage_step_side(lib)
+    code = "import json, sys\nimport agentworks_exec.supervisor\nprint(json.dumps(sorted(sys.modules)))"
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code],
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(lib)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=DEADLINE_S,
+    )
+    loaded = set(json.loads(done.stdout)) - {"json", "json.decoder", "json.encoder", "json.scanner"}
+    assert "agentworks_exec.supervisor" in loaded  # the check sees real imports
+    assert [name for name in NOT_BEFORE_THE_STEP if name in loaded] == []
+
+
+def test_the_step_inherits_no_descriptor_but_its_three(
+    start_exec: ExecFactory, tmp_path: Path
+) -> None:
+    """The step is started as `Popen(close_fds=True)` would: an inheritable descriptor the
+    executor was given does not reach it."""
+    listing = tmp_path / "fds.txt"
+    ready = tmp_path / "ready"
+    read_end, write_end = os.pipe()
+    os.set_inheritable(write_end, True)
+    try:
+        script = f"ls /proc/self/fd > {listing}; touch {ready}; exec sleep 600"
+        env = {"AGENTWORKS_TEST_FD": str(write_end)}
+        ex = start_exec(["sh", "-c", script], extra_env=env, pass_fds=(write_end,))
+        wait_for(ready.exists, DEADLINE_S, "the step to list its descriptors")
+        assert Path(f"/proc/{ex.proc.pid}/fd/{write_end}").exists()  # the executor has it
+        fds = {int(n) for n in listing.read_text().split()}
+        assert write_end not in fds
+        assert {0, 1, 2} <= fds
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+
+
+def test_the_step_gets_default_sigpipe(start_exec: ExecFactory, tmp_path: Path) -> None:
+    """Python ignores SIGPIPE; the step gets it back at its default, as from Popen."""
+    status = tmp_path / "status.txt"
+    ready = tmp_path / "ready"
+    script = f"grep -E '^SigIgn' /proc/self/status > {status}; touch {ready}; exec sleep 600"
+    start_exec(["sh", "-c", script])
+    wait_for(ready.exists, DEADLINE_S, "the step to report its ignored signals")
+    ignored = int(status.read_text().split()[1], 16)
+    assert not ignored & (1 << (signal.SIGPIPE - 1))
+    assert not ignored & (1 << (signal.SIGXFSZ - 1))

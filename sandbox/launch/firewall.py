@@ -156,14 +156,18 @@ def guard_entry_script(
 ) -> str:
     """Shell the guard container starts with, as root holding NET_ADMIN for a moment.
 
-    It installs the rules in the namespace the guard owns, prints them back, then
-    drops to the guard's uid with every capability gone from all sets, the bounding
-    set included, so neither the guard nor anything it starts (stdio MCP servers) can
-    ever regain NET_ADMIN. tini stays pid 1 after the drop, reaping orphans.
+    It installs the rules in the namespace the guard owns, prints them back and
+    checks them against `expected_readback()` (a mismatch ends it: the guard never
+    starts, so it never listens, and the step's executor, which starts the step only
+    once the guard listens, never does), then drops to the guard's uid with every
+    capability gone from all sets, the bounding set included, so neither the guard nor
+    anything it starts (stdio MCP servers) can ever regain NET_ADMIN. tini stays pid 1
+    after the drop, reaping orphans.
 
     `install=False` exists only so tests can prove the preflight catches an open
     namespace; a real run always installs."""
     lines = ["set -eu", *_install_lines(guard_uid, install=install)]
+    lines += _checked_readback(install=install, peers=None)
     drop = [
         "setpriv",
         f"--reuid={guard_uid}",
@@ -177,13 +181,7 @@ def guard_entry_script(
         "--",
         *guard_command,
     ]
-    lines += [
-        "echo '--- rules ---'",
-        "iptables -w -S OUTPUT",
-        "ip6tables -w -S OUTPUT",
-        f"echo {READY_MARK}",
-        "exec " + " ".join(shlex.quote(part) for part in drop),
-    ]
+    lines.append("exec " + " ".join(shlex.quote(part) for part in drop))
     return "\n".join(lines) + "\n"
 
 
@@ -208,9 +206,15 @@ def init_container_script(
     `expected_readback()`. It ends there: the guard starts later as its own uid.
 
     `install=False` (tests of the preflight only) installs nothing and checks nothing."""
-    expected = "\n".join(expected_readback(peers))
     lines = ["set -eu", *_install_lines(guard_uid, install=install, peers=peers)]
-    lines += [
+    return "\n".join([*lines, *_checked_readback(install=install, peers=peers)]) + "\n"
+
+
+def _checked_readback(*, install: bool, peers: PodPeers | None) -> list[str]:
+    """Shell lines that print the rules back (the runner compares them too) and, when
+    they were installed, end the script unless they read back exactly as expected; the
+    ready mark comes last."""
+    lines = [
         "echo '--- rules ---'",
         'got="$(iptables -w -S OUTPUT; ip6tables -w -S OUTPUT)"',
         "printf '%s\\n' \"$got\"",
@@ -218,10 +222,10 @@ def init_container_script(
     if install:
         lines += [
             "expected=$(cat <<'EXPECTED'",
-            expected,
+            *expected_readback(peers),
             "EXPECTED",
             ")",
             '[ "$got" = "$expected" ] || { echo "FIREWALL-MISMATCH"; exit 1; }',
         ]
     lines.append(f"echo {READY_MARK}")
-    return "\n".join(lines) + "\n"
+    return lines

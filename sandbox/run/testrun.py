@@ -649,20 +649,24 @@ class TestRun:
                 self._start_mcp, backend, plan, index, server
             )
         guard, step = self._start_guard(backend, plan)
-        step.start()
         progress.step_started = True
         mcp = {name: job.result() for name, job in progress.mcp_jobs.items()}
         return Launched(guard=guard, step=step, mcp=mcp)
 
     def _start_guard(self, backend: Backend, plan: RunPlan) -> tuple[RunContainer, RunContainer]:
-        """The guard up with its firewall in, and the step created but not started.
+        """The guard up with its firewall in and read back right, and the step's
+        container started.
 
-        The step is created beside the guard's start and started while the guard is
-        still importing (its executor waits for the guard to listen), so the guard's
-        start-up and the step container's overlap; only the firewall must be in first.
-        The step's CA bundle (with TLS inspection) holds the CA the runner made, so
-        nothing waits for the guard. (The MCP servers' containers start beside all of
-        it; each relay waits for its socket.)"""
+        The step is created beside the guard's start and started as soon as the guard's
+        container runs (it joins its network namespace), so the firewall's install, the
+        guard's start-up and the step container's start overlap. The step command itself
+        waits: the executor starts it only once the guard listens, and the guard's entry
+        script starts the guard only after the rules are in and read back exactly as
+        expected (`firewall.guard_entry_script`); the runner checks the same readback
+        here too, and a run whose firewall failed never gets past this phase. The step's
+        CA bundle (with TLS inspection) holds the CA the runner made, so nothing waits
+        for the guard. (The MCP servers' containers start beside all of it; each relay
+        waits for its socket.)"""
         write_guard_config(plan.layout, launch.guard_config(plan), plan.ids)
         guard = backend.create(launch.guard_spec(plan))
         backend.connect_networks(guard, plan.networks[1:])
@@ -673,6 +677,16 @@ class TestRun:
             early_step = pool.submit(backend.create, spec)
             with guard.follow_output(deadline_s=GUARD_START_DEADLINE_S) as output:
                 guard.start()
+                step = early_step.result()
+                try:
+                    step.start()
+                except Exception:
+                    # A guard whose firewall failed is gone: the step cannot join it.
+                    if not output.wait_for_line(firewall.READY_MARK):
+                        raise LaunchError(
+                            f"the run's firewall did not come up: {output.tail()}"
+                        ) from None
+                    raise
                 if not output.wait_for_line(firewall.READY_MARK):
                     raise LaunchError(f"the run's firewall did not come up: {output.tail()}")
                 # The guard's entry script printed the rules back; they must be exactly ours.
@@ -683,7 +697,6 @@ class TestRun:
                     raise LaunchError(
                         f"the run's firewall reads back wrong: {' | '.join(installed)}"
                     )
-            step = early_step.result()
         return guard, step
 
     def _start_mcp(

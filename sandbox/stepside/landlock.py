@@ -19,8 +19,12 @@ import ctypes
 import errno
 import os
 import stat
-from collections.abc import Iterable
-from typing import Final
+
+# Not `typing.TYPE_CHECKING`: `typing` alone costs the executor's start-up ~10 ms.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+    from typing import Final
 
 # System call numbers: the same on every architecture (the unified table since 5.13).
 SYS_CREATE_RULESET: Final = 444

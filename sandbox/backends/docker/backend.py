@@ -8,8 +8,10 @@ started joined when it closes.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
-from typing import Literal
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 import docker.errors
 import requests
@@ -18,8 +20,9 @@ from docker.models.containers import Container
 
 from sandbox.backends import ContainerState, RunContainer
 from sandbox.backends.docker import containers, images, runtimes, userns
-from sandbox.backends.docker.client import connect
+from sandbox.backends.docker.client import connect, unreachable
 from sandbox.contracts.config import StepRuntime
+from sandbox.contracts.errors import EngineError
 from sandbox.contracts.ids import IdMap
 from sandbox.contracts.record import OutputTail
 from sandbox.contracts.spec import ContainerSpec
@@ -104,24 +107,48 @@ class DockerBackend:
         self.client = client
         self._owned = containers.OwnedContainers(client)
         self._watches: list[containers.ExitWatch] = []
+        self._info: _InfoPrefetch | None = None
 
     @classmethod
     def connect(cls) -> DockerBackend:
-        """A backend whose engine answered a ping, or `EngineError`."""
-        return cls(connect())
+        """A backend for the engine, or `EngineError` at its first call (`require_image`,
+        `id_map`...) when the engine does not answer.
+
+        The Engine API version is negotiated once per engine per process (a warm
+        process, such as a controller calling `execute_step` run after run, spares
+        each run that round trip); the first run's client asks, and an engine that
+        changed its version since then is forgotten and named in the error. The
+        engine's `/info` (its user-namespace remapping, its runtimes), which every run
+        reads before its first container, is asked for at once in a thread: a run's
+        image check, record and lock go on beside that round trip."""
+        key = _engine_key()
+        known = _API_VERSIONS.get(key)
+        client = connect(version=known or "auto")
+        if known is None:
+            _API_VERSIONS[key] = str(client.api.api_version)
+        backend = cls(client)
+        backend._info = _InfoPrefetch(backend.client)
+        return backend
 
     def require_image(self, ref: str) -> str:
-        return images.require(self.client, ref)
+        with _first_calls():
+            return images.require(self.client, ref)
 
     def node(self) -> str | None:
         return None  # this host's engine
 
+    def _engine_info(self) -> dict[str, Any]:
+        with _first_calls():
+            if self._info is not None:
+                return self._info.result()
+            return dict(self.client.info())
+
     def id_map(self) -> IdMap:
-        return userns.id_map(self.client.info())
+        return userns.id_map(self._engine_info())
 
     def require_step_runtime(self, runtime: StepRuntime) -> None:
         if runtime == "runsc":
-            runtimes.require_runsc(self.client.info())
+            runtimes.require_runsc(self._engine_info())
 
     def create(self, spec: ContainerSpec, *, independent: bool = False) -> DockerContainer:
         return DockerContainer(
@@ -140,6 +167,8 @@ class DockerBackend:
         for watch in list(self._watches):
             watch.cancel()
             watch.join()
+        if self._info is not None:
+            self._info.join()
         with contextlib.suppress(Exception):
             self.client.close()
 
@@ -148,3 +177,64 @@ class DockerBackend:
         if not isinstance(container, DockerContainer):
             raise TypeError(f"not a Docker container: {container!r}")
         return container._container
+
+
+# The Engine API version each engine (by how the client finds it) negotiated in this
+# process: see `DockerBackend.connect`.
+_API_VERSIONS: dict[str, str] = {}
+
+
+def _engine_key() -> str:
+    return "\0".join(
+        os.environ.get(name, "")
+        for name in ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
+    )
+
+
+@contextlib.contextmanager
+def _first_calls() -> Iterator[None]:
+    """A run's first engine calls: an engine that does not answer is the connect's
+    error (as when the version was asked at the connect); one whose API version
+    changed since this process negotiated it is forgotten, so the next run asks."""
+    try:
+        yield
+    except requests.exceptions.ConnectionError as exc:
+        _API_VERSIONS.pop(_engine_key(), None)
+        raise unreachable(exc) from None
+    except docker.errors.APIError as exc:
+        if "client version" not in str(exc).lower():
+            raise
+        _API_VERSIONS.pop(_engine_key(), None)
+        raise EngineError(
+            f"the Docker engine's API version changed during this process ({exc.explanation});"
+            " run again"
+        ) from None
+
+
+class _InfoPrefetch:
+    """The engine's `/info`, asked for in a thread as the backend connects; `result()`
+    waits for it and raises what the call raised (as a direct call would have)."""
+
+    def __init__(self, client: DockerClient) -> None:
+        self._client = client
+        self._info: dict[str, Any] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._fetch, name="engine-info", daemon=True)
+        self._thread.start()
+
+    def _fetch(self) -> None:
+        try:
+            self._info = dict(self._client.info())
+        except BaseException as exc:  # handed to the caller of result()
+            self._error = exc
+
+    def result(self) -> dict[str, Any]:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._info is not None
+        return self._info
+
+    def join(self) -> None:
+        """Before the client closes: the thread never outlives the backend."""
+        self._thread.join()

@@ -13,15 +13,22 @@ from sandbox.contracts.errors import EngineError
 ENGINE_HINT = "start it with `make engine` (installs docker.io and starts dockerd as root)"
 
 
-def connect(timeout_s: float = 60.0) -> DockerClient:
+def connect(timeout_s: float = 60.0, *, version: str = "auto") -> DockerClient:
     """A client whose engine has answered, or EngineError. (The client asks the engine
     for its API version when it is made: that answer is the liveness check, one round
-    trip, no separate ping.)"""
+    trip, no separate ping.) With a known `version` nothing is asked here: the
+    caller's first call is the check (see `DockerBackend.connect`)."""
     try:
-        client = docker.from_env(timeout=int(timeout_s), version="auto")
+        client = docker.from_env(timeout=int(timeout_s), version=version)
     except docker.errors.DockerException as exc:
-        raise EngineError(f"Docker engine not reachable ({_short(exc)}); {ENGINE_HINT}") from None
+        raise unreachable(exc) from None
     return client
+
+
+def unreachable(exc: BaseException) -> EngineError:
+    """The error for an engine that did not answer (at the connect, or at the first
+    call of a client whose version was known)."""
+    return EngineError(f"Docker engine not reachable ({_short(exc)}); {ENGINE_HINT}")
 
 
 def _short(exc: BaseException) -> str:

@@ -22,7 +22,7 @@ import requests
 import urllib3
 from docker import DockerClient
 from docker.models.containers import Container
-from docker.types import LogConfig
+from docker.types import CancellableStream, LogConfig
 from docker.types import Mount as DockerMount
 
 from sandbox.backends.docker import hostcgroup
@@ -399,17 +399,62 @@ def kill(container: Container) -> None:
     wait(container, timeout_s=30)
 
 
-def _stream_tail(chunks: Iterator[bytes]) -> OutputTail:
-    keep = bytearray()
-    total = 0
-    for chunk in chunks:
-        total += len(chunk)
-        keep += chunk
-        if len(keep) > TAIL_CHARS * 4:
-            del keep[: len(keep) - TAIL_CHARS * 4]
-    text = keep.decode("utf-8", errors="replace")
-    truncated = total > len(keep) or len(text) > TAIL_CHARS
-    return OutputTail(text=text[-TAIL_CHARS:], total_bytes=total, truncated=truncated)
+class _Tail:
+    """The last TAIL_CHARS of a stream, fed chunk by chunk (a bounded buffer)."""
+
+    def __init__(self) -> None:
+        self._keep = bytearray()
+        self._total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self._total += len(chunk)
+        self._keep += chunk
+        if len(self._keep) > TAIL_CHARS * 4:
+            del self._keep[: len(self._keep) - TAIL_CHARS * 4]
+
+    def tail(self) -> OutputTail:
+        text = self._keep.decode("utf-8", errors="replace")
+        truncated = self._total > len(self._keep) or len(text) > TAIL_CHARS
+        return OutputTail(text=text[-TAIL_CHARS:], total_bytes=self._total, truncated=truncated)
+
+
+STDOUT, STDERR = 1, 2  # the stream numbers of the engine's multiplexed output
+
+
+def _read_exact(raw: Any, size: int) -> bytes:
+    """`size` bytes of the response body, fewer only at its end."""
+    out = b""
+    while len(out) < size:
+        chunk = raw.read(size - len(out))
+        if not chunk:
+            break
+        out += chunk
+    return out
+
+
+def _log_frames(container: Container) -> Iterator[tuple[int, bytes]]:
+    """The container's output so far as the engine kept it: (stream, bytes) frames of
+    stdout and stderr in one request. Every container here is made without a TTY, so
+    the engine multiplexes (an 8-byte header per frame: the stream, then the size);
+    docker-py's `logs()` would first inspect the container to ask, and takes one
+    request per stream to keep them apart."""
+    api: Any = container.client.api  # type: ignore[union-attr]  # private helpers: not in the stubs
+    url = api._url("/containers/{0}/logs", container.id)
+    params = {"stdout": 1, "stderr": 1, "timestamps": 0, "follow": 0, "tail": "all"}
+    response = api._get(url, params=params, stream=True)
+    try:
+        api._raise_for_status(response)
+        while True:
+            header = _read_exact(response.raw, 8)
+            if len(header) < 8:
+                return
+            size = int.from_bytes(header[4:8], "big")
+            data = _read_exact(response.raw, size)
+            yield header[0], data
+            if len(data) < size:
+                return
+    finally:
+        response.close()
 
 
 def save_output(container: Container, fd: int, cap_bytes: int) -> tuple[int, bool]:
@@ -418,7 +463,7 @@ def save_output(container: Container, fd: int, cap_bytes: int) -> tuple[int, boo
     container is not waited for."""
     written = 0
     try:
-        for chunk in container.logs(stdout=True, stderr=True, stream=True, follow=False):
+        for _, chunk in _log_frames(container):
             room = cap_bytes - written
             if len(chunk) > room:
                 os.write(fd, chunk[:room])
@@ -431,13 +476,15 @@ def save_output(container: Container, fd: int, cap_bytes: int) -> tuple[int, boo
 
 
 def output_tails(container: Container) -> tuple[OutputTail, OutputTail]:
-    """The last TAIL_CHARS of stdout and of stderr (logs are capped on disk too)."""
+    """The last TAIL_CHARS of stdout and of stderr (logs are capped on disk too), read
+    in one request."""
+    out, err = _Tail(), _Tail()
     try:
-        out = _stream_tail(container.logs(stdout=True, stderr=False, stream=True))
-        err = _stream_tail(container.logs(stdout=False, stderr=True, stream=True))
+        for stream, chunk in _log_frames(container):
+            (err if stream == STDERR else out).feed(chunk)
     except docker.errors.APIError:
         return OutputTail(), OutputTail()
-    return out, err
+    return out.tail(), err.tail()
 
 
 def connect_networks(client: DockerClient, container: Container, networks: list[str]) -> None:
@@ -449,6 +496,21 @@ def connect_networks(client: DockerClient, container: Container, networks: list[
             raise EngineError(f"network {name!r} does not exist") from None
         except docker.errors.APIError as exc:
             raise EngineError(f"connecting to network {name!r} failed: {exc.explanation}") from None
+
+
+def _attach(container: Container) -> CancellableStream[bytes]:
+    """`container.attach(stdout=True, stderr=True, stream=True, logs=True)` without the
+    inspect docker-py makes first to ask whether the container has a TTY (none here):
+    one round trip less before the guard can start."""
+    api: Any = container.client.api  # type: ignore[union-attr]  # private helpers: not in the stubs
+    url = api._url("/containers/{0}/attach", container.id)
+    response = api._post(
+        url,
+        headers={"Connection": "Upgrade", "Upgrade": "tcp"},
+        params={"logs": 1, "stdout": 1, "stderr": 1, "stream": 1},
+        stream=True,
+    )
+    return CancellableStream(api._read_from_socket(response, True, tty=False), response)
 
 
 class OutputFollower:
@@ -475,7 +537,7 @@ class OutputFollower:
     def __enter__(self) -> OutputFollower:
         self._deadline = time.monotonic() + self._deadline_s
         try:
-            self._stream = self._container.attach(stdout=True, stderr=True, stream=True, logs=True)
+            self._stream = _attach(self._container)
         except docker.errors.APIError as exc:
             raise EngineError(f"cannot follow {self._container.name}: {exc.explanation}") from None
         self._thread = threading.Thread(target=self._read, name="output", daemon=True)

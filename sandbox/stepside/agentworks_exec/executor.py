@@ -15,8 +15,10 @@ from .shell import ShellTool
 class Executor(FileTools, ShellTool, DbTools):
     """The local and DB tools, rooted at one folder."""
 
-    def __init__(self, root: str) -> None:
-        self.root = os.path.realpath(root)
+    def __init__(self, root: str, *, resolved: bool = False) -> None:
+        """`resolved`: `root` is already the real path (resolved before the step started,
+        which may change the folders under it from then on)."""
+        self.root = root if resolved else os.path.realpath(root)
         self._tools: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
             "read_file": self.read_file,
             "write_file": self.write_file,

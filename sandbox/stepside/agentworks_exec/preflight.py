@@ -5,8 +5,9 @@ executor as the step's user, in the step's network namespace, after the firewall
 is installed and before the step command starts. Each check must END IN A
 REFUSAL; anything that succeeds is a way out and the step never starts. It
 takes a few milliseconds. What it does not check: the firewall rules
-themselves (the guard's entry script prints them back and the runner compares
-them before the step container starts; that is the first check in the record)
+themselves (the guard's entry script checks them and prints them back before
+the guard starts, which the executor waits for; the runner compares them too,
+the first check in the record)
 and anything the canary does not stand for (it proves one address is
 unreachable, not all).
 """
@@ -18,7 +19,11 @@ import json
 import os
 import socket
 import time
-from typing import Any
+
+# Not `typing.TYPE_CHECKING`: `typing` alone costs the executor's start-up ~10 ms.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 ENV = "AGENTWORKS_PREFLIGHT"
 FAILED_EXIT = 97
@@ -98,17 +103,24 @@ def _split(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def run(config: dict[str, Any]) -> dict[str, Any]:
-    """All checks; `open` lists every way out found."""
-    started = time.perf_counter()
-    checks: list[tuple[str, Any]] = [
+# What needs no firewall: capabilities, the ICMP sysctl, files and the seccomp filter
+# are all in force from the container's start, so these run while the executor waits
+# for its guard (see `begin`).
+def _local_checks() -> list[tuple[str, Any]]:
+    return [
         ("raw socket", _raw),
         ("ICMP socket", _icmp),
         ("packet socket", _packet),
-        ("UDP to the engine's DNS", lambda: _udp(*ENGINE_DNS)),
-        ("TCP to the engine's DNS", lambda: _tcp(*ENGINE_DNS)),
         ("engine socket", _engine_socket),
         ("user namespace (seccomp in force)", _user_namespace),
+    ]
+
+
+def _network_checks(config: dict[str, Any]) -> list[tuple[str, Any]]:
+    """What the firewall closes: these run once the guard listens (its rules are in)."""
+    checks: list[tuple[str, Any]] = [
+        ("UDP to the engine's DNS", lambda: _udp(*ENGINE_DNS)),
+        ("TCP to the engine's DNS", lambda: _tcp(*ENGINE_DNS)),
     ]
     for key, family in (("canary", socket.AF_INET), ("canary6", socket.AF_INET6)):
         address = config.get(key)
@@ -118,21 +130,47 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             checks.append(
                 (f"UDP to the canary {address}", lambda h=host, p=port, f=family: _udp(h, p, f))
             )
-    found = []
-    for name, check in checks:
-        what = _refused(check)
-        if what is not None:
-            found.append(f"{name}: {what}")
-    return {
-        "ok": not found,
-        "ms": round((time.perf_counter() - started) * 1000, 3),
-        "checks": [name for name, _ in checks],
-        "open": found,
-    }
+    return checks
 
 
-def gate() -> int | None:
-    """Run the preflight the environment asks for; FAILED_EXIT when a way out is open."""
+class Pending:
+    """A preflight whose checks that need no firewall ran; `finish` runs the rest."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        self.config = config
+        self.ms = 0.0
+        self.names: list[str] = []
+        self.found: list[str] = []
+
+    def run(self, checks: list[tuple[str, Any]]) -> None:
+        started = time.perf_counter()
+        for name, check in checks:
+            self.names.append(name)
+            what = _refused(check)
+            if what is not None:
+                self.found.append(f"{name}: {what}")
+        self.ms += (time.perf_counter() - started) * 1000
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "ok": not self.found,
+            "ms": round(self.ms, 3),
+            "checks": list(self.names),
+            "open": list(self.found),
+        }
+
+
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    """All checks; `open` lists every way out found (`ms`: the time they took)."""
+    pending = Pending(config)
+    pending.run(_local_checks())
+    pending.run(_network_checks(config))
+    return pending.result()
+
+
+def begin() -> Pending | None:
+    """The preflight the environment asks for (None: none), its checks that need no
+    firewall done. Nothing is reported yet: `finish` reports every check at once."""
     raw = os.environ.pop(ENV, None)
     if raw is None:
         return None
@@ -140,7 +178,23 @@ def gate() -> int | None:
         config = json.loads(raw)
     except ValueError:
         config = {}
-    result = run(config if isinstance(config, dict) else {})
+    pending = Pending(config if isinstance(config, dict) else {})
+    pending.run(_local_checks())
+    return pending
+
+
+def finish(pending: Pending | None) -> int | None:
+    """The network checks (call once the firewall is in), then the one report line on
+    stderr; FAILED_EXIT when any check found a way out."""
+    if pending is None:
+        return None
+    pending.run(_network_checks(pending.config))
+    result = pending.result()
     marker = MARK_OK if result["ok"] else MARK_FAILED
     os.write(2, f"{marker} {json.dumps(result)}\n".encode())
     return None if result["ok"] else FAILED_EXIT
+
+
+def gate() -> int | None:
+    """Run the preflight the environment asks for; FAILED_EXIT when a way out is open."""
+    return finish(begin())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import socket
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Final, cast
@@ -20,13 +21,18 @@ SOCKET_TIMEOUT_S: Final = 60.0
 
 
 class ExecServer(ThreadingHTTPServer):
+    """The HTTP API on a socket that already listens (`supervisor.listen`, made before
+    the step starts; this module and the tools load at the first connection)."""
+
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, port: int, token: str, executor: Executor) -> None:
+    def __init__(self, listener: socket.socket, token: str, executor: Executor) -> None:
         self.expected_auth = f"Bearer {token}".encode()
         self.executor = executor
-        super().__init__(("127.0.0.1", port), _Handler)
+        super().__init__(listener.getsockname(), _Handler, bind_and_activate=False)
+        self.socket.close()  # the one the base class made: the listener replaces it
+        self.socket = listener
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         """Stay quiet: stderr is the step's."""

@@ -8,24 +8,16 @@ import os
 import selectors
 import signal
 import subprocess
-import threading
 import time
 from typing import Any, Final
 
+from .children import OWN_CHILDREN, SPAWN_LOCK, exit_status
 from .results import ToolError, os_reason, str_arg, timeout_arg, tool_result
 from .toolargs import (
     SHELL_KILL_GRACE_S,
 )
 
 SHELL_TAIL_CHARS: Final = 8000
-
-
-# Children that a tool thread waits for itself; the reaper leaves them alone. A tool
-# thread holds the lock from fork to registration, the reaper while it decides.
-OWN_CHILDREN: set[int] = set()
-
-
-SPAWN_LOCK = threading.Lock()
 
 
 class _Tail:
@@ -49,10 +41,6 @@ class _Tail:
         tail = self._buf[-self._limit :]
         cut = self.total - len(tail)
         return f"[... {cut} chars cut]\n{tail}" if cut > 0 else tail
-
-
-def exit_status(returncode: int) -> int:
-    return 128 - returncode if returncode < 0 else returncode
 
 
 def _pump(fd: int, tail: _Tail, deadline: float) -> bool:

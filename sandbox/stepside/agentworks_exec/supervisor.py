@@ -1,28 +1,37 @@
-"""PID 1 of the step container: start-up checks, the step as a child, orphans reaped."""
+"""PID 1 of the step container: start-up checks, the step as a child, orphans reaped.
+
+The start-up path (everything before the step command runs) loads only what it uses:
+the interpreter's own modules, `socket`, `ctypes` and the checks. The HTTP server, the
+tools and what they import (`http.server`, `sqlite3`, `subprocess`...) load in the
+server's thread when the guard first connects, after the step started: its listening
+socket is bound before the step starts (the guard's first call finds it and waits in
+its backlog), and a step that makes no tool call never loads them. In the step image
+that keeps about 60 ms of imports out of every run's start.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
-from types import FrameType
-from typing import Final
 
-from .executor import Executor
+from .children import OWN_CHILDREN, SPAWN_LOCK, exit_status
 from .interface import GUARD_WAIT_ENV, USAGE_MARK
-from .preflight import gate as preflight_gate
+from .preflight import begin as preflight_begin
+from .preflight import finish as preflight_finish
 from .results import os_reason
-from .server import ExecServer
-from .shell import OWN_CHILDREN, SPAWN_LOCK, exit_status
 from .walls import gate as landlock_gate
+
+# Not `typing.TYPE_CHECKING`: `typing` alone costs the start-up ~10 ms in the step image.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from types import FrameType
+    from typing import Final
 
 PORT_ENV: Final = "AGENTWORKS_EXEC_PORT"
 
@@ -47,9 +56,11 @@ FORWARDED_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 def _no_dump() -> None:
     """Best effort: same-uid processes may not read our memory or /proc/<pid>/environ."""
-    with contextlib.suppress(Exception):
+    try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except Exception:
+        pass
 
 
 def _scrub_initial_environ(names: Sequence[str]) -> None:
@@ -59,7 +70,7 @@ def _scrub_initial_environ(names: Sequence[str]) -> None:
 
     Non-dumpable already closes that file to same-uid processes under runc; gVisor's
     sentry does not enforce that, so there the bytes themselves must go."""
-    with contextlib.suppress(Exception):
+    try:
         environ = ctypes.POINTER(ctypes.c_void_p).in_dll(ctypes.CDLL(None), "environ")
         prefixes = [name.encode() + b"=" for name in names]
         index = 0
@@ -69,6 +80,8 @@ def _scrub_initial_environ(names: Sequence[str]) -> None:
             if any(entry.startswith(prefix) for prefix in prefixes):
                 ctypes.memset(address, 0, len(entry))
             index += 1
+    except Exception:
+        pass
 
 
 def _usage(message: str) -> int:
@@ -85,8 +98,10 @@ def _launch_error(cmd: Sequence[str], exc: OSError) -> int:
 def _wait_for_guard(address: str, deadline_s: float = GUARD_WAIT_S) -> bool:
     """True once something listens at `address` (the guard binds only when it is ready).
 
-    The runner starts the step as soon as the firewall is in, while the guard is
-    still importing; the step's first bridge call must not find nobody home."""
+    The runner starts the step's container as soon as the guard's runs, while the
+    firewall goes in and the guard starts: the guard binds only after its entry script
+    put the rules in and read them back right, so the preflight and the step come
+    after this, and the step's first bridge call never finds nobody home."""
     host, _, port_text = address.rpartition(":")
     try:
         port = int(port_text)
@@ -115,14 +130,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     port_text = os.environ.pop(PORT_ENV, "").strip()
     token = os.environ.pop(TOKEN_ENV, "")
     _no_dump()
-    refused = preflight_gate()  # the ways out must be closed before the step starts
-    if refused is not None:
-        return refused
-    root = os.environ.get(ROOT_ENV) or os.getcwd()
-    # Still one thread: the wall binds this one and everything it starts.
-    refused = landlock_gate(root)
-    if refused is not None:
-        return refused
+    # The ways out must be closed before the step starts. What needs no firewall is
+    # checked first, while the guard may still be starting; then the guard: it
+    # listens only once the firewall is in and read back right (the runner starts
+    # this container while the rules still go in); then what the firewall closes.
+    preflight = preflight_begin()
     guard = os.environ.pop(GUARD_WAIT_ENV, "")
     if guard and not _wait_for_guard(guard):
         print(
@@ -131,6 +143,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return GUARD_DOWN_EXIT
+    refused = preflight_finish(preflight)
+    if refused is not None:
+        return refused
+    root = os.environ.get(ROOT_ENV) or os.getcwd()
+    # Still one thread: the wall binds this one and everything it starts.
+    refused = landlock_gate(root)
+    if refused is not None:
+        return refused
     if not port_text:
         try:
             os.execvp(cmd[0], cmd)
@@ -144,43 +164,125 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _usage(f"{PORT_ENV} must be a TCP port number, not {port_text!r}")
     if not token:
         return _usage(f"{PORT_ENV} is set but {TOKEN_ENV} is empty; refusing to serve")
-    executor = Executor(root)
     try:
-        server = ExecServer(port, token, executor)
+        listener = listen(port)
     except OSError as exc:
         print(f"agentworks_exec: cannot listen on 127.0.0.1:{port}: {exc}", file=sys.stderr)
         return 2
+    # The tools' root, resolved now: the step may change the folders under it later.
+    threading.Thread(
+        target=_serve_when_called,
+        args=(listener, token, os.path.realpath(root)),
+        name="agentworks-exec",
+        daemon=True,
+    ).start()
     del token
-    threading.Thread(target=server.serve_forever, name="agentworks-exec", daemon=True).start()
     return _run_step(cmd)
+
+
+LISTEN_BACKLOG: Final = 5  # socketserver.TCPServer.request_queue_size
+
+
+def listen(port: int) -> socket.socket:
+    """The executor's socket on 127.0.0.1:`port`, made as `ThreadingHTTPServer` makes
+    its own (address reuse, the same backlog), bound before the step starts."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen(LISTEN_BACKLOG)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _serve_when_called(listener: socket.socket, token: str, root: str) -> None:
+    """The server's thread: at the first connection, load the server and the tools and
+    serve for good. (`threading` itself is loaded on the main thread: imported first
+    from another thread, it would take that one for the main thread and the exit
+    would wait for it.)"""
+    import select
+
+    try:
+        select.select([listener], [], [])
+    except (OSError, ValueError):
+        return
+    from .executor import Executor
+    from .server import ExecServer
+
+    ExecServer(listener, token, Executor(root, resolved=True)).serve_forever()
+
+
+# Python ignores these; `subprocess.Popen` sets them back to default for a child.
+RESTORED_SIGNALS: Final = (signal.SIGPIPE, signal.SIGXFSZ)
+
+
+def _spawn(cmd: list[str]) -> int:
+    """Start the step as `subprocess.Popen(cmd)` would, without loading subprocess: the
+    signals Python ignores set back to default, and no descriptor but 0-2 inherited
+    (Python's own are close-on-exec; any other is closed in the child). Raises
+    OSError when it cannot run (FileNotFoundError: not found)."""
+    closing = []
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        names = []
+    for name in names:
+        fd = int(name)
+        if fd <= 2:
+            continue
+        try:
+            if os.get_inheritable(fd):
+                closing.append((os.POSIX_SPAWN_CLOSE, fd))
+        except OSError:
+            continue  # the listing's own descriptor, closed by now
+    return os.posix_spawnp(
+        cmd[0], cmd, os.environ, file_actions=closing, setsigdef=RESTORED_SIGNALS
+    )
 
 
 def _run_step(cmd: list[str]) -> int:
     """Run the step as a child, forwarding termination signals; its exit code."""
-    child: list[subprocess.Popen[bytes]] = []
+    child: list[int] = []
     pending: list[int] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:
         if not child:
             pending.append(signum)
             return
-        with contextlib.suppress(ProcessLookupError):
-            child[0].send_signal(signum)
+        try:
+            os.kill(child[0], signum)
+        except ProcessLookupError:
+            pass
 
     for signum in FORWARDED_SIGNALS:
-        with contextlib.suppress(OSError, ValueError):
+        try:
             signal.signal(signum, forward)
+        except (OSError, ValueError):
+            pass
     try:
-        child.append(subprocess.Popen(cmd))
+        child.append(_spawn(cmd))
     except OSError as exc:
         return _launch_error(cmd, exc)
     for early in pending:
-        with contextlib.suppress(ProcessLookupError):
-            child[0].send_signal(early)
-    reap_until_exit(child[0].pid)
-    code = exit_status(child[0].wait())
+        try:
+            os.kill(child[0], early)
+        except ProcessLookupError:
+            pass
+    reap_until_exit(child[0])
+    code = exit_status(_wait_exit(child[0]))
     _report_usage()
     return code
+
+
+def _wait_exit(pid: int) -> int:
+    """The child's end as `Popen.wait()` reports it: its exit code, or minus its signal."""
+    try:
+        _, status = os.waitpid(pid, 0)
+    except ChildProcessError:
+        return 0  # already reaped: nothing left to say (Popen says 0 too)
+    return os.waitstatus_to_exitcode(status)
 
 
 # The container's own memory high-water mark (page cache and tmpfs included), as the
@@ -215,8 +317,12 @@ def _report_usage() -> None:
     peak = _cgroup_memory_peak()
     if peak is not None:
         report["cgroup_peak_bytes"] = peak
-    with contextlib.suppress(OSError):
-        os.write(2, f"{USAGE_MARK} {json.dumps(report)}\n".encode())
+    # JSON by hand (numbers only): `json` would cost the start-up its import.
+    text = ", ".join(f'"{key}": {value!r}' for key, value in report.items())
+    try:
+        os.write(2, f"{USAGE_MARK} {{{text}}}\n".encode())
+    except OSError:
+        pass
 
 
 def reap_until_exit(step_pid: int) -> None:
@@ -241,7 +347,9 @@ def reap_until_exit(step_pid: int) -> None:
         with SPAWN_LOCK:
             ours = info.si_pid in OWN_CHILDREN
             if not ours:
-                with contextlib.suppress(ChildProcessError):
+                try:
                     os.waitpid(info.si_pid, 0)
+                except ChildProcessError:
+                    pass
         if ours:
             time.sleep(0.01)  # its tool thread is about to reap it
