@@ -63,9 +63,14 @@ def test_a_build_past_its_timeout_is_stopped_whole(
     _assert_all_stopped(_build_pids(pids))
 
 
+# Ctrl-C as a terminal gives it: a runner started in the background by a shell without
+# job control (as some CI jobs start their commands) inherits SIGINT ignored, and
+# Python then installs no KeyboardInterrupt for it.
 RUNNER = """
+import signal
 import sys
 from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from tests.kubernetes import cluster
 cluster.BUILD_SCRIPT = Path(sys.argv[1])
 try:
