@@ -13,8 +13,9 @@ import pytest
 import uvloop
 
 from sandbox.guard.bridge_client import MAX_BODY_BYTES, MAX_HEAD_BYTES, BridgeClient
+from sandbox.guard.caps import MAX_UPSTREAM_REPLY_BYTES
 from sandbox.guard.upstream import Reply, ReplyTooLarge, UpstreamError
-from tests.test_bridge_forward import Upstream, ok
+from tests.test_bridge_forward import Upstream, ok, oversized_reply
 
 T = TypeVar("T")
 DEADLINE_S = 20.0
@@ -120,12 +121,8 @@ def test_a_bad_or_missing_reply_is_an_error_of_a_sent_call_never_repeated(
 def test_a_reply_past_the_cap_is_refused_and_the_next_call_answered(
     serve: Callable[..., Upstream], framing: str
 ) -> None:
-    piece = b"x" * (1024 * 1024)
-    if framing == "declared":
-        big = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (MAX_BODY_BYTES + 1) + piece
-    else:
-        chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
-        big = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 9 + b"0\r\n\r\n"
+    assert MAX_BODY_BYTES == MAX_UPSTREAM_REPLY_BYTES
+    big = oversized_reply(framing)
     upstream = serve(lambda n, body: big if body == b"big" else ok())
     first, second = _posts(upstream.url, [b"big", b"{}"])
     assert isinstance(first, ReplyTooLarge) and first.sent

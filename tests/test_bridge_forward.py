@@ -21,6 +21,7 @@ import pytest
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app
+from sandbox.guard.caps import MAX_UPSTREAM_REPLY_BYTES
 from sandbox.guard.config import GuardConfig
 from tests.conftest import call_lines
 
@@ -181,6 +182,18 @@ def test_a_call_whose_bytes_were_written_is_never_sent_again(
     assert lines_of(actions)[1].detail["error"].startswith("upstream bridge failed")
 
 
+def oversized_reply(framing: str) -> bytes:
+    """A reply past caps.MAX_UPSTREAM_REPLY_BYTES: its length declared one byte over
+    (`declared`, only the first MiB sent), or chunked with no length (`chunked`)."""
+    cap = MAX_UPSTREAM_REPLY_BYTES
+    piece = b"x" * (1024 * 1024)
+    if framing == "declared":
+        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (cap + 1) + piece
+    chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
+    chunks = cap // len(piece) + 1
+    return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * chunks + b"0\r\n\r\n"
+
+
 @pytest.mark.parametrize("framing", ["declared", "chunked"])
 def test_an_upstream_reply_past_its_cap_is_a_tool_error_and_the_guard_goes_on(
     guard_at: Callable[[str | None], tuple[Guard, Path]], framing: str
@@ -188,15 +201,7 @@ def test_an_upstream_reply_past_its_cap_is_a_tool_error_and_the_guard_goes_on(
     """A reply larger than caps.MAX_UPSTREAM_REPLY_BYTES (declared up front, or chunked
     with no length) is dropped: the step gets an error naming the cap, the call's outcome
     line says so, it is not sent again, and the next call is answered."""
-    from sandbox.guard import caps
-
-    cap = caps.MAX_UPSTREAM_REPLY_BYTES
-    piece = b"x" * (1024 * 1024)
-    if framing == "declared":
-        big = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (cap + 1) + piece
-    else:
-        chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
-        big = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * 9 + b"0\r\n\r\n"
+    big = oversized_reply(framing)
     upstream = Upstream(lambda n, body: big if b"/big" in body else ok())
     try:
         guard, actions = guard_at(upstream.url)
@@ -210,7 +215,10 @@ def test_an_upstream_reply_past_its_cap_is_a_tool_error_and_the_guard_goes_on(
     assert "larger than 8 MiB (the guard's cap)" in replies[0]["result"]["text"]
     assert replies[1]["ok"] is True and replies[1]["result"]["text"] == "done"
     first, second = lines_of(actions)
-    assert first.decision == "allow" and first.detail["reply_bytes"] == f"more than {cap}"
+    assert (
+        first.decision == "allow"
+        and first.detail["reply_bytes"] == f"more than {MAX_UPSTREAM_REPLY_BYTES}"
+    )
     assert "the guard's cap" in first.detail["error"]
     assert second.detail["upstream_status"] == 200
 
