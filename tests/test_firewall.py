@@ -7,7 +7,14 @@ import subprocess
 from pathlib import Path
 
 from sandbox.contracts.layout import GUARD_UID
-from sandbox.launch.firewall import READY_MARK, expected_readback, guard_entry_script, rules
+from sandbox.launch.firewall import (
+    READY_MARK,
+    RULES_MARK,
+    expected_readback,
+    guard_entry_script,
+    installed_rules,
+    rules,
+)
 
 
 def test_only_the_guard_uid_leaves_and_everything_else_is_rejected() -> None:
@@ -103,3 +110,16 @@ def test_a_wrong_readback_ends_the_script_before_the_guard(tmp_path: Path) -> No
     code, out, started = _run_entry_script(tmp_path, wrong)
     assert (code, started) == (1, False), out
     assert "FIREWALL-MISMATCH" in out and READY_MARK not in out
+
+
+def test_the_readback_is_the_last_block_the_guard_printed() -> None:
+    """The runner's own check reads the entry script's last block: the engine's attach
+    can send the output twice (what was printed so far, then the live output)."""
+    block = expected_readback()
+    out = ["starting", RULES_MARK, *block, READY_MARK]
+    assert installed_rules(out) == block
+    assert installed_rules(out + out) == block
+    assert installed_rules([*block, READY_MARK]) == []  # no block: nothing was read back
+    cut = [RULES_MARK, *block[:-1], READY_MARK]
+    assert installed_rules(out + cut) == block[:-1] != block  # a cut block reads back wrong
+    assert installed_rules([RULES_MARK, *block, READY_MARK, "-A OUTPUT -j ACCEPT"]) == block

@@ -118,9 +118,30 @@ def rules(guard_uid: int = GUARD_UID, peers: PodPeers | None = None) -> dict[str
     }
 
 
-# The guard's entry prints this after the rules are in and read back; the runner
-# starts the step only once it has seen it.
+# The guard's entry prints this after the rules are in and read back right; the
+# runner goes on only once it has seen it. The read-back comes after RULES_MARK.
 READY_MARK = "FIREWALL-READY"
+RULES_MARK = "--- rules ---"
+
+
+def installed_rules(output: list[str]) -> list[str]:
+    """The rules the entry script printed back: the `-P`/`-A` lines of its last
+    read-back block (after the last RULES_MARK, up to the ready mark).
+
+    The engine's attach sends the output printed so far and then the live output, and
+    on a loaded engine the two can overlap, so the whole block may come twice (seen
+    under `make bench-load`); its last copy is the read-back. A block that is cut short
+    or mixed with anything else reads back wrong, and the run fails closed."""
+    marks = [i for i, line in enumerate(output) if line == RULES_MARK]
+    if not marks:
+        return []
+    block: list[str] = []
+    for line in output[marks[-1] + 1 :]:
+        if line == READY_MARK:
+            break
+        if line.startswith(("-P", "-A")):
+            block.append(line)
+    return block
 
 
 def restore_input(args: list[str]) -> str:
@@ -215,7 +236,7 @@ def _checked_readback(*, install: bool, peers: PodPeers | None) -> list[str]:
     they were installed, end the script unless they read back exactly as expected; the
     ready mark comes last."""
     lines = [
-        "echo '--- rules ---'",
+        f"echo {shlex.quote(RULES_MARK)}",
         'got="$(iptables -w -S OUTPUT; ip6tables -w -S OUTPUT)"',
         "printf '%s\\n' \"$got\"",
     ]

@@ -690,7 +690,7 @@ class TestRun:
                 if not output.wait_for_line(firewall.READY_MARK):
                     raise LaunchError(f"the run's firewall did not come up: {output.tail()}")
                 # The guard's entry script printed the rules back; they must be exactly ours.
-                installed = [ln for ln in output.lines() if ln.startswith(("-P", "-A"))]
+                installed = firewall.installed_rules(output.lines())
                 # One Pod shares its namespace: the per-uid rules of its peers too.
                 peers = launch.pod_peers(plan) if backend.kind == "kubernetes" else None
                 if plan.install_firewall and installed != firewall.expected_readback(peers):
