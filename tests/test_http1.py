@@ -147,10 +147,10 @@ def test_targets_inside_a_tunnel_stay_on_its_host(target: bytes, ok: bool) -> No
 def test_the_host_header_must_name_the_target(value: bytes, ok: bool) -> None:
     request = parse(b"GET http://a.test/x HTTP/1.1\r\nHost: " + value + b"\r\n\r\n")
     if ok:
-        http1.check_host(request, "a.test", 80, 80)
+        http1.check_host(request, http1.fields(request), "a.test", 80, 80)
     else:
         with pytest.raises(Refused):
-            http1.check_host(request, "a.test", 80, 80)
+            http1.check_host(request, http1.fields(request), "a.test", 80, 80)
 
 
 def test_forwarded_headers_drop_hop_by_hop_and_what_connection_names() -> None:
@@ -179,7 +179,6 @@ def test_fields_index_each_header_by_lower_case_name_with_its_first_value() -> N
         b"accept": b"*/*",
         b"connection": b"a",
     }
-    assert http1.header(request, b"accept") == b"*/*" and http1.header(request, b"te") is None
     # every Connection header's tokens, not only the first one's
     assert http1.connection_tokens(request) == {b"a", b"b", b"c"}
-    assert http1.body_length(request, found) == 0
+    assert http1.body_length(found) == 0

@@ -505,7 +505,7 @@ class EgressProxy:
         seen.url = request.target.decode("ascii")
         target = http1.absolute_target(request.target)
         seen.url, seen.host = target.url("http"), target.host
-        http1.check_host(request, target.host, target.port, 80, incoming.fields)
+        http1.check_host(request, incoming.fields, target.host, target.port, 80)
         if b"upgrade" in incoming.fields:
             raise Denied(403, "a protocol upgrade cannot be inspected")
         entry = match(self.config.egress, target.host, target.port, tunnel=False)
@@ -525,7 +525,7 @@ class EgressProxy:
         seen.url = request.target.decode("ascii")
         host, port = http1.connect_target(request.target)
         seen.host = host
-        http1.check_host(request, host, port, port, incoming.fields)
+        http1.check_host(request, incoming.fields, host, port, port)
         if incoming.fields.get(b"content-length") or incoming.fields.get(b"transfer-encoding"):
             raise Refused(400, "a CONNECT carries no body")
         entry = match(self.config.egress, host, port, tunnel=True)
@@ -570,7 +570,7 @@ class EgressProxy:
         seen.url = http1.Target(host, port, raw).url("https") if raw.startswith("/") else raw
         target = http1.tunnel_target(request.target, host, port)
         seen.url = target.url("https")
-        http1.check_host(request, host, port, 443, incoming.fields)
+        http1.check_host(request, incoming.fields, host, port, 443)
         if b"upgrade" in incoming.fields:
             raise Denied(403, "a protocol upgrade inside TLS cannot be inspected")
         _judge_read(incoming, entry)
@@ -985,7 +985,7 @@ def _judge_read(incoming: _Incoming, entry: EgressEntry) -> None:
         raise Denied(403, f"HTTP {method} can have effects; only GET and HEAD pass", stub=True)
     if b"transfer-encoding" in incoming.fields:
         raise Refused(400, "Transfer-Encoding on a read is ambiguous; it is not forwarded")
-    if http1.body_length(incoming.request, incoming.fields):
+    if http1.body_length(incoming.fields):
         raise Denied(
             403, "a read (GET or HEAD) carries no body; one that does is not forwarded", stub=True
         )

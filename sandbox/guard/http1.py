@@ -152,14 +152,8 @@ def fields(message: h11.Request | h11.Response) -> dict[bytes, bytes]:
     return found
 
 
-def header(request: h11.Request | h11.Response, name: bytes) -> bytes | None:
-    """The (h11-normalised) value of a header that occurs at most once."""
-    return fields(request).get(name)
-
-
-def body_length(request: h11.Request, found: dict[bytes, bytes] | None = None) -> int | None:
-    """The request's Content-Length; None when it is chunked. `found`: its `fields`."""
-    found = fields(request) if found is None else found
+def body_length(found: dict[bytes, bytes]) -> int | None:
+    """A request's Content-Length from its `fields`; None when it is chunked."""
     if b"transfer-encoding" in found:
         return None
     return int(found.get(b"content-length") or b"0")
@@ -229,15 +223,11 @@ def connect_target(target: bytes) -> tuple[str, int]:
 
 
 def check_host(
-    request: h11.Request,
-    host: str,
-    port: int,
-    default_port: int,
-    found: dict[bytes, bytes] | None = None,
+    request: h11.Request, found: dict[bytes, bytes], host: str, port: int, default_port: int
 ) -> None:
     """A Host header, when there is one, names exactly the judged host and port.
     `found`: the request's `fields`."""
-    value = (fields(request) if found is None else found).get(b"host")
+    value = found.get(b"host")
     if value is None:
         if request.http_version == b"1.1":  # h11 requires it already
             raise Refused(400, "an HTTP/1.1 request needs a Host header")
@@ -276,10 +266,9 @@ def forward_headers(
     return out
 
 
-def wants_keep_alive(request: h11.Request, tokens: set[bytes] | None = None) -> bool:
-    """HTTP/1.1 without `Connection: close`. `tokens`: its `connection_tokens`."""
-    tokens = connection_tokens(request) if tokens is None else tokens
-    return request.http_version == b"1.1" and b"close" not in tokens
+def wants_keep_alive(request: h11.Request) -> bool:
+    """HTTP/1.1 without `Connection: close`."""
+    return request.http_version == b"1.1" and b"close" not in connection_tokens(request)
 
 
 def _clip(text: str, limit: int = 200) -> str:
