@@ -307,6 +307,7 @@ def _report_usage() -> None:
     """The step's CPU time and largest RSS (rusage of every reaped descendant), on stderr.
 
     Engine stats are sampled and can miss a short step entirely; this cannot."""
+    import json
     import resource
 
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -317,10 +318,8 @@ def _report_usage() -> None:
     peak = _cgroup_memory_peak()
     if peak is not None:
         report["cgroup_peak_bytes"] = peak
-    # JSON by hand (numbers only): `json` would cost the start-up its import.
-    text = ", ".join(f'"{key}": {value!r}' for key, value in report.items())
     try:
-        os.write(2, f"{USAGE_MARK} {{{text}}}\n".encode())
+        os.write(2, f"{USAGE_MARK} {json.dumps(report)}\n".encode())
     except OSError:
         pass
 
