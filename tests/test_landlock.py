@@ -28,21 +28,27 @@ DEADLINE_S = 30.0
 ABI = landlock.abi_version()
 needs_landlock = pytest.mark.skipif(ABI < 6, reason=f"the kernel's Landlock ABI is {ABI}, not 6+")
 
-# Run in a fresh interpreter: a Landlock domain can never be left.
-ATTEMPTS = r"""
-import errno, json, os, socket, sys
-from sandbox.stepside import landlock
-wall, writable, outside, victim, abstract = sys.argv[1:6]
-if wall == "wall":
-    landlock.restrict([writable, "/dev/null"])
-
+# The step scripts' (text) helper: what an attempt ended in, "ok" or the errno's name.
+ATTEMPT = r"""
 def attempt(action):
     try:
         action()
     except OSError as exc:
         return errno.errorcode.get(exc.errno or 0, str(exc.errno))
     return "ok"
+"""
 
+# Run in a fresh interpreter: a Landlock domain can never be left.
+ATTEMPTS = (
+    r"""
+import errno, json, os, socket, sys
+from sandbox.stepside import landlock
+wall, writable, outside, victim, abstract = sys.argv[1:6]
+if wall == "wall":
+    landlock.restrict([writable, "/dev/null"])
+"""
+    + ATTEMPT
+    + r"""
 def connect():
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.connect("\0" + abstract)
@@ -63,6 +69,7 @@ print(json.dumps({
     "abstract socket outside": attempt(connect),
 }))
 """
+)
 
 
 @pytest.fixture
@@ -246,14 +253,12 @@ def test_beside_stdio_servers_a_wall_that_cannot_scope_stops_the_step(tmp_path: 
     assert verdict.landlock_from(ran.stderr).scoped == ["abstract_unix_socket", "signal"]
 
 
-STEP = r"""
+STEP = (
+    r"""
 import errno, os, sqlite3
-def attempt(action):
-    try:
-        action()
-    except OSError as exc:
-        return errno.errorcode.get(exc.errno or 0, str(exc.errno))
-    return "ok"
+"""
+    + ATTEMPT
+    + r"""
 def write(path, text="x"):
     with open(path, "w") as handle:
         handle.write(text)
@@ -272,6 +277,7 @@ for name, action in [
 ]:
     print(name, attempt(action))
 """
+)
 
 
 @pytest.mark.engine
