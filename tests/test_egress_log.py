@@ -118,12 +118,23 @@ async def _through(proxy: EgressProxy, payload: bytes) -> bytes:
         proxy.close()  # its idle upstream connections too: the proxy is done
 
 
-def _closing_get(proxy: EgressProxy, port: int) -> bytes:
-    """One `GET /p` to the local host at `port` through the proxy, on a connection
+def _closing_get(proxy: EgressProxy, port: int, path: str = "/p") -> bytes:
+    """One `GET path` to the local host at `port` through the proxy, on a connection
     that closes after it; everything the proxy answers."""
     authority = f"127.0.0.1:{port}"
-    request = f"GET http://{authority}/p HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
+    request = (
+        f"GET http://{authority}{path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
+    )
     return asyncio.run(_through(proxy, request.encode()))
+
+
+def _local_proxy(
+    actions: Path, port: int, *, fsync_each: bool = False, label: dict[str, object] | None = None
+) -> tuple[EgressProxy, ActionLog]:
+    """An in-process proxy whose allow list is the local host at `port`, and its log."""
+    egress = Egress(allow=[{"host": "127.0.0.1", "port": port}])  # type: ignore[list-item]
+    log = ActionLog(str(actions), secrets=(), fsync_each=fsync_each)
+    return EgressProxy(_config(actions, egress), log, label=dict(label or {})), log
 
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
@@ -135,14 +146,9 @@ def test_a_forwarded_read_is_started_on_disk_before_its_first_byte_leaves(
     with _actions(tmp_path) as actions:
         host = Host(actions, OK)
         try:
-            egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
-            log = ActionLog(str(actions), secrets=(), fsync_each=False)
-            proxy = EgressProxy(_config(actions, egress), log)
+            proxy, log = _local_proxy(actions, host.port)
             target = f"http://127.0.0.1:{host.port}/page"
-            request = (
-                f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1:{host.port}\r\nConnection: close\r\n\r\n"
-            )
-            reply = asyncio.run(_through(proxy, request.encode()))
+            reply = _closing_get(proxy, host.port, "/page")
             log.close()
         finally:
             host.close()
@@ -164,11 +170,8 @@ def test_a_reply_cut_short_is_an_error_outcome(tmp_path: Path) -> None:
     with _actions(tmp_path) as actions:
         host = Host(actions, b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly-some")
         try:
-            egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
-            log = ActionLog(str(actions), secrets=(), fsync_each=False)
-            proxy = EgressProxy(_config(actions, egress), log)
-            request = f"GET http://127.0.0.1:{host.port}/p HTTP/1.1\r\nHost: 127.0.0.1:{host.port}\r\nConnection: close\r\n\r\n"
-            asyncio.run(_through(proxy, request.encode()))
+            proxy, log = _local_proxy(actions, host.port)
+            _closing_get(proxy, host.port)
             log.close()
         finally:
             host.close()
@@ -248,9 +251,7 @@ def test_an_mcp_servers_proxy_names_the_server_on_every_line(tmp_path: Path) -> 
     with _actions(tmp_path) as actions:
         host = Host(actions, OK)
         try:
-            egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
-            log = ActionLog(str(actions), secrets=(), fsync_each=False)
-            proxy = EgressProxy(_config(actions, egress), log, label={"mcp_server": "fetcher"})
+            proxy, log = _local_proxy(actions, host.port, label={"mcp_server": "fetcher"})
             authority = f"127.0.0.1:{host.port}"
             write = f"POST http://{authority}/w HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 2\r\n\r\nhi"
             _closing_get(proxy, host.port)
@@ -327,9 +328,7 @@ def test_a_log_that_cannot_be_synced_refuses_the_request_and_nothing_leaves(
     with _actions(tmp_path) as actions:
         host = Host(actions, OK)
         try:
-            egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
-            log = ActionLog(str(actions), secrets=(), fsync_each=True)
-            proxy = EgressProxy(_config(actions, egress), log)
+            proxy, log = _local_proxy(actions, host.port, fsync_each=True)
             reply = _closing_get(proxy, host.port)
             log.close()
         finally:
