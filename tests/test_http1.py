@@ -182,3 +182,23 @@ def test_fields_index_each_header_by_lower_case_name_with_its_first_value() -> N
     # every Connection header's tokens, not only the first one's
     assert http1.connection_tokens(request) == {b"a", b"b", b"c"}
     assert http1.body_length(found) == 0
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "headers"),
+    [
+        (b"GET", b"/x?q=1", [(b"Host", b"a.test"), (b"Accept", b"*/*")]),
+        (b"HEAD", b"/", [(b"Host", b"a.test:8080")]),
+        # Host not first in the list: h11 writes it first, and so must the proxy
+        (b"GET", b"/p", [(b"X-A", b"1"), (b"Host", b"a.test"), (b"x-b", b"two words")]),
+        (b"GET", b"/", [(b"Host", b"a.test"), (b"Connection", b"close")]),
+    ],
+)
+def test_a_request_head_is_written_byte_for_byte_as_h11_writes_it(
+    method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """The proxy writes a read's forwarded head itself (h11 only learns its framing);
+    the bytes that leave are the ones h11 would have written."""
+    conn = h11.Connection(h11.CLIENT)
+    expected = conn.send(h11.Request(method=method, target=target, headers=headers))
+    assert http1.request_head(method, target, headers) == expected

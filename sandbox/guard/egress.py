@@ -355,9 +355,14 @@ class _Incoming:
     request: h11.Request
     head: bytes
     fields: dict[bytes, bytes] = field(init=False)
+    # No Transfer-Encoding and no Content-Length other than 0: the head is the whole
+    # request (RFC 9112 6.3), so its body is not read through h11 and the bytes after
+    # the head stay in the client's buffer as the next request's.
+    bodyless: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.fields = http1.fields(self.request)
+        self.bodyless = http1.body_length(self.fields) == 0
 
     @property
     def method(self) -> bytes:
@@ -472,15 +477,20 @@ class EgressProxy:
                     raise Refused(400, "the connection closed in the middle of a request head")
                 return None
             client.buffer += data
-        head, rest = bytes(client.buffer[:end]), bytes(client.buffer[end:])
+        head = bytes(client.buffer[:end])
         conn, request = http1.parse_request(head)  # a refusal leaves the head for the log
-        client.buffer.clear()
-        if rest:  # h11 takes b"" for the client's end: a body still on its way is not that
-            conn.receive_data(rest)
-        return _Incoming(conn, request, head)
+        incoming = _Incoming(conn, request, head)
+        del client.buffer[:end]  # what follows a body-less head is the next request's
+        if client.buffer and not incoming.bodyless:
+            # h11 takes b"" for the client's end: a body still on its way is not that
+            conn.receive_data(bytes(client.buffer))
+            client.buffer.clear()
+        return incoming
 
     async def _body(self, client: _Client, incoming: _Incoming) -> AsyncIterator[bytes]:
         """The request's body as h11 decodes it; what follows it stays in the buffer."""
+        if incoming.bodyless:
+            return
         while True:
             try:
                 event = incoming.conn.next_event()
@@ -603,10 +613,7 @@ class EgressProxy:
             if upstream.sock is None:  # TLS to the host: one connection per request
                 headers.append((b"Connection", b"close"))
             outgoing = h11.Connection(h11.CLIENT, max_incomplete_event_size=http1.MAX_HEAD_BYTES)
-            head = outgoing.send(
-                h11.Request(method=request.method, target=target.origin, headers=headers)
-            )
-            assert head is not None
+            head = _request_head(outgoing, request, target.origin.encode("ascii"), headers)
             kind = "model call" if entry.model else "read"
             where = " (inspected inside TLS)" if seen.tls else ""
             # Plain TCP: the log's writer sends the head the moment its line is on disk.
@@ -635,8 +642,9 @@ class EgressProxy:
                 await upstream.send(head[early[0] :])
                 if entry.model and b"100-continue" in incoming.fields.get(b"expect", b""):
                     await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                async for chunk in self._body(client, incoming):  # empty for a read
-                    await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
+                if not incoming.bodyless:  # a read has none
+                    async for chunk in self._body(client, incoming):
+                        await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
                 await upstream.send(outgoing.send(h11.EndOfMessage()) or b"")
                 keep = await self._relay_reply(client, upstream, outgoing, request, outcome)
                 # free for the next request at once, while this one's outcome is written
@@ -989,6 +997,32 @@ def _judge_read(incoming: _Incoming, entry: EgressEntry) -> None:
         raise Denied(
             403, "a read (GET or HEAD) carries no body; one that does is not forwarded", stub=True
         )
+
+
+def _request_head(
+    outgoing: h11.Connection,
+    request: h11.Request,
+    origin: bytes,
+    headers: list[tuple[bytes, bytes]],
+) -> bytes:
+    """The forwarded request's head, with `outgoing` (the h11 connection that reads the
+    reply) moved past it.
+
+    A request without a body (every read) is written here, byte for byte as h11 writes
+    it (request line, Host first, then the rest in order: tests/test_http1.py pins
+    that), and h11 is told only what frames the reply (method, target, Host,
+    Connection): every other header came from h11's own parse of the client's request
+    and needs no second validation, which per request cost more than the rest of the
+    head. A request with a body (a model call's Content-Length or chunked framing)
+    goes through h11 whole, so that h11 frames the body it writes."""
+    named = {name.lower() for name, _ in headers}
+    if b"content-length" in named or b"transfer-encoding" in named:
+        head = outgoing.send(h11.Request(method=request.method, target=origin, headers=headers))
+        assert head is not None
+        return head
+    framing = [(n, v) for n, v in headers if n.lower() in (b"host", b"connection")]
+    outgoing.send(h11.Request(method=request.method, target=origin, headers=framing))
+    return http1.request_head(request.method, origin, headers)
 
 
 async def _reply_head(upstream: _Upstream, outgoing: h11.Connection) -> h11.Response:

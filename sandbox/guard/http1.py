@@ -266,6 +266,17 @@ def forward_headers(
     return out
 
 
+def request_head(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """An HTTP/1.1 request head as h11 writes it: the request line, the Host header
+    first, then every other header in order. `headers` must be valid already (parsed
+    by h11, or the proxy's own)."""
+    lines = [b"%s %s HTTP/1.1\r\n" % (method, target)]
+    lines += [b"%s: %s\r\n" % item for item in headers if item[0].lower() == b"host"]
+    lines += [b"%s: %s\r\n" % item for item in headers if item[0].lower() != b"host"]
+    lines.append(b"\r\n")
+    return b"".join(lines)
+
+
 def wants_keep_alive(request: h11.Request) -> bool:
     """HTTP/1.1 without `Connection: close`."""
     return request.http_version == b"1.1" and b"close" not in connection_tokens(request)
