@@ -202,3 +202,63 @@ def test_a_request_head_is_written_byte_for_byte_as_h11_writes_it(
     conn = h11.Connection(h11.CLIENT)
     expected = conn.send(h11.Request(method=method, target=target, headers=headers))
     assert http1.request_head(method, target, headers) == expected
+
+
+def _h11_request(head: bytes) -> h11.Request:
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(head)
+    event = conn.next_event()
+    assert isinstance(event, h11.Request)
+    return event
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        GOOD,
+        b"HEAD http://a.test:8080/p?q=1&r=%20 HTTP/1.1\r\nHost: a.test:8080\r\n\r\n",
+        b"GET http://a.test/ HTTP/1.0\r\n\r\n",
+        b"GET http://a.test/ HTTP/1.1\r\nhost:a.test\r\nX-Empty:\r\nX-Pad: \t v a l \t\r\n\r\n",
+        b"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nConnection: keep-alive, x-a\r\n\r\n",
+        b"CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\n\r\n",
+    ],
+)
+def test_a_head_without_framing_parses_to_what_h11_parses(head: bytes) -> None:
+    """Such a head is matched with h11's own grammar, without an h11 connection: the
+    request is the one h11 makes of it, and it has no body to read."""
+    conn, request = http1.parse_request(head)
+    expected = _h11_request(head)
+    assert conn is None
+    assert (request.method, request.target, request.http_version) == (
+        expected.method,
+        expected.target,
+        expected.http_version,
+    )
+    assert list(request.headers.raw_items()) == list(expected.headers.raw_items())
+    assert list(request.headers) == list(expected.headers)
+
+
+@pytest.mark.parametrize(
+    ("head", "status"),
+    [
+        (b"GET http://a.test/ HTTP/1.1\r\n\r\n", 400),  # no Host
+        (b"GET http://a.test/ HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400),
+        (b"GET http://a.test/ HTTP/1.1\r\nBad Name: x\r\nHost: a\r\n\r\n", 400),
+        (b"GET http://a.test/ HTTP/1.1\r\nHost: a\r\nX: a\x00b\r\n\r\n", 400),
+        (b"GET http://a.test/ HTTP/2.0\r\nHost: a\r\n\r\n", 505),
+        (b"GET  http://a.test/ HTTP/1.1\r\nHost: a\r\n\r\n", 400),
+        (b"\r\nGET http://a.test/ HTTP/1.1\r\nHost: a\r\n\r\n", 400),
+    ],
+)
+def test_a_head_the_grammar_refuses_is_refused_as_h11_refuses_it(head: bytes, status: int) -> None:
+    with pytest.raises(Refused) as info:
+        http1.parse_request(head)
+    assert info.value.status == status
+
+
+def test_a_head_with_framing_is_parsed_by_h11_and_keeps_its_connection() -> None:
+    head = b"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\n\r\n"
+    conn, _ = http1.parse_request(head)
+    assert conn is not None
+    conn.receive_data(b"abc")
+    assert isinstance(conn.next_event(), h11.Data)

@@ -351,7 +351,7 @@ class _Incoming:
     """One parsed request and the h11 connection that reads its body; `fields` its
     headers by name, indexed once (every check below looks them up)."""
 
-    conn: h11.Connection
+    conn: h11.Connection | None  # None: a head without framing headers (no body)
     request: h11.Request
     head: bytes
     fields: dict[bytes, bytes] = field(init=False)
@@ -481,7 +481,7 @@ class EgressProxy:
         conn, request = http1.parse_request(head)  # a refusal leaves the head for the log
         incoming = _Incoming(conn, request, head)
         del client.buffer[:end]  # what follows a body-less head is the next request's
-        if client.buffer and not incoming.bodyless:
+        if client.buffer and conn is not None and not incoming.bodyless:
             # h11 takes b"" for the client's end: a body still on its way is not that
             conn.receive_data(bytes(client.buffer))
             client.buffer.clear()
@@ -489,22 +489,23 @@ class EgressProxy:
 
     async def _body(self, client: _Client, incoming: _Incoming) -> AsyncIterator[bytes]:
         """The request's body as h11 decodes it; what follows it stays in the buffer."""
-        if incoming.bodyless:
+        conn = incoming.conn
+        if incoming.bodyless or conn is None:
             return
         while True:
             try:
-                event = incoming.conn.next_event()
+                event = conn.next_event()
             except h11.RemoteProtocolError as exc:
                 raise Refused(400, f"malformed request body: {exc}") from None
             if event is h11.NEED_DATA:
-                incoming.conn.receive_data(await self._fill(client, idle=False))
+                conn.receive_data(await self._fill(client, idle=False))
             elif isinstance(event, h11.Data):
                 yield bytes(event.data)
             elif isinstance(event, h11.EndOfMessage):
                 break
             else:
                 raise Refused(400, "the request body ended early")
-        client.buffer += incoming.conn.trailing_data[0]
+        client.buffer += conn.trailing_data[0]
 
     # -- judging ------------------------------------------------------------------
 

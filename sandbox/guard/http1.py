@@ -34,6 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import h11
+from h11 import _readers as h11_readers
 
 MAX_HEAD_BYTES = 64 * 1024  # one request or reply head; also h11's max_incomplete_event_size
 MAX_HEADER_LINES = 100
@@ -72,6 +73,15 @@ _AUTHORITY = re.compile(rf"{_HOST}:(?P<port>[0-9]{{1,5}})")
 _HOST_HEADER = re.compile(rf"{_HOST}{_PORT}")
 
 
+# h11's own grammar for a request line, a status line and a header field (the
+# patterns its readers match each line with), so that a head parsed here is accepted
+# exactly when h11 would accept it.
+_H11_REQUEST_LINE: re.Pattern[bytes] = h11_readers.request_line_re
+_H11_STATUS_LINE: re.Pattern[bytes] = h11_readers.status_line_re
+_H11_FIELD: re.Pattern[bytes] = h11_readers.header_field_re
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+
+
 class Refused(Exception):
     """The request cannot be forwarded as HTTP: its status and the reason."""
 
@@ -100,9 +110,57 @@ def head_end(buffer: bytes | bytearray) -> int | None:
     return end + 4 if end >= 0 else None
 
 
-def parse_request(head: bytes) -> tuple[h11.Connection, h11.Request]:
-    """Parse one complete head (as `head_end` delimited it) with a fresh h11 connection;
-    the connection is returned to read the body with."""
+def _plain_head(head: bytes, first_line: re.Pattern[bytes]) -> list[re.Match[bytes]] | None:
+    """A complete head's lines matched by h11's own grammar (`first_line`, then its
+    header-field rule), when the head has no framing header (Content-Length,
+    Transfer-Encoding); None when any line does not match or framing is there: such
+    a head goes to h11 whole, which says what is wrong or handles its framing."""
+    if not head.endswith(b"\r\n\r\n"):
+        return None
+    lines = head[:-4].split(b"\r\n")
+    found = [first_line.fullmatch(lines[0])]
+    for line in lines[1:]:
+        found.append(_H11_FIELD.fullmatch(line))
+    if not all(found):
+        return None
+    matches: list[re.Match[bytes]] = found  # type: ignore[assignment]
+    for match in matches[1:]:
+        if match.group("field_name").lower() in _FRAMING:
+            return None
+    return matches
+
+
+def _fields_of(matches: list[re.Match[bytes]]) -> list[tuple[bytes, bytes]]:
+    return [(m.group("field_name"), m.group("field_value")) for m in matches[1:]]
+
+
+def parse_request(head: bytes) -> tuple[h11.Connection | None, h11.Request]:
+    """Parse one complete head (as `head_end` delimited it); the h11 connection that
+    parsed it is returned to read the body with, None for a head without framing
+    headers (no body: RFC 9112 6.3).
+
+    Such a head (every read) is matched line by line with h11's own grammar and
+    made into h11's own Request the way h11's reader makes it (`_parsed`: the same
+    header normalization, the same Host rules), without a connection and its state
+    machine, which per request cost more than the rest of the parse. Anything else,
+    and anything that does not match, is parsed by h11 itself as before: the same
+    refusals, the same errors."""
+    plain = _plain_head(head, _H11_REQUEST_LINE)
+    if plain is not None:
+        try:
+            line = plain[0]
+            request = h11.Request(
+                method=line.group("method"),
+                target=line.group("target"),
+                http_version=line.group("http_version"),
+                headers=_fields_of(plain),
+                _parsed=True,
+            )
+        except h11.LocalProtocolError:
+            pass  # h11 below says so, in its words
+        else:
+            check_request(head, request)
+            return None, request
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
     conn.receive_data(head)
     try:
