@@ -613,8 +613,8 @@ class EgressProxy:
             ]
             if upstream.sock is None:  # TLS to the host: one connection per request
                 headers.append((b"Connection", b"close"))
-            outgoing = h11.Connection(h11.CLIENT, max_incomplete_event_size=http1.MAX_HEAD_BYTES)
-            head = _request_head(outgoing, request, target.origin.encode("ascii"), headers)
+            sent = _Sent(request.method, target.origin.encode("ascii"), headers)
+            outgoing, head = _request_head(sent)
             kind = "model call" if entry.model else "read"
             where = " (inspected inside TLS)" if seen.tls else ""
             # Plain TCP: the log's writer sends the head the moment its line is on disk.
@@ -643,11 +643,12 @@ class EgressProxy:
                 await upstream.send(head[early[0] :])
                 if entry.model and b"100-continue" in incoming.fields.get(b"expect", b""):
                     await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                if not incoming.bodyless:  # a read has none
-                    async for chunk in self._body(client, incoming):
-                        await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
-                await upstream.send(outgoing.send(h11.EndOfMessage()) or b"")
-                keep = await self._relay_reply(client, upstream, outgoing, request, outcome)
+                if outgoing is not None:  # h11 frames the body (none for a read)
+                    if not incoming.bodyless:
+                        async for chunk in self._body(client, incoming):
+                            await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
+                    await upstream.send(outgoing.send(h11.EndOfMessage()) or b"")
+                keep = await self._relay_reply(client, upstream, outgoing, sent, request, outcome)
                 # free for the next request at once, while this one's outcome is written
                 given_back = True
                 self._pool.give_back(target.host, target.port, upstream)
@@ -669,25 +670,51 @@ class EgressProxy:
         self,
         client: _Client,
         upstream: _Upstream,
-        outgoing: h11.Connection,
+        outgoing: h11.Connection | None,
+        sent: _Sent,
         request: h11.Request,
         outcome: dict[str, Any],
     ) -> bool:
         """Relay the reply; `outcome` gets its status (and `reply_cut` when the upstream
-        ended the body early). Whether the client's connection carries another request."""
-        response = await _reply_head(upstream, outgoing)
+        ended the body early). Whether the client's connection carries another request.
+
+        `outgoing` None (a request without a body, written by the proxy): the reply
+        head is parsed here with h11's grammar (`http1.parse_reply`) when its first read
+        holds all of it; a reply with no body, or with a Content-Length body of at most
+        SPLICE_MIN_BYTES past what came with the head (a small reply, read whole
+        here), is relayed from there in one write. Any other reply (a head split
+        across reads, a large body, chunked, to the close, informational, cut short,
+        or one the grammar does not take) goes to an h11 connection that is told the
+        request and given every byte read so far, and is relayed by h11 as before."""
+        raw = b""
+        parsed: tuple[h11.Response, bytes] | None = None
+        if outgoing is None:
+            raw = await upstream.recv()
+            parsed = http1.parse_reply(raw)
+        if parsed is not None:
+            response, rest = parsed
+            found = http1.fields(response)
+            framing, length = _framing(request.method, response.status_code, found)
+            # A small body's rest (its head and body may come in two sends) is read
+            # here; a large one is relayed by h11 and splice, as before.
+            while framing == "length" and len(rest) < length <= len(rest) + SPLICE_MIN_BYTES:
+                more = await upstream.recv()
+                if not more:
+                    break  # cut short: h11's relay below says so
+                raw += more
+                rest += more
+            if not (framing == "none" or (framing == "length" and len(rest) >= length)):
+                parsed = None  # not all here, or not counted: h11 gets every byte read
+        if parsed is None:
+            if outgoing is None:
+                outgoing = _h11_outgoing(sent)
+                outgoing.receive_data(raw)  # b"": the host closed, which h11 then says
+            response, rest = await _reply_head(upstream, outgoing), b""
+            found = http1.fields(response)
+            framing, length = _framing(request.method, response.status_code, found)
         status = response.status_code
         outcome["status"] = status
-        found = http1.fields(response)
         tokens = http1.connection_tokens(response)
-        if request.method == b"HEAD" or status in (204, 304):
-            framing, length = "none", 0
-        elif b"transfer-encoding" in found:
-            framing, length = "chunked", 0
-        elif (declared := found.get(b"content-length")) is not None:
-            framing, length = "length", int(declared)
-        else:
-            framing, length = "close", 0
         client_11 = request.http_version == b"1.1"
         keep = http1.wants_keep_alive(request) and framing != "close"
         headers = http1.forward_headers(response, tokens=tokens)
@@ -707,8 +734,13 @@ class EgressProxy:
         head += b"".join(name + b": " + value + b"\r\n" for name, value in headers) + b"\r\n"
         client.replying = True
         complete = True
-        if framing == "none":
+        after = b""  # what came after the reply (a reply relayed without h11)
+        if outgoing is None:
+            body, after = rest[:length], rest[length:]
+            await client.write(head + body)
+        elif framing == "none":
             await client.write(head)
+            after = outgoing.trailing_data[0]
         elif framing == "chunked":
             await _relay_chunked(client, upstream, outgoing, head, chunked=client_11)
         else:
@@ -718,6 +750,8 @@ class EgressProxy:
             if not complete:
                 outcome["reply_cut"] = True
             keep = keep and complete
+        if outgoing is not None:
+            after = outgoing.trailing_data[0]
         client.replying = False
         # The upstream connection may carry the next request only when this reply ended
         # exactly where its framing said and nothing came after it.
@@ -727,7 +761,7 @@ class EgressProxy:
             and response.http_version == b"1.1"
             and b"close" not in tokens
             and not upstream.overread
-            and not outgoing.trailing_data[0]
+            and not after
         )
         return keep
 
@@ -1000,30 +1034,62 @@ def _judge_read(incoming: _Incoming, entry: EgressEntry) -> None:
         )
 
 
-def _request_head(
-    outgoing: h11.Connection,
-    request: h11.Request,
-    origin: bytes,
-    headers: list[tuple[bytes, bytes]],
-) -> bytes:
-    """The forwarded request's head, with `outgoing` (the h11 connection that reads the
-    reply) moved past it.
+@dataclass(frozen=True)
+class _Sent:
+    """The request as forwarded: method, origin-form target and headers (Host first)."""
 
-    A request without a body (every read) is written here, byte for byte as h11 writes
-    it (request line, Host first, then the rest in order: tests/test_http1.py pins
-    that), and h11 is told only what frames the reply (method, target, Host,
-    Connection): every other header came from h11's own parse of the client's request
-    and needs no second validation, which per request cost more than the rest of the
-    head. A request with a body (a model call's Content-Length or chunked framing)
-    goes through h11 whole, so that h11 frames the body it writes."""
-    named = {name.lower() for name, _ in headers}
+    method: bytes
+    origin: bytes
+    headers: list[tuple[bytes, bytes]]
+
+
+def _request_head(sent: _Sent) -> tuple[h11.Connection | None, bytes]:
+    """The forwarded request's head, and the h11 connection that writes its body and
+    reads its reply (None: there is no body, and the reply is read without h11 while
+    it can be; see `_relay_reply`).
+
+    A request without framing headers (every read) is written here, byte for byte as
+    h11 writes it (request line, Host first, then the rest in order:
+    tests/test_http1.py pins that). Nothing in it needs h11's validation again: the
+    method, the target's path and every client header came out of h11's grammar
+    (`http1.parse_request`), and Host and Connection are the proxy's own, built from
+    the judged target. A request with a body (a model call's Content-Length or
+    chunked framing) goes through h11 whole, so that h11 frames the body it writes."""
+    named = {name.lower() for name, _ in sent.headers}
     if b"content-length" in named or b"transfer-encoding" in named:
-        head = outgoing.send(h11.Request(method=request.method, target=origin, headers=headers))
+        outgoing = _new_outgoing()
+        head = outgoing.send(
+            h11.Request(method=sent.method, target=sent.origin, headers=sent.headers)
+        )
         assert head is not None
-        return head
-    framing = [(n, v) for n, v in headers if n.lower() in (b"host", b"connection")]
-    outgoing.send(h11.Request(method=request.method, target=origin, headers=framing))
-    return http1.request_head(request.method, origin, headers)
+        return outgoing, head
+    return None, http1.request_head(sent.method, sent.origin, sent.headers)
+
+
+def _new_outgoing() -> h11.Connection:
+    return h11.Connection(h11.CLIENT, max_incomplete_event_size=http1.MAX_HEAD_BYTES)
+
+
+def _h11_outgoing(sent: _Sent) -> h11.Connection:
+    """An h11 connection told about a body-less request that went out already (what
+    frames its reply: method, target, Host, Connection), ready to read the reply."""
+    outgoing = _new_outgoing()
+    framing = [(n, v) for n, v in sent.headers if n.lower() in (b"host", b"connection")]
+    outgoing.send(h11.Request(method=sent.method, target=sent.origin, headers=framing))
+    outgoing.send(h11.EndOfMessage())
+    return outgoing
+
+
+def _framing(method: bytes, status: int, found: dict[bytes, bytes]) -> tuple[str, int]:
+    """How a reply's body is framed ("none", "chunked", "length", "close"), and its
+    length when counted. `found`: the reply's `fields`."""
+    if method == b"HEAD" or status in (204, 304):
+        return "none", 0
+    if b"transfer-encoding" in found:
+        return "chunked", 0
+    if (declared := found.get(b"content-length")) is not None:
+        return "length", int(declared)
+    return "close", 0
 
 
 async def _reply_head(upstream: _Upstream, outgoing: h11.Connection) -> h11.Response:

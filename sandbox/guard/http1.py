@@ -174,6 +174,43 @@ def parse_request(head: bytes) -> tuple[h11.Connection | None, h11.Request]:
     return conn, event
 
 
+def parse_reply(data: bytes) -> tuple[h11.Response, bytes] | None:
+    """A reply head at the start of `data`, and the bytes after it, when all of it is
+    there and every line matches h11's own grammar (its status line and header-field
+    rules), made into h11's own Response the way h11's reader makes it (`_parsed`: the
+    same Content-Length and Transfer-Encoding rules). None for anything else (a head
+    not complete yet, an informational reply, bare LF line ends, obs-fold, a line
+    the grammar refuses, framing h11 refuses): that reply is h11's to read, and to
+    refuse in its own words."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    lines = data[:end].split(b"\r\n")
+    status = _H11_STATUS_LINE.fullmatch(lines[0])
+    if status is None:
+        return None
+    headers = []
+    for line in lines[1:]:
+        match = _H11_FIELD.fullmatch(line)
+        if match is None:
+            return None
+        headers.append((match.group("field_name"), match.group("field_value")))
+    code = int(status.group("status_code"))
+    if code < 200:
+        return None
+    try:
+        response = h11.Response(
+            status_code=code,
+            reason=status.group("reason") or b"",
+            http_version=status.group("http_version") or b"1.1",
+            headers=headers,
+            _parsed=True,
+        )
+    except h11.LocalProtocolError:
+        return None
+    return response, data[end + 4 :]
+
+
 def check_request(head: bytes, request: h11.Request) -> None:
     """What h11 let through that a proxy must not: raises Refused."""
     if request.http_version not in VERSIONS:
