@@ -90,6 +90,7 @@ if TYPE_CHECKING:
 
 MAX_HASHED_BODY_BYTES = 16 * 1024 * 1024
 CHUNK = 256 * 1024
+SMALL_READ = 64 * 1024  # a reply head's read (a head is at most 64 KiB too)
 SPLICE_MIN_BYTES = 64 * 1024  # a smaller rest of a body is cheaper to copy than to splice
 CONNECT_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 60.0  # a kept-alive client connection with no request in it
@@ -269,12 +270,19 @@ class _Upstream:
             self._streams[1].write(data)
             await self._streams[1].drain()
 
-    async def recv(self) -> bytes:
+    async def recv(self, size: int = CHUNK) -> bytes:
+        """The host's next bytes (b"" at its end). Plain TCP tries the socket first:
+        a reply that is already there (it often is by the time the loop asks: the log's
+        writer sent the request) costs one recv, not a reader added and removed and a
+        turn of the loop."""
+        if self.sock is not None:
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                return self.sock.recv(size)
         async with asyncio.timeout(REPLY_TIMEOUT_S):
             if self.sock is not None:
-                return await asyncio.get_running_loop().sock_recv(self.sock, CHUNK)
+                return await asyncio.get_running_loop().sock_recv(self.sock, size)
             assert self._streams is not None
-            return await self._streams[0].read(CHUNK)
+            return await self._streams[0].read(size)
 
     def shutdown_write(self) -> None:
         with contextlib.suppress(OSError):
@@ -689,7 +697,8 @@ class EgressProxy:
         raw = b""
         parsed: tuple[h11.Response, bytes] | None = None
         if outgoing is None:
-            raw = await upstream.recv()
+            # at most a head and a small body: a buffer below malloc's mmap threshold
+            raw = await upstream.recv(SMALL_READ)
             parsed = http1.parse_reply(raw)
         if parsed is not None:
             response, rest = parsed
@@ -698,7 +707,7 @@ class EgressProxy:
             # A small body's rest (its head and body may come in two sends) is read
             # here; a large one is relayed by h11 and splice, as before.
             while framing == "length" and len(rest) < length <= len(rest) + SPLICE_MIN_BYTES:
-                more = await upstream.recv()
+                more = await upstream.recv(SMALL_READ)
                 if not more:
                     break  # cut short: h11's relay below says so
                 raw += more
