@@ -1,7 +1,7 @@
 """The egress proxy: the step's only way to the outside, and only to read.
 
-Every request is parsed by a strict HTTP/1.1 parser (`sandbox.guard.http1`, on
-h11), judged, and, when allowed, rebuilt: the real host gets the parsed method,
+Every request is parsed by a strict HTTP/1.1 parser (`sandbox.guard.http1`:
+h11's grammar and rules), judged, and, when allowed, rebuilt: the real host gets the parsed method,
 an origin-form target, the proxy's own Host and framing headers and the
 client's end-to-end headers, never the bytes the step sent. GET and HEAD
 without a body to an allow-listed host pass; any other method, or a host not on
@@ -33,9 +33,10 @@ addresses are never dialled unless the allow list names them as addresses.
 Entries marked `model` pass with any method (model calls are allowed) and are
 recorded as model calls.
 
-Replies are framed by the proxy: the upstream reply head is parsed by h11 and
-rebuilt (hop-by-hop headers dropped, Content-Length or chunked set from the
-parsed framing, `Connection: close` whenever the proxy will close), so a client
+Replies are framed by the proxy: the upstream reply head is parsed (by h11, or
+for a read's small reply by `http1.parse_reply` with h11's grammar) and rebuilt
+(hop-by-hop headers dropped, Content-Length or chunked set from the parsed
+framing, `Connection: close` whenever the proxy will close), so a client
 that reuses its connection to the proxy can trust where each reply ends. The
 client's connection to the proxy is kept alive between requests (each one judged
 and logged on its own; a pipelined request is judged like any other; a denial

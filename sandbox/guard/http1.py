@@ -1,9 +1,12 @@
 """Strict HTTP/1.1 for the egress proxy: h11's parser, and the checks a proxy adds to it.
 
-h11 parses every request and reply head the proxy handles (the request line,
-header names and values, Content-Length and chunked framing) and writes every
-head the proxy forwards. It is lenient where a proxy must not be, so that a
-proxy and the server behind it never read one byte stream as two different
+h11's grammar and rules parse every request and reply head the proxy handles
+(the request line, header names and values, Content-Length and chunked
+framing): a head without framing headers, and a reply head that arrived whole,
+are matched here line by line with h11's own patterns and made into h11's own
+events (:func:`parse_request`, :func:`parse_reply`), anything else goes through
+an h11 connection. h11 is lenient where a proxy must not be, so that a proxy
+and the server behind it never read one byte stream as two different
 requests (request smuggling). h11 accepts bare LF line ends, unfolds obs-fold,
 merges equal duplicate Content-Length headers, accepts Content-Length beside
 Transfer-Encoding and any `HTTP/x.y` version; here each of these is a refusal:
@@ -22,9 +25,9 @@ Transfer-Encoding and any `HTTP/x.y` version; here each of these is a refusal:
 
 What is forwarded is rebuilt, never relayed: :func:`forward_headers` keeps
 the parsed end-to-end headers (names in the client's spelling, values as h11
-read them) and drops hop-by-hop ones; h11 then writes the request line and the
-head. Limits: one head is at most 64 KiB and 100 header lines; a longer head
-is refused with 431.
+read them) and drops hop-by-hop ones; the head is then written as h11 writes it
+(:func:`request_head`; h11 itself for a request with a body). Limits: one
+head is at most 64 KiB and 100 header lines; a longer head is refused with 431.
 """
 
 from __future__ import annotations
