@@ -151,6 +151,8 @@ def test_a_thousand_requests_each_from_httpx_and_requests_reuse_both_connections
         ("close", False),
         ("http10", False),
         ("extra", False),
+        ("split", True),
+        ("splitextra", False),
     ],
 )
 @pytest.mark.parametrize("method", ["GET", "HEAD"])
@@ -179,6 +181,8 @@ def test_spliced_bodies_end_exactly_where_their_length_says_on_both_kept_connect
     client's, arrive whole. Stray bytes after a spliced body stay with the host's
     connection, which is then not reused."""
     kinds = ["big/1000000", "len", "big/700001", "len", f"big/{65 * 1024 + 1}", "len"]
+    # around the size whose rest the proxy reads itself after a head (at most 64 KiB)
+    kinds += [f"big/{64 * 1024}", "len", f"big/{64 * 1024 + 300}", "split"]
     kinds += ["bigextra/900000", "len", "big/800000"]
     with (
         proxy_for(tmp_path, host) as proxied,
@@ -188,7 +192,7 @@ def test_spliced_bodies_end_exactly_where_their_length_says_on_both_kept_connect
             reply = client.get(f"http://127.0.0.1:{host.port}/{kind}/{i}")
             assert reply.status_code == 200
             size = int(kind.split("/")[1]) if "/" in kind else None
-            assert reply.content == (big_body(size) if size else f"hello /len/{i}".encode())
+            assert reply.content == (big_body(size) if size else f"hello /{kind}/{i}".encode())
         accepted = proxied.accepted[0]
         reuses = proxied.proxy.upstream_reuses
     assert [path for _, _, path in host.seen.requests] == [

@@ -1,7 +1,7 @@
 """The egress proxy: the step's only way to the outside, and only to read.
 
-Every request is parsed by a strict HTTP/1.1 parser (`sandbox.guard.http1`, on
-h11), judged, and, when allowed, rebuilt: the real host gets the parsed method,
+Every request is parsed by a strict HTTP/1.1 parser (`sandbox.guard.http1`:
+h11's grammar and rules), judged, and, when allowed, rebuilt: the real host gets the parsed method,
 an origin-form target, the proxy's own Host and framing headers and the
 client's end-to-end headers, never the bytes the step sent. GET and HEAD
 without a body to an allow-listed host pass; any other method, or a host not on
@@ -33,9 +33,10 @@ addresses are never dialled unless the allow list names them as addresses.
 Entries marked `model` pass with any method (model calls are allowed) and are
 recorded as model calls.
 
-Replies are framed by the proxy: the upstream reply head is parsed by h11 and
-rebuilt (hop-by-hop headers dropped, Content-Length or chunked set from the
-parsed framing, `Connection: close` whenever the proxy will close), so a client
+Replies are framed by the proxy: the upstream reply head is parsed (by h11, or
+for a read's small reply by `http1.parse_reply` with h11's grammar) and rebuilt
+(hop-by-hop headers dropped, Content-Length or chunked set from the parsed
+framing, `Connection: close` whenever the proxy will close), so a client
 that reuses its connection to the proxy can trust where each reply ends. The
 client's connection to the proxy is kept alive between requests (each one judged
 and logged on its own; a pipelined request is judged like any other; a denial
@@ -90,6 +91,7 @@ if TYPE_CHECKING:
 
 MAX_HASHED_BODY_BYTES = 16 * 1024 * 1024
 CHUNK = 256 * 1024
+SMALL_READ = 64 * 1024  # a reply head's read (a head is at most 64 KiB too)
 SPLICE_MIN_BYTES = 64 * 1024  # a smaller rest of a body is cheaper to copy than to splice
 CONNECT_TIMEOUT_S = 10.0
 IDLE_TIMEOUT_S = 60.0  # a kept-alive client connection with no request in it
@@ -269,12 +271,19 @@ class _Upstream:
             self._streams[1].write(data)
             await self._streams[1].drain()
 
-    async def recv(self) -> bytes:
+    async def recv(self, size: int = CHUNK) -> bytes:
+        """The host's next bytes (b"" at its end). Plain TCP tries the socket first:
+        a reply that is already there (it often is by the time the loop asks: the log's
+        writer sent the request) costs one recv, not a reader added and removed and a
+        turn of the loop."""
+        if self.sock is not None:
+            with contextlib.suppress(BlockingIOError, InterruptedError):
+                return self.sock.recv(size)
         async with asyncio.timeout(REPLY_TIMEOUT_S):
             if self.sock is not None:
-                return await asyncio.get_running_loop().sock_recv(self.sock, CHUNK)
+                return await asyncio.get_running_loop().sock_recv(self.sock, size)
             assert self._streams is not None
-            return await self._streams[0].read(CHUNK)
+            return await self._streams[0].read(size)
 
     def shutdown_write(self) -> None:
         with contextlib.suppress(OSError):
@@ -351,13 +360,18 @@ class _Incoming:
     """One parsed request and the h11 connection that reads its body; `fields` its
     headers by name, indexed once (every check below looks them up)."""
 
-    conn: h11.Connection
+    conn: h11.Connection | None  # None: a head without framing headers (no body)
     request: h11.Request
     head: bytes
     fields: dict[bytes, bytes] = field(init=False)
+    # No Transfer-Encoding and no Content-Length other than 0: the head is the whole
+    # request (RFC 9112 6.3), so its body is not read through h11 and the bytes after
+    # the head stay in the client's buffer as the next request's.
+    bodyless: bool = field(init=False)
 
     def __post_init__(self) -> None:
         self.fields = http1.fields(self.request)
+        self.bodyless = http1.body_length(self.fields) == 0
 
     @property
     def method(self) -> bytes:
@@ -472,29 +486,35 @@ class EgressProxy:
                     raise Refused(400, "the connection closed in the middle of a request head")
                 return None
             client.buffer += data
-        head, rest = bytes(client.buffer[:end]), bytes(client.buffer[end:])
+        head = bytes(client.buffer[:end])
         conn, request = http1.parse_request(head)  # a refusal leaves the head for the log
-        client.buffer.clear()
-        if rest:  # h11 takes b"" for the client's end: a body still on its way is not that
-            conn.receive_data(rest)
-        return _Incoming(conn, request, head)
+        incoming = _Incoming(conn, request, head)
+        del client.buffer[:end]  # what follows a body-less head is the next request's
+        if client.buffer and conn is not None and not incoming.bodyless:
+            # h11 takes b"" for the client's end: a body still on its way is not that
+            conn.receive_data(bytes(client.buffer))
+            client.buffer.clear()
+        return incoming
 
     async def _body(self, client: _Client, incoming: _Incoming) -> AsyncIterator[bytes]:
         """The request's body as h11 decodes it; what follows it stays in the buffer."""
+        conn = incoming.conn
+        if incoming.bodyless or conn is None:
+            return
         while True:
             try:
-                event = incoming.conn.next_event()
+                event = conn.next_event()
             except h11.RemoteProtocolError as exc:
                 raise Refused(400, f"malformed request body: {exc}") from None
             if event is h11.NEED_DATA:
-                incoming.conn.receive_data(await self._fill(client, idle=False))
+                conn.receive_data(await self._fill(client, idle=False))
             elif isinstance(event, h11.Data):
                 yield bytes(event.data)
             elif isinstance(event, h11.EndOfMessage):
                 break
             else:
                 raise Refused(400, "the request body ended early")
-        client.buffer += incoming.conn.trailing_data[0]
+        client.buffer += conn.trailing_data[0]
 
     # -- judging ------------------------------------------------------------------
 
@@ -602,11 +622,8 @@ class EgressProxy:
             ]
             if upstream.sock is None:  # TLS to the host: one connection per request
                 headers.append((b"Connection", b"close"))
-            outgoing = h11.Connection(h11.CLIENT, max_incomplete_event_size=http1.MAX_HEAD_BYTES)
-            head = outgoing.send(
-                h11.Request(method=request.method, target=target.origin, headers=headers)
-            )
-            assert head is not None
+            sent = _Sent(request.method, target.origin.encode("ascii"), headers)
+            outgoing, head = _request_head(sent)
             kind = "model call" if entry.model else "read"
             where = " (inspected inside TLS)" if seen.tls else ""
             # Plain TCP: the log's writer sends the head the moment its line is on disk.
@@ -635,10 +652,12 @@ class EgressProxy:
                 await upstream.send(head[early[0] :])
                 if entry.model and b"100-continue" in incoming.fields.get(b"expect", b""):
                     await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                async for chunk in self._body(client, incoming):  # empty for a read
-                    await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
-                await upstream.send(outgoing.send(h11.EndOfMessage()) or b"")
-                keep = await self._relay_reply(client, upstream, outgoing, request, outcome)
+                if outgoing is not None:  # h11 frames the body (none for a read)
+                    if not incoming.bodyless:
+                        async for chunk in self._body(client, incoming):
+                            await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
+                    await upstream.send(outgoing.send(h11.EndOfMessage()) or b"")
+                keep = await self._relay_reply(client, upstream, outgoing, sent, request, outcome)
                 # free for the next request at once, while this one's outcome is written
                 given_back = True
                 self._pool.give_back(target.host, target.port, upstream)
@@ -660,25 +679,52 @@ class EgressProxy:
         self,
         client: _Client,
         upstream: _Upstream,
-        outgoing: h11.Connection,
+        outgoing: h11.Connection | None,
+        sent: _Sent,
         request: h11.Request,
         outcome: dict[str, Any],
     ) -> bool:
         """Relay the reply; `outcome` gets its status (and `reply_cut` when the upstream
-        ended the body early). Whether the client's connection carries another request."""
-        response = await _reply_head(upstream, outgoing)
+        ended the body early). Whether the client's connection carries another request.
+
+        `outgoing` None (a request without a body, written by the proxy): the reply
+        head is parsed here with h11's grammar (`http1.parse_reply`) when its first read
+        holds all of it; a reply with no body, or with a Content-Length body of at most
+        SPLICE_MIN_BYTES past what came with the head (a small reply, read whole
+        here), is relayed from there in one write. Any other reply (a head split
+        across reads, a large body, chunked, to the close, informational, cut short,
+        or one the grammar does not take) goes to an h11 connection that is told the
+        request and given every byte read so far, and is relayed by h11 as before."""
+        raw = b""
+        parsed: tuple[h11.Response, bytes] | None = None
+        if outgoing is None:
+            # at most a head and a small body: a buffer below malloc's mmap threshold
+            raw = await upstream.recv(SMALL_READ)
+            parsed = http1.parse_reply(raw)
+        if parsed is not None:
+            response, rest = parsed
+            found = http1.fields(response)
+            framing, length = _framing(request.method, response.status_code, found)
+            # A small body's rest (its head and body may come in two sends) is read
+            # here; a large one is relayed by h11 and splice, as before.
+            while framing == "length" and len(rest) < length <= len(rest) + SPLICE_MIN_BYTES:
+                more = await upstream.recv(SMALL_READ)
+                if not more:
+                    break  # cut short: h11's relay below says so
+                raw += more
+                rest += more
+            if not (framing == "none" or (framing == "length" and len(rest) >= length)):
+                parsed = None  # not all here, or not counted: h11 gets every byte read
+        if parsed is None:
+            if outgoing is None:
+                outgoing = _h11_outgoing(sent)
+                outgoing.receive_data(raw)  # b"": the host closed, which h11 then says
+            response, rest = await _reply_head(upstream, outgoing), b""
+            found = http1.fields(response)
+            framing, length = _framing(request.method, response.status_code, found)
         status = response.status_code
         outcome["status"] = status
-        found = http1.fields(response)
         tokens = http1.connection_tokens(response)
-        if request.method == b"HEAD" or status in (204, 304):
-            framing, length = "none", 0
-        elif b"transfer-encoding" in found:
-            framing, length = "chunked", 0
-        elif (declared := found.get(b"content-length")) is not None:
-            framing, length = "length", int(declared)
-        else:
-            framing, length = "close", 0
         client_11 = request.http_version == b"1.1"
         keep = http1.wants_keep_alive(request) and framing != "close"
         headers = http1.forward_headers(response, tokens=tokens)
@@ -698,8 +744,13 @@ class EgressProxy:
         head += b"".join(name + b": " + value + b"\r\n" for name, value in headers) + b"\r\n"
         client.replying = True
         complete = True
-        if framing == "none":
+        after = b""  # what came after the reply (a reply relayed without h11)
+        if outgoing is None:
+            body, after = rest[:length], rest[length:]
+            await client.write(head + body)
+        elif framing == "none":
             await client.write(head)
+            after = outgoing.trailing_data[0]
         elif framing == "chunked":
             await _relay_chunked(client, upstream, outgoing, head, chunked=client_11)
         else:
@@ -709,6 +760,8 @@ class EgressProxy:
             if not complete:
                 outcome["reply_cut"] = True
             keep = keep and complete
+        if outgoing is not None:
+            after = outgoing.trailing_data[0]
         client.replying = False
         # The upstream connection may carry the next request only when this reply ended
         # exactly where its framing said and nothing came after it.
@@ -718,7 +771,7 @@ class EgressProxy:
             and response.http_version == b"1.1"
             and b"close" not in tokens
             and not upstream.overread
-            and not outgoing.trailing_data[0]
+            and not after
         )
         return keep
 
@@ -989,6 +1042,64 @@ def _judge_read(incoming: _Incoming, entry: EgressEntry) -> None:
         raise Denied(
             403, "a read (GET or HEAD) carries no body; one that does is not forwarded", stub=True
         )
+
+
+@dataclass(frozen=True)
+class _Sent:
+    """The request as forwarded: method, origin-form target and headers (Host first)."""
+
+    method: bytes
+    origin: bytes
+    headers: list[tuple[bytes, bytes]]
+
+
+def _request_head(sent: _Sent) -> tuple[h11.Connection | None, bytes]:
+    """The forwarded request's head, and the h11 connection that writes its body and
+    reads its reply (None: there is no body, and the reply is read without h11 while
+    it can be; see `_relay_reply`).
+
+    A request without framing headers (every read) is written here, byte for byte as
+    h11 writes it (request line, Host first, then the rest in order:
+    tests/test_http1.py pins that). Nothing in it needs h11's validation again: the
+    method, the target's path and every client header came out of h11's grammar
+    (`http1.parse_request`), and Host and Connection are the proxy's own, built from
+    the judged target. A request with a body (a model call's Content-Length or
+    chunked framing) goes through h11 whole, so that h11 frames the body it writes."""
+    named = {name.lower() for name, _ in sent.headers}
+    if b"content-length" in named or b"transfer-encoding" in named:
+        outgoing = _new_outgoing()
+        head = outgoing.send(
+            h11.Request(method=sent.method, target=sent.origin, headers=sent.headers)
+        )
+        assert head is not None
+        return outgoing, head
+    return None, http1.request_head(sent.method, sent.origin, sent.headers)
+
+
+def _new_outgoing() -> h11.Connection:
+    return h11.Connection(h11.CLIENT, max_incomplete_event_size=http1.MAX_HEAD_BYTES)
+
+
+def _h11_outgoing(sent: _Sent) -> h11.Connection:
+    """An h11 connection told about a body-less request that went out already (what
+    frames its reply: method, target, Host, Connection), ready to read the reply."""
+    outgoing = _new_outgoing()
+    framing = [(n, v) for n, v in sent.headers if n.lower() in (b"host", b"connection")]
+    outgoing.send(h11.Request(method=sent.method, target=sent.origin, headers=framing))
+    outgoing.send(h11.EndOfMessage())
+    return outgoing
+
+
+def _framing(method: bytes, status: int, found: dict[bytes, bytes]) -> tuple[str, int]:
+    """How a reply's body is framed ("none", "chunked", "length", "close"), and its
+    length when counted. `found`: the reply's `fields`."""
+    if method == b"HEAD" or status in (204, 304):
+        return "none", 0
+    if b"transfer-encoding" in found:
+        return "chunked", 0
+    if (declared := found.get(b"content-length")) is not None:
+        return "length", int(declared)
+    return "close", 0
 
 
 async def _reply_head(upstream: _Upstream, outgoing: h11.Connection) -> h11.Response:

@@ -1,9 +1,12 @@
 """Strict HTTP/1.1 for the egress proxy: h11's parser, and the checks a proxy adds to it.
 
-h11 parses every request and reply head the proxy handles (the request line,
-header names and values, Content-Length and chunked framing) and writes every
-head the proxy forwards. It is lenient where a proxy must not be, so that a
-proxy and the server behind it never read one byte stream as two different
+h11's grammar and rules parse every request and reply head the proxy handles
+(the request line, header names and values, Content-Length and chunked
+framing): a head without framing headers, and a reply head that arrived whole,
+are matched here line by line with h11's own patterns and made into h11's own
+events (:func:`parse_request`, :func:`parse_reply`), anything else goes through
+an h11 connection. h11 is lenient where a proxy must not be, so that a proxy
+and the server behind it never read one byte stream as two different
 requests (request smuggling). h11 accepts bare LF line ends, unfolds obs-fold,
 merges equal duplicate Content-Length headers, accepts Content-Length beside
 Transfer-Encoding and any `HTTP/x.y` version; here each of these is a refusal:
@@ -22,9 +25,9 @@ Transfer-Encoding and any `HTTP/x.y` version; here each of these is a refusal:
 
 What is forwarded is rebuilt, never relayed: :func:`forward_headers` keeps
 the parsed end-to-end headers (names in the client's spelling, values as h11
-read them) and drops hop-by-hop ones; h11 then writes the request line and the
-head. Limits: one head is at most 64 KiB and 100 header lines; a longer head
-is refused with 431.
+read them) and drops hop-by-hop ones; the head is then written as h11 writes it
+(:func:`request_head`; h11 itself for a request with a body). Limits: one
+head is at most 64 KiB and 100 header lines; a longer head is refused with 431.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import h11
+from h11 import _readers as h11_readers
 
 MAX_HEAD_BYTES = 64 * 1024  # one request or reply head; also h11's max_incomplete_event_size
 MAX_HEADER_LINES = 100
@@ -72,6 +76,15 @@ _AUTHORITY = re.compile(rf"{_HOST}:(?P<port>[0-9]{{1,5}})")
 _HOST_HEADER = re.compile(rf"{_HOST}{_PORT}")
 
 
+# h11's own grammar for a request line, a status line and a header field (the
+# patterns its readers match each line with), so that a head parsed here is accepted
+# exactly when h11 would accept it.
+_H11_REQUEST_LINE: re.Pattern[bytes] = h11_readers.request_line_re
+_H11_STATUS_LINE: re.Pattern[bytes] = h11_readers.status_line_re
+_H11_FIELD: re.Pattern[bytes] = h11_readers.header_field_re
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+
+
 class Refused(Exception):
     """The request cannot be forwarded as HTTP: its status and the reason."""
 
@@ -100,9 +113,57 @@ def head_end(buffer: bytes | bytearray) -> int | None:
     return end + 4 if end >= 0 else None
 
 
-def parse_request(head: bytes) -> tuple[h11.Connection, h11.Request]:
-    """Parse one complete head (as `head_end` delimited it) with a fresh h11 connection;
-    the connection is returned to read the body with."""
+def _plain_head(head: bytes, first_line: re.Pattern[bytes]) -> list[re.Match[bytes]] | None:
+    """A complete head's lines matched by h11's own grammar (`first_line`, then its
+    header-field rule), when the head has no framing header (Content-Length,
+    Transfer-Encoding); None when any line does not match or framing is there: such
+    a head goes to h11 whole, which says what is wrong or handles its framing."""
+    if not head.endswith(b"\r\n\r\n"):
+        return None
+    lines = head[:-4].split(b"\r\n")
+    found = [first_line.fullmatch(lines[0])]
+    for line in lines[1:]:
+        found.append(_H11_FIELD.fullmatch(line))
+    if not all(found):
+        return None
+    matches: list[re.Match[bytes]] = found  # type: ignore[assignment]
+    for match in matches[1:]:
+        if match.group("field_name").lower() in _FRAMING:
+            return None
+    return matches
+
+
+def _fields_of(matches: list[re.Match[bytes]]) -> list[tuple[bytes, bytes]]:
+    return [(m.group("field_name"), m.group("field_value")) for m in matches[1:]]
+
+
+def parse_request(head: bytes) -> tuple[h11.Connection | None, h11.Request]:
+    """Parse one complete head (as `head_end` delimited it); the h11 connection that
+    parsed it is returned to read the body with, None for a head without framing
+    headers (no body: RFC 9112 6.3).
+
+    Such a head (every read) is matched line by line with h11's own grammar and
+    made into h11's own Request the way h11's reader makes it (`_parsed`: the same
+    header normalization, the same Host rules), without a connection and its state
+    machine, which per request cost more than the rest of the parse. Anything else,
+    and anything that does not match, is parsed by h11 itself as before: the same
+    refusals, the same errors."""
+    plain = _plain_head(head, _H11_REQUEST_LINE)
+    if plain is not None:
+        try:
+            line = plain[0]
+            request = h11.Request(
+                method=line.group("method"),
+                target=line.group("target"),
+                http_version=line.group("http_version"),
+                headers=_fields_of(plain),
+                _parsed=True,
+            )
+        except h11.LocalProtocolError:
+            pass  # h11 below says so, in its words
+        else:
+            check_request(head, request)
+            return None, request
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
     conn.receive_data(head)
     try:
@@ -114,6 +175,43 @@ def parse_request(head: bytes) -> tuple[h11.Connection, h11.Request]:
         raise Refused(400, "malformed request head")
     check_request(head, event)
     return conn, event
+
+
+def parse_reply(data: bytes) -> tuple[h11.Response, bytes] | None:
+    """A reply head at the start of `data`, and the bytes after it, when all of it is
+    there and every line matches h11's own grammar (its status line and header-field
+    rules), made into h11's own Response the way h11's reader makes it (`_parsed`: the
+    same Content-Length and Transfer-Encoding rules). None for anything else (a head
+    not complete yet, an informational reply, bare LF line ends, obs-fold, a line
+    the grammar refuses, framing h11 refuses): that reply is h11's to read, and to
+    refuse in its own words."""
+    end = data.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    lines = data[:end].split(b"\r\n")
+    status = _H11_STATUS_LINE.fullmatch(lines[0])
+    if status is None:
+        return None
+    headers = []
+    for line in lines[1:]:
+        match = _H11_FIELD.fullmatch(line)
+        if match is None:
+            return None
+        headers.append((match.group("field_name"), match.group("field_value")))
+    code = int(status.group("status_code"))
+    if code < 200:
+        return None
+    try:
+        response = h11.Response(
+            status_code=code,
+            reason=status.group("reason") or b"",
+            http_version=status.group("http_version") or b"1.1",
+            headers=headers,
+            _parsed=True,
+        )
+    except h11.LocalProtocolError:
+        return None
+    return response, data[end + 4 :]
 
 
 def check_request(head: bytes, request: h11.Request) -> None:
@@ -264,6 +362,17 @@ def forward_headers(
         if lower in kept or (lower not in HOP_BY_HOP and lower not in named):
             out.append((name, value))
     return out
+
+
+def request_head(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+    """An HTTP/1.1 request head as h11 writes it: the request line, the Host header
+    first, then every other header in order. `headers` must be valid already (parsed
+    by h11, or the proxy's own)."""
+    lines = [b"%s %s HTTP/1.1\r\n" % (method, target)]
+    lines += [b"%s: %s\r\n" % item for item in headers if item[0].lower() == b"host"]
+    lines += [b"%s: %s\r\n" % item for item in headers if item[0].lower() != b"host"]
+    lines.append(b"\r\n")
+    return b"".join(lines)
 
 
 def wants_keep_alive(request: h11.Request) -> bool:

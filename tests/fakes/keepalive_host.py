@@ -7,6 +7,9 @@ Paths (any GET or HEAD):
 - `/close/...`: a Content-Length reply with `Connection: close`, then the close;
 - `/http10/...`: an HTTP/1.0 reply (no keep-alive), then the close;
 - `/extra/...`: a Content-Length reply followed by stray bytes nobody asked for;
+- `/split/...`: a Content-Length reply whose head and body go in two sends (as
+  Python's http.server writes them), kept open; `/splitextra/...` the same with
+  stray bytes in the second send;
 - `/quiet-close/...`: a Content-Length reply, then the close, without saying so;
 - `/drop/...`: no reply at all: the connection closes once the request arrived;
 - `/big/<n>/...`: a Content-Length reply of `n` bytes of `big_body(n)`, kept open (a
@@ -89,7 +92,11 @@ class KeepAliveHost:
                 version = b"HTTP/1.0" if kind == "http10" else b"HTTP/1.1"
                 extra = b"Connection: close\r\n" if kind == "close" else b""
                 reply = b"%s 200 OK\r\nContent-Length: %d\r\n%s\r\n" % (version, len(body), extra)
-                stray = b"stray bytes" if kind in ("extra", "bigextra") else b""
+                stray = b"stray bytes" if kind in ("extra", "bigextra", "splitextra") else b""
+                if kind in ("split", "splitextra"):
+                    conn.sendall(reply)
+                    conn.sendall(shown + stray)
+                    continue
                 conn.sendall(reply + shown + stray)
                 if kind in ("close", "http10", "quiet-close"):
                     return
