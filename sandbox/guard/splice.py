@@ -22,6 +22,13 @@ import threading
 AVAILABLE = hasattr(os, "splice")
 PIPE_BYTES = 1024 * 1024
 POLL_MS = 200  # how soon a relay notices it was told to stop
+# A counted body's relay wakes only once this many of its bytes are queued (SO_RCVLOWAT,
+# never more than what is left of the body): it then moves them in one splice each way,
+# instead of one splice, one TCP push and one wake-up of the step per few packets.
+LOWAT_BYTES = 256 * 1024
+# ...but it never holds bytes back longer than this: a body that trickles in goes out
+# as it arrives, this late at most. EOF and errors wake it at once whatever is queued.
+LOWAT_HOLD_MS = 2
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
@@ -35,30 +42,78 @@ def _wait(fd: int, events: int, stop: threading.Event) -> bool:
     return False
 
 
+class _Lowat:
+    """The receive low-water mark of the socket a relay reads (SO_RCVLOWAT), set on a
+    duplicate of its descriptor and put back to 1 (the default) when the relay ends: the
+    socket may go back to the pool and be read by the event loop again."""
+
+    def __init__(self, fd: int) -> None:
+        self._sock = socket.socket(fileno=os.dup(fd))
+        self.level = 1
+
+    def set(self, level: int) -> None:
+        level = max(1, level)
+        if level != self.level:
+            self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, level)
+            self.level = level
+
+    def close(self) -> None:
+        try:
+            self.set(1)
+        except OSError:
+            pass
+        finally:
+            self._sock.close()
+
+
+def _held(fd: int, stop: threading.Event) -> bool:
+    """Whether `fd` became readable (its low-water mark reached, EOF or an error) within
+    LOWAT_HOLD_MS; False on time out or when told to stop."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return not stop.is_set() and bool(poller.poll(LOWAT_HOLD_MS))
+
+
 def _splice(
-    src: int, dst: int, count: int, wait_for: tuple[int, int], stop: threading.Event
+    src: int,
+    dst: int,
+    count: int,
+    wait_for: tuple[int, int],
+    stop: threading.Event,
+    lowat: _Lowat | None = None,
 ) -> int | None:
     """One splice of up to `count` bytes, waiting on `wait_for` (fd, poll events) while
-    it is not ready; the bytes moved (0 at end of stream), or None once told to stop."""
+    it is not ready; the bytes moved (0 at end of stream), or None once told to stop.
+    With `lowat` above 1 the first wait is at most LOWAT_HOLD_MS; after it the mark
+    drops to 1, so bytes that arrive slowly are not held back."""
     while True:
         try:
             return os.splice(src, dst, count, flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)
         except BlockingIOError:
-            if not _wait(*wait_for, stop):
+            if lowat is not None and lowat.level > 1:
+                if not _held(wait_for[0], stop):
+                    lowat.set(1)
+            elif not _wait(*wait_for, stop):
                 return None
 
 
 def _relay(src_fd: int, dst_fd: int, stop: threading.Event, limit: int | None) -> int:
     """Move what `src_fd` sends to `dst_fd` until end of stream, or until `limit` bytes
-    have moved; the bytes moved."""
+    have moved; the bytes moved. Only a counted relay (a body of known length) sets a
+    low-water mark: a tunnel's or a close-delimited body's bytes may be a conversation,
+    each of them awaited."""
     moved = 0
     pipe_r, pipe_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+    lowat = None
     try:
         with contextlib.suppress(OSError):
             fcntl.fcntl(pipe_w, F_SETPIPE_SZ, PIPE_BYTES)
+        lowat = _Lowat(src_fd) if limit is not None else None
         while limit is None or moved < limit:
             want = PIPE_BYTES if limit is None else min(PIPE_BYTES, limit - moved)
-            got = _splice(src_fd, pipe_w, want, (src_fd, select.POLLIN), stop)
+            if lowat is not None:
+                lowat.set(min(LOWAT_BYTES, want))
+            got = _splice(src_fd, pipe_w, want, (src_fd, select.POLLIN), stop, lowat)
             if not got:
                 break
             while got:
@@ -71,6 +126,8 @@ def _relay(src_fd: int, dst_fd: int, stop: threading.Event, limit: int | None) -
     except OSError:  # reset, broken pipe: the relay ends, as a copy loop would
         return moved
     finally:
+        if lowat is not None:
+            lowat.close()
         os.close(pipe_r)
         os.close(pipe_w)
 
