@@ -448,7 +448,8 @@ def battery(engine: DockerClient, tmp_path_factory: pytest.TempPathFactory) -> I
             pids_limit=32,
             detach=True,
         )
-        wait_for(lambda: "READY" in _server_log(server), 30, "the fake outside server")
+        # Deadlines are generous: a loaded shared host starts containers slowly.
+        wait_for(lambda: "READY" in _server_log(server), 120, "the fake outside server")
         server.reload()
         server_ip = server.attrs["NetworkSettings"]["Networks"][net_name]["IPAddress"]
         net.reload()
@@ -457,9 +458,12 @@ def battery(engine: DockerClient, tmp_path_factory: pytest.TempPathFactory) -> I
         code, output = server.exec_run(["python3", "-c", CONTROL, server_ip], user="10001")
         assert code == 0, output
         wait_for(
-            lambda: sum("b'control'" in ln for ln in _server_log(server)) == 2,
-            30,
-            "the control packets in the server's log",
+            lambda: (
+                {ln.split()[0] for ln in _server_log(server) if "b'control'" in ln}
+                == {"TCP", "UDP"}
+            ),
+            120,
+            "the control packets (one UDP, one TCP) in the server's log",
         )
         root = tmp_path_factory.mktemp("sec-net")
         script = (
