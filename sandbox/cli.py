@@ -592,6 +592,17 @@ def _runs_on_docker(args: argparse.Namespace) -> bool:
     return host_config_path(args.host_config) is None
 
 
+def _prefetch_engine(args: argparse.Namespace) -> None:
+    """Ask the engine for its API version while the command imports (see
+    `sandbox.backends.docker.prefetch`). Only a speed-up: a host config path that cannot
+    even be looked at asks nothing here and is the run's own error, said as usual."""
+    with contextlib.suppress(OSError):
+        if _runs_on_docker(args):
+            from sandbox.backends.docker import prefetch
+
+            prefetch.start()
+
+
 # The commands that run steps: a controller starts one process per run, and its
 # start-up is paid by every run (see `_StartGc`).
 _RUNS_STEPS = frozenset({"run", "run-workflow", "verify", "verify-workflow"})
@@ -604,10 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = _StartGc() if argv is None and args.command in _RUNS_STEPS else None
     args.start_gc = start
-    if start is not None and _runs_on_docker(args):
-        from sandbox.backends.docker import prefetch
-
-        prefetch.start()
+    if start is not None:
+        _prefetch_engine(args)
     try:
         return _dispatch(args)
     finally:

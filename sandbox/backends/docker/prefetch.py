@@ -120,7 +120,10 @@ def start() -> None:
     with _lock:
         if path is None or _pending is not None:
             return
-        _pending = VersionPrefetch(key, path)
+        try:
+            _pending = VersionPrefetch(key, path)
+        except RuntimeError:  # no thread to be had: the client asks, as without this
+            _pending = None
 
 
 def take(timeout_s: float) -> str | None:
