@@ -580,6 +580,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _runs_on_docker(args: argparse.Namespace) -> bool:
+    """Whether the command's runs use this host's Docker engine, known without reading
+    a host config (that loads pydantic): `--backend docker`, or no host config at all
+    (`sandbox.contracts.hostconfig`: then Docker runs everything). With a host config
+    the engine is known only once it is read, and nothing is asked before."""
+    if args.backend is not None:
+        return bool(args.backend == "docker")
+    from sandbox.contracts.hostpath import host_config_path
+
+    return host_config_path(args.host_config) is None
+
+
+def _prefetch_engine(args: argparse.Namespace) -> None:
+    """Ask the engine for its API version while the command imports (see
+    `sandbox.backends.docker.prefetch`). Only a speed-up: a host config path that cannot
+    even be looked at asks nothing here and is the run's own error, said as usual."""
+    with contextlib.suppress(OSError):
+        if _runs_on_docker(args):
+            from sandbox.backends.docker import prefetch
+
+            prefetch.start()
+
+
 # The commands that run steps: a controller starts one process per run, and its
 # start-up is paid by every run (see `_StartGc`).
 _RUNS_STEPS = frozenset({"run", "run-workflow", "verify", "verify-workflow"})
@@ -592,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     start = _StartGc() if argv is None and args.command in _RUNS_STEPS else None
     args.start_gc = start
+    if start is not None:
+        _prefetch_engine(args)
     try:
         return _dispatch(args)
     finally:

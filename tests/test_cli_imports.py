@@ -73,6 +73,14 @@ def test_importing_the_cli_loads_no_engine_client_nor_heavy_extras() -> None:
     assert present(loaded_after("sandbox.cli"), NOT_FOR_THE_CLI_MODULE) == []
 
 
+def test_the_engine_prefetch_loads_no_engine_client_nor_pydantic() -> None:
+    # `sandbox run` asks the engine for its version before its heavy imports.
+    loaded = loaded_after(
+        "sandbox.cli", "sandbox.backends.docker.prefetch", "sandbox.contracts.hostpath"
+    )
+    assert present(loaded, NOT_FOR_THE_CLI_MODULE) == []
+
+
 @pytest.mark.parametrize("backend", ["sandbox.backends.docker.backend"])
 def test_what_sandbox_run_imports_leaves_out_what_a_plain_run_never_uses(backend: str) -> None:
     # What `sandbox run` imports on its way to the first engine call.

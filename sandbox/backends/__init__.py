@@ -26,12 +26,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
-from sandbox.contracts.config import StepRuntime
-from sandbox.contracts.ids import IdMap
-from sandbox.contracts.record import OutputTail, PeakMemorySource
-from sandbox.contracts.spec import ContainerSpec
+# The contracts' models are only named in annotations here: importing the seam (and the
+# engine packages under it, such as `docker.prefetch`) loads no pydantic.
+if TYPE_CHECKING:
+    from sandbox.contracts.config import StepRuntime
+    from sandbox.contracts.ids import IdMap
+    from sandbox.contracts.record import OutputTail, PeakMemorySource
+    from sandbox.contracts.spec import ContainerSpec
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,6 @@ run_without_landlock = false     # true: Pods run on nodes without Landlock (a h
 
 from __future__ import annotations
 
-import os
 import tomllib
 from pathlib import Path
 from typing import Literal
@@ -27,9 +26,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from sandbox.contracts.errors import ConfigError
-
-DEFAULT_PATH = Path("/etc/sandbox/host.toml")
-PATH_ENV = "SANDBOX_HOST_CONFIG"
+from sandbox.contracts.hostpath import DEFAULT_PATH as DEFAULT_PATH
+from sandbox.contracts.hostpath import PATH_ENV as PATH_ENV
+from sandbox.contracts.hostpath import host_config_path
 
 
 class BackendConfig(BaseModel):
@@ -77,9 +76,7 @@ class HostConfig(BaseModel):
 
 def load_host_config(path: Path | None = None) -> HostConfig:
     """The host's settings; defaults (Docker) when no file is named and none exists."""
-    if path is None:
-        named = os.environ.get(PATH_ENV)
-        path = Path(named) if named else (DEFAULT_PATH if DEFAULT_PATH.is_file() else None)
+    path = host_config_path(path)
     if path is None:
         return HostConfig()
     try:

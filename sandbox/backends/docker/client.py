@@ -8,6 +8,7 @@ import docker
 import docker.errors
 from docker import DockerClient as DockerClient  # re-exported: the type the CLI and doctor hold
 
+from sandbox.backends.docker import prefetch
 from sandbox.contracts.errors import EngineError
 
 ENGINE_HINT = "start it with `make engine` (installs docker.io and starts dockerd as root)"
@@ -17,7 +18,11 @@ def connect(timeout_s: float = 60.0, *, version: str = "auto") -> DockerClient:
     """A client whose engine has answered, or EngineError. (The client asks the engine
     for its API version when it is made: that answer is the liveness check, one round
     trip, no separate ping.) With a known `version` nothing is asked here: the
-    caller's first call is the check (see `DockerBackend.connect`)."""
+    caller's first call is the check (see `DockerBackend.connect`). "auto" takes the
+    answer a step-running process asked for as it started (`prefetch`), when there is
+    one for this engine: that process's first call is then the check."""
+    if version == "auto":
+        version = prefetch.take(timeout_s) or "auto"
     try:
         client = docker.from_env(timeout=int(timeout_s), version=version)
     except docker.errors.DockerException as exc:
