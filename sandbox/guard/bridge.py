@@ -327,7 +327,8 @@ class Guard:
     async def _outcome(self, logged: Started, result: ToolResult, detail: dict[str, Any]) -> None:
         if result.is_error:
             detail["error"] = result.text[:500]
-        detail.setdefault("reply_bytes", len(result.text) + len(json.dumps(result.data)))
+        if "reply_bytes" not in detail:  # the forward counted the reply's bytes already
+            detail["reply_bytes"] = len(result.text) + len(json.dumps(result.data))
         await self.log.outcome(logged, ok=not result.is_error, detail=detail)
 
     async def _execute_in_step(

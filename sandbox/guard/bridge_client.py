@@ -60,6 +60,7 @@ class _Connection(asyncio.Protocol):
         self._header_bytes = 0  # the head's header lines
         self._in_head = True
         self._delimited = False  # the body has a length or is chunked (else: until close)
+        self._poller: select.poll | None = None
 
     # -- the exchange -------------------------------------------------------------
 
@@ -91,12 +92,13 @@ class _Connection(asyncio.Protocol):
         the socket itself, so a close that arrived while the loop was busy counts too."""
         if self.lost or self.transport is None or self.transport.is_closing():
             return False
-        sock: socket.socket | None = self.transport.get_extra_info("socket")
-        if sock is None:
-            return False
-        poller = select.poll()
-        poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
-        return not poller.poll(0)  # readable: EOF, or bytes nobody asked for
+        if self._poller is None:  # one per connection: its socket's fd stays the same
+            sock: socket.socket | None = self.transport.get_extra_info("socket")
+            if sock is None:
+                return False
+            self._poller = select.poll()
+            self._poller.register(sock.fileno(), select.POLLIN | select.POLLPRI)
+        return not self._poller.poll(0)  # readable: EOF, or bytes nobody asked for
 
     def close(self) -> None:
         self.reusable = False

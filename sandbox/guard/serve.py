@@ -14,7 +14,8 @@ import socket
 from types import FrameType
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn._types import ASGISendEvent
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app, json_bytes
@@ -32,6 +33,84 @@ def _head_refusal() -> bytes:
         b"content-length: " + str(len(body)).encode() + b"\r\n"
         b"connection: close\r\n\r\n" + body
     )
+
+
+class _HeldHead:
+    """The cycle's transport while a reply's head waits for its body: the first write
+    after the head goes out with it, as one write; everything else passes through."""
+
+    __slots__ = ("head", "real")
+
+    def __init__(self, real: asyncio.Transport) -> None:
+        self.real = real
+        self.head: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        if self.head:
+            self.head.append(data)
+            data = b"".join(self.head)
+            self.head = []
+        self.real.write(data)
+
+    def hold(self, data: bytes) -> None:
+        self.head.append(data)
+
+    def close(self) -> None:
+        if self.head:  # a held head still goes out, before the close
+            self.write(b"")
+        self.real.close()
+
+    def is_closing(self) -> bool:
+        return self.real.is_closing()
+
+
+class OneWriteCycle(RequestResponseCycle):
+    """uvicorn's request cycle, with a reply's head and its first body bytes in one
+    write(2) (one segment to the client) instead of two.
+
+    The head is held only when the reply declares a Content-Length (the client can
+    use nothing of it before the body), is not to a HEAD (which gets no body write)
+    and no 100 Continue may still be due; a chunked reply (an MCP event stream) has
+    its head written at once, as before.
+    The order of writes and of the close is uvicorn's: the held head goes out with
+    the next write, or before a close."""
+
+    async def send(self, message: ASGISendEvent) -> None:
+        if (
+            self.response_started
+            or self.waiting_for_100_continue
+            or self.flow.write_paused
+            or self.scope["method"] == "HEAD"  # uvicorn writes no body for it
+        ):
+            await super().send(message)
+            return
+        real = self.transport
+        held = _HeldHead(real)
+        writes: list[bytes] = []
+        self.transport = _Recorder(writes)  # type: ignore[assignment]
+        try:
+            await super().send(message)  # the start: no await inside (the flow is not paused)
+        finally:
+            self.transport = real
+        if not writes:
+            return
+        if self.chunked_encoding is False and self.response_started:
+            held.hold(b"".join(writes))
+            self.transport = held
+        else:
+            real.write(b"".join(writes))
+
+
+class _Recorder:
+    """Takes the bytes uvicorn writes for a reply's head (nothing else happens then)."""
+
+    __slots__ = ("writes",)
+
+    def __init__(self, writes: list[bytes]) -> None:
+        self.writes = writes
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
 
 
 class HeadCappedProtocol(HttpToolsProtocol):
@@ -58,6 +137,10 @@ class HeadCappedProtocol(HttpToolsProtocol):
         self._in_head = False
         self._head_bytes = 0
         super().on_headers_complete()
+        cycle = self.cycle
+        if type(cycle) is RequestResponseCycle:
+            # made just now by uvicorn, not yet run: the same cycle, one write per reply
+            cycle.__class__ = OneWriteCycle
 
     def on_message_complete(self) -> None:
         self._in_head = True  # a kept-alive connection's next bytes are the next head
