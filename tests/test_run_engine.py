@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 import sqlite3
 import subprocess
 import sys
@@ -267,9 +268,10 @@ def test_timeout_kills_the_step_and_its_children(
     engine: DockerClient, make_workflow: WorkflowFactory
 ) -> None:
     marker = "sandbox-timeout-marker-5821"
-    code = (
-        f"import subprocess, time; subprocess.Popen(['sleep', '300']); time.sleep(301)  # {marker}"
-    )
+    # The child's argument is this test's own (a fraction no one else sleeps), so a
+    # `sleep 300` of another user of the shared host is never taken for a leftover.
+    child = ["sleep", f"300.{secrets.randbelow(10**6):06d}"]
+    code = f"import subprocess, time; subprocess.Popen({child!r}); time.sleep(301)  # {marker}"
     wf = make_workflow(command=["python3", "-c", code], timeout_s=1)
     record = execute_step(wf, "step1")
     assert record.status is RunStatus.TIMEOUT
@@ -279,7 +281,7 @@ def test_timeout_kills_the_step_and_its_children(
         p.info["pid"]
         for p in psutil.process_iter(["pid", "cmdline"])
         if p.info["cmdline"]
-        and (marker in " ".join(p.info["cmdline"]) or p.info["cmdline"] == ["sleep", "300"])
+        and (marker in " ".join(p.info["cmdline"]) or p.info["cmdline"] == child)
     ]
     assert leftovers == []
 
