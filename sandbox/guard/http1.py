@@ -113,20 +113,33 @@ def head_end(buffer: bytes | bytearray) -> int | None:
     return end + 4 if end >= 0 else None
 
 
+def _matched_lines(region: bytes, first_line: re.Pattern[bytes]) -> list[re.Match[bytes]] | None:
+    """A head's lines (`region`: the head without its closing blank line), each matched
+    by h11's own grammar: `first_line`, then its header-field rule; None as soon as one
+    line does not match (that head is h11's to read, and to refuse in its own words)."""
+    lines = region.split(b"\r\n")
+    first = first_line.fullmatch(lines[0])
+    if first is None:
+        return None
+    matches = [first]
+    for line in lines[1:]:
+        match = _H11_FIELD.fullmatch(line)
+        if match is None:
+            return None
+        matches.append(match)
+    return matches
+
+
 def _plain_head(head: bytes, first_line: re.Pattern[bytes]) -> list[re.Match[bytes]] | None:
-    """A complete head's lines matched by h11's own grammar (`first_line`, then its
-    header-field rule), when the head has no framing header (Content-Length,
-    Transfer-Encoding); None when any line does not match or framing is there: such
-    a head goes to h11 whole, which says what is wrong or handles its framing."""
+    """A complete head's lines matched by h11's own grammar (`_matched_lines`), when the
+    head has no framing header (Content-Length, Transfer-Encoding); None when any line
+    does not match or framing is there: such a head goes to h11 whole, which says what
+    is wrong or handles its framing."""
     if not head.endswith(b"\r\n\r\n"):
         return None
-    lines = head[:-4].split(b"\r\n")
-    found = [first_line.fullmatch(lines[0])]
-    for line in lines[1:]:
-        found.append(_H11_FIELD.fullmatch(line))
-    if not all(found):
+    matches = _matched_lines(head[:-4], first_line)
+    if matches is None:
         return None
-    matches: list[re.Match[bytes]] = found  # type: ignore[assignment]
     for match in matches[1:]:
         if match.group("field_name").lower() in _FRAMING:
             return None
@@ -188,16 +201,10 @@ def parse_reply(data: bytes) -> tuple[h11.Response, bytes] | None:
     end = data.find(b"\r\n\r\n")
     if end < 0:
         return None
-    lines = data[:end].split(b"\r\n")
-    status = _H11_STATUS_LINE.fullmatch(lines[0])
-    if status is None:
+    matches = _matched_lines(data[:end], _H11_STATUS_LINE)
+    if matches is None:
         return None
-    headers = []
-    for line in lines[1:]:
-        match = _H11_FIELD.fullmatch(line)
-        if match is None:
-            return None
-        headers.append((match.group("field_name"), match.group("field_value")))
+    status = matches[0]
     code = int(status.group("status_code"))
     if code < 200:
         return None
@@ -206,7 +213,7 @@ def parse_reply(data: bytes) -> tuple[h11.Response, bytes] | None:
             status_code=code,
             reason=status.group("reason") or b"",
             http_version=status.group("http_version") or b"1.1",
-            headers=headers,
+            headers=_fields_of(matches),
             _parsed=True,
         )
     except h11.LocalProtocolError:
