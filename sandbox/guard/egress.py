@@ -653,9 +653,8 @@ class EgressProxy:
                 if entry.model and b"100-continue" in incoming.fields.get(b"expect", b""):
                     await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 if outgoing is not None:  # h11 frames the body (none for a read)
-                    if not incoming.bodyless:
-                        async for chunk in self._body(client, incoming):
-                            await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
+                    async for chunk in self._body(client, incoming):
+                        await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
                     await upstream.send(outgoing.send(h11.EndOfMessage()) or b"")
                 keep = await self._relay_reply(client, upstream, outgoing, sent, request, outcome)
                 # free for the next request at once, while this one's outcome is written
@@ -750,7 +749,6 @@ class EgressProxy:
             await client.write(head + body)
         elif framing == "none":
             await client.write(head)
-            after = outgoing.trailing_data[0]
         elif framing == "chunked":
             await _relay_chunked(client, upstream, outgoing, head, chunked=client_11)
         else:
