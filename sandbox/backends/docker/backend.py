@@ -8,7 +8,6 @@ started joined when it closes.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
@@ -21,6 +20,7 @@ from docker.models.containers import Container
 from sandbox.backends import ContainerState, RunContainer
 from sandbox.backends.docker import containers, images, runtimes, userns
 from sandbox.backends.docker.client import connect, unreachable
+from sandbox.backends.docker.prefetch import engine_key
 from sandbox.contracts.config import StepRuntime
 from sandbox.contracts.errors import EngineError
 from sandbox.contracts.ids import IdMap
@@ -121,7 +121,7 @@ class DockerBackend:
         engine's `/info` (its user-namespace remapping, its runtimes), which every run
         reads before its first container, is asked for at once in a thread: a run's
         image check, record and lock go on beside that round trip."""
-        key = _engine_key()
+        key = engine_key()
         known = _API_VERSIONS.get(key)
         client = connect(version=known or "auto")
         if known is None:
@@ -179,16 +179,9 @@ class DockerBackend:
         return container._container
 
 
-# The Engine API version each engine (by how the client finds it) negotiated in this
-# process: see `DockerBackend.connect`.
-_API_VERSIONS: dict[str, str] = {}
-
-
-def _engine_key() -> str:
-    return "\0".join(
-        os.environ.get(name, "")
-        for name in ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
-    )
+# The Engine API version each engine (by how the client finds it: `engine_key`)
+# negotiated in this process: see `DockerBackend.connect`.
+_API_VERSIONS: dict[tuple[str, ...], str] = {}
 
 
 @contextlib.contextmanager
@@ -199,12 +192,12 @@ def _first_calls() -> Iterator[None]:
     try:
         yield
     except requests.exceptions.ConnectionError as exc:
-        _API_VERSIONS.pop(_engine_key(), None)
+        _API_VERSIONS.pop(engine_key(), None)
         raise unreachable(exc) from None
     except docker.errors.APIError as exc:
         if "client version" not in str(exc).lower():
             raise
-        _API_VERSIONS.pop(_engine_key(), None)
+        _API_VERSIONS.pop(engine_key(), None)
         raise EngineError(
             f"the Docker engine's API version changed during this process ({exc.explanation});"
             " run again"
