@@ -1,6 +1,7 @@
 """The egress proxy's in-kernel relay (sandbox/guard/splice.py) between real TCP sockets on
 loopback, on the guard's own event loop (uvloop): exact lengths, short bodies, bodies that
-trickle in, and the upstream socket left as the pool needs it."""
+trickle in, and the upstream socket left as the pool needs it; and the proxy's listener,
+whose connections are born with a congestion control that does not pace."""
 
 from __future__ import annotations
 
@@ -9,12 +10,17 @@ import os
 import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
 import uvloop
 
-from sandbox.guard import splice
+from sandbox.contracts.config import Egress
+from sandbox.guard import egress, splice
+from sandbox.guard.actionlog import ActionLog
+from sandbox.guard.config import GuardConfig
+from sandbox.guard.listeners import bind_loopback
 
 T = TypeVar("T")
 DEADLINE_S = 20.0
@@ -155,3 +161,47 @@ def test_a_relay_without_a_length_runs_to_the_close_without_a_low_water_mark(
 
     assert run(main) == 30
     assert marks == [1] * 5
+
+
+def congestion(sock: socket.socket) -> bytes:
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0")
+
+
+def test_a_connection_the_unpaced_listener_accepts_starts_with_reno() -> None:
+    """The step's connection to the proxy is born with a congestion control that does not
+    pace, whatever the host's default: one chosen after the handshake would keep pacing."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        splice.unpaced(listener)
+        with socket.create_connection(listener.getsockname()) as far:
+            near, _ = listener.accept()
+            with near:
+                assert congestion(near) == splice.LOOPBACK_CONGESTION
+                assert congestion(far) == congestion(socket.socket())  # only what it accepts
+
+
+def test_the_proxy_s_listener_is_unpaced_before_it_accepts(tmp_path: Path) -> None:
+    actions = tmp_path / "actions.jsonl"
+    actions.touch()
+    config = GuardConfig(
+        run_id="test-splice",
+        workflow="wf",
+        step="s",
+        bridge_token="b" * 24,
+        exec_token="e" * 24,
+        has_db=False,
+        actions_path=str(actions),
+        data_dir=str(tmp_path),
+        egress=Egress(allow=[]),
+    )
+    log = ActionLog(str(actions), secrets=(), fsync_each=False)
+    listener = bind_loopback(0)
+
+    async def main() -> bytes:
+        async with egress.running(config, log, listener=listener):
+            return congestion(listener)
+
+    try:
+        assert run(main) == splice.LOOPBACK_CONGESTION
+    finally:
+        listener.close()
+        log.close()

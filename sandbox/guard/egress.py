@@ -1298,6 +1298,8 @@ async def running(
         server = await asyncio.start_server(
             proxy.handle, "127.0.0.1", config.egress_port, limit=http1.MAX_HEAD_BYTES
         )
+    for sock in server.sockets:  # before the first connection is accepted
+        splice.unpaced(sock)
     try:
         yield proxy
     finally:

@@ -18,6 +18,7 @@ import os
 import select
 import socket
 import threading
+from asyncio.trsock import TransportSocket
 
 AVAILABLE = hasattr(os, "splice")
 PIPE_BYTES = 1024 * 1024
@@ -30,6 +31,25 @@ LOWAT_BYTES = 256 * 1024
 # as it arrives, this late at most. EOF and errors wake it at once whatever is queued.
 LOWAT_HOLD_MS = 2
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+# The congestion control of the step's connections to the guard (see `unpaced`). Reno is
+# built into every kernel and open to unprivileged sockets whatever the host allows.
+LOOPBACK_CONGESTION = b"reno"
+
+
+def unpaced(listener: socket.socket | TransportSocket) -> None:
+    """Give the connections `listener` accepts a congestion control that does not pace.
+
+    A host whose default is BBR, with no fq qdisc (the guard's loopback has none), has
+    TCP pace every socket's sends with a timer of its own. On the step's loopback there is
+    no bottleneck to pace for, yet a 100 MiB reply fired that timer some 24,000 times a
+    second, each time an interrupt, on the two CPUs the step, the guard and the upstream
+    share: the relay lost about a fifth of its rate to it. Set on the listener, because an
+    accepted connection starts with its listener's choice, and a connection that started
+    with BBR keeps pacing after a switch. Best effort: a kernel without it just paces."""
+    if listener.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    with contextlib.suppress(OSError):
+        listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, LOOPBACK_CONGESTION)
 
 
 def _wait(fd: int, events: int, stop: threading.Event) -> bool:
