@@ -446,13 +446,10 @@ def hold_workflow(b: Bench, name: str, calls: int, extra_toml: str) -> Path:
 SYNC_LINE_BYTES = 600  # about one forwarded call's start line
 
 
-def log_sync_alone(where: Path, n: int, *, per_sample: int = 1) -> list[int]:
-    """The durability floor on the runs' disk: `n` samples of `per_sample` lines, each
-    appended with write(2) and fdatasync'ed, back to back, as the guard's log writer
-    does for a lone call (microseconds per sample).
-
-    A forwarded call waits for two synced lines; this disk's syncs are bimodal, so the
-    floor of two is timed as two in a row, not taken as twice the median of one."""
+def log_sync_alone(where: Path, n: int) -> list[int]:
+    """The durability floor on the runs' disk: `n` lines, each appended with write(2)
+    and fdatasync'ed, back to back, as the guard's log writer does for a lone call
+    (microseconds per line). A forwarded call's reply waits for one such sync."""
     path = where / "sync-alone.jsonl"
     line = b'{"event":"start",' + b'"x":"' + b"x" * (SYNC_LINE_BYTES - 24) + b'"}\n'
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -460,9 +457,8 @@ def log_sync_alone(where: Path, n: int, *, per_sample: int = 1) -> list[int]:
     try:
         for _ in range(n):
             t = time.perf_counter_ns()
-            for _ in range(per_sample):
-                os.write(fd, line)
-                os.fdatasync(fd)
+            os.write(fd, line)
+            os.fdatasync(fd)
             samples.append((time.perf_counter_ns() - t) // 1000)
     finally:
         os.close(fd)

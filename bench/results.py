@@ -300,7 +300,6 @@ class GuardDetail(BaseModel):
     design: str
     sessions: list[GuardSession] = Field(default_factory=list)
     log_sync_alone: LatencyStats | None = None  # one line's write + fdatasync, same disk
-    log_two_syncs: LatencyStats | None = None  # two of them back to back, same disk
 
 
 class ScaleDetail(BaseModel):

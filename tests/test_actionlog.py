@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import hashlib
 import json
 import os
@@ -487,40 +488,175 @@ class _TimedDisk(_SlowDisk):
         super().__call__(fd)
 
 
-def test_then_runs_on_the_writer_once_the_line_is_synced_before_begin_returns(
+def test_then_runs_on_the_writer_once_the_line_is_written_and_begin_waits_for_the_sync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`begin(then=...)`: the effect follows its line at once, on the writer thread
-    (no hop back to the loop), never before the sync, and before `begin` returns; what
-    it raises is handed back, with the line on disk all the same."""
+    (no hop back to the loop), once the line is in the file and before its sync (the
+    upstream works while the disk syncs); `begin` returns only once the line is on disk.
+    What the effect raises is handed back, with the line on disk all the same."""
     path = tmp_path / "actions.jsonl"
     path.touch()
     disk = _SlowDisk(path, 0.01)
     monkeypatch.setattr(os, "fdatasync", disk)
     log = ActionLog(str(path), secrets=(), fsync_each=True)
-    seen: list[tuple[int, bool]] = []
+    seen: list[tuple[int, bool, bool]] = []
 
     def effect() -> None:
-        seen.append((threading.get_ident(), disk.synced_bytes == path.stat().st_size))
+        written = b'"n":1' in path.read_bytes()
+        seen.append((threading.get_ident(), written, disk.synced_bytes >= path.stat().st_size))
 
     def broken() -> None:
         raise ConnectionResetError(104, "Connection reset by peer")
 
-    async def main() -> tuple[int, int, Started, Started]:
+    async def main() -> tuple[int, int, bool, Started, Started]:
         first = await log.begin(tool="http", arguments={"n": 1}, then=effect, **EGRESS_CALL)  # type: ignore[arg-type]
         ran_before_return = len(seen)
+        synced_at_return = disk.synced_bytes == path.stat().st_size
         second = await log.begin(tool="http", arguments={"n": 2}, then=broken, **EGRESS_CALL)  # type: ignore[arg-type]
-        return threading.get_ident(), ran_before_return, first, second
+        return threading.get_ident(), ran_before_return, synced_at_return, first, second
 
-    loop_thread, ran_before_return, first, second = asyncio.run(main())
+    loop_thread, ran_before_return, synced_at_return, first, second = asyncio.run(main())
     log.close()
-    assert ran_before_return == 1
-    ((thread, synced),) = seen
-    assert synced and thread != loop_thread and thread in disk.threads
+    assert ran_before_return == 1 and synced_at_return
+    ((thread, written, synced),) = seen
+    assert written and not synced
+    assert thread != loop_thread and thread in disk.threads
     assert first.then_error is None
     assert isinstance(second.then_error, ConnectionResetError)
+    assert log.syncs == 2
     lines = [ActionLine.model_validate_json(x) for x in path.read_text().splitlines()]
     assert [(ln.event, ln.call_id) for ln in lines] == [("start", "c1"), ("start", "c2")]
+
+
+FORWARDED = {"session": "root", "decision": "allow", "reason": "r", "category": "t"}
+
+
+def test_a_forwarded_call_not_durable_at_begin_costs_one_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bridge and MCP: `begin(durable=False)` returns once the start line is in the file,
+    with no sync of its own; the outcome's one sync covers both lines when it returns."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    disk = _SlowDisk(path, 0.005)
+    monkeypatch.setattr(os, "fdatasync", disk)
+    log = ActionLog(str(path), secrets=(), fsync_each=True)
+
+    async def main() -> list[tuple[bool, int, bool]]:
+        seen = []
+        for n in range(3):
+            started = await log.begin(tool=f"t{n}", arguments={}, durable=False, **FORWARDED)  # type: ignore[arg-type]
+            seen.append((f'"tool":"t{n}"'.encode() in path.read_bytes(), log.syncs, False))
+            await log.outcome(started, ok=True)
+            seen[-1] = (*seen[-1][:2], disk.synced_bytes == path.stat().st_size)
+        return seen
+
+    seen = asyncio.run(main())
+    # at each begin's return: its line written, only the earlier calls' syncs made;
+    # at each outcome's return: everything written is synced
+    assert seen == [(True, 0, True), (True, 1, True), (True, 2, True)]
+    assert log.syncs == 3
+    log.close()
+    events = [ActionLine.model_validate_json(x).event for x in path.read_text().splitlines()]
+    assert events == ["start", "outcome"] * 3
+
+
+def test_a_round_that_only_writes_does_not_sync_and_settle_syncs_what_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Start lines that were only written cost no sync; `settle` (a started call answered
+    without its outcome) syncs them, and costs nothing more once they are synced."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    disk = _SlowDisk(path, 0.0)
+    monkeypatch.setattr(os, "fdatasync", disk)
+    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    calls = 20
+
+    async def main() -> tuple[int, int, int, int]:
+        await asyncio.gather(
+            *(
+                log.begin(tool=f"t{n}", arguments={}, durable=False, **FORWARDED)  # type: ignore[arg-type]
+                for n in range(calls)
+            )
+        )
+        written, after_begins = path.stat().st_size, log.syncs
+        await log.settle()
+        after_settle = log.syncs
+        await log.settle()
+        return written, after_begins, after_settle, log.syncs
+
+    written, after_begins, after_settle, again = asyncio.run(main())
+    assert (after_begins, after_settle, again) == (0, 1, 1)
+    assert disk.synced_bytes == written == path.stat().st_size
+    log.close()
+    tools = [ActionLine.model_validate_json(x).tool for x in path.read_text().splitlines()]
+    assert tools == [f"t{n}" for n in range(calls)]
+
+
+def test_concurrent_forwarded_calls_are_logged_in_order_with_fewer_syncs_than_calls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """N bridge-style calls at once (start written, then outcome waited for): every line
+    in order, each outcome answered only once its call's two lines are synced, and
+    fewer syncs than calls (one round's sync covers many calls' lines)."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    disk = _SlowDisk(path, 0.01)
+    monkeypatch.setattr(os, "fdatasync", disk)
+    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    calls = 40
+    covered: list[bool] = []
+
+    async def call(n: int) -> None:
+        started = await log.begin(tool=f"t{n}", arguments={}, durable=False, **FORWARDED)  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # the "upstream": other calls' lines queue meanwhile
+        await log.outcome(started, ok=True)
+        lines = path.read_bytes().split(b"\n")
+        mine = max(i for i, ln in enumerate(lines) if f'"tool":"t{n}"'.encode() in ln)
+        end = sum(len(ln) + 1 for ln in lines[: mine + 1])
+        covered.append(disk.synced_bytes >= end)
+
+    async def main() -> None:
+        await asyncio.gather(*(call(n) for n in range(calls)))
+
+    asyncio.run(main())
+    log.close()
+    lines = [ActionLine.model_validate_json(x) for x in path.read_text().splitlines()]
+    starts = [ln.tool for ln in lines if ln.event == "start"]
+    assert starts == [f"t{n}" for n in range(calls)]
+    where = {(ln.event, ln.call_id): i for i, ln in enumerate(lines)}
+    assert all(where["start", f"c{n}"] < where["outcome", f"c{n}"] for n in range(1, calls + 1))
+    assert covered == [True] * calls
+    assert 1 <= log.syncs < calls
+
+
+def test_an_outcome_past_the_reserve_still_syncs_its_start_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An outcome that no longer fits is not written, but the call's start line (only
+    written by `begin`) is synced before `outcome` returns: the reply still follows a
+    sync that covers every line of its call."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    disk = _SlowDisk(path, 0.0)
+    monkeypatch.setattr(os, "fdatasync", disk)
+    log = ActionLog(str(path), secrets=(), fsync_each=True)
+
+    async def main() -> tuple[int, int]:
+        started = await log.begin(tool="t", arguments={}, durable=False, **FORWARDED)  # type: ignore[arg-type]
+        monkeypatch.setattr(actionlog, "MAX_LOG_BYTES", 0)
+        monkeypatch.setattr(actionlog, "OUTCOME_RESERVE_BYTES", 0)
+        before = log.syncs
+        await log.outcome(started, ok=True)
+        return before, log.syncs
+
+    assert asyncio.run(main()) == (0, 1)
+    assert disk.synced_bytes == path.stat().st_size
+    log.close()
+    events = [ActionLine.model_validate_json(x).event for x in path.read_text().splitlines()]
+    assert events[:2] == ["start", "log_full"] and "outcome" not in events
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
@@ -549,9 +685,12 @@ def test_then_never_runs_after_a_failed_write() -> None:
     assert ran == []
 
 
-def test_then_never_runs_after_a_failed_sync(
+def test_a_failed_sync_after_then_ran_fails_begin_and_no_later_then_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The effect ran (after the write, before the sync) and the sync fails: `begin`
+    raises it, so the caller fails the call (its reply is never relayed); the next
+    call's line is never written and its effect never runs."""
     path = tmp_path / "actions.jsonl"
     path.touch()
 
@@ -562,16 +701,24 @@ def test_then_never_runs_after_a_failed_sync(
     log = ActionLog(str(path), secrets=(), fsync_each=True)
     ran: list[str] = []
 
-    async def main() -> str:
-        try:
-            await log.begin(tool="http", arguments={}, then=lambda: ran.append("x"), **EGRESS_CALL)  # type: ignore[arg-type]
-        except OSError as exc:
-            return str(exc.strerror)
-        return "no error"
+    async def main() -> list[str]:
+        errors = []
+        for name in ("x", "y"):
+            try:
+                await log.begin(
+                    tool="http",
+                    arguments={},
+                    then=functools.partial(ran.append, name),
+                    **EGRESS_CALL,  # type: ignore[arg-type]
+                )
+            except OSError as exc:
+                errors.append(str(exc.strerror))
+        return errors
 
-    assert asyncio.run(main()) == "Input/output error"
+    assert asyncio.run(main()) == ["Input/output error", "Input/output error"]
     log.close()
-    assert ran == []
+    assert ran == ["x"]
+    assert len(path.read_text().splitlines()) == 1
 
 
 def test_a_held_outcome_alone_is_synced_by_the_timer(

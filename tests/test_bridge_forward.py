@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 import threading
 from collections.abc import Callable, Iterator
@@ -381,3 +382,133 @@ def test_the_guard_waits_as_long_as_the_executor_may_run_the_command(
         executor_s = 0.0  # refused by the executor at once
     (waited,) = seen
     assert waited >= executor_s + SHELL_KILL_GRACE_S + guard.config.grace_s
+
+
+class _Disk:
+    """`fdatasync` that notes how many bytes of the file each finished sync covered
+    (and takes `seconds`, as a slow shared disk does)."""
+
+    def __init__(self, path: Path, seconds: float = 0.0) -> None:
+        self.path = path
+        self.seconds = seconds
+        self.synced_bytes = 0
+        self._real = os.fdatasync
+
+    def __call__(self, fd: int) -> None:
+        size = os.fstat(fd).st_size
+        threading.Event().wait(self.seconds)
+        self._real(fd)
+        self.synced_bytes = size
+
+
+def _synced_guard(
+    tmp_path: Path, upstream: str, monkeypatch: pytest.MonkeyPatch, seconds: float = 0.0
+) -> tuple[Guard, Path, _Disk]:
+    """A guard in this process whose log syncs each round, on a disk that says what its
+    syncs covered."""
+    actions = tmp_path / "synced.jsonl"
+    actions.touch()
+    disk = _Disk(actions, seconds)
+    monkeypatch.setattr(os, "fdatasync", disk)
+    config = guard_config(tmp_path, actions, upstream=upstream)
+    log = ActionLog(str(actions), secrets=(TOKEN,), fsync_each=True)
+    return Guard(config, log), actions, disk
+
+
+def test_a_forwarded_call_costs_one_sync_its_start_written_before_it_leaves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The start line is in the file when the upstream reads the call (a guard killed
+    then leaves "started, outcome unknown") but was not synced for it; the reply comes
+    only after the one sync that covers the call's start and outcome lines."""
+    at_upstream: list[tuple[list[ActionLine], int]] = []
+    box: list[Guard] = []
+
+    def answer(n: int, body: bytes) -> bytes:
+        lines = (tmp_path / "synced.jsonl").read_text().splitlines()
+        at_upstream.append(([ActionLine.model_validate_json(x) for x in lines], box[0].log.syncs))
+        return ok(f"r{n}")
+
+    upstream = Upstream(answer)
+    try:
+        guard, actions, disk = _synced_guard(tmp_path, upstream.url, monkeypatch)
+        box.append(guard)
+
+        async def main() -> list[tuple[int, int, int]]:
+            transport = httpx.ASGITransport(app=build_app(guard))
+            seen = []
+            async with httpx.AsyncClient(transport=transport, base_url="http://guard") as client:
+                for n in range(3):
+                    r = await client.post(
+                        "/v1/tools/call",
+                        json={"tool": "web_fetch", "arguments": {"url": f"https://a/{n}"}},
+                        headers=AUTH,
+                    )
+                    assert r.json()["result"]["text"] == f"r{n + 1}"
+                    # when the reply arrived: syncs so far, bytes synced, bytes written
+                    seen.append((guard.log.syncs, disk.synced_bytes, actions.stat().st_size))
+            await guard.close()
+            return seen
+
+        at_reply = asyncio.run(main())
+    finally:
+        upstream.close()
+    for n, (lines, syncs) in enumerate(at_upstream):
+        # every earlier call complete, this call's start line last, no sync for it yet
+        assert [(ln.event, ln.call_id) for ln in lines][-1] == ("start", f"c{n + 1}")
+        assert lines[-1].arguments["url"] == f"https://a/{n}"
+        assert syncs == n
+    # one sync per call, and each reply after the sync that covered all its lines
+    assert [(syncs, synced == written) for syncs, synced, written in at_reply] == [
+        (1, True),
+        (2, True),
+        (3, True),
+    ]
+    assert [ln.detail["upstream_status"] for ln in lines_of(actions)] == [200, 200, 200]
+
+
+def test_concurrent_forwarded_calls_share_syncs_and_no_reply_precedes_its_sync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """N calls at once through the bridge on a slow disk: every call's two lines in
+    order, fewer syncs than calls, and each reply only once its lines are synced."""
+    upstream = Upstream(lambda n, body: ok(json.loads(body)["arguments"]["url"]))
+    calls = 12
+    try:
+        guard, actions, disk = _synced_guard(tmp_path, upstream.url, monkeypatch, 0.01)
+
+        async def main() -> list[bool]:
+            transport = httpx.ASGITransport(app=build_app(guard))
+            async with httpx.AsyncClient(transport=transport, base_url="http://guard") as client:
+
+                async def one(n: int) -> bool:
+                    url = f"https://a/{n}"
+                    r = await client.post(
+                        "/v1/tools/call",
+                        json={"tool": "web_fetch", "arguments": {"url": url}},
+                        headers=AUTH,
+                    )
+                    assert r.json()["result"]["text"] == url
+                    raw = actions.read_bytes()
+                    mine = [
+                        i
+                        for i, ln in enumerate(raw.split(b"\n"))
+                        if f'"url":"{url}"'.encode() in ln
+                    ]
+                    (start_at,) = mine  # the outcome names the call by its id
+                    start = ActionLine.model_validate_json(raw.split(b"\n")[start_at])
+                    end = raw.index(f'"call_id":"{start.call_id}","outcome"'.encode())
+                    return disk.synced_bytes >= raw.index(b"\n", end) + 1
+
+                covered = await asyncio.gather(*(one(n) for n in range(calls)))
+            await guard.close()
+            return list(covered)
+
+        covered = asyncio.run(main())
+    finally:
+        upstream.close()
+    assert covered == [True] * calls
+    assert 1 <= guard.log.syncs < calls
+    assert sorted(ln.arguments["url"] for ln in lines_of(actions)) == sorted(
+        f"https://a/{n}" for n in range(calls)
+    )

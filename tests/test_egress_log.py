@@ -1,6 +1,6 @@
 """The egress proxy's two-phase record, in process, against real servers on loopback.
 
-A forwarded request's `start` line is on disk before its first byte reaches the
+A forwarded request's `start` line is in the file before its first byte reaches the
 host (so a guard killed mid-request leaves "started, outcome unknown"), its
 `outcome` line follows the reply (an error when the reply is cut short); a full
 log refuses the request instead of forwarding it unlogged, and counts it once;
@@ -315,11 +315,12 @@ def test_a_stubbed_body_that_arrives_after_its_head_is_still_measured(tmp_path: 
     assert line.arguments["body_sha256"] == hashlib.sha256(body).hexdigest()
 
 
-def test_a_log_that_cannot_be_synced_refuses_the_request_and_nothing_leaves(
+def test_a_log_that_cannot_be_synced_fails_the_request_and_never_relays_its_reply(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The start line's sync fails: the head (sent by the log's writer once the line is
-    on disk) never leaves, and the step gets an error that says why, never a stub."""
+    """The start line is written, the head sent by the log's writer (before the sync, so
+    the host works while the disk syncs), then the sync fails: the host's reply is never
+    relayed and the step gets an error that says why (sent but failed, never a stub)."""
 
     def broken(fd: int) -> None:
         raise OSError(5, "Input/output error")
@@ -333,9 +334,37 @@ def test_a_log_that_cannot_be_synced_refuses_the_request_and_nothing_leaves(
             log.close()
         finally:
             host.close()
+    # the head reached the host with its start line already in the file
+    wait_for(lambda: host.received, 10, "the head to reach the host")
+    assert host.received[0].startswith(b"GET /p HTTP/1.1\r\n")
+    assert [ln.event for ln in host.log_when_received[0]] == ["start"]
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 502") and b"X-Agentworks-Test-Mode: error" in head
+    assert b"action log could not be written (Input/output error)" in body
+    assert b"was sent but failed" in body and b"Continue as if" not in body
+    assert b"hello" not in reply
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_log_that_cannot_be_written_refuses_the_request_and_nothing_leaves(
+    tmp_path: Path,
+) -> None:
+    """The start line's write fails (a full device): the head, which the log's writer
+    sends only after the write, never leaves, and the step gets an error that says why."""
+    host = Host(tmp_path / "unread.jsonl", OK)
+    (tmp_path / "unread.jsonl").touch()
+    try:
+        egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
+        config = _config(tmp_path / "unread.jsonl", egress)
+        log = ActionLog("/dev/full", secrets=(), fsync_each=True)
+        proxy = EgressProxy(config, log, label={})
+        reply = _closing_get(proxy, host.port)
+        log.close()
+    finally:
+        host.close()
     # the host was dialled before the line was written; it got no byte
     wait_for(lambda: host.received == [b""], 10, "the proxy to close its connection")
     head, _, body = reply.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 502") and b"X-Agentworks-Test-Mode: refused" in head
-    assert b"action log could not be written (Input/output error)" in body
+    assert b"action log could not be written (No space left on device)" in body
     assert b"nothing was sent" in body and b"Continue as if" not in body

@@ -7,21 +7,36 @@ before any byte of it leaves the guard (what was asked, the decision, a
 `call_id`) and an `outcome` line after (ok or error, duration, sizes), so a
 guard that dies mid-call leaves "started, outcome unknown" behind.
 
-Durability without stalling (group commit): `write`, `begin` and `outcome`
-return only once their line is on disk (written, and by default
-`fdatasync`ed), yet neither the write nor the sync runs on the event loop's
-thread. One writer thread takes every line queued since its last round (from a
-`queue.SimpleQueue`), in the order the calls queued them, appends them with one
-`write(2)` on an O_APPEND descriptor (lines never interleave; a crash leaves
-whole lines before a possibly cut last one) and syncs once for all of them;
-then it runs what the calls asked to happen right after their line (`begin`'s
-`then`: an egress request's head sent upstream, with no hop back to the loop)
-and wakes their callers, once per round. N calls that arrive while a sync is
-under way cost one more sync, not N, and a slow disk stalls only the calls
-waiting for their own lines, never the other connections of the run. Order,
-call ids and size accounting are decided on the loop, when a line is queued. A
-failed write or sync fails that line's call and every later one, and no `then`
-runs after it (the log no longer says what it should: fail closed).
+Durability without stalling (group commit): a line is written (in the file,
+by `write(2)`) before the call it records goes on, and synced (`fdatasync`, by
+default) before that call is answered; neither the write nor the sync runs on
+the event loop's thread. One writer thread takes every line queued since its
+last round (from a `queue.SimpleQueue`), in the order the calls queued them,
+appends them with one `write(2)` on an O_APPEND descriptor (lines never
+interleave; a crash leaves whole lines before a possibly cut last one) and, when
+a line of the round is waited for on disk, syncs once for all of them. A sync
+covers every line written before it, so a line that only had to be written is
+made durable by the next sync: a bridge or MCP call's `begin` returns once its
+`start` line is written (a guard killed after forwarding still leaves it: the
+page cache outlives the process), and the call's `outcome` line's write and
+sync, which the reply waits for, covers both. One sync per forwarded call, and
+a round that only writes does not sync at all. A path that answers a started
+call without its outcome (an error, a cancellation) waits for `settle` first,
+and an outcome that no longer fits waits for the sync all the same: no reply
+leaves before the lines of its call are on disk.
+
+An egress request's `begin` waits for the sync (its reply is relayed only once
+the line is on disk), but what it asked to happen right after its line (`then`:
+the request's head sent upstream) is run by the writer right after the round's
+write, before its sync, with no hop back to the loop: the upstream works on the
+request while the disk syncs. N calls that arrive while a sync is under way
+cost one more sync, not N, and a slow disk stalls only the calls waiting for
+their own lines, never the other connections of the run. Order, call ids and
+size accounting are decided on the loop, when a line is queued. A failed write
+fails that line's call and every later one, and no `then` runs after it; a
+failed sync fails every call waiting in its round (an egress request whose head
+already went is then answered with an error, its reply never relayed) and every
+later one (the log no longer says what it should: fail closed).
 
 One exception to "waited for": an egress outcome line (`outcome_queued`, the
 reply already relayed) may wait up to HOLD_S (20 ms) for the next line and
@@ -168,7 +183,8 @@ def _summarized(value: dict[str, Any]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Started:
-    """A forwarded call whose `start` line is on disk; its `outcome` line is still due."""
+    """A forwarded call whose `start` line is written (and with `begin(durable=True)`
+    synced); its `outcome` line is still due."""
 
     call_id: str
     session: str
@@ -177,26 +193,30 @@ class Started:
     reason: str
     category: str
     started: float  # time.perf_counter() at the start line
-    # What the `then` given to `begin` raised (it ran on the writer thread, after the
-    # line was on disk): the caller's to report as the call's outcome.
+    # What the `then` given to `begin` raised (it ran on the writer thread, right after
+    # the line was written): the caller's to report as the call's outcome.
     then_error: BaseException | None = None
 
 
 class _Waiter:
-    """A caller waiting for its line: its loop and future, and what it asked the writer
-    to run once the line is on disk (`then`, and what that raised)."""
+    """A caller waiting for its line: its loop and future, whether it waits for the
+    sync or only the write (`durable`), and what it asked the writer to run once the
+    line is written (`then`, and what that raised)."""
 
-    __slots__ = ("future", "loop", "then", "then_error")
+    __slots__ = ("durable", "future", "loop", "then", "then_error")
 
     def __init__(
         self,
         loop: asyncio.AbstractEventLoop,
         future: asyncio.Future[None],
         then: Callable[[], object] | None = None,
+        *,
+        durable: bool = True,
     ) -> None:
         self.loop = loop
         self.future = future
         self.then = then
+        self.durable = durable
         self.then_error: BaseException | None = None
 
 
@@ -211,15 +231,18 @@ def _settle(waiters: list[_Waiter], error: BaseException | None) -> None:
 
 
 class _Line:
-    """One queued line: its bytes, who waits for it (None: nobody), and whether it may
-    be held (HOLD_S) for the next line's write and sync."""
+    """One queued line: its bytes, who waits for it (None: nobody), whether its round
+    must sync (`sync`: a waiter that waits for the disk, a line nobody waits for, a
+    held one; not a waiter that waits only for the write) and whether it may be held
+    (HOLD_S) for the next line's write and sync."""
 
-    __slots__ = ("data", "hold", "queued", "waiter")
+    __slots__ = ("data", "hold", "queued", "sync", "waiter")
 
     def __init__(self, data: bytes, waiter: _Waiter | None, *, hold: bool) -> None:
         self.data = data
         self.waiter = waiter
         self.hold = hold
+        self.sync = waiter is None or waiter.durable
         self.queued = time.monotonic() if hold else 0.0
 
 
@@ -227,18 +250,21 @@ _STOP = _Line(b"", None, hold=False)  # close: write what is queued, then end
 
 
 class _GroupCommit:
-    """The writer thread: appends queued lines in order, one `write(2)` and one
-    `fdatasync` per round for all the lines queued since the last one.
+    """The writer thread: appends queued lines in order, one `write(2)` per round for
+    all the lines queued since the last one, and one `fdatasync` when a line of the
+    round needs it.
 
     Lines come through a `queue.SimpleQueue` (a put from the loop is one C call, no
     Python lock or condition to wake, so no futex round trip per line). A round that
     holds only lines nobody waits for (`hold`: an egress outcome whose reply is
     already out) waits up to HOLD_S, from the oldest of them, for one more line and
     shares its write and sync; a line somebody waits for, the timer, or close ends
-    the wait. Once a round is on disk the writer runs each of its lines' `then`
+    the wait. Once a round is written the writer runs each of its lines' `then`
     (before waking their loop: the effect follows its line without a hop back to
-    the loop), then wakes each loop once for all its callers. After a failed write
-    or sync no `then` runs and every line, that one and each later one, fails."""
+    the loop, and overlaps the sync), wakes the loops of the lines that waited only
+    for the write, syncs when a line needs it and something written is not yet
+    synced, then wakes the rest. After a failed write no `then` runs; after a failed
+    write or sync every waiting line of the round, and each later one, fails."""
 
     def __init__(self, fd: int, *, sync: bool) -> None:
         self._fd = fd
@@ -246,6 +272,7 @@ class _GroupCommit:
         self._lines: queue.SimpleQueue[_Line] = queue.SimpleQueue()
         self._error: OSError | None = None
         self._stopped = False
+        self._unsynced = False  # written bytes no sync covers yet (writer thread only)
         self.syncs = 0  # fdatasync calls made: what the group commit saves is visible
         self._thread = threading.Thread(target=self._run, name="action-log", daemon=True)
         self._thread.start()
@@ -278,6 +305,13 @@ class _GroupCommit:
             with contextlib.suppress(queue.Empty):  # timed out: `left` is checked again
                 lines.append(self._lines.get(timeout=left))
 
+    def _write(self, batch: list[_Line]) -> None:
+        data = memoryview(b"".join(line.data for line in batch))
+        if data:
+            self._unsynced = True
+        while data:
+            data = data[os.write(self._fd, data) :]
+
     def _run(self) -> None:
         stopping = False
         while not stopping:
@@ -287,15 +321,11 @@ class _GroupCommit:
             error = self._error
             if error is None:
                 try:
-                    data = memoryview(b"".join(line.data for line in batch))
-                    while data:
-                        data = data[os.write(self._fd, data) :]
-                    if self._sync:
-                        os.fdatasync(self._fd)
-                        self.syncs += 1
+                    self._write(batch)
                 except OSError as exc:
                     error = self._error = exc
-            by_loop: dict[asyncio.AbstractEventLoop, list[_Waiter]] = {}
+            written: dict[asyncio.AbstractEventLoop, list[_Waiter]] = {}
+            durable: dict[asyncio.AbstractEventLoop, list[_Waiter]] = {}
             for line in batch:
                 waiter = line.waiter
                 if waiter is None:
@@ -306,10 +336,18 @@ class _GroupCommit:
                         waiter.then()
                     except Exception as exc:  # the caller's to report, as its outcome
                         waiter.then_error = exc
-                by_loop.setdefault(waiter.loop, []).append(waiter)
-            for loop, waiters in by_loop.items():
-                with contextlib.suppress(RuntimeError):  # a loop already closed: nobody waits
-                    loop.call_soon_threadsafe(_settle, waiters, error)
+                woken = durable if waiter.durable else written
+                woken.setdefault(waiter.loop, []).append(waiter)
+            _wake(written, error)
+            must_sync = any(line.sync for line in batch)
+            if error is None and must_sync and self._sync and self._unsynced:
+                try:
+                    os.fdatasync(self._fd)
+                    self.syncs += 1
+                    self._unsynced = False
+                except OSError as exc:
+                    error = self._error = exc
+            _wake(durable, error)
 
     @property
     def error(self) -> OSError | None:
@@ -322,6 +360,15 @@ class _GroupCommit:
             self._stopped = True
             self._lines.put(_STOP)
         self._thread.join()
+
+
+def _wake(
+    waiters: dict[asyncio.AbstractEventLoop, list[_Waiter]], error: BaseException | None
+) -> None:
+    """Settle each loop's waiters with one hand-off to it."""
+    for loop, each in waiters.items():
+        with contextlib.suppress(RuntimeError):  # a loop already closed: nobody waits
+            loop.call_soon_threadsafe(_settle, each, error)
 
 
 # ActionLine's fields, in its order; the values `encode_line` checks as the model would.
@@ -397,7 +444,8 @@ def _model_line(now: datetime, step: str, fields: dict[str, Any]) -> bytes:
 
 class ActionLog:
     """The run's action log. Every method that writes a line is a coroutine that
-    returns once the line is on disk (see the module's docstring)."""
+    returns once the line is on disk, except `begin(durable=False)`, which returns once
+    it is written (see the module's docstring)."""
 
     def __init__(
         self, path: str, *, secrets: tuple[str, ...], fsync_each: bool = True, step: str = ""
@@ -459,6 +507,7 @@ class ActionLog:
         )
         if not self._room_for(len(line), reserve=False):
             self._unlogged += 1
+            await self.settle()  # the marker that says so is on disk before the answer
             return
         await self._append(line)
 
@@ -475,15 +524,25 @@ class ActionLog:
         arguments: dict[str, Any],
         detail: dict[str, Any] | None = None,
         then: Callable[[], object] | None = None,
+        durable: bool = True,
     ) -> Started:
-        """The `start` line of a call about to be forwarded, on disk before it returns.
+        """The `start` line of a call about to be forwarded: in the file before it
+        returns, and with `durable` synced too.
+
+        Without `durable` (bridge, MCP: their reply waits for the `outcome` line's
+        sync, which covers this line) the call costs one sync, not two; the caller
+        must then answer only after `outcome`, or after `settle` on a path that
+        answers without one. With it (egress: the reply is relayed as it comes, its
+        outcome queued after) `begin` returns once the line is on disk.
 
         `then` (the call's first effect, e.g. its head written to an upstream socket
-        that is already open) is run by the writer thread the moment the line is on
-        disk, before the loop is woken: no hop back to the loop between the sync and
-        the effect. It must be quick and must not touch the loop; what it raises is in
-        the result's `then_error`. It never runs when the write or sync failed (begin
-        raises that OSError: nothing happened) or the log is full.
+        that is already open) is run by the writer thread the moment the line is
+        written, before its sync and before the loop is woken: the effect does not
+        wait for the disk nor for a hop back to the loop. It must be quick and must not
+        touch the loop; what it raises is in the result's `then_error`. It never runs
+        when the write failed or the log is full. A failed write or sync raises that
+        OSError; after a failed sync `then` may have run (the head went): the caller
+        must fail the call, never relay its reply.
 
         Raises LogFull when the log has no room: the caller stubs the call."""
         self._next_call += 1
@@ -502,18 +561,23 @@ class ActionLog:
         )
         if not self._room_for(len(line), reserve=False):
             self._unlogged += 1
+            await self.settle()  # the marker that says so is on disk before the stub
             raise LogFull(_full_reason())
         began = time.perf_counter()
-        waiter = await self._append(line, then)
+        waiter = await self._append(line, then, durable=durable)
         return Started(call_id, session, tool, decision, reason, category, began, waiter.then_error)
 
     async def outcome(
         self, call: Started, *, ok: bool, reason: str = "", detail: dict[str, Any] | None = None
     ) -> None:
-        """The `outcome` line of a started call: ok or error, its duration, its sizes."""
+        """The `outcome` line of a started call: ok or error, its duration, its sizes;
+        on disk, with every line before it (the call's `start` line too), when it
+        returns. With no room left for it, the lines before it are synced all the same."""
         line = self._outcome_line(call, ok=ok, reason=reason, detail=detail)
         if self._room_for(len(line), reserve=True):
             await self._append(line)
+        else:
+            await self.settle()
 
     def outcome_queued(
         self, call: Started, *, ok: bool, reason: str = "", detail: dict[str, Any] | None = None
@@ -592,13 +656,32 @@ class ActionLog:
         self._bytes += len(data)
         self._writer.put(data, waiter, hold=hold)
 
-    async def _append(self, data: bytes, then: Callable[[], object] | None = None) -> _Waiter:
-        """Queue one line, in call order, and return once it is on disk (and `then` ran)."""
+    async def _append(
+        self, data: bytes, then: Callable[[], object] | None = None, *, durable: bool = True
+    ) -> _Waiter:
+        """Queue one line, in call order, and return once it is written and `then` ran
+        (and with `durable`, once it is on disk)."""
         loop = asyncio.get_running_loop()
-        waiter = _Waiter(loop, loop.create_future(), then)
+        waiter = _Waiter(loop, loop.create_future(), then, durable=durable)
         self._queue(data, waiter)
         await waiter.future
         return waiter
+
+    async def settle(self) -> None:
+        """Return once every line queued so far is on disk (no sync when the last one
+        covered them all). For a caller about to answer a started call without its
+        outcome line (an exception or a cancellation between `begin` and `outcome`),
+        whose start line `begin(durable=False)` only wrote. A cancellation does not cut
+        the wait short for the lines (the writer syncs them regardless), and a failed
+        log is not raised here: the caller answers with its own failure (and the log's
+        failure fails every later call)."""
+        if self._closed:
+            return
+        loop = asyncio.get_running_loop()
+        waiter = _Waiter(loop, loop.create_future())
+        self._writer.put(b"", waiter)
+        with contextlib.suppress(OSError):
+            await asyncio.shield(waiter.future)
 
     def close(self) -> None:
         """Write what is queued and sync it; when the log filled up, say how many calls

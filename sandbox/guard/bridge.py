@@ -5,7 +5,8 @@ the step controls) -> bind the tool's identity paths (`sandbox.guard.bindings`) 
 execute by route (stub, refuse, upstream, executor, session) -> action-log
 line(s) -> reply. A call answered here (stub, refusal, session) is one line
 before the reply; a forwarded one (upstream, executor) gets its `start` line
-before it leaves the guard and its `outcome` line before the reply. Nothing
+written before it leaves the guard and its `outcome` line before the reply (the
+outcome's sync covers both: one sync per call). Nothing
 raises out of a call: a refusal, a stub, an upstream failure, a reply past its
 cap or a malformed request is a reply the agent can read and a log line. Only a
 wrong token, a malformed or oversized request gets an HTTP error status (with
@@ -296,14 +297,19 @@ class Guard:
                 category=verdict.category,
                 arguments=bindings.without_bound(call.tool, call.arguments),
                 detail=detail,
+                durable=False,  # written now; the outcome's sync covers it before the reply
             )
         except LogFull as full:  # stubbed, never forwarded unlogged; the log counted it
             return _stub(call.tool, session, str(full)), {}, verdict.category, True
         outcome: dict[str, Any] = {}
-        if route is policy.Route.UPSTREAM:
-            result = await self._forward(call.tool, arguments, session, outcome)
-        else:
-            result = await self._execute_in_step(call.tool, arguments, outcome)
+        try:
+            if route is policy.Route.UPSTREAM:
+                result = await self._forward(call.tool, arguments, session, outcome)
+            else:
+                result = await self._execute_in_step(call.tool, arguments, outcome)
+        except BaseException:  # answered without an outcome: the start line synced first
+            await self.log.settle()
+            raise
         await self._outcome(logged, result, outcome)
         reply = ToolReply(
             ok=not result.is_error,

@@ -252,7 +252,7 @@ class _Upstream:
     def send_now(self, data: bytes) -> int:
         """As much of `data` as the kernel takes at once, without waiting (plain TCP):
         what the action log's writer thread runs the moment a request's start line is
-        on disk. Nothing else uses the socket then (the loop is waiting for that line)."""
+        written. Nothing else uses the socket then (the loop is waiting for that line)."""
         assert self.sock is not None
         self.reusable = False  # until the exchange is seen to end cleanly
         try:
@@ -626,10 +626,13 @@ class EgressProxy:
             outgoing, head = _request_head(sent)
             kind = "model call" if entry.model else "read"
             where = " (inspected inside TLS)" if seen.tls else ""
-            # Plain TCP: the log's writer sends the head the moment its line is on disk.
+            # Plain TCP: the log's writer sends the head the moment its line is written,
+            # before its sync (the upstream works while the disk syncs); the reply is
+            # relayed only once `begin` returns, the line on disk.
             early = [0]
 
             def send_head() -> None:
+                seen.forwarded = True  # a sync failing after this: an error, not a refusal
                 early[0] = upstream.send_now(head)
 
             logged = await self._begin(
@@ -975,10 +978,12 @@ class EgressProxy:
         extra_arguments: dict[str, Any] | None = None,
         then: Callable[[], object] | None = None,
     ) -> Started:
-        """The start line of a request about to be forwarded, on disk before its first
-        byte leaves (`then`: that first byte, sent by the log's writer). With the log
-        full, or a log that cannot be written, the request is refused instead (Denied):
-        nothing was sent."""
+        """The start line of a request about to be forwarded: written before its first
+        byte leaves (`then`: that first byte, sent by the log's writer), on disk before
+        this returns. With the log full, or a log that cannot be written, the request
+        is refused instead (Denied): nothing was sent. A sync that failed after the
+        head went fails the request (Denied, as sent but failed): its reply is never
+        relayed, the connection is not reused, and the failed log takes no line more."""
         arguments, detail = self._facts(
             seen, status=None, extra_detail=extra_detail, extra_arguments=extra_arguments
         )
@@ -995,7 +1000,7 @@ class EgressProxy:
             )
         except LogFull as full:
             raise Denied(403, str(full), unlogged=True) from None
-        except OSError as exc:  # the line is not on disk: nothing may happen
+        except OSError as exc:  # the line is not on disk: nothing more may happen
             reason = f"the action log could not be written ({exc.strerror or exc})"
             raise Denied(502, reason, unlogged=True) from None
 

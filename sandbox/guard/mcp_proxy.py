@@ -624,6 +624,7 @@ class Endpoint:
                 category="mcp",
                 arguments=arguments,
                 detail=detail,
+                durable=False,  # written now; the outcome's sync covers it before the reply
             )
         except LogFull as full:
             result, _ = stub_result(tool, str(full), None)
@@ -648,6 +649,9 @@ class Endpoint:
             error = exc
             result = {}
             outcome["error"] = f"{exc.code}: {exc.message}"[:300]
+        except BaseException:  # answered without an outcome: the start line synced first
+            await self.proxy.log.settle()
+            raise
         outcome["upstream_ms"] = round((time.perf_counter() - t1) * 1000, 3)
         if result.get("isError") is True:
             outcome["is_error"] = True
@@ -713,6 +717,7 @@ class Endpoint:
                 category="mcp",
                 arguments=arguments,
                 detail={"server": self.name, "method": method},
+                durable=False,  # written now; the outcome's sync covers it before the reply
             )
         except LogFull as full:
             raise MCPError(code=types.INTERNAL_ERROR, message=str(full)) from None
@@ -728,6 +733,9 @@ class Endpoint:
             failure = MCPError(code=types.INTERNAL_ERROR, message=f"{self.name}: {reason}")
         except MCPError as exc:
             failure = exc
+        except BaseException:  # answered without an outcome: the start line synced first
+            await self.proxy.log.settle()
+            raise
         outcome: dict[str, Any] = {}
         if failure is not None:
             outcome["error"] = f"{failure.code}: {failure.message}"[:300]
