@@ -593,6 +593,54 @@ def test_a_round_that_only_writes_does_not_sync_and_settle_syncs_what_is_left(
     assert tools == [f"t{n}" for n in range(calls)]
 
 
+@pytest.mark.parametrize("leaves_by", ["an exception", "a cancellation", "its end"])
+def test_a_forwarding_left_by_an_exception_has_its_start_line_synced_before_it_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, leaves_by: str
+) -> None:
+    """`settled_on_exception` around a forwarding whose start line was only written: an
+    exception or a cancellation that leaves it reaches the caller, unchanged, only once
+    that line is synced (the call is answered without its outcome); leaving it at its
+    end costs no sync (the outcome's sync follows)."""
+    path, disk, log = _slow_log(tmp_path, monkeypatch, 0.01)
+    inside = asyncio.Event()
+
+    async def forward() -> None:
+        await log.begin(tool="t", arguments={}, durable=False, **FORWARDED)  # type: ignore[arg-type]
+        async with log.settled_on_exception():
+            inside.set()
+            if leaves_by == "an exception":
+                raise ConnectionResetError(104, "Connection reset by peer")
+            if leaves_by == "a cancellation":
+                await asyncio.Event().wait()  # the "upstream", never answering
+
+    async def main() -> tuple[str, int, bool]:
+        task = asyncio.ensure_future(forward())
+        await inside.wait()
+        unsynced = log.syncs
+        if leaves_by == "a cancellation":
+            task.cancel()
+        try:
+            await task
+            raised = "nothing"
+        except ConnectionResetError as exc:
+            raised = f"reset: {exc.strerror}"
+        except asyncio.CancelledError:
+            raised = "cancelled"
+        assert unsynced == 0
+        return raised, log.syncs, disk.synced_bytes == path.stat().st_size
+
+    raised, syncs, synced = asyncio.run(main())
+    expected = {
+        "an exception": ("reset: Connection reset by peer", 1, True),
+        "a cancellation": ("cancelled", 1, True),
+        "its end": ("nothing", 0, False),
+    }
+    assert (raised, syncs, synced) == expected[leaves_by]
+    log.close()
+    events = [ActionLine.model_validate_json(x).event for x in path.read_text().splitlines()]
+    assert events == ["start"]
+
+
 def test_concurrent_forwarded_calls_are_logged_in_order_with_fewer_syncs_than_calls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
