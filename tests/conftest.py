@@ -15,6 +15,7 @@ import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,8 @@ from sandbox.contracts.layout import TEST_RUN_PREFIX, RunLayout
 from sandbox.contracts.names import LABEL_MANAGED, LABEL_RUN_ROOT, LABEL_RUNNER_PID
 from sandbox.contracts.record import TestRunRecord
 from sandbox.contracts.wire import ActionLine
+from sandbox.guard.actionlog import ActionLog
+from sandbox.guard.config import GuardConfig
 from sandbox.run.testrun import RunOptions, TestRun
 
 # Second engines (runsc runtimes, userns-remap) for the tests of the second walls.
@@ -270,3 +273,49 @@ def call_lines(path: Path) -> list[ActionLine]:
                 open_calls[line.call_id or ""] = line
     assert not open_calls, f"calls without an outcome: {list(open_calls)}"
     return calls
+
+
+BRIDGE_TOKEN = "b" * 24  # the bridge token of a `guard_config`
+
+
+def guard_config(actions: Path, **fields: Any) -> GuardConfig:
+    """The config of a guard run in this process (its egress proxy, its bridge, its MCP
+    proxy): run `test-x`, step `s` of workflow `wf`, tokens of placeholder letters (the
+    bridge's is BRIDGE_TOKEN), no database, its action log at `actions` (a file the
+    test made), not synced, and its data folder the log's. `fields` add what the test
+    is about (an egress allow list, MCP servers) or replace any of these."""
+    given: dict[str, Any] = {
+        "run_id": "test-x",
+        "workflow": "wf",
+        "step": "s",
+        "bridge_token": BRIDGE_TOKEN,
+        "exec_token": "e" * 24,
+        "has_db": False,
+        "actions_path": str(actions),
+        "data_dir": str(actions.parent),
+        "fsync_each": False,
+    }
+    return GuardConfig(**(given | fields))
+
+
+@dataclass(frozen=True)
+class InProcessGuard:
+    """What a guard run in this process is made of: its action log's file, its config
+    and its log (which the test closes)."""
+
+    actions: Path
+    config: GuardConfig
+    log: ActionLog
+
+
+def in_process_guard(
+    tmp_path: Path, *, fsync: bool = False, secrets: tuple[str, ...] = (), **fields: Any
+) -> InProcessGuard:
+    """A fresh `actions.jsonl` in `tmp_path`, a `guard_config` for it (with `fields`) and
+    its log, synced with `fsync`, redacting `secrets`."""
+    actions = tmp_path / "actions.jsonl"
+    actions.touch()
+    config = guard_config(actions, fsync_each=fsync, **fields)
+    return InProcessGuard(
+        actions, config, ActionLog(str(actions), secrets=secrets, fsync_each=fsync)
+    )

@@ -343,17 +343,34 @@ class _SlowDisk:
         self.synced_bytes = size
 
 
+def _slow_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seconds: float
+) -> tuple[Path, _SlowDisk, ActionLog]:
+    """A syncing log in a real file whose every sync takes `seconds` more and is noted
+    (`_SlowDisk`): the file, the disk, the log."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    disk = _SlowDisk(path, seconds)
+    monkeypatch.setattr(os, "fdatasync", disk)
+    return path, disk, ActionLog(str(path), secrets=(), fsync_each=True)
+
+
+def _synced_through(path: Path, disk: _SlowDisk, tool: str, *, last: bool) -> bool:
+    """Whether the syncs made so far cover the first line of `tool` (with `last`, its
+    last line) and every line before it."""
+    lines = path.read_bytes().split(b"\n")
+    mine = [i for i, ln in enumerate(lines) if f'"tool":"{tool}"'.encode() in ln]
+    end = sum(len(ln) + 1 for ln in lines[: mine[-1 if last else 0] + 1])
+    return disk.synced_bytes >= end
+
+
 def test_concurrent_calls_are_logged_in_order_with_fewer_syncs_than_calls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Group commit: N calls at once, each answered only once its own line is synced,
     in the order they were made, with far fewer than N syncs and none of them on the
     event loop's thread."""
-    path = tmp_path / "actions.jsonl"
-    path.touch()
-    disk = _SlowDisk(path, 0.02)
-    monkeypatch.setattr(os, "fdatasync", disk)
-    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    path, disk, log = _slow_log(tmp_path, monkeypatch, 0.02)
     calls = 40
     covered: list[bool] = []
 
@@ -368,10 +385,7 @@ def test_concurrent_calls_are_logged_in_order_with_fewer_syncs_than_calls(
             duration_ms=0.0,
         )
         # answered: this call's line (and every earlier one) is within a finished sync
-        lines = path.read_bytes().split(b"\n")
-        mine = next(i for i, ln in enumerate(lines) if f'"tool":"t{n}"'.encode() in ln)
-        end = sum(len(ln) + 1 for ln in lines[: mine + 1])
-        covered.append(disk.synced_bytes >= end)
+        covered.append(_synced_through(path, disk, f"t{n}", last=False))
 
     async def main() -> int:
         await asyncio.gather(*(call(n) for n in range(calls)))
@@ -451,11 +465,7 @@ def test_a_queued_outcome_is_on_disk_before_the_next_line_is_answered(
 ) -> None:
     """Egress: the outcome of a reply already sent is not waited for, but it precedes the
     next request's start line on disk, and is covered by that line's sync."""
-    path = tmp_path / "actions.jsonl"
-    path.touch()
-    disk = _SlowDisk(path, 0.01)
-    monkeypatch.setattr(os, "fdatasync", disk)
-    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    path, disk, log = _slow_log(tmp_path, monkeypatch, 0.01)
     call = {"session": "egress", "decision": "allow", "reason": "r", "category": "egress"}
 
     async def main() -> bool:
@@ -495,11 +505,7 @@ def test_then_runs_on_the_writer_once_the_line_is_written_and_begin_waits_for_th
     (no hop back to the loop), once the line is in the file and before its sync (the
     upstream works while the disk syncs); `begin` returns only once the line is on disk.
     What the effect raises is handed back, with the line on disk all the same."""
-    path = tmp_path / "actions.jsonl"
-    path.touch()
-    disk = _SlowDisk(path, 0.01)
-    monkeypatch.setattr(os, "fdatasync", disk)
-    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    path, disk, log = _slow_log(tmp_path, monkeypatch, 0.01)
     seen: list[tuple[int, bool, bool]] = []
 
     def effect() -> None:
@@ -537,11 +543,7 @@ def test_a_forwarded_call_not_durable_at_begin_costs_one_sync(
 ) -> None:
     """Bridge and MCP: `begin(durable=False)` returns once the start line is in the file,
     with no sync of its own; the outcome's one sync covers both lines when it returns."""
-    path = tmp_path / "actions.jsonl"
-    path.touch()
-    disk = _SlowDisk(path, 0.005)
-    monkeypatch.setattr(os, "fdatasync", disk)
-    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    path, disk, log = _slow_log(tmp_path, monkeypatch, 0.005)
 
     async def main() -> list[tuple[bool, int, bool]]:
         seen = []
@@ -567,11 +569,7 @@ def test_a_round_that_only_writes_does_not_sync_and_settle_syncs_what_is_left(
 ) -> None:
     """Start lines that were only written cost no sync; `settle` (a started call answered
     without its outcome) syncs them, and costs nothing more once they are synced."""
-    path = tmp_path / "actions.jsonl"
-    path.touch()
-    disk = _SlowDisk(path, 0.0)
-    monkeypatch.setattr(os, "fdatasync", disk)
-    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    path, disk, log = _slow_log(tmp_path, monkeypatch, 0.0)
     calls = 20
 
     async def main() -> tuple[int, int, int, int]:
@@ -595,28 +593,69 @@ def test_a_round_that_only_writes_does_not_sync_and_settle_syncs_what_is_left(
     assert tools == [f"t{n}" for n in range(calls)]
 
 
+@pytest.mark.parametrize("leaves_by", ["an exception", "a cancellation", "its end"])
+def test_a_forwarding_left_by_an_exception_has_its_start_line_synced_before_it_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, leaves_by: str
+) -> None:
+    """`settled_on_exception` around a forwarding whose start line was only written: an
+    exception or a cancellation that leaves it reaches the caller, unchanged, only once
+    that line is synced (the call is answered without its outcome); leaving it at its
+    end costs no sync (the outcome's sync follows)."""
+    path, disk, log = _slow_log(tmp_path, monkeypatch, 0.01)
+    inside = asyncio.Event()
+
+    async def forward() -> None:
+        await log.begin(tool="t", arguments={}, durable=False, **FORWARDED)  # type: ignore[arg-type]
+        async with log.settled_on_exception():
+            inside.set()
+            if leaves_by == "an exception":
+                raise ConnectionResetError(104, "Connection reset by peer")
+            if leaves_by == "a cancellation":
+                await asyncio.Event().wait()  # the "upstream", never answering
+
+    async def main() -> tuple[str, int, bool]:
+        task = asyncio.ensure_future(forward())
+        await inside.wait()
+        unsynced = log.syncs
+        if leaves_by == "a cancellation":
+            task.cancel()
+        try:
+            await task
+            raised = "nothing"
+        except ConnectionResetError as exc:
+            raised = f"reset: {exc.strerror}"
+        except asyncio.CancelledError:
+            raised = "cancelled"
+        assert unsynced == 0
+        return raised, log.syncs, disk.synced_bytes == path.stat().st_size
+
+    raised, syncs, synced = asyncio.run(main())
+    expected = {
+        "an exception": ("reset: Connection reset by peer", 1, True),
+        "a cancellation": ("cancelled", 1, True),
+        "its end": ("nothing", 0, False),
+    }
+    assert (raised, syncs, synced) == expected[leaves_by]
+    log.close()
+    events = [ActionLine.model_validate_json(x).event for x in path.read_text().splitlines()]
+    assert events == ["start"]
+
+
 def test_concurrent_forwarded_calls_are_logged_in_order_with_fewer_syncs_than_calls(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """N bridge-style calls at once (start written, then outcome waited for): every line
     in order, each outcome answered only once its call's two lines are synced, and
     fewer syncs than calls (one round's sync covers many calls' lines)."""
-    path = tmp_path / "actions.jsonl"
-    path.touch()
-    disk = _SlowDisk(path, 0.01)
-    monkeypatch.setattr(os, "fdatasync", disk)
-    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    path, disk, log = _slow_log(tmp_path, monkeypatch, 0.01)
     calls = 40
     covered: list[bool] = []
 
     async def call(n: int) -> None:
         started = await log.begin(tool=f"t{n}", arguments={}, durable=False, **FORWARDED)  # type: ignore[arg-type]
         await asyncio.sleep(0)  # the "upstream": other calls' lines queue meanwhile
-        await log.outcome(started, ok=True)
-        lines = path.read_bytes().split(b"\n")
-        mine = max(i for i, ln in enumerate(lines) if f'"tool":"t{n}"'.encode() in ln)
-        end = sum(len(ln) + 1 for ln in lines[: mine + 1])
-        covered.append(disk.synced_bytes >= end)
+        await log.outcome(started, ok=True)  # answered: both its lines within a sync
+        covered.append(_synced_through(path, disk, f"t{n}", last=True))
 
     async def main() -> None:
         await asyncio.gather(*(call(n) for n in range(calls)))
@@ -638,11 +677,7 @@ def test_an_outcome_past_the_reserve_still_syncs_its_start_line(
     """An outcome that no longer fits is not written, but the call's start line (only
     written by `begin`) is synced before `outcome` returns: the reply still follows a
     sync that covers every line of its call."""
-    path = tmp_path / "actions.jsonl"
-    path.touch()
-    disk = _SlowDisk(path, 0.0)
-    monkeypatch.setattr(os, "fdatasync", disk)
-    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    path, disk, log = _slow_log(tmp_path, monkeypatch, 0.0)
 
     async def main() -> tuple[int, int]:
         started = await log.begin(tool="t", arguments={}, durable=False, **FORWARDED)  # type: ignore[arg-type]

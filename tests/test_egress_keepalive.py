@@ -24,9 +24,8 @@ from sandbox.collect.actionsummary import read
 from sandbox.contracts.config import Egress
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard import http1
-from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.config import GuardConfig
 from sandbox.guard.egress import EgressProxy
+from tests.conftest import in_process_guard
 from tests.fakes.keepalive_host import KeepAliveHost, big_body
 
 
@@ -50,22 +49,9 @@ def host() -> Iterator[KeepAliveHost]:
 
 @contextlib.contextmanager
 def proxy_for(tmp_path: Path, host: KeepAliveHost, *, fsync: bool = False) -> Iterator[Proxied]:
-    actions = tmp_path / "actions.jsonl"
-    actions.touch()
-    config = GuardConfig(
-        run_id="test-keepalive",
-        workflow="wf",
-        step="s",
-        bridge_token="b" * 24,
-        exec_token="e" * 24,
-        has_db=False,
-        actions_path=str(actions),
-        data_dir=str(tmp_path),
-        fsync_each=fsync,
-        egress=Egress(allow=[{"host": "127.0.0.1", "port": host.port}]),  # type: ignore[list-item]
-    )
-    log = ActionLog(str(actions), secrets=(), fsync_each=fsync)
-    proxy = EgressProxy(config, log)
+    allow = [{"host": "127.0.0.1", "port": host.port}]
+    guard = in_process_guard(tmp_path, fsync=fsync, egress=Egress(allow=allow))  # type: ignore[arg-type]
+    proxy = EgressProxy(guard.config, guard.log)
     accepted = [0]
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -79,7 +65,7 @@ def proxy_for(tmp_path: Path, host: KeepAliveHost, *, fsync: bool = False) -> It
     server = asyncio.run_coroutine_threadsafe(start, loop).result(10)
     port = server.sockets[0].getsockname()[1]
     try:
-        yield Proxied(f"http://127.0.0.1:{port}", proxy, actions, accepted)
+        yield Proxied(f"http://127.0.0.1:{port}", proxy, guard.actions, accepted)
     finally:
 
         async def stop() -> None:
@@ -96,7 +82,7 @@ def proxy_for(tmp_path: Path, host: KeepAliveHost, *, fsync: bool = False) -> It
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
-        log.close()
+        guard.log.close()
 
 
 def test_a_thousand_requests_each_from_httpx_and_requests_reuse_both_connections(

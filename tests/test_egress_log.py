@@ -28,9 +28,8 @@ from sandbox.contracts.config import Egress
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard import actionlog
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.config import GuardConfig
 from sandbox.guard.egress import EgressProxy
-from tests.conftest import call_lines
+from tests.conftest import call_lines, guard_config
 from tests.polling import wait_for
 
 
@@ -72,21 +71,6 @@ class Host:
 
     def close(self) -> None:
         self._srv.close()
-
-
-def _config(actions: Path, egress: Egress) -> GuardConfig:
-    return GuardConfig(
-        run_id="test-x",
-        workflow="wf",
-        step="s",
-        bridge_token="b" * 24,
-        exec_token="e" * 24,
-        has_db=False,
-        actions_path=str(actions),
-        data_dir=str(actions.parent),
-        fsync_each=False,
-        egress=egress,
-    )
 
 
 @contextlib.contextmanager
@@ -134,7 +118,7 @@ def _local_proxy(
     """An in-process proxy whose allow list is the local host at `port`, and its log."""
     egress = Egress(allow=[{"host": "127.0.0.1", "port": port}])  # type: ignore[list-item]
     log = ActionLog(str(actions), secrets=(), fsync_each=fsync_each)
-    return EgressProxy(_config(actions, egress), log, label=dict(label or {})), log
+    return EgressProxy(guard_config(actions, egress=egress), log, label=dict(label or {})), log
 
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
@@ -187,7 +171,7 @@ def test_a_blind_tunnel_is_started_before_any_byte_and_has_its_outcome(tmp_path:
             entry = {"host": "127.0.0.1", "port": host.port, "tls": True, "inspect": False}
             egress = Egress(allow=[entry])  # type: ignore[list-item]
             log = ActionLog(str(actions), secrets=(), fsync_each=False)
-            proxy = EgressProxy(_config(actions, egress), log)
+            proxy = EgressProxy(guard_config(actions, egress=egress), log)
             authority = f"127.0.0.1:{host.port}"
             connect = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n"
             reply = asyncio.run(_through(proxy, connect.encode() + b"tls-bytes"))
@@ -229,7 +213,7 @@ def test_a_full_log_refuses_the_request_and_nothing_leaves(
                 while actions.stat().st_size + 400 < actionlog.MAX_LOG_BYTES:
                     asyncio.run(log.write(**filler))  # type: ignore[arg-type]
                 assert not log.full
-            proxy = EgressProxy(_config(actions, egress), log)
+            proxy = EgressProxy(guard_config(actions, egress=egress), log)
             reply = _closing_get(proxy, host.port)
             log.close()
         finally:
@@ -273,7 +257,7 @@ def test_a_stubbed_body_that_arrives_after_its_head_is_still_measured(tmp_path: 
     with _actions(tmp_path) as actions:
         egress = Egress(allow=[{"host": "127.0.0.1", "port": 9}])  # type: ignore[list-item]
         log = ActionLog(str(actions), secrets=(), fsync_each=False)
-        proxy = EgressProxy(_config(actions, egress), log)
+        proxy = EgressProxy(guard_config(actions, egress=egress), log)
         waiting_for_body = asyncio.Event()
         fill = proxy._fill
 
@@ -355,7 +339,7 @@ def test_a_log_that_cannot_be_written_refuses_the_request_and_nothing_leaves(
     (tmp_path / "unread.jsonl").touch()
     try:
         egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
-        config = _config(tmp_path / "unread.jsonl", egress)
+        config = guard_config(tmp_path / "unread.jsonl", egress=egress)
         log = ActionLog("/dev/full", secrets=(), fsync_each=True)
         proxy = EgressProxy(config, log, label={})
         reply = _closing_get(proxy, host.port)

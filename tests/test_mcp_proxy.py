@@ -19,9 +19,7 @@ from sandbox import policy
 from sandbox.contracts.config import McpServer
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard import caps
-from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app
-from sandbox.guard.config import GuardConfig
 from sandbox.guard.listeners import bind_unix
 from sandbox.guard.mcp_proxy import (
     _maybe_lost,
@@ -30,6 +28,7 @@ from sandbox.guard.mcp_proxy import (
 )
 from sandbox.guard.schema_instance import instance_for, is_valid, valid_instance
 from sandbox.stepside import agentworks_mcp as mcp_client
+from tests.conftest import BRIDGE_TOKEN, in_process_guard
 
 # Output schemas as real servers declare them (filesystem, memory, time), and the
 # JSON-Schema features a server may use.
@@ -190,8 +189,6 @@ def test_step_helper_parses_sse_bodies() -> None:
 
 
 def _app(tmp_path: Path, servers: list[McpServer]) -> tuple[Any, Path]:
-    actions = tmp_path / "actions.jsonl"
-    actions.touch()
     data = tmp_path / "data"
     data.mkdir()
     listeners = {}
@@ -202,21 +199,14 @@ def _app(tmp_path: Path, servers: list[McpServer]) -> tuple[Any, Path]:
         listeners[server.name] = bind_unix(str(folder / "mcp.sock"))
         with socket.socket(socket.AF_UNIX) as dying:
             dying.connect(str(folder / "mcp.sock"))
-    config = GuardConfig(
-        run_id="test-x",
-        workflow="wf",
-        step="s",
-        bridge_token="b" * 24,
-        exec_token="e" * 24,
-        has_db=False,
-        actions_path=str(actions),
+    guard = in_process_guard(
+        tmp_path,
+        secrets=(BRIDGE_TOKEN,),
         data_dir=str(data),
-        fsync_each=False,
         mcp_servers=servers,
         mcp_dir=str(tmp_path / "mcp"),
     )
-    log = ActionLog(str(actions), secrets=(config.bridge_token,), fsync_each=False)
-    return build_app(Guard(config, log), mcp_listeners=listeners), actions
+    return build_app(Guard(guard.config, guard.log), mcp_listeners=listeners), guard.actions
 
 
 def test_endpoints_need_the_token_and_unknown_servers_are_refused(tmp_path: Path) -> None:

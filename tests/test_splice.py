@@ -18,9 +18,8 @@ import uvloop
 
 from sandbox.contracts.config import Egress
 from sandbox.guard import egress, splice
-from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.config import GuardConfig
 from sandbox.guard.listeners import bind_loopback
+from tests.conftest import in_process_guard
 
 T = TypeVar("T")
 DEADLINE_S = 20.0
@@ -180,28 +179,15 @@ def test_a_connection_the_unpaced_listener_accepts_starts_with_reno() -> None:
 
 
 def test_the_proxy_s_listener_is_unpaced_before_it_accepts(tmp_path: Path) -> None:
-    actions = tmp_path / "actions.jsonl"
-    actions.touch()
-    config = GuardConfig(
-        run_id="test-splice",
-        workflow="wf",
-        step="s",
-        bridge_token="b" * 24,
-        exec_token="e" * 24,
-        has_db=False,
-        actions_path=str(actions),
-        data_dir=str(tmp_path),
-        egress=Egress(allow=[]),
-    )
-    log = ActionLog(str(actions), secrets=(), fsync_each=False)
+    guard = in_process_guard(tmp_path, egress=Egress(allow=[]))
     listener = bind_loopback(0)
 
     async def main() -> bytes:
-        async with egress.running(config, log, listener=listener):
+        async with egress.running(guard.config, guard.log, listener=listener):
             return congestion(listener)
 
     try:
         assert run(main) == splice.LOOPBACK_CONGESTION
     finally:
         listener.close()
-        log.close()
+        guard.log.close()

@@ -21,9 +21,10 @@ made durable by the next sync: a bridge or MCP call's `begin` returns once its
 page cache outlives the process), and the call's `outcome` line's write and
 sync, which the reply waits for, covers both. One sync per forwarded call, and
 a round that only writes does not sync at all. A path that answers a started
-call without its outcome (an error, a cancellation) waits for `settle` first,
-and an outcome that no longer fits waits for the sync all the same: no reply
-leaves before the lines of its call are on disk.
+call without its outcome (an error, a cancellation) waits for `settle` first
+(its forwarding runs in `settled_on_exception`), and an outcome that no longer
+fits waits for the sync all the same: no reply leaves before the lines of its
+call are on disk.
 
 An egress request's `begin` waits for the sync (its reply is relayed only once
 the line is on disk), but what it asked to happen right after its line (`then`:
@@ -75,6 +76,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import TracebackType
 from typing import Any
 
 from pydantic_core import to_json
@@ -442,6 +444,29 @@ def _model_line(now: datetime, step: str, fields: dict[str, Any]) -> bytes:
     return (line.model_dump_json() + "\n").encode()
 
 
+class _SettledOnException:
+    """What `ActionLog.settled_on_exception` returns. It holds no state of its own, so
+    one per log serves every call at once, and a forwarded call allocates nothing
+    for it (a generator-based context manager costs a few microseconds a call)."""
+
+    __slots__ = ("_log",)
+
+    def __init__(self, log: ActionLog) -> None:
+        self._log = log
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if kind is not None:  # any BaseException, CancelledError too; never swallowed
+            await self._log.settle()
+
+
 class ActionLog:
     """The run's action log. Every method that writes a line is a coroutine that
     returns once the line is on disk, except `begin(durable=False)`, which returns once
@@ -459,6 +484,7 @@ class ActionLog:
         self._unlogged = 0  # calls answered without a line since the log filled
         self._closed = False
         self._writer = _GroupCommit(self._fd, sync=fsync_each)
+        self._settled_on_exception = _SettledOnException(self)
 
     @property
     def syncs(self) -> int:
@@ -682,6 +708,15 @@ class ActionLog:
         self._writer.put(b"", waiter)
         with contextlib.suppress(OSError):
             await asyncio.shield(waiter.future)
+
+    def settled_on_exception(self) -> _SettledOnException:
+        """`async with` it around the forwarding of a started call (between
+        `begin(durable=False)` and `outcome`): an exception that leaves the block, a
+        cancellation too, goes on only once `settle` returned. The call is then
+        answered without its outcome line, whose sync would have covered its start
+        line (only written): no reply leaves before the lines of its call are on disk,
+        even then. A normal exit costs nothing (the outcome's sync follows)."""
+        return self._settled_on_exception
 
     def close(self) -> None:
         """Write what is queued and sync it; when the log filled up, say how many calls

@@ -302,14 +302,11 @@ class Guard:
         except LogFull as full:  # stubbed, never forwarded unlogged; the log counted it
             return _stub(call.tool, session, str(full)), {}, verdict.category, True
         outcome: dict[str, Any] = {}
-        try:
+        async with self.log.settled_on_exception():  # answered without an outcome: synced first
             if route is policy.Route.UPSTREAM:
                 result = await self._forward(call.tool, arguments, session, outcome)
             else:
                 result = await self._execute_in_step(call.tool, arguments, outcome)
-        except BaseException:  # answered without an outcome: the start line synced first
-            await self.log.settle()
-            raise
         await self._outcome(logged, result, outcome)
         reply = ToolReply(
             ok=not result.is_error,

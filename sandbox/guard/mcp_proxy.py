@@ -632,26 +632,24 @@ class Endpoint:
         outcome: dict[str, Any] = {}
         t1 = time.perf_counter()
         error: MCPError | None = None
-        try:
-            result = await self.upstream.request(call, budget, retry=False)
-        except McpReplyTooLarge as exc:
-            result = _error_result(f"{tool}: {exc.reason}")
-            outcome["error"] = exc.reason
-            outcome["reply_too_large"] = True
-        except McpServerError as exc:
-            result = _error_result(f"{tool}: the MCP server {self.name} failed: {exc.reason}")
-            outcome["error"] = exc.reason
-        except TimeoutError:
-            reason = f"no answer within its time budget of {budget:g} s"
-            result = _error_result(f"{tool}: the MCP server {self.name} failed: {reason}")
-            outcome["error"] = reason
-        except MCPError as exc:  # a protocol error from the server: passed on as one
-            error = exc
-            result = {}
-            outcome["error"] = f"{exc.code}: {exc.message}"[:300]
-        except BaseException:  # answered without an outcome: the start line synced first
-            await self.proxy.log.settle()
-            raise
+        async with self.proxy.log.settled_on_exception():  # answered without an outcome
+            try:
+                result = await self.upstream.request(call, budget, retry=False)
+            except McpReplyTooLarge as exc:
+                result = _error_result(f"{tool}: {exc.reason}")
+                outcome["error"] = exc.reason
+                outcome["reply_too_large"] = True
+            except McpServerError as exc:
+                result = _error_result(f"{tool}: the MCP server {self.name} failed: {exc.reason}")
+                outcome["error"] = exc.reason
+            except TimeoutError:
+                reason = f"no answer within its time budget of {budget:g} s"
+                result = _error_result(f"{tool}: the MCP server {self.name} failed: {reason}")
+                outcome["error"] = reason
+            except MCPError as exc:  # a protocol error from the server: passed on as one
+                error = exc
+                result = {}
+                outcome["error"] = f"{exc.code}: {exc.message}"[:300]
         outcome["upstream_ms"] = round((time.perf_counter() - t1) * 1000, 3)
         if result.get("isError") is True:
             outcome["is_error"] = True
@@ -723,19 +721,17 @@ class Endpoint:
             raise MCPError(code=types.INTERNAL_ERROR, message=str(full)) from None
         failure: MCPError | None = None
         budget = self.proxy.config.budget_for(method)
-        try:
-            async with self.proxy.forward_slot(budget):
-                result = await self.upstream.request(request, budget)
-        except McpServerError as exc:
-            failure = MCPError(code=types.INTERNAL_ERROR, message=f"{self.name}: {exc.reason}")
-        except (TimeoutError, SlotTimeout):
-            reason = f"no answer within {budget:g} s"
-            failure = MCPError(code=types.INTERNAL_ERROR, message=f"{self.name}: {reason}")
-        except MCPError as exc:
-            failure = exc
-        except BaseException:  # answered without an outcome: the start line synced first
-            await self.proxy.log.settle()
-            raise
+        async with self.proxy.log.settled_on_exception():  # answered without an outcome
+            try:
+                async with self.proxy.forward_slot(budget):
+                    result = await self.upstream.request(request, budget)
+            except McpServerError as exc:
+                failure = MCPError(code=types.INTERNAL_ERROR, message=f"{self.name}: {exc.reason}")
+            except (TimeoutError, SlotTimeout):
+                reason = f"no answer within {budget:g} s"
+                failure = MCPError(code=types.INTERNAL_ERROR, message=f"{self.name}: {reason}")
+            except MCPError as exc:
+                failure = exc
         outcome: dict[str, Any] = {}
         if failure is not None:
             outcome["error"] = f"{failure.code}: {failure.message}"[:300]
