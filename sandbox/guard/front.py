@@ -10,6 +10,12 @@ and answers), same policy, lines and error shapes as the routes behind; two
 differences, both fail closed and logged: a wrong method is a 405 with its line
 (the framework answers it with none), and a bridge path with a trailing slash is a
 404 with its line (the framework redirects it).
+
+In the guard's own server the three paths do not even come through ASGI: the HTTP
+protocol runs `BridgeFront.answer` itself and writes its `Answer` in one write
+(`sandbox.guard.serve.BridgeCycle`: no message dicts, no app call stack per call).
+`__call__` is the same answer for any other ASGI server (and the tests'), and the
+protocol's path is checked against it byte for byte (tests/test_guard_direct.py).
 """
 
 from __future__ import annotations

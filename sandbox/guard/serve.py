@@ -2,7 +2,9 @@
 
 One process, one event loop (uvloop), one HTTP parser for the bridge and MCP port
 (httptools, llhttp: strict by default, as h11 was). The parser holds whatever head
-it is given, so the head cap it lacks is kept here (`HeadCappedProtocol`).
+it is given, so the head cap it lacks is kept here (`HeadCappedProtocol`). The
+bridge's own paths are answered from that protocol without ASGI (`BridgeCycle`);
+MCP and everything else go through uvicorn's cycle to the app.
 """
 
 from __future__ import annotations
