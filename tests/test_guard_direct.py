@@ -284,3 +284,18 @@ def test_a_kept_alive_connection_carries_direct_and_asgi_requests_alike(tmp_path
     assert [_blind(r) for r in direct[0]] == [_blind(r) for r in asgi[0]]
     assert [int(r.split(b" ", 2)[1]) for r in direct[0]] == [200, 404, 200, 200, 200]
     assert direct[2] == asgi[2]
+
+
+def test_a_client_that_leaves_inside_its_body_gets_no_answer_and_no_line(tmp_path: Path) -> None:
+    """Half a body, then the client's close: nothing to answer, nothing logged, both
+    ways alike; the server goes on serving the next connection."""
+
+    def exchange(port: int) -> tuple[list[bytes], bool]:
+        request = _raw("POST", "/v1/tools/call", AUTH, _call("notify_user"))
+        with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S) as sock:
+            sock.sendall(request[:-5])  # the head and most of the body
+        return _replies(port, _raw("GET", "/v1/health", {}, b""), 1)
+
+    direct, asgi = asyncio.run(_both(tmp_path, exchange))
+    assert direct[0] == asgi[0] and b'"ok":true' in direct[0][0]
+    assert direct[2] == asgi[2] == []
