@@ -10,12 +10,19 @@ and answers), same policy, lines and error shapes as the routes behind; two
 differences, both fail closed and logged: a wrong method is a 405 with its line
 (the framework answers it with none), and a bridge path with a trailing slash is a
 404 with its line (the framework redirects it).
+
+In the guard's own server the three paths do not even come through ASGI: the HTTP
+protocol runs `BridgeFront.answer` itself and writes its `Answer` in one write
+(`sandbox.guard.serve.BridgeCycle`: no message dicts, no app call stack per call).
+`__call__` is the same answer for any other ASGI server (and the tests'), and the
+protocol's path is checked against it byte for byte (tests/test_guard_direct.py).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -53,84 +60,91 @@ class BridgeFront:
         }
         self._health: bytes | None = None
 
+    def serves(self, path: str) -> bool:
+        """Whether a request for `path` is this front's (a bridge path, or one with a
+        trailing slash, refused here) rather than the app's behind."""
+        if path in self._methods:
+            return True
+        bare = path.rstrip("/")
+        return bare != path and bare in self._methods
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or not self.serves(scope["path"]):
             await self.rest(scope, receive, send)
             return
-        path: str = scope["path"]
-        methods = self._methods.get(path)
-        if methods is None:
-            bare = path.rstrip("/")
-            if bare == path or bare not in self._methods:
-                await self.rest(scope, receive, send)
-                return
-        await self._serve(scope, receive, send, path, methods)
 
-    async def _serve(
+        async def body() -> caps.CappedBody:
+            return await caps.read_capped_body(receive, caps.MAX_REQUEST_BYTES)
+
+        answer = await self.answer(scope["path"], scope["method"], scope["headers"], body)
+        if answer is None:  # the client hung up before its body was in: no one to answer
+            return
+        headers = [(b"content-length", str(len(answer.body)).encode()), _JSON]
+        if answer.close:
+            headers.append(_CLOSE)
+        headers += answer.extra
+        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        await send({"type": "http.response.body", "body": answer.body})
+
+    async def answer(
         self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
         path: str,
-        methods: frozenset[str] | None,
-    ) -> None:
+        method: str,
+        headers: list[tuple[bytes, bytes]],
+        read_body: Callable[[], Awaitable[caps.CappedBody]],
+    ) -> Answer | None:
+        """One request for a path this front `serves`: its answer (its line, if any,
+        on disk first), or None when the client left before its body was in.
+
+        `read_body` reads the body, up to the cap; it is called only once the head
+        passed every check. The same answers whether the request came through ASGI
+        (`__call__`) or straight from the HTTP protocol (`sandbox.guard.serve`)."""
         started = time.perf_counter()
         log = self.guard.log
-        headers: list[tuple[bytes, bytes]] = scope["headers"]
+        methods = self._methods.get(path)
         refusal = refused_head(headers)
         if refusal is not None:
             status, reason = refusal
             await log_request_refusal(log, path, reason, started)
-            await _answer(send, status, json_bytes({"error": reason}), close=True)
-            return
+            return Answer(status, json_bytes({"error": reason}), close=True)
         # The first one, as the framework's headers read it.
         authorization = next((v for k, v in headers if k == b"authorization"), b"")
-        method: str = scope["method"]
         if methods is None or method not in methods:
+            extra: list[tuple[bytes, bytes]] = []
             if methods is None:
-                status, reason, extra = 404, f"no such path: {path[:100]}", []
+                status, reason = 404, f"no such path: {path[:100]}"
             else:
                 allowed = ", ".join(sorted(methods))
                 status, reason = 405, f"method {method[:20]} not allowed on {path} ({allowed})"
                 extra = [(b"allow", allowed.encode())]
             await log_request_refusal(log, path, reason, started)
-            await _answer(send, status, json_bytes({"error": reason}), extra=extra)
-            return
+            return Answer(status, json_bytes({"error": reason}), extra=extra)
         if path == HEALTH:
             if self._health is None:
                 self._health = self.guard.health_body()
-            await _answer(send, 200, self._health)
-            return
-        handler: Callable[[bytes, float], Awaitable[tuple[int, bytes]]]
+            return Answer(200, self._health)
         if not self.guard.authorized(authorization):
             status, payload = await self.guard.refused(401, BAD_TOKEN, started)
-            await _answer(send, status, payload)
-            return
-        body, complete, gone = await caps.read_capped_body(receive, caps.MAX_REQUEST_BYTES)
-        if gone:  # the client hung up before its body was in: no one to answer
-            return
+            return Answer(status, payload)
+        body, complete, gone = await read_body()
+        if gone:
+            return None
         if not complete:
             reason = too_large_request()
             await log_request_refusal(log, path, reason, started)
-            await _answer(send, 413, json_bytes({"error": reason}), close=True)
-            return
+            return Answer(413, json_bytes({"error": reason}), close=True)
+        handler: Callable[[bytes, float], Awaitable[tuple[int, bytes]]]
         handler = self.guard.answer_call if path == TOOLS_CALL else self.guard.answer_session
         status, payload = await handler(body, started)
-        await _answer(send, status, payload)
+        return Answer(status, payload)
 
 
-async def _answer(
-    send: Send,
-    status: int,
-    body: bytes,
-    *,
-    close: bool = False,
-    extra: list[tuple[bytes, bytes]] | None = None,
-) -> None:
-    headers = [(b"content-length", str(len(body)).encode()), _JSON]
-    if close:
-        headers.append(_CLOSE)
-    if extra:
-        headers += extra
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A bridge path's answer: always a JSON body with its length; `close` ends the
+    connection after it (a request the guard refused for its size or head)."""
+
+    status: int
+    body: bytes
+    close: bool = False
+    extra: list[tuple[bytes, bytes]] = field(default_factory=list)  # more header fields

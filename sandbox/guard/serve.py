@@ -2,7 +2,9 @@
 
 One process, one event loop (uvloop), one HTTP parser for the bridge and MCP port
 (httptools, llhttp: strict by default, as h11 was). The parser holds whatever head
-it is given, so the head cap it lacks is kept here (`HeadCappedProtocol`).
+it is given, so the head cap it lacks is kept here (`HeadCappedProtocol`). The
+bridge's own paths are answered from that protocol without ASGI (`BridgeCycle`);
+MCP and everything else go through uvicorn's cycle to the app.
 """
 
 from __future__ import annotations
@@ -12,15 +14,21 @@ import os
 import signal
 import socket
 from types import FrameType
+from typing import cast
 
 import uvicorn
-from uvicorn._types import ASGISendEvent
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn._types import ASGI3Application, ASGISendEvent
+from uvicorn.protocols.http.httptools_impl import (
+    STATUS_LINE,
+    HttpToolsProtocol,
+    RequestResponseCycle,
+)
 
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app, json_bytes
-from sandbox.guard.caps import TRANSPORT_MAX_HEAD_BYTES, mib
+from sandbox.guard.caps import MAX_REQUEST_BYTES, TRANSPORT_MAX_HEAD_BYTES, CappedBody, mib
 from sandbox.guard.config import READY_MARK, GuardConfig
+from sandbox.guard.front import Answer, BridgeFront
 
 HEAD_TOO_LARGE = f"request head larger than {mib(TRANSPORT_MAX_HEAD_BYTES)} (the guard's cap)"
 
@@ -113,6 +121,93 @@ class _Recorder:
         self.writes.append(data)
 
 
+class BridgeCycle(RequestResponseCycle):
+    """A request for one of the bridge's own paths (`BridgeFront.serves`), answered
+    from the protocol without ASGI: the front's `answer` reads the body from this
+    cycle as uvicorn's `receive` would (the same flow control, the same 100 Continue,
+    up to the same cap) and its answer is one write of head and body, with the
+    fields, order and close uvicorn's `send` gives the same reply through the front's
+    ASGI path. No message dicts, no header re-validation, no app call stack: every
+    tool call a step makes comes this way. Everything else about the connection
+    (keep-alive, pipelining, shutdown, the keep-alive timer) is uvicorn's, driven
+    through the cycle's state as its own `send` drives it."""
+
+    async def run_bridge(self, front: BridgeFront) -> None:
+        """`run_asgi`'s counterpart: an exception is a 500 (or a close once the reply
+        started), logged as uvicorn logs it."""
+        try:
+            scope = self.scope
+            headers = cast(list[tuple[bytes, bytes]], scope["headers"])  # the protocol's list
+            answer = await front.answer(scope["path"], scope["method"], headers, self._read_body)
+            if answer is not None:
+                await self._reply(answer)
+        except BaseException as exc:
+            self.logger.error("Exception in ASGI application\n", exc_info=exc)
+            if not self.response_started:
+                await self.send_500_response()
+            else:
+                self.transport.close()
+        finally:
+            self.on_response = lambda: None
+
+    async def _read_body(self) -> CappedBody:
+        """The request's body, never more than MAX_REQUEST_BYTES (and one read) held:
+        `caps.read_capped_body` over uvicorn's `receive`, without the messages."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            if self.waiting_for_100_continue and not self.transport.is_closing():
+                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                self.waiting_for_100_continue = False
+            if not self.disconnected and not self.response_complete:
+                self.flow.resume_reading()
+                await self.message_event.wait()
+                self.message_event.clear()
+            if self.disconnected or self.response_complete:
+                return CappedBody(b"".join(chunks), complete=False, gone=True)
+            chunk = bytes(self.body)
+            self.body = bytearray()
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > MAX_REQUEST_BYTES:
+                return CappedBody(b"".join(chunks), complete=False, gone=False)
+            if not self.more_body:
+                return CappedBody(b"".join(chunks), complete=True, gone=False)
+
+    async def _reply(self, answer: Answer) -> None:
+        if self.flow.write_paused and not self.disconnected:
+            await self.flow.drain()
+        if self.disconnected:
+            return
+        self.response_started = True
+        self.waiting_for_100_continue = False
+        body = answer.body
+        parts = [STATUS_LINE[answer.status]]
+        for name, value in self.default_headers:
+            parts += [name.lower(), b": ", value, b"\r\n"]
+        parts += [b"content-length: ", str(len(body)).encode(), b"\r\n", _JSON_FIELD]
+        if answer.close:
+            self.keep_alive = False
+            parts.append(_CLOSE_FIELD)
+        for name, value in answer.extra:
+            parts += [name, b": ", value, b"\r\n"]
+        if not self.keep_alive and not answer.close:
+            parts.append(_CLOSE_FIELD)
+        parts.append(b"\r\n")
+        if self.scope["method"] != "HEAD":  # a HEAD's reply has the length, not the body
+            parts.append(body)
+        self.transport.write(b"".join(parts))
+        self.response_complete = True
+        self.message_event.set()
+        if not self.keep_alive:
+            self.transport.close()
+        self.on_response()
+
+
+_JSON_FIELD = b"content-type: application/json\r\n"
+_CLOSE_FIELD = b"connection: close\r\n"
+
+
 class HeadCappedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with a cap on a request head's size.
 
@@ -141,6 +236,25 @@ class HeadCappedProtocol(HttpToolsProtocol):
         if type(cycle) is RequestResponseCycle:
             # made just now by uvicorn, not yet run: the same cycle, one write per reply
             cycle.__class__ = OneWriteCycle
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
+        """A bridge path's request runs as a `BridgeCycle` (no ASGI); any other, or
+        one uvicorn sends elsewhere (over its concurrency limit), as uvicorn runs it."""
+        front = self.config.app
+        if (
+            isinstance(front, BridgeFront)
+            and app is self.app
+            and type(cycle) in (RequestResponseCycle, OneWriteCycle)
+            and not self.access_log
+            and not self.config.reset_contextvars
+            and front.serves(cycle.scope["path"])
+        ):
+            cycle.__class__ = BridgeCycle
+            task = self.loop.create_task(cycle.run_bridge(front))  # type: ignore[attr-defined]
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
+            return
+        super()._start_asgi_task(cycle, app)
 
     def on_message_complete(self) -> None:
         self._in_head = True  # a kept-alive connection's next bytes are the next head
