@@ -35,6 +35,9 @@ NOT_FOR_A_RUN = (
     # Its find_library runs `ldconfig -p` as a new process (the mounts use the
     # interpreter's own C library instead).
     "ctypes.util",
+    # The runner's own start time is read from /proc (`sandbox.hostfs.procstart`); psutil
+    # names the holders of a lock only when it is refused.
+    "psutil",
 )
 
 # Not needed to parse the command line (nor by `sandbox show`/`list`): the engine's SDK;

@@ -24,10 +24,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-import psutil
 from pydantic import BaseModel
 
 from sandbox.contracts.errors import ConfigError, RefusedError
+from sandbox.hostfs.procstart import process_start
 
 __all__ = [
     "INFO_DIR_NAME",
@@ -244,8 +244,8 @@ def _same_file(fd: int, workflow_dir: Path) -> bool:
 
 def _proc_start(pid: int) -> float | None:
     try:
-        return float(psutil.Process(pid).create_time())
-    except (psutil.Error, OSError):
+        return process_start(pid)
+    except (OSError, ValueError):
         return None
 
 
@@ -433,6 +433,8 @@ def _holders(workflow_dir: Path) -> list[LockHolder]:
 
 
 def _holder(pid: int, exclusive: bool, info: dict[str, Any] | None) -> LockHolder:
+    import psutil  # only to name a holder when the lock is refused: a run never loads it
+
     command = "(not visible from here)"
     since: datetime | None = None
     if pid > 0:
