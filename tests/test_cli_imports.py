@@ -8,6 +8,7 @@ needed before (or during) a test run that has no TLS inspection and no DB.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -16,6 +17,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
+from sandbox import cli
 
 # Never needed by a Docker test run: the cluster client, terminal rendering, the MCP SDK
 # (only the guard speaks MCP), the X.509 library (only a run that inspects TLS makes a
@@ -172,3 +175,17 @@ def test_the_console_exit_waits_for_a_thread_that_is_still_running(tmp_path: Pat
     done = console_exit(tmp_path, later)
     assert done.returncode == 2
     assert done.stdout.splitlines() == ["thread done"]
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_a_parser_built_for_one_command_parses_and_helps_as_the_whole_one() -> None:
+    whole = _subcommands(cli.build_parser())
+    assert set(whole) == cli._COMMANDS
+    for name in sorted(cli._COMMANDS):
+        only = cli.build_parser(name)
+        assert only.format_help() == cli.build_parser().format_help()
+        assert _subcommands(only)[name].format_help() == whole[name].format_help(), name
