@@ -41,6 +41,7 @@ NOT_FOR_A_RUN = (
     # The runner's own start time is read from /proc (`sandbox.hostfs.procstart`); psutil
     # names the holders of a lock only when it is refused.
     "psutil",
+    "sqlite3",  # only a run with a DB copies it
 )
 
 # Not needed to parse the command line (nor by `sandbox show`/`list`): the engine's SDK;

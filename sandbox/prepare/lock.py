@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from sandbox.contracts.errors import ConfigError, RefusedError
 from sandbox.hostfs.procstart import process_start
@@ -60,6 +60,9 @@ class LockError(ConfigError):
 
 class LockHolder(BaseModel):
     """One holder of a workflow's run lock."""
+
+    # Built at its first use (a refused lock), not by every run that imports this.
+    model_config = ConfigDict(defer_build=True)
 
     pid: int | None
     command: str
