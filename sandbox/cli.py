@@ -10,14 +10,17 @@ on stderr; no traceback reaches the user.
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import gc
+import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from sandbox.contracts.errors import ConfigError, SandboxError
 from sandbox.contracts.status import RECORD_FILE, RunStatus
@@ -473,111 +476,149 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with `only`, only that command's own arguments are
+    added (every command is still listed, with its help). Adding an argument costs
+    argparse a formatter and a look at the terminal's size: the ~60 arguments of all
+    the commands were some 5 to 10 ms of every start, for the one command a process runs."""
     parser = argparse.ArgumentParser(prog="sandbox", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one step once in test mode")
-    run.add_argument("workflow_dir")
-    run.add_argument("step_id")
-    _run_arguments(run)
-    run.set_defaults(func=cmd_run)
+    if _wanted(only, "run"):
+        run.add_argument("workflow_dir")
+        run.add_argument("step_id")
+        _run_arguments(run)
+        run.set_defaults(func=cmd_run)
 
     chain = sub.add_parser("run-workflow", help="run a whole workflow's steps once in test mode")
-    chain.add_argument("workflow_dir")
-    chain.add_argument("--from", dest="from_step", default=None, help="start at this step")
-    chain.add_argument("--to", dest="to_step", default=None, help="stop after this step")
-    chain.add_argument(
-        "--keep-going", action="store_true", help="run the later steps after a step fails"
-    )
-    _run_arguments(chain)
-    chain.set_defaults(func=cmd_run_workflow)
+    if _wanted(only, "run-workflow"):
+        chain.add_argument("workflow_dir")
+        chain.add_argument("--from", dest="from_step", default=None, help="start at this step")
+        chain.add_argument("--to", dest="to_step", default=None, help="stop after this step")
+        chain.add_argument(
+            "--keep-going", action="store_true", help="run the later steps after a step fails"
+        )
+        _run_arguments(chain)
+        chain.set_defaults(func=cmd_run_workflow)
 
     ver = sub.add_parser("verify", help="run one step once and check its expectations")
-    ver.add_argument("workflow_dir")
-    ver.add_argument("step_id")
-    _run_arguments(ver)
-    ver.add_argument("--junit", default="", help="also write the verdict as JUnit XML here")
-    ver.add_argument("--html", default="", help="also write the run's HTML report here")
-    ver.set_defaults(func=cmd_verify)
+    if _wanted(only, "verify"):
+        ver.add_argument("workflow_dir")
+        ver.add_argument("step_id")
+        _run_arguments(ver)
+        ver.add_argument("--junit", default="", help="also write the verdict as JUnit XML here")
+        ver.add_argument("--html", default="", help="also write the run's HTML report here")
+        ver.set_defaults(func=cmd_verify)
 
     vwf = sub.add_parser(
         "verify-workflow", help="run a whole workflow once and check its expectations file"
     )
-    vwf.add_argument("workflow_dir")
-    vwf.add_argument("expectations", help="the workflow's expectations file (TOML)")
-    vwf.add_argument("--from", dest="from_step", default=None, help="start at this step")
-    vwf.add_argument("--to", dest="to_step", default=None, help="stop after this step")
-    vwf.add_argument(
-        "--keep-going", action="store_true", help="run the later steps after a step fails"
-    )
-    _run_arguments(vwf)
-    vwf.add_argument("--junit", default="", help="also write the verdict as JUnit XML here")
-    vwf.add_argument("--html", default="", help="also write the run's HTML report here")
-    vwf.set_defaults(func=cmd_verify_workflow)
+    if _wanted(only, "verify-workflow"):
+        vwf.add_argument("workflow_dir")
+        vwf.add_argument("expectations", help="the workflow's expectations file (TOML)")
+        vwf.add_argument("--from", dest="from_step", default=None, help="start at this step")
+        vwf.add_argument("--to", dest="to_step", default=None, help="stop after this step")
+        vwf.add_argument(
+            "--keep-going", action="store_true", help="run the later steps after a step fails"
+        )
+        _run_arguments(vwf)
+        vwf.add_argument("--junit", default="", help="also write the verdict as JUnit XML here")
+        vwf.add_argument("--html", default="", help="also write the run's HTML report here")
+        vwf.set_defaults(func=cmd_verify_workflow)
 
     gat = sub.add_parser(
         "gate", help="exit 0 when the step's (or the chain's) current version is verified"
     )
-    gat.add_argument("workflow_dir")
-    gat.add_argument("step_id", nargs="?", default=None)
-    gat.add_argument(
-        "--workflow",
-        default=None,
-        metavar="FILE",
-        help="gate the chain: a passing verify-workflow of FILE at every step's current version",
-    )
-    gat.add_argument("--from", dest="from_step", default=None, help="with --workflow: from here")
-    gat.add_argument("--to", dest="to_step", default=None, help="with --workflow: to here")
-    gat.add_argument(
-        "--allow-no-effects",
-        action="store_true",
-        help="also pass a step whose test runs at this version showed no external effect",
-    )
-    gat.set_defaults(func=cmd_gate)
+    if _wanted(only, "gate"):
+        gat.add_argument("workflow_dir")
+        gat.add_argument("step_id", nargs="?", default=None)
+        gat.add_argument(
+            "--workflow",
+            default=None,
+            metavar="FILE",
+            help=(
+                "gate the chain: a passing verify-workflow of FILE at every step's current version"
+            ),
+        )
+        gat.add_argument(
+            "--from", dest="from_step", default=None, help="with --workflow: from here"
+        )
+        gat.add_argument("--to", dest="to_step", default=None, help="with --workflow: to here")
+        gat.add_argument(
+            "--allow-no-effects",
+            action="store_true",
+            help="also pass a step whose test runs at this version showed no external effect",
+        )
+        gat.set_defaults(func=cmd_gate)
 
     rep = sub.add_parser("report", help="write a test run's report as one HTML file")
-    rep.add_argument("run_dir")
-    rep.add_argument("--html", default="", help="the file to write (default RUN/report.html)")
-    rep.set_defaults(func=cmd_report)
+    if _wanted(only, "report"):
+        rep.add_argument("run_dir")
+        rep.add_argument("--html", default="", help="the file to write (default RUN/report.html)")
+        rep.set_defaults(func=cmd_report)
 
     show = sub.add_parser("show", help="show a test run's record")
-    show.add_argument("run_dir")
-    show.add_argument("--json", action="store_true")
-    show.set_defaults(func=cmd_show)
+    if _wanted(only, "show"):
+        show.add_argument("run_dir")
+        show.add_argument("--json", action="store_true")
+        show.set_defaults(func=cmd_show)
 
     lst = sub.add_parser("list", help="list a workflow's runs, test runs marked")
-    lst.add_argument("workflow_dir")
-    lst.set_defaults(func=cmd_list)
+    if _wanted(only, "list"):
+        lst.add_argument("workflow_dir")
+        lst.set_defaults(func=cmd_list)
 
     gcp = sub.add_parser("gc", help="remove what crashed runs left behind")
-    gcp.add_argument("workflow_dir", nargs="*", help="also mark orphaned records here killed")
-    gcp.add_argument(
-        "--remove-runs",
-        action="store_true",
-        help="also delete the folders of these workflows' finished test runs",
-    )
-    gcp.add_argument("--host-config", type=Path, default=None, help="the host's settings (TOML)")
-    gcp.set_defaults(func=cmd_gc)
+    if _wanted(only, "gc"):
+        gcp.add_argument("workflow_dir", nargs="*", help="also mark orphaned records here killed")
+        gcp.add_argument(
+            "--remove-runs",
+            action="store_true",
+            help="also delete the folders of these workflows' finished test runs",
+        )
+        gcp.add_argument(
+            "--host-config", type=Path, default=None, help="the host's settings (TOML)"
+        )
+        gcp.set_defaults(func=cmd_gc)
 
     doctor = sub.add_parser("doctor", help="check this host's isolation posture")
-    doctor.set_defaults(func=cmd_doctor)
+    if _wanted(only, "doctor"):
+        doctor.set_defaults(func=cmd_doctor)
 
     img = sub.add_parser("images", help="build the images (skips what is unchanged)")
-    img.add_argument("action", choices=["build"])
-    img.add_argument("--base-image", default="", help="a registry base instead of mmdebstrap")
-    img.set_defaults(func=cmd_images)
+    if _wanted(only, "images"):
+        img.add_argument("action", choices=["build"])
+        img.add_argument("--base-image", default="", help="a registry base instead of mmdebstrap")
+        img.set_defaults(func=cmd_images)
 
     bench = sub.add_parser("bench", help="run the benchmarks; table + bench/results.json")
-    bench.add_argument("--only", default="", help="comma-separated subset, e.g. startup,guard")
-    bench.add_argument("--quick", action="store_true", help="small sizes (developing the bench)")
-    bench.add_argument("--out", default="", help="results JSON (default bench/results.json)")
-    bench.add_argument("--markdown", action="store_true", help="print the saved table as markdown")
-    bench.add_argument(
-        "--load", action="store_true", help="the same figures beside a CPU and disk hog"
-    )
-    bench.set_defaults(func=cmd_bench)
+    if _wanted(only, "bench"):
+        bench.add_argument("--only", default="", help="comma-separated subset, e.g. startup,guard")
+        bench.add_argument(
+            "--quick", action="store_true", help="small sizes (developing the bench)"
+        )
+        bench.add_argument("--out", default="", help="results JSON (default bench/results.json)")
+        bench.add_argument(
+            "--markdown", action="store_true", help="print the saved table as markdown"
+        )
+        bench.add_argument(
+            "--load", action="store_true", help="the same figures beside a CPU and disk hog"
+        )
+        bench.set_defaults(func=cmd_bench)
     return parser
+
+
+def _wanted(only: str | None, command: str) -> bool:
+    return only is None or only == command
+
+
+def _command_named(argv: list[str]) -> str | None:
+    """The command `argv` names, known before parsing: its first word that is not an
+    option (the top level has none but --help). None, and every command is built, when
+    that word is no command: argparse's error (or help) is then the one it always gave."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in _COMMANDS else None
 
 
 def _runs_on_docker(args: argparse.Namespace) -> bool:
@@ -603,6 +644,23 @@ def _prefetch_engine(args: argparse.Namespace) -> None:
             prefetch.start()
 
 
+_COMMANDS = frozenset(
+    {
+        "run",
+        "run-workflow",
+        "verify",
+        "verify-workflow",
+        "gate",
+        "report",
+        "show",
+        "list",
+        "gc",
+        "doctor",
+        "images",
+        "bench",
+    }
+)
+
 # The commands that run steps: a controller starts one process per run, and its
 # start-up is paid by every run (see `_StartGc`).
 _RUNS_STEPS = frozenset({"run", "run-workflow", "verify", "verify-workflow"})
@@ -611,17 +669,56 @@ _RUNS_STEPS = frozenset({"run", "run-workflow", "verify", "verify-workflow"})
 def main(argv: list[str] | None = None) -> int:
     """The command line; `argv` None: this process's own (`sys.argv`), and the process
     is this command (the console script, `python -m sandbox.cli`)."""
-    parser = build_parser()
+    return _main(argv)[0]
+
+
+def _main(argv: list[str] | None) -> tuple[int, bool]:
+    """`main`: the exit code, and whether this process is a command that ran steps."""
+    words = sys.argv[1:] if argv is None else argv
+    parser = build_parser(_command_named(words))
     args = parser.parse_args(argv)
     start = _StartGc() if argv is None and args.command in _RUNS_STEPS else None
     args.start_gc = start
     if start is not None:
         _prefetch_engine(args)
     try:
-        return _dispatch(args)
+        return _dispatch(args), start is not None
     finally:
         if start is not None:
             start.end()
+
+
+def console() -> NoReturn:
+    """The console script (`sandbox`) and `python -m sandbox.cli`: `main()`, then exit.
+
+    A command that ran steps leaves without the interpreter's teardown: freeing its
+    modules, the models' validators and the engine's client object by object costs a
+    new process some 25 ms of CPU that a warm process (the same run through
+    `execute_step`) never pays, and nothing of it is needed. Everything the run owes
+    is done by then: the record is on disk (written, fsynced and renamed in place
+    before `main` returns), its containers, mounts, watchers and threads are gone (the
+    run's `ExitStack` and the backend's `close`). What an exit still does is done here
+    in its order: the `atexit` callbacks (the logging module's flush, the finalizers
+    registered for exit), then stdout and stderr flushed. Only when no thread but this
+    one may still be running (a daemon thread dies at any exit) and the flush worked
+    does the process end at once; otherwise it exits as usual (a stdout whose reader
+    went away then says so, and exits 120, as without this)."""
+    code, ran_steps = _main(None)
+    if ran_steps and _alone():
+        atexit._run_exitfuncs()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            sys.exit(code)
+        os._exit(code)
+    sys.exit(code)
+
+
+def _alone() -> bool:
+    """No thread but the caller's that an exit would wait for."""
+    me = threading.current_thread()
+    return all(thread is me or thread.daemon for thread in threading.enumerate())
 
 
 def _dispatch(args: argparse.Namespace) -> int:
@@ -642,4 +739,4 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -8,13 +8,17 @@ needed before (or during) a test run that has no TLS inspection and no DB.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from sandbox import cli
 
 # Never needed by a Docker test run: the cluster client, terminal rendering, the MCP SDK
 # (only the guard speaks MCP), the X.509 library (only a run that inspects TLS makes a
@@ -34,6 +38,10 @@ NOT_FOR_A_RUN = (
     # Its find_library runs `ldconfig -p` as a new process (the mounts use the
     # interpreter's own C library instead).
     "ctypes.util",
+    # The runner's own start time is read from /proc (`sandbox.hostfs.procstart`); psutil
+    # names the holders of a lock only when it is refused.
+    "psutil",
+    "sqlite3",  # only a run with a DB copies it
 )
 
 # Not needed to parse the command line (nor by `sandbox show`/`list`): the engine's SDK;
@@ -129,3 +137,56 @@ def test_a_run_that_fails_before_the_engine_still_ends_with_the_collector_on(
     assert state["exit_code"] == 2
     assert state["enabled"] is True
     assert isinstance(state["frozen"], int) and state["frozen"] > 10_000
+
+
+def console_exit(tmp_path: Path, before: str) -> subprocess.CompletedProcess[str]:
+    """In a new interpreter with a buffered stdout: `before`, then `console()` on a run
+    that fails before the engine (exit 2)."""
+    code = textwrap.dedent(
+        f"""
+        import atexit, sys, threading
+        sys.argv = ["sandbox", "run", {str(tmp_path / "missing")!r}, "step1"]
+        {before}
+        from sandbox.cli import console
+        console()
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+
+
+def test_the_console_exit_keeps_the_code_the_exit_callbacks_and_the_buffered_output(
+    tmp_path: Path,
+) -> None:
+    done = console_exit(tmp_path, "atexit.register(print, 'at exit'); print('buffered')")
+    assert done.returncode == 2
+    assert done.stdout.splitlines() == ["buffered", "at exit"]
+    assert done.stderr.startswith("sandbox: error: workflow folder not found")
+
+
+def test_the_console_exit_waits_for_a_thread_that_is_still_running(tmp_path: Path) -> None:
+    # A non-daemon thread that goes on once the main thread has ended: the process
+    # exits as usual and lets it finish (its line is printed), never cut short.
+    later = (
+        "threading.Thread(target=lambda: (threading.main_thread().join(), print('thread done')))"
+        ".start()"
+    )
+    done = console_exit(tmp_path, later)
+    assert done.returncode == 2
+    assert done.stdout.splitlines() == ["thread done"]
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_a_parser_built_for_one_command_parses_and_helps_as_the_whole_one() -> None:
+    whole = _subcommands(cli.build_parser())
+    assert set(whole) == cli._COMMANDS
+    for name in sorted(cli._COMMANDS):
+        only = cli.build_parser(name)
+        assert only.format_help() == cli.build_parser().format_help()
+        assert _subcommands(only)[name].format_help() == whole[name].format_help(), name

@@ -1,6 +1,7 @@
-"""The engine's API version asked for while `sandbox run` starts (`docker.prefetch`):
-the same answer the client's own negotiation gets, taken once and only for the engine
-the environment names, and nothing (the client asks itself) on any other answer.
+"""The engine's API version and `/info` asked for while `sandbox run` starts
+(`docker.prefetch`): the same answers the client's own negotiation and `info()` get,
+taken once and only for the engine the environment names, and nothing (the client
+asks itself) on any other answer.
 
 The engine's answers are real: the host's engine, or a unix socket in the test's
 folder that a thread serves with fixed bytes (the answer parser's cases)."""
@@ -17,8 +18,10 @@ from docker import DockerClient
 
 from sandbox import cli
 from sandbox.backends.docker import prefetch
+from sandbox.backends.docker.backend import DockerBackend
 from sandbox.backends.docker.client import connect
 from sandbox.contracts import hostpath
+from sandbox.contracts.errors import EngineError
 
 OK = b'HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{"ApiVersion":"1.41"}'
 
@@ -169,3 +172,86 @@ def test_the_cli_asks_only_when_docker_runs_without_a_host_config(
         monkeypatch.setenv("SANDBOX_HOST_CONFIG", str(config))
     monkeypatch.setattr(hostpath, "DEFAULT_PATH", tmp_path / "absent.toml")
     assert cli._runs_on_docker(cli.build_parser().parse_args(argv)) is asked
+
+
+def serve_in_turn(path: Path, answers: list[bytes], asked: list[bytes]) -> threading.Thread:
+    """A unix socket at `path` that answers one request per answer, in turn, and notes
+    each request's first line in `asked`; then it closes."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(len(answers))
+
+    def answer_each() -> None:
+        with server:
+            for answer in answers:
+                conn, _ = server.accept()
+                with conn:
+                    asked.append(conn.recv(4096).split(b"\r\n", 1)[0])
+                    conn.sendall(answer)
+
+    thread = threading.Thread(target=answer_each, daemon=True)
+    thread.start()
+    return thread
+
+
+REMAPPED_INFO = (
+    b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n"
+    b'{"SecurityOptions":["name=seccomp,profile=builtin","name=userns"],'
+    b'"DockerRootDir":"/var/lib/docker/231072.231072"}'
+)
+
+
+def test_the_prefetched_info_is_the_first_backends_at_the_version_it_asked(
+    engine_at: Path,
+) -> None:
+    asked: list[bytes] = []
+    served = serve_in_turn(engine_at, [OK, REMAPPED_INFO], asked)
+    prefetch.start()
+    served.join(30)
+    backend = DockerBackend.connect()  # asks nothing more: nobody listens any more
+    try:
+        ids = backend.id_map()
+    finally:
+        backend.close()
+    assert asked == [b"GET /version HTTP/1.0", b"GET /v1.41/info HTTP/1.0"]
+    assert ids.remapped and ids.uid_base == 231072
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        b"HTTP/1.0 500 Internal Server Error\r\n\r\n{}",
+        b"HTTP/1.0 200 OK\r\n\r\n[]",
+        b"HTTP/1.0 200 OK\r\n\r\n{not json",
+        b"",
+    ],
+)
+def test_an_info_that_is_not_a_plain_answer_is_asked_again_by_the_backend(
+    engine_at: Path, info: bytes
+) -> None:
+    asked: list[bytes] = []
+    served = serve_in_turn(engine_at, [OK, info], asked)
+    prefetch.start()
+    served.join(30)
+    backend = DockerBackend.connect()
+    try:
+        # The backend asks the engine itself: gone now, so the run's usual error.
+        with pytest.raises(EngineError, match="Docker engine not reachable"):
+            backend.id_map()
+    finally:
+        backend.close()
+    assert len(asked) == 2
+
+
+def test_the_hosts_engine_gives_the_info_the_client_gets(engine: DockerClient) -> None:
+    path = prefetch.engine_socket(prefetch.engine_key())
+    if path is None:
+        pytest.skip("the host's engine is not on a unix socket: nothing is prefetched")
+    version = prefetch.ask_version(path)
+    assert version is not None
+    early = prefetch.ask_info(path, version)
+    assert early is not None
+    info = engine.info()
+    # What a run reads from it (and what names the engine); counters and clocks move.
+    for key in ("ID", "SecurityOptions", "DockerRootDir", "Runtimes", "DefaultRuntime"):
+        assert early.get(key) == info.get(key), key

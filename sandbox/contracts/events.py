@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 EventKind = Literal["workflow_start", "step_start", "action", "step_end", "workflow_end"]
 REASON_CHARS = 160  # an action event's reason is cut to this many characters
@@ -22,6 +22,9 @@ REASON_CHARS = 160  # an action event's reason is cut to this many characters
 
 class RunEvent(BaseModel):
     """One thing that happened, as it happened."""
+
+    # Built at its first event: a run without a listener (`--follow`, `on_event`) makes none.
+    model_config = ConfigDict(defer_build=True)
 
     kind: EventKind
     time: datetime

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import shutil
-import sqlite3
 import stat
 import subprocess
 import sys
@@ -70,6 +69,8 @@ def copy_db(src: Path, dst: Path, *, timeout_s: float = 30.0) -> DbCopyReport:
     the locks (``SQLITE_BUSY``), then raises :class:`DbCopyError`; also raises it for a missing,
     unreadable or corrupt source ("file is not a database", ...), with the path in the message.
     """
+    import sqlite3  # here: a run without a DB (most) never loads it
+
     started = time.monotonic()
     src = Path(src)
     dst = Path(dst)

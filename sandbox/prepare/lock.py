@@ -24,10 +24,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Final
 
-import psutil
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from sandbox.contracts.errors import ConfigError, RefusedError
+from sandbox.hostfs.procstart import process_start
 
 __all__ = [
     "INFO_DIR_NAME",
@@ -60,6 +60,9 @@ class LockError(ConfigError):
 
 class LockHolder(BaseModel):
     """One holder of a workflow's run lock."""
+
+    # Built at its first use (a refused lock), not by every run that imports this.
+    model_config = ConfigDict(defer_build=True)
 
     pid: int | None
     command: str
@@ -244,8 +247,8 @@ def _same_file(fd: int, workflow_dir: Path) -> bool:
 
 def _proc_start(pid: int) -> float | None:
     try:
-        return float(psutil.Process(pid).create_time())
-    except (psutil.Error, OSError):
+        return process_start(pid)
+    except (OSError, ValueError):
         return None
 
 
@@ -433,6 +436,8 @@ def _holders(workflow_dir: Path) -> list[LockHolder]:
 
 
 def _holder(pid: int, exclusive: bool, info: dict[str, Any] | None) -> LockHolder:
+    import psutil  # only to name a holder when the lock is refused: a run never loads it
+
     command = "(not visible from here)"
     since: datetime | None = None
     if pid > 0:

@@ -35,8 +35,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from sandbox.backends import Backend, BackendFactory, ExitWatcher, RunContainer, UsageWatcher
 from sandbox.collect import actionsummary
 from sandbox.collect.follow import ActionFollower
@@ -73,6 +71,7 @@ from sandbox.contracts.wire import ActionLine
 from sandbox.guard.config import CONFIG_FILE_NAME, GuardConfig
 from sandbox.hostfs import fdtree
 from sandbox.hostfs.fdcopy import copy_fd
+from sandbox.hostfs.procstart import process_start
 from sandbox.launch import firewall
 from sandbox.launch import specs as launch
 from sandbox.launch.seccomp import step_profile
@@ -243,8 +242,8 @@ def _egress_ca(run_id: str) -> EgressCA:
 
 
 def runner_info() -> RunnerInfo:
-    me = psutil.Process()
-    return RunnerInfo(pid=me.pid, create_time=me.create_time(), hostname=socket.gethostname())
+    pid = os.getpid()
+    return RunnerInfo(pid=pid, create_time=process_start(pid), hostname=socket.gethostname())
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:

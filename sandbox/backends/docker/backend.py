@@ -18,7 +18,7 @@ from docker import DockerClient
 from docker.models.containers import Container
 
 from sandbox.backends import ContainerState, RunContainer
-from sandbox.backends.docker import containers, images, runtimes, userns
+from sandbox.backends.docker import containers, images, prefetch, runtimes, userns
 from sandbox.backends.docker.client import connect, unreachable
 from sandbox.backends.docker.prefetch import engine_key
 from sandbox.contracts.config import StepRuntime
@@ -120,14 +120,18 @@ class DockerBackend:
         changed its version since then is forgotten and named in the error. The
         engine's `/info` (its user-namespace remapping, its runtimes), which every run
         reads before its first container, is asked for at once in a thread: a run's
-        image check, record and lock go on beside that round trip."""
+        image check, record and lock go on beside that round trip. A new `sandbox run`
+        process asked for both as it started (`prefetch`): its first backend takes
+        those answers instead."""
         key = engine_key()
         known = _API_VERSIONS.get(key)
-        client = connect(version=known or "auto")
+        early = prefetch.take(CONNECT_TIMEOUT_S) if known is None else None
+        version = known or (early.version if early is not None else "auto")
+        client = connect(CONNECT_TIMEOUT_S, version=version)
         if known is None:
             _API_VERSIONS[key] = str(client.api.api_version)
         backend = cls(client)
-        backend._info = _InfoPrefetch(backend.client)
+        backend._info = _InfoPrefetch(backend.client, early.info if early is not None else None)
         return backend
 
     def require_image(self, ref: str) -> str:
@@ -179,6 +183,8 @@ class DockerBackend:
         return container._container
 
 
+CONNECT_TIMEOUT_S = 60.0  # the client's timeout, and the longest wait for a prefetch
+
 # The Engine API version each engine (by how the client finds it: `engine_key`)
 # negotiated in this process: see `DockerBackend.connect`.
 _API_VERSIONS: dict[tuple[str, ...], str] = {}
@@ -205,15 +211,17 @@ def _first_calls() -> Iterator[None]:
 
 
 class _InfoPrefetch:
-    """The engine's `/info`, asked for in a thread as the backend connects; `result()`
-    waits for it and raises what the call raised (as a direct call would have)."""
+    """The engine's `/info`, asked for in a thread as the backend connects (or the answer
+    this process's start-up already had: `known`); `result()` waits for it and raises
+    what the call raised (as a direct call would have)."""
 
-    def __init__(self, client: DockerClient) -> None:
+    def __init__(self, client: DockerClient, known: dict[str, Any] | None = None) -> None:
         self._client = client
-        self._info: dict[str, Any] | None = None
+        self._info: dict[str, Any] | None = known
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._fetch, name="engine-info", daemon=True)
-        self._thread.start()
+        if known is None:
+            self._thread.start()
 
     def _fetch(self) -> None:
         try:
@@ -222,7 +230,8 @@ class _InfoPrefetch:
             self._error = exc
 
     def result(self) -> dict[str, Any]:
-        self._thread.join()
+        if self._thread.ident is not None:
+            self._thread.join()
         if self._error is not None:
             raise self._error
         assert self._info is not None
@@ -230,4 +239,5 @@ class _InfoPrefetch:
 
     def join(self) -> None:
         """Before the client closes: the thread never outlives the backend."""
-        self._thread.join()
+        if self._thread.ident is not None:
+            self._thread.join()

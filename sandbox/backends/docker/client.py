@@ -22,7 +22,8 @@ def connect(timeout_s: float = 60.0, *, version: str = "auto") -> DockerClient:
     answer a step-running process asked for as it started (`prefetch`), when there is
     one for this engine: that process's first call is then the check."""
     if version == "auto":
-        version = prefetch.take(timeout_s) or "auto"
+        answers = prefetch.take(timeout_s)
+        version = answers.version if answers is not None else "auto"
     try:
         client = docker.from_env(timeout=int(timeout_s), version=version)
     except docker.errors.DockerException as exc:

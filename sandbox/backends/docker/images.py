@@ -28,7 +28,7 @@ from pathlib import Path
 
 import docker.errors
 from docker import DockerClient
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from sandbox.contracts.errors import EngineError, ImageMissingError
 from sandbox.contracts.names import GUARD_IMAGE, MCP_IMAGE, STEP_IMAGE
@@ -67,6 +67,9 @@ def stage_step_side(into: Path) -> None:
 
 
 class BuiltImages(BaseModel):
+    # Built at its first use (`sandbox images build`), not by every run that imports this.
+    model_config = ConfigDict(defer_build=True)
+
     base: str
     step: str
     guard: str

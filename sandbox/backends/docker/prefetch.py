@@ -9,11 +9,18 @@ socket) from a thread, and `client.connect` takes its `ApiVersion` instead of as
 again, as a warm process reuses the version its first run negotiated
 (`DockerBackend.connect`). The engine works on the answer while the interpreter imports.
 
-Only a plain answer counts: status 200, a JSON object whose `ApiVersion` is a version
-number, for the engine the client will talk to (the same `DOCKER_*` settings, a unix
-socket, no TLS). Anything else leaves nothing, and the client asks as it always did,
-so its error is the one the user sees. This module imports only what the command line
-itself needs (no pydantic, no SDK), so the request leaves before the heavy imports.
+With the version known, the same thread asks for the engine's `/info` at that version
+(`GET /v{version}/info`, the URL the client's `info()` asks), which every run reads
+before its first container (its user-namespace remapping, its runtimes): a warm process
+asks for it as each run's backend connects and waits for it some tens of ms later
+(`DockerBackend.connect`); this process has it by the time its imports are done.
+
+Only a plain answer counts: status 200, a JSON object (holding an `ApiVersion` that is a
+version number, for `/version`), for the engine the client will talk to (the same
+`DOCKER_*` settings, a unix socket, no TLS). Anything else leaves nothing, and the
+client asks as it always did, so its error is the one the user sees. This module
+imports only what the command line itself needs (no pydantic, no SDK), so the requests
+leave before the heavy imports.
 """
 
 from __future__ import annotations
@@ -23,6 +30,8 @@ import os
 import re
 import socket
 import threading
+from dataclasses import dataclass
+from typing import Any
 
 DEFAULT_SOCKET = "/var/run/docker.sock"  # the SDK's default without DOCKER_HOST
 ENGINE_ENV = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
@@ -30,6 +39,7 @@ ENGINE_ENV = ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH")
 # the client (and its own timeout and error).
 ANSWER_TIMEOUT_S = 10.0
 MAX_ANSWER_BYTES = 64 * 1024  # `/version` is under 1 KiB
+MAX_INFO_BYTES = 1024 * 1024  # `/info` is a few KiB
 _VERSION = re.compile(r"[0-9]{1,3}\.[0-9]{1,3}")
 
 
@@ -51,9 +61,9 @@ def engine_socket(key: tuple[str, ...]) -> str | None:
     return None
 
 
-def parse_answer(raw: bytes) -> str | None:
-    """`ApiVersion` from the engine's whole HTTP answer to `GET /version`; None for
-    anything but a 200 with a JSON object holding a version number."""
+def parse_object(raw: bytes) -> dict[str, Any] | None:
+    """The JSON object of the engine's whole HTTP answer; None for anything but a 200
+    whose body is one JSON object."""
     head, sep, body = raw.partition(b"\r\n\r\n")
     if not sep:
         return None
@@ -64,48 +74,83 @@ def parse_answer(raw: bytes) -> str | None:
         answer = json.loads(body)
     except ValueError:
         return None
-    version = answer.get("ApiVersion") if isinstance(answer, dict) else None
+    return answer if isinstance(answer, dict) else None
+
+
+def parse_answer(raw: bytes) -> str | None:
+    """`ApiVersion` from the engine's whole HTTP answer to `GET /version`; None for
+    anything but a 200 with a JSON object holding a version number."""
+    answer = parse_object(raw)
+    version = answer.get("ApiVersion") if answer is not None else None
     if not isinstance(version, str) or not _VERSION.fullmatch(version):
         return None
     return version
 
 
-def ask_version(path: str, timeout_s: float = ANSWER_TIMEOUT_S) -> str | None:
-    """One `GET /version` on the unix socket at `path` (HTTP/1.0: the engine closes the
-    connection after its answer, so the answer is everything read); None on any error."""
+def _ask(path: str, url: str, max_bytes: int, timeout_s: float) -> bytes | None:
+    """One `GET url` on the unix socket at `path` (HTTP/1.0: the engine closes the
+    connection after its answer, so the answer is everything read); None on any error
+    or an answer of more than `max_bytes`."""
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout_s)
             sock.connect(path)
-            sock.sendall(b"GET /version HTTP/1.0\r\nHost: docker\r\n\r\n")
+            sock.sendall(f"GET {url} HTTP/1.0\r\nHost: docker\r\n\r\n".encode("ascii"))
             raw = b""
-            while len(raw) <= MAX_ANSWER_BYTES:
-                chunk = sock.recv(MAX_ANSWER_BYTES)
+            while len(raw) <= max_bytes:
+                chunk = sock.recv(max_bytes)
                 if not chunk:
-                    return parse_answer(raw)
+                    return raw
                 raw += chunk
     except OSError:
         return None
-    return None  # more than any `/version`: not the engine's answer
+    return None  # more than any such answer: not the engine's
+
+
+def ask_version(path: str, timeout_s: float = ANSWER_TIMEOUT_S) -> str | None:
+    """The engine's `ApiVersion` (`GET /version`); None on any error."""
+    raw = _ask(path, "/version", MAX_ANSWER_BYTES, timeout_s)
+    return None if raw is None else parse_answer(raw)
+
+
+def ask_info(path: str, version: str, timeout_s: float = ANSWER_TIMEOUT_S) -> dict[str, Any] | None:
+    """The engine's `/info` at API `version`, as the client's `info()` gets it; None on
+    any error."""
+    if not _VERSION.fullmatch(version):
+        return None
+    raw = _ask(path, f"/v{version}/info", MAX_INFO_BYTES, timeout_s)
+    return None if raw is None else parse_object(raw)
+
+
+@dataclass(frozen=True)
+class Answers:
+    """What the engine answered: its API version, and its `/info` at that version
+    (None when that was not a plain answer: the backend then asks itself)."""
+
+    version: str
+    info: dict[str, Any] | None
 
 
 class VersionPrefetch:
-    """One `GET /version` in a daemon thread (a hung engine never holds up the exit)."""
+    """`GET /version`, then `/info` at that version, in a daemon thread (a hung engine
+    never holds up the exit)."""
 
     def __init__(self, key: tuple[str, ...], path: str) -> None:
         self.key = key
         self._path = path
-        self._version: str | None = None
+        self._answers: Answers | None = None
         self._thread = threading.Thread(target=self._ask, name="engine-version", daemon=True)
         self._thread.start()
 
     def _ask(self) -> None:
-        self._version = ask_version(self._path)
+        version = ask_version(self._path)
+        if version is not None:
+            self._answers = Answers(version=version, info=ask_info(self._path, version))
 
-    def result(self, timeout_s: float) -> str | None:
-        """The version, waiting at most `timeout_s` for the answer."""
+    def result(self, timeout_s: float) -> Answers | None:
+        """The answers, waiting at most `timeout_s` for them."""
         self._thread.join(timeout_s)
-        return None if self._thread.is_alive() else self._version
+        return None if self._thread.is_alive() else self._answers
 
 
 _pending: VersionPrefetch | None = None
@@ -126,8 +171,8 @@ def start() -> None:
             _pending = None
 
 
-def take(timeout_s: float) -> str | None:
-    """The prefetched version for the engine the environment names now, once; None when
+def take(timeout_s: float) -> Answers | None:
+    """The prefetched answers for the engine the environment names now, once; None when
     none was asked for, it was for another engine, or the engine did not answer."""
     global _pending
     with _lock:
