@@ -14,6 +14,7 @@ own caps (`sandbox.guard.actionlog`).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from sandbox.contracts.wire import MAX_REQUEST_BYTES as _WIRE_MAX_REQUEST_BYTES
@@ -63,18 +64,34 @@ class CappedBody(NamedTuple):
 
 async def read_capped_body(receive: Receive, cap: int) -> CappedBody:
     """An ASGI request's body, never more than `cap` bytes (and one chunk) held."""
+
+    async def next_chunk() -> tuple[bytes, bool] | None:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        return message.get("body", b""), message.get("more_body", False)
+
+    return await read_capped(next_chunk, cap)
+
+
+async def read_capped(
+    next_chunk: Callable[[], Awaitable[tuple[bytes, bool] | None]], cap: int
+) -> CappedBody:
+    """A request body from `next_chunk` (a chunk and whether more follows; None: the
+    client hung up), never more than `cap` bytes (and one chunk) held. One loop for
+    every reader of a capped body: ASGI's `receive` and the guard's own HTTP protocol."""
     chunks: list[bytes] = []
     size = 0
     while True:
-        message = await receive()
-        if message["type"] != "http.request":
+        got = await next_chunk()
+        if got is None:
             return CappedBody(b"".join(chunks), complete=False, gone=True)
-        chunk = message.get("body", b"")
+        chunk, more = got
         chunks.append(chunk)
         size += len(chunk)
         if size > cap:
             return CappedBody(b"".join(chunks), complete=False, gone=False)
-        if not message.get("more_body", False):
+        if not more:
             return CappedBody(b"".join(chunks), complete=True, gone=False)
 
 

@@ -79,11 +79,9 @@ class BridgeFront:
         answer = await self.answer(scope["path"], scope["method"], scope["headers"], body)
         if answer is None:  # the client hung up before its body was in: no one to answer
             return
-        headers = [(b"content-length", str(len(answer.body)).encode()), _JSON]
-        if answer.close:
-            headers.append(_CLOSE)
-        headers += answer.extra
-        await send({"type": "http.response.start", "status": answer.status, "headers": headers})
+        await send(
+            {"type": "http.response.start", "status": answer.status, "headers": answer.fields()}
+        )
         await send({"type": "http.response.body", "body": answer.body})
 
     async def answer(
@@ -148,3 +146,11 @@ class Answer:
     body: bytes
     close: bool = False
     extra: list[tuple[bytes, bytes]] = field(default_factory=list)  # more header fields
+
+    def fields(self) -> list[tuple[bytes, bytes]]:
+        """Its header fields, in the order both servers write them (ASGI's and the
+        guard's own protocol)."""
+        fields = [(b"content-length", str(len(self.body)).encode()), _JSON]
+        if self.close:
+            fields.append(_CLOSE)
+        return fields + self.extra

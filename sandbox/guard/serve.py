@@ -26,7 +26,13 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app, json_bytes
-from sandbox.guard.caps import MAX_REQUEST_BYTES, TRANSPORT_MAX_HEAD_BYTES, CappedBody, mib
+from sandbox.guard.caps import (
+    MAX_REQUEST_BYTES,
+    TRANSPORT_MAX_HEAD_BYTES,
+    CappedBody,
+    mib,
+    read_capped,
+)
 from sandbox.guard.config import READY_MARK, GuardConfig
 from sandbox.guard.front import Answer, BridgeFront
 
@@ -152,27 +158,24 @@ class BridgeCycle(RequestResponseCycle):
 
     async def _read_body(self) -> CappedBody:
         """The request's body, never more than MAX_REQUEST_BYTES (and one read) held:
-        `caps.read_capped_body` over uvicorn's `receive`, without the messages."""
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            if self.waiting_for_100_continue and not self.transport.is_closing():
-                self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                self.waiting_for_100_continue = False
-            if not self.disconnected and not self.response_complete:
-                self.flow.resume_reading()
-                await self.message_event.wait()
-                self.message_event.clear()
-            if self.disconnected or self.response_complete:
-                return CappedBody(b"".join(chunks), complete=False, gone=True)
-            chunk = bytes(self.body)
-            self.body = bytearray()
-            chunks.append(chunk)
-            size += len(chunk)
-            if size > MAX_REQUEST_BYTES:
-                return CappedBody(b"".join(chunks), complete=False, gone=False)
-            if not self.more_body:
-                return CappedBody(b"".join(chunks), complete=True, gone=False)
+        `caps.read_capped` over what uvicorn's `receive` reads, without the messages."""
+        return await read_capped(self._next_chunk, MAX_REQUEST_BYTES)
+
+    async def _next_chunk(self) -> tuple[bytes, bool] | None:
+        """uvicorn's `receive` without its message: the next bytes of the body and
+        whether more follow; None once the client is gone (or the reply is complete)."""
+        if self.waiting_for_100_continue and not self.transport.is_closing():
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+            self.waiting_for_100_continue = False
+        if not self.disconnected and not self.response_complete:
+            self.flow.resume_reading()
+            await self.message_event.wait()
+            self.message_event.clear()
+        if self.disconnected or self.response_complete:
+            return None
+        chunk = bytes(self.body)
+        self.body = bytearray()
+        return chunk, self.more_body
 
     async def _reply(self, answer: Answer) -> None:
         if self.flow.write_paused and not self.disconnected:
@@ -181,21 +184,16 @@ class BridgeCycle(RequestResponseCycle):
             return
         self.response_started = True
         self.waiting_for_100_continue = False
-        body = answer.body
-        parts = [STATUS_LINE[answer.status]]
-        for name, value in self.default_headers:
-            parts += [name.lower(), b": ", value, b"\r\n"]
-        parts += [b"content-length: ", str(len(body)).encode(), b"\r\n", _JSON_FIELD]
         if answer.close:
             self.keep_alive = False
-            parts.append(_CLOSE_FIELD)
-        for name, value in answer.extra:
-            parts += [name, b": ", value, b"\r\n"]
+        parts = [STATUS_LINE[answer.status]]
+        for name, value in (*self.default_headers, *answer.fields()):
+            parts += [name.lower(), b": ", value, b"\r\n"]
         if not self.keep_alive and not answer.close:
             parts.append(_CLOSE_FIELD)
         parts.append(b"\r\n")
         if self.scope["method"] != "HEAD":  # a HEAD's reply has the length, not the body
-            parts.append(body)
+            parts.append(answer.body)
         self.transport.write(b"".join(parts))
         self.response_complete = True
         self.message_event.set()
@@ -204,7 +202,6 @@ class BridgeCycle(RequestResponseCycle):
         self.on_response()
 
 
-_JSON_FIELD = b"content-type: application/json\r\n"
 _CLOSE_FIELD = b"connection: close\r\n"
 
 
