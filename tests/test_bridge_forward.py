@@ -23,10 +23,9 @@ from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app
 from sandbox.guard.caps import MAX_UPSTREAM_REPLY_BYTES
-from sandbox.guard.config import GuardConfig
-from tests.conftest import call_lines
+from tests.conftest import BRIDGE_TOKEN, call_lines, guard_config
 
-TOKEN = "b" * 24
+TOKEN = BRIDGE_TOKEN
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
@@ -100,28 +99,11 @@ def ok(text: str = "done") -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload)
 
 
-def guard_config(tmp_path: Path, actions: Path, **fields: Any) -> GuardConfig:
-    """An in-process guard's config: the run `test-x`, the bridge token TOKEN, its log
-    at `actions` without fsync, and `fields` (an upstream, MCP servers)."""
-    return GuardConfig(
-        run_id="test-x",
-        workflow="wf",
-        step="s",
-        bridge_token=TOKEN,
-        exec_token="e" * 24,
-        has_db=False,
-        actions_path=str(actions),
-        data_dir=str(tmp_path),
-        fsync_each=False,
-        **fields,
-    )
-
-
 def make_guard(tmp_path: Path, name: str, upstream: str | None) -> tuple[Guard, Path]:
     """A guard in this process with its own action log (`<name>.jsonl`), no fsync."""
     actions = tmp_path / f"{name}.jsonl"
     actions.touch()
-    config = guard_config(tmp_path, actions, upstream=upstream)
+    config = guard_config(actions, upstream=upstream)
     return Guard(config, ActionLog(str(actions), secrets=(TOKEN,), fsync_each=False)), actions
 
 
@@ -410,7 +392,7 @@ def _synced_guard(
     actions.touch()
     disk = _Disk(actions, seconds)
     monkeypatch.setattr(os, "fdatasync", disk)
-    config = guard_config(tmp_path, actions, upstream=upstream)
+    config = guard_config(actions, upstream=upstream)
     log = ActionLog(str(actions), secrets=(TOKEN,), fsync_each=True)
     return Guard(config, log), actions, disk
 

@@ -24,8 +24,9 @@ from sandbox.contracts.wire import ActionLine
 from sandbox.guard.caps import MAX_HEADER_BYTES, TRANSPORT_MAX_HEAD_BYTES
 from sandbox.guard.config import CONFIG_FILE_ENV, READY_MARK
 from sandbox.guard.serve import HEAD_TOO_LARGE
+from tests.conftest import BRIDGE_TOKEN as TOKEN
+from tests.conftest import guard_config
 from tests.polling import wait_for
-from tests.test_bridge_forward import TOKEN, guard_config
 
 REPO = Path(__file__).resolve().parent.parent
 DEADLINE_S = 20.0
@@ -59,7 +60,7 @@ def guard_process(tmp_path: Path) -> Iterator[GuardProcess]:
     actions = tmp_path / "actions.jsonl"
     actions.touch()
     port = _free_port()
-    config = guard_config(tmp_path, actions, bridge_port=port, egress_port=_free_port())
+    config = guard_config(actions, bridge_port=port, egress_port=_free_port())
     config = config.model_copy(update={"fsync_each": True})
     config_file = tmp_path / "config.json"
     config_file.write_text(config.model_dump_json())

@@ -24,7 +24,8 @@ from sandbox.contracts.config import McpServer
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.mcp_proxy import MAX_SESSIONS, Endpoint, McpProxy
-from tests.test_bridge_forward import TOKEN, guard_config
+from tests.conftest import BRIDGE_TOKEN as TOKEN
+from tests.conftest import guard_config
 from tests.test_mcp_proxy import JsonMcpServer
 
 VERSION = "2025-11-25"
@@ -71,7 +72,6 @@ def guard(tmp_path: Path) -> Iterator[tuple[TestClient, Endpoint, _Counted, Path
     actions = tmp_path / "actions.jsonl"
     actions.touch()
     config = guard_config(
-        tmp_path,
         actions,
         mcp_servers=[McpServer(name="up", url=f"http://127.0.0.1:{http.server_address[1]}/")],
         mcp_dir=str(tmp_path / "mcp"),
