@@ -27,6 +27,7 @@ from sandbox.guard import http1
 from sandbox.guard.egress import EgressProxy
 from tests.conftest import in_process_guard
 from tests.fakes.keepalive_host import KeepAliveHost, big_body
+from tests.polling import wait_for
 
 
 @dataclass
@@ -153,10 +154,44 @@ def test_an_upstream_connection_is_reused_only_after_a_cleanly_framed_reply(
             reply = client.request(method, f"http://127.0.0.1:{host.port}/{kind}/{i}")
             assert reply.status_code == 200
             assert reply.text == ("" if method == "HEAD" else f"hello /{kind}/{i}")
+            if "extra" in kind:
+                # A HEAD's reply has no body to end it, so the proxy can relay it before
+                # a second send of stray bytes left the host; the next request goes once
+                # they are on the proxy's side (stray bytes that come after a reuse:
+                # test_stray_bytes_that_arrive_after_a_reuse_...).
+                wait_for(lambda: host.seen.strays_sent > i, 10, f"reply {i}'s stray bytes")  # noqa: B023
         accepted = proxied.accepted[0]
     assert [path for _, _, path in host.seen.requests] == [f"/{kind}/{i}" for i in range(3)]
     assert host.seen.connections == (1 if reused else 3)
     assert accepted == 1  # the client's connection to the proxy carried all three
+
+
+def test_stray_bytes_that_arrive_after_a_reuse_fail_that_request_and_retire_the_connection(
+    tmp_path: Path, host: KeepAliveHost
+) -> None:
+    """A host that sends bytes nobody asked for only after the proxy reused its
+    connection: they come ahead of the next reply, so that reply cannot be told apart
+    from them. The request gets the proxy's 502 (never the host's bytes as its reply),
+    it was sent once, and the next request goes on a new connection."""
+    with (
+        proxy_for(tmp_path, host) as proxied,
+        httpx.Client(proxy=proxied.url, timeout=20, trust_env=False) as client,
+    ):
+        first = client.get(f"http://127.0.0.1:{host.port}/lateextra/a")
+        second = client.get(f"http://127.0.0.1:{host.port}/len/b")
+        third = client.get(f"http://127.0.0.1:{host.port}/len/c")
+    lines = proxied.lines()  # the proxy has stopped: every outcome is written
+    assert (first.status_code, first.text) == (200, "hello /lateextra/a")
+    assert second.status_code == 502 and "was sent but failed" in second.text
+    assert (third.status_code, third.text) == (200, "hello /len/c")
+    assert host.seen.requests == [
+        (1, "GET", "/lateextra/a"),
+        (1, "GET", "/len/b"),
+        (2, "GET", "/len/c"),
+    ]
+    (start,) = [ln for ln in lines if ln.arguments.get("url", "").endswith("/len/b")]
+    (outcome,) = [ln for ln in lines if ln.event == "outcome" and ln.call_id == start.call_id]
+    assert start.detail.get("upstream_reused") is True and outcome.outcome == "error"
 
 
 def test_spliced_bodies_end_exactly_where_their_length_says_on_both_kept_connections(

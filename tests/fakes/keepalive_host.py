@@ -9,7 +9,11 @@ Paths (any GET or HEAD):
 - `/extra/...`: a Content-Length reply followed by stray bytes nobody asked for;
 - `/split/...`: a Content-Length reply whose head and body go in two sends (as
   Python's http.server writes them), kept open; `/splitextra/...` the same with
-  stray bytes in the second send;
+  stray bytes in the second send (counted in `Seen.strays_sent` once sent, so a
+  test can wait until they are on the proxy's side before its next request);
+- `/lateextra/...`: a Content-Length reply, kept open, whose stray bytes go only
+  once the next request on that connection arrived, just before its reply (a host
+  that misbehaves after the proxy already reused the connection);
 - `/quiet-close/...`: a Content-Length reply, then the close, without saying so;
 - `/drop/...`: no reply at all: the connection closes once the request arrived;
 - `/big/<n>/...`: a Content-Length reply of `n` bytes of `big_body(n)`, kept open (a
@@ -41,6 +45,7 @@ class Seen:
 
     requests: list[tuple[int, str, str]] = field(default_factory=list)
     connections: int = 0
+    strays_sent: int = 0  # replies whose stray bytes have been sent
 
 
 class KeepAliveHost:
@@ -67,6 +72,7 @@ class KeepAliveHost:
     def _serve(self, conn: socket.socket, number: int) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buffer = b""
+        owed = b""  # a /lateextra/ reply's stray bytes, sent before the next reply
         with conn, contextlib.suppress(OSError):
             while True:
                 while b"\r\n\r\n" not in buffer:
@@ -80,6 +86,10 @@ class KeepAliveHost:
                     self.seen.requests.append((number, method, path))
                 if path.startswith("/drop/"):
                     return
+                if owed:
+                    conn.sendall(owed)
+                    owed = b""
+                    self._stray_sent()
                 body = f"hello {path}".encode()
                 if path.startswith(("/big/", "/bigextra/")):
                     body = big_body(int(path.split("/")[2]))
@@ -96,10 +106,18 @@ class KeepAliveHost:
                 if kind in ("split", "splitextra"):
                     conn.sendall(reply)
                     conn.sendall(shown + stray)
-                    continue
-                conn.sendall(reply + shown + stray)
+                else:
+                    conn.sendall(reply + shown + stray)
+                if stray:
+                    self._stray_sent()
+                if kind == "lateextra":
+                    owed = b"stray bytes"
                 if kind in ("close", "http10", "quiet-close"):
                     return
+
+    def _stray_sent(self) -> None:
+        with self._lock:
+            self.seen.strays_sent += 1
 
     def drop_connections(self) -> None:
         """Close every connection this host has (an idle timeout on the host's side)."""
