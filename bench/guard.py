@@ -269,6 +269,19 @@ def bench_guard(b: Bench) -> list[Row]:
             f" this floor is the guard's own work: {on.guarded.median_ms - floor:.2f} ms",
         ),
         make_row(
+            "guard_rate_sync_ceiling",
+            f"guard: calls/s, {on.concurrent_clients} clients, vs one sync per call",
+            "calls/s",
+            on.guarded_calls_per_s,
+            on.concurrent_clients * 1000 / sync.mean_ms if sync.mean_ms else None,
+            baseline_name="clients / sync",
+            note="the most the log contract lets these clients reach on this disk: each client"
+            " sends its next call after its reply, and a reply waits for a sync that began after"
+            " its line was written (group commit shares that sync among concurrent calls, but"
+            f" none waits less than one), so {on.concurrent_clients} clients make at most"
+            f" {on.concurrent_clients} calls per mean sync time ({sync.mean_ms:.2f} ms)",
+        ),
+        make_row(
             "guard_latency_nofsync",
             "guard: same, fsync_each off",
             "ms",
