@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.egress import per_get_ms
 from bench.harness import main
 from bench.results import (
     BenchResults,
@@ -220,3 +221,10 @@ def test_the_cluster_benchmark_runs_only_when_named() -> None:
 
     assert "kubernetes" in ON_REQUEST and "kubernetes" in BENCHMARKS
     assert "kubernetes" not in ALL_BENCHMARKS
+
+
+def test_a_proxys_cpu_per_get_is_its_cgroups_count_over_the_gets() -> None:
+    assert per_get_ms(1_000_000, 61_000_000, 120) == 0.5  # 60 ms over 120 GETs
+    assert per_get_ms(None, 61_000_000, 120) is None  # cgroups not visible
+    assert per_get_ms(1_000_000, None, 120) is None
+    assert per_get_ms(1_000_000, 2_000_000, 0) is None  # no GET: no figure
