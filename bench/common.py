@@ -446,16 +446,19 @@ def hold_workflow(b: Bench, name: str, calls: int, extra_toml: str) -> Path:
 SYNC_LINE_BYTES = 600  # about one forwarded call's start line
 
 
-def log_sync_alone(where: Path, n: int) -> list[int]:
+def log_sync_alone(where: Path, n: int, gap_s: float = 0.0) -> list[int]:
     """The durability floor on the runs' disk: `n` lines, each appended with write(2)
-    and fdatasync'ed, back to back, as the guard's log writer does for a lone call
-    (microseconds per line). A forwarded call's reply waits for one such sync."""
+    and fdatasync'ed, as the guard's log writer does for a lone call (microseconds per
+    line); back to back, or `gap_s` apart (untimed). A forwarded call's reply waits for
+    one such sync."""
     path = where / "sync-alone.jsonl"
     line = b'{"event":"start",' + b'"x":"' + b"x" * (SYNC_LINE_BYTES - 24) + b'"}\n'
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     samples = []
     try:
         for _ in range(n):
+            if gap_s:
+                time.sleep(gap_s)
             t = time.perf_counter_ns()
             os.write(fd, line)
             os.fdatasync(fd)

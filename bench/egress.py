@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
+import time
 from pathlib import Path, PurePosixPath
 
 import docker.errors
@@ -40,6 +41,11 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 # Big GETs per target and round, each timed: one ~0.1 s transfer is too short a sample on
 # a shared 2-CPU host (one helper's samples spread up to 1.7x), so each round takes several.
 BIG_REPEATS = 3
+SMALL_WARMUP = 20  # untimed small GETs before each helper's timed ones
+# The floor rows' syncs are this far apart, as the guard's are (one per request, a
+# small GET taking about a millisecond): here a sync 1 ms after the last took 250 us
+# at the median where back-to-back ones took 200 (the disk and the CPUs go idle).
+SYNC_GAP_S = 0.001
 
 
 def cpu_ns(b: Bench, container_id: str) -> int | None:
@@ -67,6 +73,37 @@ def cpu_ns(b: Bench, container_id: str) -> int | None:
         except (OSError, KeyError, ValueError):
             return None
     return None
+
+
+def per_get_ms(before_ns: int | None, after_ns: int | None, gets: int) -> float | None:
+    """A proxy's CPU per GET from its cgroup's count before and after `gets` GETs (ms);
+    None when either count is missing (cgroups not visible) or there was no GET."""
+    if before_ns is None or after_ns is None or gets <= 0:
+        return None
+    return round((after_ns - before_ns) / 1e6 / gets, 4)
+
+
+QUIET_NS = 2_000_000  # at most this much CPU in QUIET_WINDOW_S: the container is idle
+QUIET_WINDOW_S = 0.2
+
+
+def wait_quiet(b: Bench, container_id: str, timeout_s: float = 15) -> None:
+    """Return once the container's cgroup has used at most QUIET_NS of CPU over the last
+    QUIET_WINDOW_S (or after `timeout_s`, or at once when its cgroup is not visible).
+
+    The held run's step says ready once the guard's ports listen, while the guard is
+    still loading its web stack (some 130 ms of CPU over the next 0.3 s here): the
+    first helper, through whichever target comes first (the guard, in a one-round
+    run), would share the CPUs with it, and the guard's count for its GETs would
+    include it."""
+    deadline = time.monotonic() + timeout_s
+    last = cpu_ns(b, container_id)
+    while last is not None and time.monotonic() < deadline:
+        time.sleep(QUIET_WINDOW_S)
+        now = cpu_ns(b, container_id)
+        if now is None or now - last <= QUIET_NS:
+            return
+        last = now
 
 
 def _container_at(b: Bench, network: str, address: str) -> str:
@@ -97,6 +134,9 @@ def bench_egress(b: Bench) -> list[Row]:
     lat: dict[str, list[int]] = {}
     mb_s: dict[str, list[float]] = {}
     cpu_ms: dict[str, list[float]] = {}
+    # "guard/keep", "squid/new", ...: the proxy's CPU per small GET, each helper's GETs
+    # (its warm-up ones too: they go through the proxy as well) over its cgroup's count
+    small_cpu_ms: dict[str, list[float]] = {}
     sync_us: list[int] = []
     # the guard's 100 MiB rate over direct's, each round's GETs alone: the two are taken
     # minutes apart at most, so the spread shows how much the host moved the ratio
@@ -133,7 +173,7 @@ def bench_egress(b: Bench) -> list[Row]:
                     "small_bytes": 1024,
                     "big_bytes": big,
                     "n": s.egress_small_n,
-                    "warmup": 20,
+                    "warmup": SMALL_WARMUP,
                 }
                 proxies: dict[str, tuple[int, list[object] | None]] = {
                     "guard": (STEP_UID, ["127.0.0.1", EGRESS_PORT]),
@@ -145,16 +185,23 @@ def bench_egress(b: Bench) -> list[Row]:
                     "guard": held.guard_id,
                     **{name: _container_at(b, network, a) for name, (a, _) in peer_at.items()},
                 }
+                for container_id in counted.values():
+                    wait_quiet(b, container_id)
                 for r in range(s.egress_rounds):
                     order = TARGETS[r % len(TARGETS) :] + TARGETS[: r % len(TARGETS)]
                     for name in order:
                         user, proxy = proxies[name]
                         for mode in MODES if name != "tinyproxy" else ("new",):
                             cfg = {**base, "proxy": proxy, "keepalive": mode == "keep"}
+                            before = cpu_ns(b, counted[name]) if name in counted else None
                             out = b.helper(
                                 netns_of=held.guard_id, user=user, script=GET_CLIENT, cfg=cfg
                             )
+                            after = cpu_ns(b, counted[name]) if name in counted else None
                             lat.setdefault(f"{name}/{mode}", []).extend(out["lat_us"])
+                            gets = len(out["lat_us"]) + SMALL_WARMUP
+                            if (per_get := per_get_ms(before, after, gets)) is not None:
+                                small_cpu_ms.setdefault(f"{name}/{mode}", []).append(per_get)
                         # the big GET alone, so the proxy's cgroup counts only it
                         big_cfg = {
                             **base,
@@ -178,7 +225,9 @@ def bench_egress(b: Bench) -> list[Row]:
                         name: statistics.median(v[-BIG_REPEATS:]) for name, v in mb_s.items()
                     }
                     round_ratios.append(round(this_round["guard"] / this_round["direct"], 2))
-                    sync_us += log_sync_alone(held.run_root.parent, b.sizes.guard_sync_n)
+                    sync_us += log_sync_alone(
+                        held.run_root.parent, b.sizes.guard_sync_n, SYNC_GAP_S
+                    )
                     b.say(f"egress: round {r + 1}/{s.egress_rounds}")
         finally:
             with contextlib.suppress(docker.errors.NotFound):
@@ -190,6 +239,7 @@ def bench_egress(b: Bench) -> list[Row]:
     detail.small = {key: LatencyStats.from_us(samples) for key, samples in lat.items()}
     detail.mb_s = mb_s
     detail.big_cpu_ms = cpu_ms
+    detail.small_cpu_ms = small_cpu_ms
     sync_alone = detail.log_sync_alone = LatencyStats.from_us(sync_us)
     sync_ms = sync_alone.median_ms
     b.note(
@@ -236,7 +286,8 @@ def bench_egress(b: Bench) -> list[Row]:
             theirs.median_ms + sync_ms if theirs else None,
             baseline_name="squid + sync",
             note=f"a forwarded request waits for its start line's sync ({sync_ms:.2f} ms median"
-            f" on this disk, p99 {sync_alone.p99_ms:.2f}); Squid syncs nothing",
+            f" on this disk, p99 {sync_alone.p99_ms:.2f}, one line a millisecond as the guard"
+            " syncs one a request); Squid syncs nothing",
         )
 
     at_most_squid = Goal(kind="ratio_max", threshold=1.0, text="<= 1.0x Squid")
@@ -248,6 +299,28 @@ def bench_egress(b: Bench) -> list[Row]:
         f" the guard's container holds the bridge and MCP ports too (idle then); medians of"
         f" {s.egress_rounds} rounds"
     )
+    small_cpu = {key: statistics.median(v) for key, v in small_cpu_ms.items()}
+    b.note(
+        "egress CPU per small GET: what the proxy's container used (its cgroup's count, read"
+        " on the host before and after each helper) over that helper's GETs, warm-up ones"
+        " included; the guard's container holds its action log's writer thread too, and"
+        f" the sync it makes per request; medians of {s.egress_rounds} rounds. Against the"
+        " latency rows it tells a proxy that waits from one that works."
+    )
+
+    def cpu_vs_squid(mode: str) -> Row:
+        what = "new connection" if mode == "new" else "keep-alive"
+        extra = small_cpu.get(f"tinyproxy/{mode}")
+        return make_row(
+            f"egress_small_cpu_{mode}_squid",
+            f"egress: proxy CPU per small GET, {what}",
+            "ms",
+            small_cpu.get(f"guard/{mode}"),
+            small_cpu.get(f"squid/{mode}"),
+            baseline_name="squid",
+            note=f"tinyproxy {extra:.2f} ms" if extra is not None else "",
+        )
+
     return [
         make_row(
             "egress_rate",
@@ -293,4 +366,6 @@ def bench_egress(b: Bench) -> list[Row]:
         vs("keep", "squid", at_most_squid),
         vs_squid_and_sync("keep"),
         vs("keep", "direct"),
+        cpu_vs_squid("new"),
+        cpu_vs_squid("keep"),
     ]

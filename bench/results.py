@@ -339,6 +339,8 @@ class EgressDetail(BaseModel):
     mb_s: dict[str, list[float]] = Field(default_factory=dict)  # the big GET, by target
     # CPU the proxy's container used during the big GET, ms, by proxy (its cgroup's count)
     big_cpu_ms: dict[str, list[float]] = Field(default_factory=dict)
+    # CPU the proxy's container used per small GET, ms, by "target/mode" (one per round)
+    small_cpu_ms: dict[str, list[float]] = Field(default_factory=dict)
     log_sync_alone: LatencyStats | None = None  # one line's write + fdatasync, same disk
 
 

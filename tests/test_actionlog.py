@@ -9,6 +9,7 @@ import functools
 import hashlib
 import json
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -843,3 +844,29 @@ asyncio.run(main())
     summary = read(path)
     assert summary.counts.allow == 2 and summary.counts.outcome_unknown == 1
     assert [c.call_id for c in summary.outcome_unknown] == ["c2"]
+
+
+def _line(text: bytes) -> actionlog._Line:
+    return actionlog._Line(text, None, hold=False)
+
+
+def test_the_mailbox_rings_only_a_writer_that_sleeps() -> None:
+    """A line put while the writer is busy costs no system call and is in its next
+    take; a writer that found nothing sleeps until the next put rings it."""
+    box = actionlog._Mailbox()
+    try:
+        box.put(_line(b"a"))
+        box.put(_line(b"b"))
+        assert not select.select([box._fd], [], [], 0)[0]  # nobody slept: nothing rung
+        assert [x.data for x in box.take(None)] == [b"a", b"b"]
+        assert box.take(0.01) == []  # nothing put: the wait ends at the timeout
+
+        taken: list[list[bytes]] = []
+        writer = threading.Thread(target=lambda: taken.append([x.data for x in box.take(None)]))
+        writer.start()
+        wait_for(lambda: box._sleeping, 10, "the writer to sleep on the mailbox")
+        box.put(_line(b"c"))
+        writer.join(10)
+        assert taken == [[b"c"]]
+    finally:
+        box.close()

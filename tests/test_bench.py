@@ -3,11 +3,15 @@ speed targets live in `make bench`, not in tests)."""
 
 from __future__ import annotations
 
+import os
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
+from bench.common import log_sync_alone
+from bench.egress import per_get_ms
 from bench.harness import main
 from bench.results import (
     BenchResults,
@@ -220,3 +224,24 @@ def test_the_cluster_benchmark_runs_only_when_named() -> None:
 
     assert "kubernetes" in ON_REQUEST and "kubernetes" in BENCHMARKS
     assert "kubernetes" not in ALL_BENCHMARKS
+
+
+def test_a_proxys_cpu_per_get_is_its_cgroups_count_over_the_gets() -> None:
+    assert per_get_ms(1_000_000, 61_000_000, 120) == 0.5  # 60 ms over 120 GETs
+    assert per_get_ms(None, 61_000_000, 120) is None  # cgroups not visible
+    assert per_get_ms(1_000_000, None, 120) is None
+    assert per_get_ms(1_000_000, 2_000_000, 0) is None  # no GET: no figure
+
+
+def test_the_sync_floor_can_space_its_syncs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The egress floor's syncs are spaced as the guard's (one per request), untimed."""
+    slept: list[float] = []
+    monkeypatch.setattr(os, "fdatasync", lambda fd: None)
+    monkeypatch.setattr(time, "sleep", slept.append)
+    assert len(log_sync_alone(tmp_path, 3, 0.001)) == 3
+    assert slept == [0.001] * 3
+    assert len(log_sync_alone(tmp_path, 2)) == 2
+    assert slept == [0.001] * 3  # back to back: no sleep
+    assert list(tmp_path.iterdir()) == []

@@ -11,7 +11,7 @@ Durability without stalling (group commit): a line is written (in the file,
 by `write(2)`) before the call it records goes on, and synced (`fdatasync`, by
 default) before that call is answered; neither the write nor the sync runs on
 the event loop's thread. One writer thread takes every line queued since its
-last round (from a `queue.SimpleQueue`), in the order the calls queued them,
+last round (from a `_Mailbox`), in the order the calls queued them,
 appends them with one `write(2)` on an O_APPEND descriptor (lines never
 interleave; a crash leaves whole lines before a possibly cut last one) and, when
 a line of the round is waited for on disk, syncs once for all of them. A sync
@@ -63,14 +63,16 @@ a credential, and any occurrence of this run's own tokens.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import errno
 import functools
 import hashlib
 import json
+import math
 import os
-import queue
 import re
+import select
 import threading
 import time
 from collections.abc import Callable
@@ -251,13 +253,60 @@ class _Line:
 _STOP = _Line(b"", None, hold=False)  # close: write what is queued, then end
 
 
+class _Mailbox:
+    """The lines on their way from the loop to the writer thread: a deque, and an
+    eventfd rung only when the writer sleeps on it.
+
+    A `queue.SimpleQueue` wakes its getter with the interpreter lock held, so the
+    woken writer (often on the loop's own CPU, preempting it) finds the lock taken,
+    sleeps on it, and the loop must wake it a second time when it goes idle. The ring
+    here is `os.eventfd_write`, which lets go of the lock for its system call: the
+    woken writer takes it and writes at once. A line put while the writer is busy
+    (writing, syncing) rings nothing: it is in the writer's next round."""
+
+    def __init__(self) -> None:
+        self._items: collections.deque[_Line] = collections.deque()
+        self._fd = os.eventfd(0, os.EFD_CLOEXEC)  # blocking: a wait is one read
+        self._poller = select.poll()
+        self._poller.register(self._fd, select.POLLIN)
+        self._sleeping = False  # the writer found no line and waits for a ring
+
+    def put(self, line: _Line) -> None:
+        self._items.append(line)
+        if self._sleeping:  # one ring per sleep is enough
+            self._sleeping = False
+            os.eventfd_write(self._fd, 1)
+
+    def take(self, timeout: float | None) -> list[_Line]:
+        """Every line put so far, in order. With none, waits until one is put or
+        `timeout` (seconds; None: no limit) has passed, and may then return none."""
+        if not self._items:
+            self._sleeping = True
+            # A put from here on rings. A ring left by a put that came just before
+            # this check only makes the next wait return at once, with no line.
+            if not self._items and (
+                timeout is None or self._poller.poll(math.ceil(timeout * 1000))
+            ):
+                os.eventfd_read(self._fd)  # without a timeout: blocks until rung
+            self._sleeping = False
+        taken = []
+        while self._items:
+            taken.append(self._items.popleft())
+        return taken
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
 class _GroupCommit:
     """The writer thread: appends queued lines in order, one `write(2)` per round for
     all the lines queued since the last one, and one `fdatasync` when a line of the
     round needs it.
 
-    Lines come through a `queue.SimpleQueue` (a put from the loop is one C call, no
-    Python lock or condition to wake, so no futex round trip per line). A round that
+    Lines come through a `_Mailbox` (a put from the loop rings the writer only when it
+    sleeps, without holding the interpreter lock while it rings). A round that
     holds only lines nobody waits for (`hold`: an egress outcome whose reply is
     already out) waits up to HOLD_S, from the oldest of them, for one more line and
     shares its write and sync; a line somebody waits for, the timer, or close ends
@@ -271,7 +320,7 @@ class _GroupCommit:
     def __init__(self, fd: int, *, sync: bool) -> None:
         self._fd = fd
         self._sync = sync
-        self._lines: queue.SimpleQueue[_Line] = queue.SimpleQueue()
+        self._lines = _Mailbox()
         self._error: OSError | None = None
         self._stopped = False
         self._unsynced = False  # written bytes no sync covers yet (writer thread only)
@@ -290,22 +339,18 @@ class _GroupCommit:
     def _round(self) -> tuple[list[_Line], bool]:
         """The next round's lines (blocking until there is one), and whether close
         was asked for."""
-        lines = [self._lines.get()]
+        lines = self._lines.take(None)
         while True:
-            while True:
-                try:
-                    lines.append(self._lines.get_nowait())
-                except queue.Empty:
-                    break
-            if lines[-1] is _STOP:
+            if lines and lines[-1] is _STOP:
                 return lines[:-1], True
-            if not all(line.hold for line in lines) or self._error is not None:
-                return lines, False
-            left = lines[0].queued + HOLD_S - time.monotonic()
-            if left <= 0:
-                return lines, False
-            with contextlib.suppress(queue.Empty):  # timed out: `left` is checked again
-                lines.append(self._lines.get(timeout=left))
+            left: float | None = None  # no line yet: wait for one
+            if lines:
+                if not all(line.hold for line in lines) or self._error is not None:
+                    return lines, False
+                left = lines[0].queued + HOLD_S - time.monotonic()
+                if left <= 0:
+                    return lines, False
+            lines += self._lines.take(left)  # none new in time: `left` is checked again
 
     def _write(self, batch: list[_Line]) -> None:
         data = memoryview(b"".join(line.data for line in batch))
@@ -362,6 +407,7 @@ class _GroupCommit:
             self._stopped = True
             self._lines.put(_STOP)
         self._thread.join()
+        self._lines.close()
 
 
 def _wake(
