@@ -315,11 +315,9 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def _listed_status(record: AnyRecord) -> str:
     """`running` only while its runner lives; else what `sandbox gc` will record."""
-    from sandbox.backends.docker.gc import runner_alive
+    from sandbox.backends.docker.gc import record_runner_alive
 
-    if record.status is RunStatus.RUNNING and (
-        record.runner is None or not runner_alive(record.runner.pid, record.runner.create_time)
-    ):
+    if record.status is RunStatus.RUNNING and not record_runner_alive(record.runner):
         return "killed (its runner is gone; `sandbox gc` records it)"
     return record.status.value
 

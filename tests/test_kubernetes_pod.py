@@ -33,7 +33,13 @@ def plan(tmp_path: Path, **overrides: object) -> launch.RunPlan:
         "workflow": workflow,
         "step": workflow.step("s"),
         "layout": RunLayout(tmp_path, "test-20261201T120000-abcdef", "g"),
-        "runner": RunnerInfo(pid=4242, create_time=1.5, hostname="build-1"),
+        "runner": RunnerInfo(
+            pid=4242,
+            create_time=1.5,
+            hostname="build-1",
+            start_ticks=987654,
+            boot_id="0f8c2a4e-5b1d-4c3e-9a7f-2d6b8e1c4f30",
+        ),
         "crew": {"sales": tmp_path / "sales"},
         "has_db": True,
         "has_prompt": True,
@@ -190,6 +196,8 @@ def test_everything_is_labelled_for_gc(tmp_path: Path) -> None:
         assert labels[names.LABEL_RUN_ID] == p.layout.run_id
         assert labels[names.LABEL_RUNNER_PID] == "4242"
         assert labels[names.LABEL_RUNNER_START] == "1.5"
+        assert labels[names.LABEL_RUNNER_TICKS] == "987654"
+        assert labels[names.LABEL_RUNNER_BOOT] == "0f8c2a4e-5b1d-4c3e-9a7f-2d6b8e1c4f30"
         assert labels[manifests.LABEL_RUNNER_HOST] == "build-1"
         assert obj["metadata"]["annotations"][names.LABEL_RUN_ROOT] == str(p.layout.root)
         assert all(len(v) <= 63 for v in labels.values())

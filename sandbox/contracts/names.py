@@ -23,4 +23,8 @@ LABEL_RUN_ROOT: Final = "sandbox.run-root"
 LABEL_ROLE: Final = "sandbox.role"
 LABEL_RUNNER_PID: Final = "sandbox.runner-pid"
 LABEL_RUNNER_START: Final = "sandbox.runner-start"
+# The runner's start in clock ticks since boot, and that boot's id: what `gc` compares
+# (a clock step moves `runner-start`, never these).
+LABEL_RUNNER_TICKS: Final = "sandbox.runner-ticks"
+LABEL_RUNNER_BOOT: Final = "sandbox.runner-boot"
 LABEL_MCP_SERVER: Final = "sandbox.mcp-server"

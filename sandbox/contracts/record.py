@@ -95,11 +95,19 @@ class Phases(BaseModel):
 
 
 class RunnerInfo(BaseModel):
-    """Who ran this record's run; lets `gc` tell an orphaned run from a live one."""
+    """Who ran this record's run; lets `gc` tell an orphaned run from a live one.
+
+    `create_time` is the runner's start in wall-clock seconds (psutil's figure), which a
+    clock step moves (Linux derives the boot time from the wall clock at every read);
+    `start_ticks` (clock ticks since boot) and `boot_id` name the same start in terms no
+    clock moves, and are what `gc` compares when they are there (records written before
+    they were added have neither)."""
 
     pid: int
     create_time: float
     hostname: str
+    start_ticks: int | None = None
+    boot_id: str | None = None
 
 
 class Preflight(BaseModel):

@@ -37,8 +37,10 @@ from sandbox.contracts.names import (
     LABEL_ROLE,
     LABEL_RUN_ID,
     LABEL_RUN_ROOT,
+    LABEL_RUNNER_BOOT,
     LABEL_RUNNER_PID,
     LABEL_RUNNER_START,
+    LABEL_RUNNER_TICKS,
 )
 from sandbox.contracts.record import RunnerInfo
 from sandbox.contracts.spec import ContainerSpec, Mount
@@ -145,13 +147,17 @@ def step_user() -> tuple[int, int]:
 
 def labels(plan: RunPlan, role: str) -> dict[str, str]:
     """What `sandbox gc` reads to tell an orphan from a live run's container."""
-    return {
+    labels = {
         LABEL_RUN_ID: plan.layout.run_id,
         LABEL_RUN_ROOT: str(plan.layout.root),
         LABEL_ROLE: role,
         LABEL_RUNNER_PID: str(plan.runner.pid),
         LABEL_RUNNER_START: repr(plan.runner.create_time),
     }
+    if plan.runner.start_ticks is not None and plan.runner.boot_id:
+        labels[LABEL_RUNNER_TICKS] = str(plan.runner.start_ticks)
+        labels[LABEL_RUNNER_BOOT] = plan.runner.boot_id
+    return labels
 
 
 def stdio_servers(workflow: Workflow) -> list[tuple[int, McpServer]]:

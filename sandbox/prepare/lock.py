@@ -27,7 +27,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict
 
 from sandbox.contracts.errors import ConfigError, RefusedError
-from sandbox.hostfs.procstart import process_start
+from sandbox.hostfs.procstart import boot_id, process_start, process_start_ticks, same_process
 
 __all__ = [
     "INFO_DIR_NAME",
@@ -252,6 +252,15 @@ def _proc_start(pid: int) -> float | None:
         return None
 
 
+def _proc_identity(pid: int) -> dict[str, Any]:
+    """The process's start in clock ticks and its boot, which `_alive` prefers to the
+    wall-clock start (a clock step moves that one); empty when unreadable."""
+    try:
+        return {"start_ticks": process_start_ticks(pid), "boot_id": boot_id()}
+    except (OSError, ValueError):
+        return {}
+
+
 def workflow_run_lock(
     workflow_dir: Path, *, exclusive: bool = False, owner: str = ""
 ) -> WorkflowLock:
@@ -297,6 +306,7 @@ def _write_sidecar(workflow_dir: Path, exclusive: bool, owner: str) -> str:
             "exclusive": exclusive,
             "locked_at": datetime.now(UTC).isoformat(),
             "process_start": _proc_start(pid),
+            **_proc_identity(pid),
         }
         tmp = f".{name}.tmp"
         wfd = os.open(
@@ -347,6 +357,9 @@ def _read_sidecars(info_fd: int) -> list[tuple[str, dict[str, Any]]]:
 
 def _alive(data: dict[str, Any]) -> bool:
     """The sidecar's process still runs (same pid and same start time)."""
+    ticks, boot = data.get("start_ticks"), data.get("boot_id")
+    if isinstance(ticks, int) and not isinstance(ticks, bool) and isinstance(boot, str):
+        return same_process(int(data["pid"]), ticks, boot)
     start = _proc_start(int(data["pid"]))
     recorded = data.get("process_start")
     if start is None:

@@ -71,7 +71,7 @@ from sandbox.contracts.wire import ActionLine
 from sandbox.guard.config import CONFIG_FILE_NAME, GuardConfig
 from sandbox.hostfs import fdtree
 from sandbox.hostfs.fdcopy import copy_fd
-from sandbox.hostfs.procstart import process_start
+from sandbox.hostfs.procstart import boot_id, process_start, process_start_ticks
 from sandbox.launch import firewall
 from sandbox.launch import specs as launch
 from sandbox.launch.seccomp import step_profile
@@ -243,7 +243,13 @@ def _egress_ca(run_id: str) -> EgressCA:
 
 def runner_info() -> RunnerInfo:
     pid = os.getpid()
-    return RunnerInfo(pid=pid, create_time=process_start(pid), hostname=socket.gethostname())
+    return RunnerInfo(
+        pid=pid,
+        create_time=process_start(pid),
+        hostname=socket.gethostname(),
+        start_ticks=process_start_ticks(pid),
+        boot_id=boot_id(),
+    )
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:

@@ -1,7 +1,9 @@
 """Removing what a crashed runner left: containers, networks, mounts, and `running` records.
 
 A resource belongs to a live run only while the runner process named in its
-labels or record (pid and start time, so a reused pid does not count) is alive.
+labels or record (pid and start time, so a reused pid does not count) is alive. The
+start is compared in clock ticks since boot, within the same boot, where the runner
+recorded them: a wall-clock start moves with every clock step (`hostfs.procstart`).
 Anything else labelled `sandbox.managed` is removed; a dead run's mounts (its disk,
 whose loop device goes with it, and its workflow view) are unmounted and its disk
 image deleted, wherever its run root is (they are found in the mount table); and
@@ -33,17 +35,19 @@ from sandbox.contracts.layout import (
 from sandbox.contracts.names import (
     LABEL_MANAGED,
     LABEL_RUN_ROOT,
+    LABEL_RUNNER_BOOT,
     LABEL_RUNNER_PID,
     LABEL_RUNNER_START,
+    LABEL_RUNNER_TICKS,
 )
-from sandbox.contracts.record import RECORD_FILE, RunStatus, utcnow, write_record
+from sandbox.contracts.record import RECORD_FILE, RunnerInfo, RunStatus, utcnow, write_record
 from sandbox.contracts.workflow_record import (
     StepState,
     WorkflowRunRecord,
     read_any_record,
     write_workflow_record,
 )
-from sandbox.hostfs import fdtree, hostmount
+from sandbox.hostfs import fdtree, hostmount, procstart
 from sandbox.stepfs import disk
 
 
@@ -65,7 +69,7 @@ def runner_of_run_alive(run_root: Path) -> bool:
         record = read_any_record(run_root)
     except (OSError, ValueError):
         return False
-    return record.runner is not None and runner_alive(record.runner.pid, record.runner.create_time)
+    return record_runner_alive(record.runner)
 
 
 def run_ended(run_root: Path) -> bool:
@@ -103,8 +107,14 @@ def step_roots(run_root: Path) -> list[Path]:
     return sorted(p for p in steps.iterdir() if p.is_dir() and not p.is_symlink())
 
 
-def runner_alive(pid: int, create_time: float) -> bool:
-    """True when that exact process (pid and start time) still runs."""
+def runner_alive(
+    pid: int, create_time: float, start_ticks: int | None = None, boot_id: str | None = None
+) -> bool:
+    """True when that exact process still runs: by its start in clock ticks and its boot
+    when they are known (no clock step moves them), else by its wall-clock start time
+    (what runners before them recorded; a clock step since makes it look dead)."""
+    if start_ticks is not None and boot_id:
+        return procstart.same_process(pid, start_ticks, boot_id)
     try:
         proc = psutil.Process(pid)
         return abs(proc.create_time() - create_time) < 0.01 and proc.status() != "zombie"
@@ -112,9 +122,24 @@ def runner_alive(pid: int, create_time: float) -> bool:
         return False
 
 
+def record_runner_alive(runner: RunnerInfo | None) -> bool:
+    """True while the runner a record names still runs (no runner named: no)."""
+    return runner is not None and runner_alive(
+        runner.pid, runner.create_time, runner.start_ticks, runner.boot_id
+    )
+
+
 def orphaned(labels: dict[str, str]) -> bool:
+    """Whether the runner its labels name is gone; labels that do not name one, or not
+    in our format, are an orphan's."""
     try:
-        return not runner_alive(int(labels[LABEL_RUNNER_PID]), float(labels[LABEL_RUNNER_START]))
+        ticks = labels.get(LABEL_RUNNER_TICKS)
+        return not runner_alive(
+            int(labels[LABEL_RUNNER_PID]),
+            float(labels[LABEL_RUNNER_START]),
+            None if ticks is None else int(ticks),
+            labels.get(LABEL_RUNNER_BOOT),
+        )
     except (KeyError, ValueError):
         return True
 
@@ -129,7 +154,7 @@ def mark_killed(run_root: Path) -> bool:
         return False
     if record.status is not RunStatus.RUNNING:
         return False
-    if record.runner is not None and runner_alive(record.runner.pid, record.runner.create_time):
+    if record_runner_alive(record.runner):
         return False
     record.status = RunStatus.KILLED
     record.reason = "the runner died before the run finished; cleaned up by `sandbox gc`"

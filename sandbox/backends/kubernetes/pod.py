@@ -66,8 +66,10 @@ from sandbox.contracts.names import (
     LABEL_ROLE,
     LABEL_RUN_ID,
     LABEL_RUN_ROOT,
+    LABEL_RUNNER_BOOT,
     LABEL_RUNNER_PID,
     LABEL_RUNNER_START,
+    LABEL_RUNNER_TICKS,
 )
 from sandbox.contracts.spec import ContainerSpec, Mount
 from sandbox.guard.config import BRIDGE_PORT, CONFIG_FILE_ENV, CONFIG_FILE_NAME, EGRESS_PORT
@@ -122,6 +124,9 @@ class RunMeta:
     runner_start: str
     runner_host: str
     install_firewall: bool = True
+    # The runner's start in clock ticks and its boot (`gc` compares these when present).
+    runner_ticks: str | None = None
+    runner_boot: str | None = None
     # Host sources that are files (a hostPath says File or Directory).
     files: frozenset[str] = frozenset()
 
@@ -137,6 +142,8 @@ class RunMeta:
             runner_pid=labels[LABEL_RUNNER_PID],
             runner_start=labels[LABEL_RUNNER_START],
             runner_host=runner_host,
+            runner_ticks=labels.get(LABEL_RUNNER_TICKS),
+            runner_boot=labels.get(LABEL_RUNNER_BOOT),
             install_firewall=script
             != firewall.guard_entry_script(launch.GUARD_COMMAND, GUARD_UID, install=False),
             files=files,
@@ -152,6 +159,9 @@ def run_labels(meta: RunMeta) -> dict[str, str]:
         LABEL_RUNNER_PID: meta.runner_pid,
         LABEL_RUNNER_START: meta.runner_start,
     }
+    if meta.runner_ticks is not None and meta.runner_boot is not None:
+        labels[LABEL_RUNNER_TICKS] = meta.runner_ticks
+        labels[LABEL_RUNNER_BOOT] = meta.runner_boot
     host = _label_value(meta.runner_host)
     if host is not None:
         labels[LABEL_RUNNER_HOST] = host
