@@ -24,7 +24,6 @@ import secrets
 import shutil
 from pathlib import Path
 
-import psutil
 from pydantic import BaseModel
 
 from sandbox.backends.docker import containers, images, runtimes, userns
@@ -222,7 +221,9 @@ def _lsm(security: list[str]) -> Check:
 def _probe_spec(name: str, command: list[str], user: str, **kwargs: object) -> ContainerSpec:
     # Labelled with this process as its runner, as a run's containers are: a `sandbox gc`
     # elsewhere on the host leaves a live doctor's probe alone and removes a dead one's.
-    me = psutil.Process()
+    from sandbox.launch.specs import runner_labels
+    from sandbox.run.testrun import runner_info
+
     return ContainerSpec.model_validate(
         {
             "name": f"sandbox-doctor-{name}-{secrets.token_hex(3)}",
@@ -231,8 +232,7 @@ def _probe_spec(name: str, command: list[str], user: str, **kwargs: object) -> C
             "user": user,
             "labels": {
                 names.LABEL_ROLE: "doctor",
-                names.LABEL_RUNNER_PID: str(me.pid),
-                names.LABEL_RUNNER_START: repr(me.create_time()),
+                **runner_labels(runner_info()),
             },
             "memory_bytes": 128 * 1024**2,
             "pids": 32,

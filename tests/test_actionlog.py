@@ -862,11 +862,35 @@ def test_the_mailbox_rings_only_a_writer_that_sleeps() -> None:
         assert box.take(0.01) == []  # nothing put: the wait ends at the timeout
 
         taken: list[list[bytes]] = []
-        writer = threading.Thread(target=lambda: taken.append([x.data for x in box.take(None)]))
+        # A daemon, and rung at the end whatever happened: a lost wake-up fails the
+        # test instead of leaving pytest waiting on the thread.
+        writer = threading.Thread(
+            target=lambda: taken.append([x.data for x in box.take(None)]), daemon=True
+        )
         writer.start()
         wait_for(lambda: box._sleeping, 10, "the writer to sleep on the mailbox")
         box.put(_line(b"c"))
         writer.join(10)
         assert taken == [[b"c"]]
+    finally:
+        os.eventfd_write(box._fd, 1)
+        box.close()
+
+
+def test_a_leftover_ring_costs_one_empty_take_and_no_spin() -> None:
+    """A put that rings a writer which had just stopped waiting leaves the ring behind:
+    the next wait returns at once with nothing (the ring read and cleared), and the wait
+    after it waits again for its whole timeout."""
+    box = actionlog._Mailbox()
+    try:
+        box._sleeping = True  # as a writer that found nothing, about to wait
+        box.put(_line(b"a"))  # rings; the writer then takes the line without waiting
+        assert [x.data for x in box.take(None)] == [b"a"]
+        started = time.monotonic()
+        assert box.take(5) == []  # the leftover ring: back at once
+        assert time.monotonic() - started < 2.5
+        started = time.monotonic()
+        assert box.take(0.05) == []
+        assert time.monotonic() - started >= 0.04  # no ring left: it waited
     finally:
         box.close()

@@ -279,7 +279,9 @@ class _Mailbox:
 
     def take(self, timeout: float | None) -> list[_Line]:
         """Every line put so far, in order. With none, waits until one is put or
-        `timeout` (seconds; None: no limit) has passed, and may then return none."""
+        `timeout` (seconds, rounded up to whole milliseconds by poll: a held line waits
+        at most about 1 ms past HOLD_S; None: no limit) has passed, and may then return
+        none."""
         if not self._items:
             self._sleeping = True
             # A put from here on rings. A ring left by a put that came just before

@@ -68,9 +68,9 @@ def same_process(pid: int, start_ticks: int, boot: str) -> bool:
         if boot_id() != boot:
             return False
         fields = _stat_fields(pid)
+        return int(fields[19]) == start_ticks and fields[0] not in (b"Z", b"X")
     except (OSError, ValueError):
         return False
-    return int(fields[19]) == start_ticks and fields[0] not in (b"Z", b"X")
 
 
 def process_start(pid: int) -> float:

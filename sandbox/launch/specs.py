@@ -147,16 +147,23 @@ def step_user() -> tuple[int, int]:
 
 def labels(plan: RunPlan, role: str) -> dict[str, str]:
     """What `sandbox gc` reads to tell an orphan from a live run's container."""
-    labels = {
+    return {
         LABEL_RUN_ID: plan.layout.run_id,
         LABEL_RUN_ROOT: str(plan.layout.root),
         LABEL_ROLE: role,
-        LABEL_RUNNER_PID: str(plan.runner.pid),
-        LABEL_RUNNER_START: repr(plan.runner.create_time),
+        **runner_labels(plan.runner),
     }
-    if plan.runner.start_ticks is not None and plan.runner.boot_id:
-        labels[LABEL_RUNNER_TICKS] = str(plan.runner.start_ticks)
-        labels[LABEL_RUNNER_BOOT] = plan.runner.boot_id
+
+
+def runner_labels(runner: RunnerInfo) -> dict[str, str]:
+    """The labels that name a container's runner, for `sandbox gc` to compare."""
+    labels = {
+        LABEL_RUNNER_PID: str(runner.pid),
+        LABEL_RUNNER_START: repr(runner.create_time),
+    }
+    if runner.start_ticks is not None and runner.boot_id:
+        labels[LABEL_RUNNER_TICKS] = str(runner.start_ticks)
+        labels[LABEL_RUNNER_BOOT] = runner.boot_id
     return labels
 
 

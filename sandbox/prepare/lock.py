@@ -358,7 +358,7 @@ def _read_sidecars(info_fd: int) -> list[tuple[str, dict[str, Any]]]:
 def _alive(data: dict[str, Any]) -> bool:
     """The sidecar's process still runs (same pid and same start time)."""
     ticks, boot = data.get("start_ticks"), data.get("boot_id")
-    if isinstance(ticks, int) and not isinstance(ticks, bool) and isinstance(boot, str):
+    if isinstance(ticks, int) and not isinstance(ticks, bool) and isinstance(boot, str) and boot:
         return same_process(int(data["pid"]), ticks, boot)
     start = _proc_start(int(data["pid"]))
     recorded = data.get("process_start")

@@ -242,13 +242,20 @@ def _egress_ca(run_id: str) -> EgressCA:
 
 
 def runner_info() -> RunnerInfo:
+    """This process as a run's runner. Without its tick count or boot id (a /proc that
+    hides them) it is named by its wall-clock start alone, as before they were kept."""
     pid = os.getpid()
+    try:
+        ticks: int | None = process_start_ticks(pid)
+        boot: str | None = boot_id()
+    except (OSError, ValueError):
+        ticks = boot = None
     return RunnerInfo(
         pid=pid,
         create_time=process_start(pid),
         hostname=socket.gethostname(),
-        start_ticks=process_start_ticks(pid),
-        boot_id=boot_id(),
+        start_ticks=ticks,
+        boot_id=boot,
     )
 
 
