@@ -61,6 +61,15 @@ def process_start_ticks(pid: int) -> int:
     return int(_stat_fields(pid)[19])
 
 
+def start_identity(pid: int) -> tuple[int, str] | None:
+    """Process `pid`'s (start ticks, boot id), what `same_process` compares; None when
+    /proc does not show them (the caller names the process by its wall-clock start)."""
+    try:
+        return process_start_ticks(pid), boot_id()
+    except (OSError, ValueError):
+        return None
+
+
 def same_process(pid: int, start_ticks: int, boot: str) -> bool:
     """Whether the process that started `start_ticks` after boot `boot` under `pid` still
     runs (a zombie does not): a reused pid has a later start, another boot another id."""

@@ -27,7 +27,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict
 
 from sandbox.contracts.errors import ConfigError, RefusedError
-from sandbox.hostfs.procstart import boot_id, process_start, process_start_ticks, same_process
+from sandbox.hostfs.procstart import process_start, same_process, start_identity
 
 __all__ = [
     "INFO_DIR_NAME",
@@ -255,10 +255,8 @@ def _proc_start(pid: int) -> float | None:
 def _proc_identity(pid: int) -> dict[str, Any]:
     """The process's start in clock ticks and its boot, which `_alive` prefers to the
     wall-clock start (a clock step moves that one); empty when unreadable."""
-    try:
-        return {"start_ticks": process_start_ticks(pid), "boot_id": boot_id()}
-    except (OSError, ValueError):
-        return {}
+    identity = start_identity(pid)
+    return {} if identity is None else {"start_ticks": identity[0], "boot_id": identity[1]}
 
 
 def workflow_run_lock(

@@ -71,7 +71,7 @@ from sandbox.contracts.wire import ActionLine
 from sandbox.guard.config import CONFIG_FILE_NAME, GuardConfig
 from sandbox.hostfs import fdtree
 from sandbox.hostfs.fdcopy import copy_fd
-from sandbox.hostfs.procstart import boot_id, process_start, process_start_ticks
+from sandbox.hostfs.procstart import process_start, start_identity
 from sandbox.launch import firewall
 from sandbox.launch import specs as launch
 from sandbox.launch.seccomp import step_profile
@@ -245,11 +245,7 @@ def runner_info() -> RunnerInfo:
     """This process as a run's runner. Without its tick count or boot id (a /proc that
     hides them) it is named by its wall-clock start alone, as before they were kept."""
     pid = os.getpid()
-    try:
-        ticks: int | None = process_start_ticks(pid)
-        boot: str | None = boot_id()
-    except (OSError, ValueError):
-        ticks = boot = None
+    ticks, boot = start_identity(pid) or (None, None)
     return RunnerInfo(
         pid=pid,
         create_time=process_start(pid),
