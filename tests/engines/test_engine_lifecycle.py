@@ -82,6 +82,22 @@ def _status_ids(pid: int, field: str) -> list[int]:
     raise AssertionError(f"no {field} in /proc/{pid}/status")
 
 
+def _output_of(
+    engine: SecondEngine, image: str, argv: list[str], **kwargs: Any
+) -> tuple[int, bytes]:
+    """Run a container to its end; its exit code and output, read before it is removed.
+
+    Not `containers.run(..., remove=True)`: docker-py then opens a follow stream, removes
+    the container and only then reads that stream, which the engine may have ended empty
+    (about one run in three here)."""
+    container = engine.client.containers.run(image, argv, detach=True, **kwargs)
+    try:
+        code = container.wait(timeout=120)["StatusCode"]
+        return code, container.logs(stdout=True, stderr=True)
+    finally:
+        container.remove(force=True)
+
+
 @pytest.fixture
 def foreign_mount(tmp_path: Path) -> Iterator[Path]:
     """A mount someone else made on the host before the engine started (a run's disk)."""
@@ -142,14 +158,14 @@ def test_host_mounts_reach_the_daemon_only_in_shared_folders(
             subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "d", str(disk)], check=True)
             try:
                 (disk / "f").write_text("on the run's disk")
-                out = engine.client.containers.run(
+                code, out = _output_of(
+                    engine,
                     probe,
                     ["/usr/bin/cat", "/d/f"],
                     volumes={str(disk): {"bind": "/d", "mode": "ro"}},
                     network_mode="none",
-                    remove=True,
                 )
-                assert out == b"on the run's disk"
+                assert (code, out) == (0, b"on the run's disk")
             finally:
                 subprocess.run(["umount", str(disk)], check=True)
             assert str(disk) not in {m.point for m in hoststate.mounts(engine.pid)}
