@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import stat
+from pathlib import Path
 
-from sandbox.guard.listeners import bind_loopback
+import pytest
+
+from sandbox.guard import listeners
+from sandbox.guard.listeners import bind_loopback, bind_unix
 
 
 def _free_port() -> int:
@@ -43,5 +49,45 @@ def test_the_port_listens_on_loopback_only_and_is_not_inherited() -> None:
         assert not listener.get_inheritable()
         with socket.create_connection(listener.getsockname(), timeout=5):
             pass
+    finally:
+        listener.close()
+
+
+def test_an_mcp_socket_appears_at_its_path_only_ready_for_the_servers_group(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server's relay connects the moment the path exists and retries only while it is
+    missing or refuses: had the socket been there still with the umask's mode (0755, no
+    write for the server's group), the relay got EACCES and the server never started
+    (seen in a full suite run under load). So at the moments its mode is set and it is
+    renamed into place, nothing may be at the path yet, and it listens before it is."""
+    path = tmp_path / "mcp.sock"
+    path.write_text("a stale socket of an earlier guard")
+    (tmp_path / "mcp.sock.binding").write_text("a staging name left by a killed guard")
+    moments: list[tuple[str, bool]] = []
+    real_chmod, real_rename = os.chmod, os.rename
+
+    def chmod(target: str, mode: int) -> None:
+        moments.append(("mode set", path.exists()))
+        real_chmod(target, mode)
+
+    def rename(source: str, target: str) -> None:
+        moments.append(("renamed", path.exists()))
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as early:
+            early.connect(source)  # already listening: a relay would not be refused
+        real_rename(source, target)
+
+    monkeypatch.setattr(listeners.os, "chmod", chmod)
+    monkeypatch.setattr(listeners.os, "rename", rename)
+    listener = bind_unix(str(path))
+    monkeypatch.undo()
+    try:
+        assert moments == [("mode set", False), ("renamed", False)]
+        info = path.lstat()
+        assert stat.S_ISSOCK(info.st_mode) and stat.S_IMODE(info.st_mode) == 0o660
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["mcp.sock"]
+        assert not listener.get_inheritable()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as relay:
+            relay.connect(str(path))
     finally:
         listener.close()

@@ -48,16 +48,27 @@ def bind_unix(path: str, mode: int = 0o660) -> socket.socket:
     """A listening unix socket at `path` (a stale one is replaced), for one MCP server.
 
     The folder holding it is the guard's and lets only that server's group in;
-    the socket itself is read-write for the guard and that group."""
+    the socket itself is read-write for the guard and that group.
+
+    It is bound under a staging name, given its mode and set listening there, and only
+    then renamed to `path`, because the server's relay connects as soon as `path`
+    exists: bound in place, the socket is first there with the umask's mode (no write
+    for the group), and a relay that came in that moment got EACCES, which it rightly
+    does not retry, so the server never started and every call to it was stubbed."""
+    staging = f"{path}.binding"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-        sock.bind(path)
-        os.chmod(path, mode)
+        for stale in (path, staging):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
+        sock.bind(staging)
+        os.chmod(staging, mode)
         sock.listen(1)
+        os.rename(staging, path)
     except BaseException:
         sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(staging)
         raise
     sock.set_inheritable(False)
     return sock
