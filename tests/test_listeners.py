@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from sandbox.guard import listeners
 from sandbox.guard.listeners import bind_loopback, bind_unix
 
 
@@ -77,8 +76,8 @@ def test_an_mcp_socket_appears_at_its_path_only_ready_for_the_servers_group(
             early.connect(source)  # already listening: a relay would not be refused
         real_rename(source, target)
 
-    monkeypatch.setattr(listeners.os, "chmod", chmod)
-    monkeypatch.setattr(listeners.os, "rename", rename)
+    monkeypatch.setattr(os, "chmod", chmod)
+    monkeypatch.setattr(os, "rename", rename)
     listener = bind_unix(str(path))
     monkeypatch.undo()
     try:
