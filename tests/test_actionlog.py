@@ -466,6 +466,7 @@ def test_a_queued_outcome_is_on_disk_before_the_next_line_is_answered(
 ) -> None:
     """Egress: the outcome of a reply already sent is not waited for, but it precedes the
     next request's start line on disk, and is covered by that line's sync."""
+    monkeypatch.setattr(actionlog, "HOLD_S", 600.0)  # held until the next line, however late
     path, disk, log = _slow_log(tmp_path, monkeypatch, 0.01)
     call = {"session": "egress", "decision": "allow", "reason": "r", "category": "egress"}
 

@@ -18,6 +18,7 @@ from sandbox.policy import stub_reply
 from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import WorkflowFactory, call_lines, tree_digest
 from tests.fakes.harness import ALIAS, Outside, outside_server
+from tests.polling import wait_for
 
 pytestmark = pytest.mark.engine
 
@@ -338,8 +339,13 @@ def test_a_read_forwards_only_its_head_never_a_pipelined_request(
     _, _, second = out["pipelined"].partition("sloppy")
     assert second.startswith("HTTP/1.1 403") and "X-Agentworks-Test-Mode: stubbed" in second
     assert out["get_with_body"].startswith("HTTP/1.1 403")
-    sloppy = [(s["method"], s["path"]) for s in outside.seen() if s["proto"] == "sloppy"]
-    assert sloppy == [("GET", "/first")]
+
+    # The sloppy fake records a connection's requests once it closes (the guard's exit).
+    def sloppy() -> list[tuple[str, str]]:
+        return [(s["method"], s["path"]) for s in outside.seen() if s["proto"] == "sloppy"]
+
+    wait_for(lambda: sloppy() != [], 30, "the sloppy server's record of the connection")
+    assert sloppy() == [("GET", "/first")]
     smuggled = next(ln for ln in lines if ln.arguments.get("url", "").endswith("/smuggled"))
     assert smuggled.decision == "stub"
     with_body = next(ln for ln in lines if ln.arguments.get("url", "").endswith("/with-body"))

@@ -81,8 +81,9 @@ HEX64 = re.compile(r"\b[0-9a-f]{64}\b")
 SOAK_DEFAULT_RUNS = 30
 SOAK_FULL_RUNS = 100
 GATED_STEP = (
-    # Hold until the test writes `go` into the group folder (bounded: 60 s), then pass.
-    "i=0; while [ ! -e go ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; test -e go"
+    # Hold until the test writes `go` into the group folder (bounded: 240 s, as long as the
+    # test waits for the last of 10 steps to start on a loaded machine), then pass.
+    "i=0; while [ ! -e go ] && [ $i -lt 4800 ]; do sleep 0.05; i=$((i+1)); done; test -e go"
 )
 
 
@@ -531,7 +532,7 @@ def test_db_locked_by_a_writer_during_the_copy(
 def test_twenty_runs_at_once_one_per_workflow_runs_the_others_are_refused(
     engine: DockerClient, make_workflow: WorkflowFactory, tmp_path: Path
 ) -> None:
-    workflows = [make_workflow(f"wf{i}", command=GATED_STEP, timeout_s=120) for i in range(10)]
+    workflows = [make_workflow(f"wf{i}", command=GATED_STEP, timeout_s=300) for i in range(10)]
     logs = tmp_path / "logs"
     runners: dict[Path, list[Runner]] = {wf: [] for wf in workflows}
     try:

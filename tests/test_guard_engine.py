@@ -202,7 +202,9 @@ def test_bad_requests_and_upstream_faults_fail_closed(
             except urllib.error.HTTPError as exc:
                 return exc.code
             except urllib.error.URLError as exc:  # the guard may answer 413 and close mid-upload
-                return "reset" if isinstance(exc.reason, ConnectionResetError) else str(exc)
+                # (a reset, or a broken pipe when the close came before the body was sent)
+                cut = isinstance(exc.reason, (ConnectionResetError, BrokenPipeError))
+                return "reset" if cut else str(exc)
         token = os.environ["AGENTWORKS_BRIDGE_TOKEN"]
         out = {
             "wrong_token": post(b'{"tool": "notify_user"}', "nope"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import sqlite3
@@ -10,12 +11,14 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
+import docker.errors
 import psutil
 import pytest
 from docker import DockerClient
 
-from sandbox.contracts.names import LABEL_RUN_ID
+from sandbox.contracts.names import LABEL_ROLE, LABEL_RUN_ID
 from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
 from sandbox.run.testrun import RunOptions, TestRun, execute_step
 from tests.conftest import WorkflowFactory, containers_of, tree_digest
@@ -32,6 +35,11 @@ def write_step(wf: Path, source: str) -> None:
 
 def run_dir(record: TestRunRecord) -> Path:
     return Path(record.workflow_dir) / "runs" / record.id
+
+
+def _step_of(engine: DockerClient, workflow: Path) -> list[Any]:
+    """The step container of a workflow's running test run (not its guard)."""
+    return [c for c in containers_of(engine, workflow) if c.labels.get(LABEL_ROLE) == "step"]
 
 
 def test_the_memory_peak_comes_from_a_source_the_step_cannot_speak_for(
@@ -293,7 +301,7 @@ def test_second_test_run_of_a_workflow_is_refused_while_one_runs(
     other = make_workflow("other", command="true")
     results: list[TestRunRecord] = []
     first = threading.Thread(
-        target=lambda: results.append(TestRun(busy, "step1", RunOptions(timeout_s=30)).execute())
+        target=lambda: results.append(TestRun(busy, "step1", RunOptions(timeout_s=300)).execute())
     )
     first.start()
     try:
@@ -309,8 +317,12 @@ def test_second_test_run_of_a_workflow_is_refused_while_one_runs(
         assert "pid" in refused.stdout  # says who holds the lock
         assert execute_step(other, "step1").status is RunStatus.PASSED
     finally:
-        for container in containers_of(engine, busy):
-            container.kill()
+        # Only the step: the runner must still find its guard running to call the run
+        # FAILED (a guard that stopped first makes it ERROR), and it stops the guard.
+        wait_for(lambda: bool(_step_of(engine, busy)), 60, "the first run's step")
+        for container in _step_of(engine, busy):
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                container.kill()
         first.join(timeout=120)
     assert results and results[0].status is RunStatus.FAILED
 
