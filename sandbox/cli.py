@@ -19,7 +19,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
 from sandbox.contracts.errors import ConfigError, SandboxError
@@ -81,10 +80,14 @@ def _print_record(record: AnyRecord, as_json: bool, *, one_line: bool = False) -
         say(record.stderr.text.rstrip())
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+def _stop_on_signals() -> None:
+    """SIGTERM ends the run as `killed` (RunInterrupted), SIGINT as Python's ^C does; both
+    held back where a container is being created or counted (`sandbox.stopsignals`)."""
+    from sandbox import stopsignals
     from sandbox.run.testrun import RunInterrupted
 
-    raise RunInterrupted()
+    stopsignals.on_stop(signal.SIGTERM, RunInterrupted)
+    stopsignals.on_stop(signal.SIGINT, KeyboardInterrupt)
 
 
 def _run_options(args: argparse.Namespace, printer: FollowPrinter | None) -> RunOptions:
@@ -179,7 +182,7 @@ def _follow(args: argparse.Namespace) -> Iterator[FollowPrinter | None]:
 def cmd_run(args: argparse.Namespace) -> int:
     from sandbox.run.testrun import TestRun
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    _stop_on_signals()
     with _follow(args) as printer:
         options = _run_options(args, printer)
         record = TestRun(
@@ -192,7 +195,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_run_workflow(args: argparse.Namespace) -> int:
     from sandbox.run.workflowrun import WorkflowOptions, WorkflowRun
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    _stop_on_signals()
     with _follow(args) as printer:
         options = WorkflowOptions(
             from_step=args.from_step,
@@ -209,7 +212,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from sandbox.verify.junit import write_junit
     from sandbox.verify.verifystep import verify_step
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    _stop_on_signals()
     with _follow(args) as printer:
         verification = verify_step(
             Path(args.workflow_dir),
@@ -227,7 +230,7 @@ def cmd_verify_workflow(args: argparse.Namespace) -> int:
     from sandbox.verify.junit import write_workflow_junit
     from sandbox.verify.verifyworkflow import verify_workflow
 
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    _stop_on_signals()
     with _follow(args) as printer:
         options = WorkflowOptions(
             from_step=args.from_step,

@@ -83,6 +83,7 @@ from sandbox.prepare.lock import LockHeldError, workflow_run_lock
 from sandbox.prepare.prompt import with_test_mode_section
 from sandbox.run import verdict
 from sandbox.stepfs import lifecycle as stepfs
+from sandbox.stopsignals import HeldPool
 
 
 class RunInterrupted(BaseException):
@@ -477,9 +478,7 @@ class TestRun:
             cleanup.callback(self._collect_mcp_early, layout, record, progress)
             # The MCP servers' containers are created and started in these threads, beside
             # the guard's and the step's start; the run waits for them only once the step runs.
-            mcp_pool = cleanup.enter_context(
-                concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(servers)))
-            )
+            mcp_pool = cleanup.enter_context(HeldPool(max_workers=max(1, len(servers))))
             try:
                 with _phase(progress, record, "prepare", "prepare_s"):
                     prepared = self._prepare(plan, files, seed, prompt, record)
@@ -680,8 +679,9 @@ class TestRun:
         backend.connect_networks(guard, plan.networks[1:])
         spec = launch.step_spec(plan, guard.id, has_ca_bundle=plan.egress_ca is not None)
         # Leaving the pool waits for the creation on every way out, so an interrupted
-        # launch never leaves a container that the backend does not hold.
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        # launch never leaves a container that the backend does not hold (HeldPool: a
+        # stop cannot land between the pool starting its thread and counting it).
+        with HeldPool(max_workers=1) as pool:
             early_step = pool.submit(backend.create, spec)
             with guard.follow_output(deadline_s=GUARD_START_DEADLINE_S) as output:
                 guard.start()

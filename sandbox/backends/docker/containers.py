@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -25,6 +24,7 @@ from docker.models.containers import Container
 from docker.types import CancellableStream, LogConfig
 from docker.types import Mount as DockerMount
 
+from sandbox import stopsignals
 from sandbox.backends.docker import hostcgroup
 from sandbox.contracts.errors import EngineError
 from sandbox.contracts.names import LABEL_MANAGED
@@ -127,25 +127,6 @@ def _create_masked(client: DockerClient, kwargs: dict[str, Any]) -> Container:
     )
 
 
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold SIGTERM and SIGINT back while a container comes into being.
-
-    The CLI turns SIGTERM into an exception; raised between the engine creating a
-    container and the caller holding it, it would leave a container nobody removes.
-    Blocked here, the signal is delivered when the block ends, after the container
-    is tracked. Only the main thread receives Python signals, so only it blocks.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-
-
 class OwnedContainers:
     """The containers one run created; all removed when the run ends, however it ends.
 
@@ -162,7 +143,7 @@ class OwnedContainers:
     def create(self, spec: ContainerSpec, *, independent: bool = False) -> Container:
         """`independent`: shares nothing with the others (no namespace), so it may be
         removed at the same time as they are."""
-        with _signals_deferred():
+        with stopsignals.held():
             container = create(self._client, spec)
             with self._lock:
                 (self._independent if independent else self._owned).append(container)
@@ -171,7 +152,7 @@ class OwnedContainers:
     def remove_all(self) -> None:
         """Newest first (the step before the guard whose network it shares), independent
         ones beside them; a second signal during the clean-up waits until it is done."""
-        with _signals_deferred():
+        with stopsignals.held():
             with self._lock:
                 independent, self._independent = self._independent, []
             threads = [

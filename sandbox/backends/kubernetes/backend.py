@@ -35,6 +35,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
+from sandbox import stopsignals
 from sandbox.backends import ContainerState, RunContainer
 from sandbox.contracts import names
 from sandbox.contracts.config import StepRuntime
@@ -310,7 +311,8 @@ class KubernetesBackend:
             pod = manifests.pod_manifest(guard, step, self.settings, meta, servers)
             secret = manifests.secret_manifest(meta, self.settings, config_json)
             self._created_at = time.monotonic()
-            self._run = PodRun.create(self.api, pod, secret)
+            with stopsignals.held():  # a stop lands once the run holds its Pod, not before
+                self._run = PodRun.create(self.api, pod, secret)
             return self._run
 
     def remove_all(self) -> None:
