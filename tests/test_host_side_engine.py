@@ -222,7 +222,8 @@ def test_writing_past_the_quota_meets_a_wall_and_the_run_is_quota(
     record = run.record
     assert record.status is RunStatus.QUOTA, (way, record.reason, record.stdout.text)
     assert f"quota of {QUOTA_MB} MB" in record.reason
-    assert record.duration_s is not None and record.duration_s < 25, "the step was not stopped"
+    # The step phase alone: a slow launch or clean-up on a loaded machine is not the step.
+    assert record.phases.step_s < 25, "the step was not stopped"
     assert peak[0] <= quota * 1.01, f"the disk image took {peak[0]} bytes"
     assert _allocated(run_dir(record)) <= quota * 1.01 + 256 * 1024
     assert record.disk_used_bytes is not None and record.disk_used_bytes <= quota
