@@ -33,7 +33,7 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 _depth = 0  # how many held() sections the main thread is in
-_pending: int | None = None  # the first stop that arrived inside one
+_pending: tuple[int, Callable[[], BaseException]] | None = None  # the first held stop
 
 
 def on_stop(signum: int, stop: Callable[[], BaseException]) -> None:
@@ -50,7 +50,7 @@ def on_stop(signum: int, stop: Callable[[], BaseException]) -> None:
         global _pending
         if _depth:
             if _pending is None:
-                _pending = received
+                _pending = (received, stop)
             return
         raise stop()
 
@@ -58,8 +58,8 @@ def on_stop(signum: int, stop: Callable[[], BaseException]) -> None:
 
 
 def pending() -> int | None:
-    """The stop held back so far (a signal number), if any."""
-    return _pending
+    """The stop held back so far (its signal number), if any."""
+    return _pending[0] if _pending is not None else None
 
 
 @contextlib.contextmanager
@@ -75,8 +75,8 @@ def held() -> Iterator[None]:
     finally:
         _depth -= 1
         if _depth == 0 and _pending is not None:
-            received, _pending = _pending, None
-            signal.raise_signal(received)  # its handler runs now, outside any hold
+            (_, stop), _pending = _pending, None
+            raise stop()
 
 
 class HeldPool(concurrent.futures.ThreadPoolExecutor):
