@@ -27,18 +27,10 @@ from sandbox.guard.serve import HEAD_TOO_LARGE
 from tests.conftest import BRIDGE_TOKEN as TOKEN
 from tests.conftest import guard_config
 from tests.polling import wait_for
+from tests.ports import free_ports
 
 REPO = Path(__file__).resolve().parent.parent
 DEADLINE_S = 20.0
-
-
-def _free_ports(count: int) -> list[int]:
-    """Distinct free ports: each probe stays bound until all are picked."""
-    with contextlib.ExitStack() as stack:
-        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for probe in probes:
-            probe.bind(("127.0.0.1", 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
 
 
 @dataclass
@@ -62,7 +54,7 @@ def guard_process(tmp_path: Path) -> Iterator[GuardProcess]:
     (fsync on, as in a run: the log's writer thread hands back to the loop)."""
     actions = tmp_path / "actions.jsonl"
     actions.touch()
-    port, egress_port = _free_ports(2)
+    port, egress_port = free_ports(2)
     config = guard_config(actions, bridge_port=port, egress_port=egress_port)
     config = config.model_copy(update={"fsync_each": True})
     config_file = tmp_path / "config.json"

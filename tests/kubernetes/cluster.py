@@ -71,6 +71,7 @@ import psutil
 from pydantic import BaseModel
 
 from tests.kubernetes import pki
+from tests.ports import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "kubernetes-build.sh"
@@ -183,22 +184,6 @@ def _stop_group(proc: subprocess.Popen[str]) -> None:
     proc.wait()
     if proc.stdout is not None:
         proc.stdout.close()
-
-
-def free_ports(count: int) -> list[int]:
-    """Distinct loopback ports free right now (all held open together while picking)."""
-    import socket
-
-    socks = []
-    try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def wait_for(
