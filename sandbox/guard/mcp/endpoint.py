@@ -15,7 +15,7 @@ Upstream, the guard holds one long-lived MCP client session per server,
 started in `running()`. A stdio server runs in
 a container of its own, started by the runner beside the guard (never in the
 guard's container or as its uid); the guard speaks to it over the unix socket
-it listens on in that server's folder, with `sandbox.guard.mcp_socket`'s
+it listens on in that server's folder, with `sandbox.guard.mcp.sockets`'s
 `SocketSession` (raw JSON-RPC checked by envelope, not the SDK's client
 session), which treats every byte from it as hostile (one connection, a capped
 line reader, answers only to what the guard asked, a time budget per request).
@@ -88,13 +88,13 @@ from sandbox.guard.actionlog import ActionLog, LogFull
 from sandbox.guard.config import MCP_PATH, GuardConfig
 from sandbox.guard.gate import BAD_TOKEN, bearer_ok, reject_and_log
 from sandbox.guard.listeners import bind_unix
-from sandbox.guard.mcp_socket import (
+from sandbox.guard.mcp.schema_instance import valid_instance
+from sandbox.guard.mcp.sockets import (
     REPLY_TOO_LARGE,
     MalformedReply,
     SocketSession,
     open_socket_session,
 )
-from sandbox.guard.schema_instance import valid_instance
 
 CONNECT_DEADLINE_S = 20.0  # one connect attempt (a stdio server's container start + handshake)
 STARTUP_WAIT_S = 15.0  # how long the guard waits for its servers before serving

@@ -23,10 +23,10 @@ from starlette.types import Receive, Scope, Send
 from sandbox.contracts.config import McpServer
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.mcp_proxy import MAX_SESSIONS, Endpoint, McpProxy
+from sandbox.guard.mcp.endpoint import MAX_SESSIONS, Endpoint, McpProxy
 from tests.conftest import BRIDGE_TOKEN as TOKEN
 from tests.conftest import guard_config
-from tests.test_mcp_proxy import JsonMcpServer
+from tests.guard.mcp.test_endpoint import JsonMcpServer
 
 VERSION = "2025-11-25"
 TOOLS = [

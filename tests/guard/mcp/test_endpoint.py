@@ -21,12 +21,12 @@ from sandbox.contracts.wire import ActionLine
 from sandbox.guard import caps
 from sandbox.guard.bridge import Guard, build_app
 from sandbox.guard.listeners import bind_unix
-from sandbox.guard.mcp_proxy import (
+from sandbox.guard.mcp.endpoint import (
     _maybe_lost,
     annotations_of,
     stub_result,
 )
-from sandbox.guard.schema_instance import instance_for, is_valid, valid_instance
+from sandbox.guard.mcp.schema_instance import instance_for, is_valid, valid_instance
 from sandbox.stepside import agentworks_mcp as mcp_client
 from tests.conftest import BRIDGE_TOKEN, in_process_guard
 

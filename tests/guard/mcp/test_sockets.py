@@ -20,7 +20,7 @@ import pytest
 from mcp.shared.exceptions import MCPError
 
 from sandbox.guard.listeners import bind_unix
-from sandbox.guard.mcp_socket import (
+from sandbox.guard.mcp.sockets import (
     REPLY_TOO_LARGE,
     LineReader,
     MalformedReply,

@@ -1,0 +1,1 @@
+"""The MCP subsystem of the guard: the step's only way to the workflow's MCP servers."""
