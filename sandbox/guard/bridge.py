@@ -640,7 +640,7 @@ def build_app(
 
     mcp: McpSurface
     if guard.config.mcp_servers:
-        from sandbox.guard.mcp.endpoint import McpProxy  # the MCP SDK: only when it is needed
+        from sandbox.guard.mcp.proxy import McpProxy  # the MCP SDK: only when it is needed
 
         mcp = McpProxy(
             guard.config,

@@ -23,10 +23,12 @@ from starlette.types import Receive, Scope, Send
 from sandbox.contracts.config import McpServer
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.mcp.endpoint import MAX_SESSIONS, Endpoint, McpProxy
+from sandbox.guard.mcp.endpoint import Endpoint
+from sandbox.guard.mcp.hotpath import MAX_SESSIONS
+from sandbox.guard.mcp.proxy import McpProxy
 from tests.conftest import BRIDGE_TOKEN as TOKEN
 from tests.conftest import guard_config
-from tests.guard.mcp.test_endpoint import JsonMcpServer
+from tests.guard.mcp.test_proxy import JsonMcpServer
 
 VERSION = "2025-11-25"
 TOOLS = [

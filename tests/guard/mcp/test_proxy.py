@@ -1,4 +1,4 @@
-"""The MCP proxy's pure parts, and its HTTP surface without servers (no engine)."""
+"""The MCP surface of the guard over HTTP, with servers that die or answer too much (no engine)."""
 
 from __future__ import annotations
 
@@ -10,171 +10,15 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-import jsonschema
-import pytest
-from mcp.shared.exceptions import MCPError
 from starlette.testclient import TestClient
 
-from sandbox import policy
 from sandbox.contracts.config import McpServer
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard import caps
 from sandbox.guard.bridge import Guard, build_app
 from sandbox.guard.listeners import bind_unix
-from sandbox.guard.mcp.endpoint import (
-    _maybe_lost,
-    annotations_of,
-    stub_result,
-)
-from sandbox.guard.mcp.schema_instance import instance_for, is_valid, valid_instance
 from sandbox.stepside import agentworks_mcp as mcp_client
 from tests.conftest import BRIDGE_TOKEN, in_process_guard
-
-# Output schemas as real servers declare them (filesystem, memory, time), and the
-# JSON-Schema features a server may use.
-SCHEMAS: list[dict[str, Any]] = [
-    {
-        "type": "object",
-        "properties": {"content": {"type": "string"}},
-        "required": ["content"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "entities": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "name": {"type": "string"},
-                        "observations": {"type": "array", "items": {"type": "string"}},
-                    },
-                    "required": ["name", "observations"],
-                },
-            },
-            "relations": {"type": "array", "items": {"type": "object"}},
-        },
-        "required": ["entities", "relations"],
-    },
-    {
-        "$defs": {
-            "TimeResult": {
-                "type": "object",
-                "properties": {
-                    "timezone": {"type": "string"},
-                    "datetime": {"type": "string", "format": "date-time"},
-                    "is_dst": {"type": "boolean"},
-                },
-                "required": ["timezone", "datetime", "is_dst"],
-            }
-        },
-        "type": "object",
-        "properties": {
-            "source": {"$ref": "#/$defs/TimeResult"},
-            "target": {"$ref": "#/$defs/TimeResult"},
-        },
-        "required": ["source", "target"],
-    },
-    {
-        "type": "object",
-        "properties": {
-            "count": {"type": "integer", "minimum": 3, "maximum": 9, "multipleOf": 3},
-            "ratio": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
-            "status": {"enum": ["queued", "sent"]},
-            "kind": {"const": "proposal"},
-            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 2},
-            "id": {"type": "string", "format": "uuid"},
-            "code": {"type": "string", "minLength": 25, "maxLength": 30},
-            "maybe": {"type": ["null", "string"]},
-            "either": {"oneOf": [{"type": "integer", "minimum": 5}, {"type": "string"}]},
-            "both": {
-                "allOf": [
-                    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
-                    {"properties": {"b": {"type": "boolean"}}, "required": ["b"]},
-                ]
-            },
-            "pair": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}]},
-            "success": {"type": "boolean"},
-        },
-        "required": [
-            "count",
-            "ratio",
-            "status",
-            "kind",
-            "tags",
-            "id",
-            "code",
-            "maybe",
-            "either",
-            "both",
-            "pair",
-            "success",
-        ],
-        "additionalProperties": False,
-    },
-    {"type": "object", "minProperties": 1, "properties": {"x": {"type": "string"}}},
-    {
-        "type": "object",
-        "properties": {"code": {"type": "string", "pattern": "^[A-Z]{3}$"}},
-        "required": ["code"],
-    },
-]
-
-
-@pytest.mark.parametrize("schema", SCHEMAS, ids=range(len(SCHEMAS)))
-def test_generated_instances_validate(schema: dict[str, Any]) -> None:
-    instance, valid = valid_instance(schema)
-    if "pattern" in json.dumps(schema):
-        assert not valid  # a pattern is not solved; the caller records it
-        return
-    assert valid, instance
-    jsonschema.validate(instance, schema)
-
-
-def test_stub_success_fields_read_as_success() -> None:
-    schema = {
-        "type": "object",
-        "properties": {"success": {"type": "boolean"}},
-        "required": ["success"],
-    }
-    assert instance_for(schema) == {"success": True}
-    assert is_valid(schema, {"success": True})
-    assert not is_valid({"type": "object", "$ref": "#/nowhere"}, {})
-
-
-def test_stub_result_is_a_successful_call_tool_result() -> None:
-    schema = SCHEMAS[0]
-    result, valid = stub_result(
-        "write_file", "the server does not mark this tool read-only", schema
-    )
-    assert result["isError"] is False and valid is True
-    text = policy.stub_reply("write_file", "the server does not mark this tool read-only")
-    assert result["content"] == [{"type": "text", "text": text}]
-    jsonschema.validate(result["structuredContent"], schema)
-    plain, none = stub_result("notify", "r", None)
-    assert none is None and "structuredContent" not in plain
-
-
-def test_annotations_are_taken_raw_so_a_string_true_is_not_read_only() -> None:
-    listed = {"name": "t", "annotations": {"readOnlyHint": "true"}}
-    annotations = annotations_of(listed)
-    assert annotations == {"readOnlyHint": "true"}
-    verdict = policy.decide_mcp(annotations, listed=True)
-    assert verdict.decision is policy.Decision.STUB
-    assert annotations_of({"name": "t"}) is None and annotations_of(None) is None
-    allowed = policy.decide_mcp(
-        annotations_of({"annotations": {"readOnlyHint": True}}), listed=True
-    )
-    assert allowed.decision is policy.Decision.ALLOW
-
-
-def test_lost_session_spellings() -> None:
-    closed = MCPError(code=-32000, message="Connection closed")
-    assert _maybe_lost(closed, stdio=True) and _maybe_lost(closed, stdio=False)
-    gone = MCPError(code=-32600, message="Session terminated")
-    assert _maybe_lost(gone, stdio=False) and not _maybe_lost(gone, stdio=True)
-    assert not _maybe_lost(MCPError(code=-32601, message="Method not found"), stdio=False)
 
 
 def test_step_helper_parses_sse_bodies() -> None:

@@ -1,0 +1,70 @@
+"""What every MCP handler of the guard shares: the run's config, its action log and the
+guard's forward slots (shared with the bridge, so a flood of MCP calls cannot hold
+more than the guard's memory cap allows; see `caps`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+
+from sandbox.guard import caps
+from sandbox.guard.actionlog import ActionLog
+from sandbox.guard.config import GuardConfig
+
+
+class SlotTimeout(Exception):
+    """No forward slot came free within the call's budget."""
+
+
+class McpContext:
+    def __init__(
+        self, config: GuardConfig, log: ActionLog, slots: asyncio.Semaphore | None = None
+    ) -> None:
+        self.config = config
+        self.log = log
+        self._slots = slots or asyncio.Semaphore(caps.FORWARD_SLOTS)
+
+    @contextlib.asynccontextmanager
+    async def forward_slot(self, budget_s: float) -> AsyncIterator[None]:
+        """One of the guard's forward slots, waited for within the call's own budget
+        (SlotTimeout past it)."""
+        if not self._slots.locked():  # a free slot: taken without a wait (no timer)
+            await self._slots.acquire()
+        else:
+            try:
+                with anyio.fail_after(budget_s):
+                    await self._slots.acquire()
+            except TimeoutError:
+                raise SlotTimeout() from None
+        try:
+            yield
+        finally:
+            self._slots.release()
+
+    async def log_line(
+        self,
+        *,
+        tool: str,
+        decision: str,
+        reason: str,
+        arguments: dict[str, Any],
+        started: float,
+        detail: dict[str, Any] | None = None,
+        category: str = "mcp",
+    ) -> None:
+        """One finished line (a stub or a refusal) for the run's action log."""
+        await self.log.write(
+            session="root",
+            tool=tool,
+            decision=decision,
+            reason=reason,
+            category=category,
+            arguments=arguments,
+            duration_ms=(time.perf_counter() - started) * 1000,
+            detail=detail,
+        )
