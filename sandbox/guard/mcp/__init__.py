@@ -1,1 +1,2 @@
-"""The MCP subsystem of the guard: the step's only way to the workflow's MCP servers."""
+"""The MCP subsystem of the guard: the step's only way to the workflow's MCP servers
+(mcp.spec.md says what it guarantees)."""

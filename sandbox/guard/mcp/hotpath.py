@@ -1,11 +1,9 @@
 """The endpoint's hot path: a session's plain `tools/call`, `tools/list` and `ping`,
 answered without the SDK's streamable-HTTP session machinery.
 
-A second code path beside the SDK's transport, kept because the SDK's costs a
-session task, memory streams and two validations per request (the guard's call
-was 1.3-1.5x mcp-proxy's without it; `sandbox bench --only mcp`). The answers are
-made by the endpoint's own handlers and must equal the SDK's byte for byte:
-tests/guard/mcp/test_hotpath.py sends every case through both paths."""
+A second code path beside the SDK's transport, kept for speed (mcp.spec.md has the
+measurement). Its answers come from the endpoint's own handlers and must equal the
+SDK's byte for byte: tests/guard/mcp/test_hotpath.py sends every case through both."""
 
 from __future__ import annotations
 

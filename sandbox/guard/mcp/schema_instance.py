@@ -1,18 +1,8 @@
-"""A small JSON-Schema instance generator for stubbed MCP calls.
+"""A JSON-Schema instance for a stubbed MCP call's `structuredContent`.
 
-A stubbed MCP tool call must still be a successful `CallToolResult`, and the
-2.x SDK client rejects a success whose tool declares an `outputSchema` but
-carries no `structuredContent` that validates against it. `instance_for`
-builds the smallest plausible value for a schema (required properties only,
-`minItems` elements, the first `enum`/`const`/example that fits, bounds
-respected), and `valid_instance` checks it with `jsonschema` and tries the
-alternatives of `anyOf`/`oneOf` until one validates.
-
-Pure: no I/O. What it does not do: satisfy arbitrary `pattern`s (it tries the
-schema's own `examples`/`default` first), `not`, `if/then/else` or remote
-`$ref`s; such schemas fall back to the best effort, and the caller records
-that the stub's structured content did not validate.
-"""
+The SDK's client rejects a successful `CallToolResult` whose tool declares an
+`outputSchema` but carries no valid `structuredContent`, so a stub needs the
+smallest plausible value that validates. Pure; its limits are in mcp.spec.md."""
 
 from __future__ import annotations
 

@@ -1,31 +1,11 @@
 """The guard's end of one stdio MCP server: a unix socket, and every byte on it hostile.
 
-Each stdio server runs in its own container; a small relay there
-(`sandbox/stepside/agentworks_relay.py`) connects to the socket the guard listens on in that
-server's folder and hands that connection to the server as its stdin and stdout.
-This module is the guard's client over that socket: `SocketSession`, JSON-RPC
-checked by envelope (the guard relays results as raw JSON and never needs the
-SDK's typed session objects, whose per-message cost was most of the guard's MCP
-time). The rules:
-
-- one connection per server: the first accepted connection, from the
-  server's own uid (SO_PEERCRED), and the listener is closed after it;
-- a capped line reader: a message longer than `MAX_MCP_MESSAGE_BYTES` is never
-  held; it is read through and dropped, and the request it answered (found by
-  its id, or the one request in flight) gets a JSON-RPC error
-  `REPLY_TOO_LARGE` that names its size and the cap;
-- the guard speaks first and asks; the server only answers: a response is
-  delivered only to a request the guard sent and is still waiting for; a
-  server's own requests are answered here (`ping`) or refused, and its
-  notifications are dropped, so nothing it sends unasked reaches a caller or
-  costs the guard more than the read;
-- JSON nested deeper than the SDK's parser takes is dropped, from either side
-  (a request the guard cannot encode is an error to its caller);
-- every request has a time budget: past it the request is given up on
-  (`notifications/cancelled` sent, a late answer dropped) and the caller gets
-  `REQUEST_TIMEOUT`; a server that closes its end fails every request still
-  waited for, and every later one, with `CONNECTION_CLOSED`.
-"""
+A relay in the server's container (`sandbox/stepside/agentworks_relay.py`) hands
+its connection to the socket to the server as stdin and stdout. `SocketSession` is
+JSON-RPC checked by envelope, not the SDK's typed session: results are relayed as
+raw JSON. One connection from the server's own uid; lines read capped; only
+answers to the guard's own requests reach a caller; every request has a time
+budget (mcp.spec.md lists the rules)."""
 
 from __future__ import annotations
 
