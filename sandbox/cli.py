@@ -332,7 +332,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from sandbox.verify.seal import unsealed
 
     if why := unsealed(record):
-        print(f"warning: {why}", file=sys.stderr)
+        say(f"warning: {why}", err=True)
     return 0
 
 
