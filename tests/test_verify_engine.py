@@ -509,7 +509,11 @@ def test_an_unsealed_log_is_refused_by_verify_gate_and_report(
     """A real run's record says the runner sealed its log; the same record without the
     seal (a runner that never reached collect, a record from before the seal) passes
     nothing: the verdict, the gate (both rules) and the report refuse it, show warns."""
-    wf = write_workflow(tmp_path, command="echo quiet")
+    wf = write_workflow(
+        tmp_path,
+        command="echo quiet",
+        extra_toml='\n[[steps.expect]]\nkind = "no_call"\ntool = "send_email"\n',
+    )
     assert main(["verify", str(wf), "step1"]) == 0
     run_id = capsys.readouterr().out.split("(test run ")[1].split(")")[0]
     run_root = RunLayout(wf, run_id, "g").root
