@@ -20,7 +20,7 @@ from sandbox.contracts import names
 from sandbox.contracts.config import Step, Workflow, load_workflow
 from sandbox.contracts.layout import TEST_RUN_PREFIX
 from sandbox.contracts.record import ContentHash, RunStatus, TestRunRecord, read_record
-from sandbox.contracts.workflow_record import read_any_record
+from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record
 from sandbox.launch import specs as launch
 from sandbox.prepare.contenthash import changed_parts, content_hash, read_prompt
 from sandbox.verify import history
@@ -69,10 +69,25 @@ def _run_unsealed(wf_dir: Path, run_id: str) -> str:
     record is read again, so a verification whose run was not sealed never passes."""
     if not run_id.startswith(TEST_RUN_PREFIX) or "/" in run_id or run_id in (".", ".."):
         return f"{NOT_SEALED} (no test run {run_id!r})"
+    runs = wf_dir / "runs"
+    own = runs / run_id
+    chain_id, _, index = run_id.rpartition("-s")
+    if not own.is_dir() and chain_id and index.isdigit():
+        own = runs / chain_id  # a chain step's run: its chain's record sums it up
+    if own.is_symlink() or not own.is_dir():
+        return f"{NOT_SEALED} (no test run {run_id})"
     try:
-        return unsealed(read_any_record(wf_dir / "runs" / run_id))
+        record = read_any_record(own)
     except (OSError, ValueError):
         return f"{NOT_SEALED} (the record of {run_id} is unreadable)"
+    if isinstance(record, WorkflowRunRecord) and record.id != run_id:
+        entry = next((e for e in record.steps if e.run_id == run_id), None)
+        if entry is None:
+            return f"{NOT_SEALED} (no test run {run_id})"
+        if entry.log_synced_at is None or record.log_synced_at is None:
+            return NOT_SEALED
+        return ""
+    return unsealed(record)
 
 
 def _effects(record: TestRunRecord) -> str:
