@@ -37,8 +37,10 @@ GUARD_DESIGN = (
     "firewall lets out) the same tool, with the body and header the guard would send, straight "
     "to the same fake upstream at its container address. Same client code, same namespace, same "
     "upstream; the difference is the guard. Two test runs are held open at once, one with the "
-    "action log's fdatasync per line (the default) and one without; blocks alternate between "
-    "them and between guarded and direct, {rounds} rounds."
+    "action log in group commit (the default: each line written before its call goes on, "
+    "synced off the request path) and one with durability per-call (each line synced before "
+    "its call goes on); blocks alternate between them and between guarded and direct, "
+    "{rounds} rounds."
 )
 
 
@@ -123,11 +125,11 @@ def _guard_round(b: Bench, held: Held, fake: Upstream, acc: _GuardSamples, r: in
     acc.stub += out["lat_us"]
 
 
-def _guard_session(b: Bench, held: Held, acc: _GuardSamples, fsync_each: bool) -> GuardSession:
+def _guard_session(b: Bench, held: Held, acc: _GuardSamples, durability: str) -> GuardSession:
     record = held.record
     if record is None or record.status is not RunStatus.PASSED:
         why = "no record" if record is None else f"{record.status.value}: {record.reason}"
-        raise BenchError(f"guard bench run (fsync_each={fsync_each}) did not pass: {why}")
+        raise BenchError(f"guard bench run (durability {durability}) did not pass: {why}")
     lines = [
         ActionLine.model_validate_json(raw)
         for raw in (held.run_root / "test_mode_actions.jsonl").read_text().splitlines()
@@ -149,7 +151,7 @@ def _guard_session(b: Bench, held: Held, acc: _GuardSamples, fsync_each: bool) -
     with contextlib.suppress(ValueError, IndexError):
         step_check = json.loads(record.stdout.text.strip().splitlines()[-1])
     return GuardSession(
-        fsync_each=fsync_each,
+        durability=durability,
         guarded=LatencyStats.from_us(acc.seq["guarded"]),
         direct=LatencyStats.from_us(acc.seq["direct"]),
         stubbed=LatencyStats.from_us(acc.stub),
@@ -169,42 +171,43 @@ def bench_guard(b: Bench) -> list[Row]:
     detail = GuardDetail(design=GUARD_DESIGN.format(port=BRIDGE_PORT, rounds=rounds))
     b.results.guard = detail
     with upstream_server(b) as fake:
-        options = RunOptions(upstream_networks=(fake.network,))
-        no_fsync = RunOptions(upstream_networks=(fake.network,), fsync_action_log=False)
+        group = RunOptions(upstream_networks=(fake.network,), durability="group")
+        per_call = RunOptions(upstream_networks=(fake.network,), durability="per-call")
         bridge = f'[bridge]\nupstream = "{fake.url}"\n'
-        wf_on = hold_workflow(b, "guardfsync", 220, bridge)
-        wf_off = hold_workflow(b, "guardnofsync", 220, bridge)
-        acc = {True: _GuardSamples(), False: _GuardSamples()}
+        wf_group = hold_workflow(b, "guardgroup", 220, bridge)
+        wf_per_call = hold_workflow(b, "guardpercall", 220, bridge)
+        acc = {"group": _GuardSamples(), "per-call": _GuardSamples()}
         sync_us: list[int] = []
-        b.say("guard: two held test runs, fsync_each on and off")
+        b.say("guard: two held test runs, durability group and per-call")
         with (
-            held_run(b, TestRun(wf_on, "hold", options)) as held_on,
-            held_run(b, TestRun(wf_off, "hold", no_fsync)) as held_off,
+            held_run(b, TestRun(wf_group, "hold", group)) as held_group,
+            held_run(b, TestRun(wf_per_call, "hold", per_call)) as held_per_call,
         ):
             for r in range(rounds):
-                pair = [(held_on, True), (held_off, False)]
+                pair = [(held_group, "group"), (held_per_call, "per-call")]
                 if r % 2:
                     pair.reverse()
-                for held, fsync_each in pair:
-                    _guard_round(b, held, fake, acc[fsync_each], r)
-                where = held_on.run_root.parent
+                for held, durability in pair:
+                    _guard_round(b, held, fake, acc[durability], r)
+                where = held_group.run_root.parent
                 sync_us += log_sync_alone(where, b.sizes.guard_sync_n)
                 b.say(
                     f"guard: round {r + 1}/{rounds}: guarded median "
-                    f"{statistics.median(acc[True].seq['guarded']) / 1000:.2f} ms (fsync), "
-                    f"{statistics.median(acc[False].seq['guarded']) / 1000:.2f} ms (no fsync), "
-                    f"direct {statistics.median(acc[True].seq['direct']) / 1000:.2f} ms"
+                    f"{statistics.median(acc['group'].seq['guarded']) / 1000:.2f} ms (group), "
+                    f"{statistics.median(acc['per-call'].seq['guarded']) / 1000:.2f} ms "
+                    f"(per-call), direct {statistics.median(acc['group'].seq['direct']) / 1000:.2f}"
+                    " ms"
                 )
         detail.sessions = [
-            _guard_session(b, held_on, acc[True], True),
-            _guard_session(b, held_off, acc[False], False),
+            _guard_session(b, held_group, acc["group"], "group"),
+            _guard_session(b, held_per_call, acc["per-call"], "per-call"),
         ]
     on, off = detail.sessions
     b.note(detail.design)
     for sess in detail.sessions:
         handler = sess.guard_handler.median_ms if sess.guard_handler else float("nan")
         b.note(
-            f"guard (fsync_each={sess.fsync_each}): guarded median {sess.guarded.median_ms:.3f} ms"
+            f"guard (durability {sess.durability}): guarded median {sess.guarded.median_ms:.3f} ms"
             f" (p99 {sess.guarded.p99_ms:.3f}), direct {sess.direct.median_ms:.3f} ms"
             f" (p99 {sess.direct.p99_ms:.3f}); stubbed call (no upstream)"
             f" {sess.stubbed.median_ms:.3f} ms; the guard's handler time for the sequential"
@@ -217,7 +220,7 @@ def bench_guard(b: Bench) -> list[Row]:
     added_off = off.guarded.median_ms - off.direct.median_ms
     sync = LatencyStats.from_us(sync_us)
     detail.log_sync_alone = sync
-    floor = on.direct.median_ms + sync.median_ms
+    floor = off.direct.median_ms + sync.median_ms
     assert on.concurrent is not None and on.concurrent_direct is not None
     return [
         make_row(
@@ -259,40 +262,40 @@ def bench_guard(b: Bench) -> list[Row]:
         ),
         make_row(
             "guard_vs_sync_floor",
-            "guard: allowed call vs direct + its log sync",
+            "guard: allowed call, durability per-call, vs direct + its log sync",
             "ms",
-            on.guarded.median_ms,
+            off.guarded.median_ms,
             floor,
             baseline_name="direct + 1 sync",
-            note="a forwarded call's reply waits for one sync (its outcome line's, which"
-            " covers its start line, written before it was forwarded); what is left above"
-            f" this floor is the guard's own work: {on.guarded.median_ms - floor:.2f} ms",
+            note="per-call, a forwarded call's reply waits for one sync (its outcome line's,"
+            " which covers its start line, written before it was forwarded); what is left above"
+            f" this floor is the guard's own work: {off.guarded.median_ms - floor:.2f} ms",
         ),
         make_row(
             "guard_rate_sync_ceiling",
-            f"guard: calls/s, {on.concurrent_clients} clients, vs one sync per call",
+            f"guard: calls/s, {off.concurrent_clients} clients, per-call, vs one sync per call",
             "calls/s",
-            on.guarded_calls_per_s,
-            on.concurrent_clients * 1000 / sync.mean_ms if sync.mean_ms else None,
+            off.guarded_calls_per_s,
+            off.concurrent_clients * 1000 / sync.mean_ms if sync.mean_ms else None,
             baseline_name="clients / sync",
-            note="the most the log contract lets these clients reach on this disk: each client"
+            note="the most durability per-call lets these clients reach on this disk: each client"
             " sends its next call after its reply, and a reply waits for a sync that began after"
             " its line was written (group commit shares that sync among concurrent calls, but"
-            f" none waits less than one), so {on.concurrent_clients} clients make at most"
-            f" {on.concurrent_clients} calls per mean sync time ({sync.mean_ms:.2f} ms)",
+            f" none waits less than one), so {off.concurrent_clients} clients make at most"
+            f" {off.concurrent_clients} calls per mean sync time ({sync.mean_ms:.2f} ms)",
         ),
         make_row(
-            "guard_latency_nofsync",
-            "guard: same, fsync_each off",
+            "guard_latency_percall",
+            "guard: same, durability per-call",
             "ms",
             off.guarded.median_ms,
             off.direct.median_ms,
             baseline_name="direct",
-            note=f"added {added_off:.2f} ms; information: the cost of fdatasync per log line",
+            note=f"added {added_off:.2f} ms; information: the cost of a sync per call",
         ),
         make_row(
-            "guard_rate_nofsync",
-            f"guard: calls/s, {off.concurrent_clients} clients, fsync off",
+            "guard_rate_percall",
+            f"guard: calls/s, {off.concurrent_clients} clients, per-call",
             "calls/s",
             off.guarded_calls_per_s,
             off.direct_calls_per_s,

@@ -5,8 +5,7 @@ tinyproxy, both Debian's packages, in an image built here on top of the step
 image (`bench/peers/`: apt installs them if the image lacks them; no registry
 is needed). Each runs in a container of its own on the bench's network with
 caching off and its access log on, as such a firewall runs it. Neither syncs
-its log per request: that is the guard's durability, shown apart by the guard
-benchmark's sync-alone row.
+its log per request; neither does the guard in group commit (its default).
 """
 
 from __future__ import annotations

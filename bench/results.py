@@ -282,7 +282,7 @@ class DbDetail(BaseModel):
 
 
 class GuardSession(BaseModel):
-    fsync_each: bool
+    durability: str  # the action log's: group or per-call
     guarded: LatencyStats
     direct: LatencyStats
     stubbed: LatencyStats

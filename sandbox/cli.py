@@ -93,7 +93,13 @@ def _stop_on_signals() -> None:
 def _run_options(args: argparse.Namespace, printer: FollowPrinter | None) -> RunOptions:
     from sandbox.run.testrun import RunOptions
 
+    durability = None  # the run reads the host's config itself
+    if getattr(args, "host_config", None) is not None:
+        from sandbox.contracts.hostconfig import load_host_config
+
+        durability = load_host_config(args.host_config).durability
     return RunOptions(
+        durability=durability,
         timeout_s=args.timeout,
         upstream_bridge=args.upstream_bridge,
         upstream_networks=tuple(args.upstream_network),
@@ -289,11 +295,21 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from sandbox.contracts.workflow_record import read_any_record
     from sandbox.verify.html import write_report
+    from sandbox.verify.seal import unsealed
 
     run_dir = Path(args.run_dir)
     if not (run_dir / RECORD_FILE).is_file():
         raise ConfigError(f"no test_mode.json in {run_dir}")
+    try:
+        why = unsealed(read_any_record(run_dir))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            f"{run_dir}/test_mode.json unreadable: {str(exc).splitlines()[0]}"
+        ) from None
+    if why:
+        raise ConfigError(f"{run_dir}: {why}; no report written")
     out = Path(args.html) if args.html else run_dir / "report.html"
     write_report(run_dir, out)
     say(f"report: {out}")
@@ -313,6 +329,10 @@ def cmd_show(args: argparse.Namespace) -> int:
             f"{run_dir}/test_mode.json unreadable: {str(exc).splitlines()[0]}"
         ) from None
     _print_record(record, args.json)
+    from sandbox.verify.seal import unsealed
+
+    if why := unsealed(record):
+        say(f"warning: {why}", err=True)
     return 0
 
 

@@ -29,6 +29,7 @@ from sandbox.backends.docker import images
 from sandbox.backends.docker.gc import orphaned
 from sandbox.contracts import names
 from sandbox.contracts.config import load_workflow
+from sandbox.contracts.hostconfig import Durability
 from sandbox.contracts.layout import TEST_RUN_PREFIX, RunLayout
 from sandbox.contracts.names import LABEL_MANAGED, LABEL_RUN_ROOT, LABEL_RUNNER_PID
 from sandbox.contracts.record import TestRunRecord
@@ -293,7 +294,6 @@ def guard_config(actions: Path, **fields: Any) -> GuardConfig:
         "has_db": False,
         "actions_path": str(actions),
         "data_dir": str(actions.parent),
-        "fsync_each": False,
     }
     return GuardConfig(**(given | fields))
 
@@ -309,13 +309,14 @@ class InProcessGuard:
 
 
 def in_process_guard(
-    tmp_path: Path, *, fsync: bool = False, secrets: tuple[str, ...] = (), **fields: Any
+    tmp_path: Path, *, per_call: bool = False, secrets: tuple[str, ...] = (), **fields: Any
 ) -> InProcessGuard:
     """A fresh `actions.jsonl` in `tmp_path`, a `guard_config` for it (with `fields`) and
-    its log, synced with `fsync`, redacting `secrets`."""
+    its log (group commit, or with `per_call` durability per-call), redacting `secrets`."""
     actions = tmp_path / "actions.jsonl"
     actions.touch()
-    config = guard_config(actions, fsync_each=fsync, **fields)
+    durability: Durability = "per-call" if per_call else "group"
+    config = guard_config(actions, durability=durability, **fields)
     return InProcessGuard(
-        actions, config, ActionLog(str(actions), secrets=secrets, fsync_each=fsync)
+        actions, config, ActionLog(str(actions), secrets=secrets, durability=durability)
     )

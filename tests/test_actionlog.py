@@ -56,7 +56,7 @@ def test_redact_masks_credential_keys_and_known_secrets() -> None:
 def test_lines_are_valid_records_and_summarized(tmp_path: Path) -> None:
     path = tmp_path / "actions.jsonl"
     path.touch()
-    log = ActionLog(str(path), secrets=("tok",), fsync_each=True)
+    log = ActionLog(str(path), secrets=("tok",), durability="per-call")
     asyncio.run(
         log.write(
             session="root",
@@ -173,7 +173,7 @@ def test_secrets_are_redacted_in_every_field_of_a_line(tmp_path: Path) -> None:
     token = "s3cr3t-run-token-0123456789"
     path = tmp_path / "actions.jsonl"
     path.touch()
-    log = ActionLog(str(path), secrets=(token, "exec-token-abcdefghij"), fsync_each=False)
+    log = ActionLog(str(path), secrets=(token, "exec-token-abcdefghij"), durability="group")
 
     async def main() -> None:
         await log.write(
@@ -224,7 +224,7 @@ def test_summary_never_follows_a_planted_link(tmp_path: Path) -> None:
 def _log(tmp_path: Path) -> tuple[ActionLog, Path]:
     path = tmp_path / "actions.jsonl"
     path.touch()
-    return ActionLog(str(path), secrets=("tok",), fsync_each=False), path
+    return ActionLog(str(path), secrets=("tok",), durability="group"), path
 
 
 def test_a_forwarded_call_has_a_start_line_before_and_an_outcome_after(tmp_path: Path) -> None:
@@ -353,7 +353,7 @@ def _slow_log(
     path.touch()
     disk = _SlowDisk(path, seconds)
     monkeypatch.setattr(os, "fdatasync", disk)
-    return path, disk, ActionLog(str(path), secrets=(), fsync_each=True)
+    return path, disk, ActionLog(str(path), secrets=(), durability="per-call")
 
 
 def _synced_through(path: Path, disk: _SlowDisk, tool: str, *, last: bool) -> bool:
@@ -410,7 +410,7 @@ def test_a_guard_that_dies_right_after_a_reply_loses_none_of_its_lines(tmp_path:
 import asyncio, os, sys
 from sandbox.guard.actionlog import ActionLog
 
-log = ActionLog({str(path)!r}, secrets=(), fsync_each=True)
+log = ActionLog({str(path)!r}, secrets=(), durability="per-call")
 
 async def main():
     call = dict(session="root", decision="allow", reason="r", category="t", arguments={{}})
@@ -445,7 +445,7 @@ def test_a_failed_sync_fails_the_call_and_every_later_one(
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(os, "fdatasync", broken)
-    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    log = ActionLog(str(path), secrets=(), durability="per-call")
     call = {"session": "root", "decision": "allow", "reason": "r", "category": "t", "arguments": {}}
 
     async def main() -> list[str]:
@@ -700,7 +700,7 @@ def test_an_outcome_past_the_reserve_still_syncs_its_start_line(
 def test_then_never_runs_after_a_failed_write() -> None:
     """A log on a full device: the write fails with ENOSPC, `begin` raises it, and the
     effect does not happen, for that call or any later one."""
-    log = ActionLog("/dev/full", secrets=(), fsync_each=True)
+    log = ActionLog("/dev/full", secrets=(), durability="per-call")
     ran: list[int] = []
 
     async def main() -> list[int | None]:
@@ -735,7 +735,7 @@ def test_a_failed_sync_after_then_ran_fails_begin_and_no_later_then_runs(
         raise OSError(errno.EIO, "Input/output error")
 
     monkeypatch.setattr(os, "fdatasync", broken)
-    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    log = ActionLog(str(path), secrets=(), durability="per-call")
     ran: list[str] = []
 
     async def main() -> list[str]:
@@ -767,7 +767,7 @@ def test_a_held_outcome_alone_is_synced_by_the_timer(
     path.touch()
     disk = _TimedDisk(path, 0.0)
     monkeypatch.setattr(os, "fdatasync", disk)
-    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    log = ActionLog(str(path), secrets=(), durability="per-call")
 
     async def main() -> float:
         started = await log.begin(tool="http", arguments={}, **EGRESS_CALL)  # type: ignore[arg-type]
@@ -790,7 +790,7 @@ def test_a_held_outcome_is_written_at_close(
     monkeypatch.setattr(actionlog, "HOLD_S", 600.0)  # only close can write it
     path = tmp_path / "actions.jsonl"
     path.touch()
-    log = ActionLog(str(path), secrets=(), fsync_each=True)
+    log = ActionLog(str(path), secrets=(), durability="per-call")
 
     async def main() -> None:
         started = await log.begin(tool="http", arguments={}, **EGRESS_CALL)  # type: ignore[arg-type]
@@ -818,7 +818,7 @@ from sandbox.guard import actionlog
 from sandbox.guard.actionlog import ActionLog
 
 actionlog.HOLD_S = 600.0
-log = ActionLog({str(path)!r}, secrets=(), fsync_each=True)
+log = ActionLog({str(path)!r}, secrets=(), durability="per-call")
 
 async def main():
     call = dict(session="egress", decision="allow", reason="r", category="egress", arguments={{}})

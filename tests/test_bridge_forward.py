@@ -104,7 +104,7 @@ def make_guard(tmp_path: Path, name: str, upstream: str | None) -> tuple[Guard, 
     actions = tmp_path / f"{name}.jsonl"
     actions.touch()
     config = guard_config(actions, upstream=upstream)
-    return Guard(config, ActionLog(str(actions), secrets=(TOKEN,), fsync_each=False)), actions
+    return Guard(config, ActionLog(str(actions), secrets=(TOKEN,), durability="group")), actions
 
 
 @pytest.fixture
@@ -393,7 +393,7 @@ def _synced_guard(
     disk = _Disk(actions, seconds)
     monkeypatch.setattr(os, "fdatasync", disk)
     config = guard_config(actions, upstream=upstream)
-    log = ActionLog(str(actions), secrets=(TOKEN,), fsync_each=True)
+    log = ActionLog(str(actions), secrets=(TOKEN,), durability="per-call")
     return Guard(config, log), actions, disk
 
 

@@ -49,9 +49,9 @@ def host() -> Iterator[KeepAliveHost]:
 
 
 @contextlib.contextmanager
-def proxy_for(tmp_path: Path, host: KeepAliveHost, *, fsync: bool = False) -> Iterator[Proxied]:
+def proxy_for(tmp_path: Path, host: KeepAliveHost, *, per_call: bool = False) -> Iterator[Proxied]:
     allow = [{"host": "127.0.0.1", "port": host.port}]
-    guard = in_process_guard(tmp_path, fsync=fsync, egress=Egress(allow=allow))  # type: ignore[arg-type]
+    guard = in_process_guard(tmp_path, per_call=per_call, egress=Egress(allow=allow))  # type: ignore[arg-type]
     proxy = EgressProxy(guard.config, guard.log)
     accepted = [0]
 
@@ -92,7 +92,7 @@ def test_a_thousand_requests_each_from_httpx_and_requests_reuse_both_connections
     n = 1000
     base = f"http://127.0.0.1:{host.port}/len"
     failures: dict[str, list[str]] = {"httpx": [], "requests": []}
-    with proxy_for(tmp_path, host, fsync=True) as proxied:
+    with proxy_for(tmp_path, host, per_call=True) as proxied:
         with httpx.Client(proxy=proxied.url, timeout=20, trust_env=False) as client:
             for i in range(n):
                 try:

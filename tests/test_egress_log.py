@@ -25,6 +25,7 @@ import pytest
 
 from sandbox.collect.actionsummary import read
 from sandbox.contracts.config import Egress
+from sandbox.contracts.hostconfig import Durability
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard import actionlog
 from sandbox.guard.actionlog import ActionLog
@@ -113,11 +114,15 @@ def _closing_get(proxy: EgressProxy, port: int, path: str = "/p") -> bytes:
 
 
 def _local_proxy(
-    actions: Path, port: int, *, fsync_each: bool = False, label: dict[str, object] | None = None
+    actions: Path,
+    port: int,
+    *,
+    durability: Durability = "group",
+    label: dict[str, object] | None = None,
 ) -> tuple[EgressProxy, ActionLog]:
     """An in-process proxy whose allow list is the local host at `port`, and its log."""
     egress = Egress(allow=[{"host": "127.0.0.1", "port": port}])  # type: ignore[list-item]
-    log = ActionLog(str(actions), secrets=(), fsync_each=fsync_each)
+    log = ActionLog(str(actions), secrets=(), durability=durability)
     return EgressProxy(guard_config(actions, egress=egress), log, label=dict(label or {})), log
 
 
@@ -170,7 +175,7 @@ def test_a_blind_tunnel_is_started_before_any_byte_and_has_its_outcome(tmp_path:
         try:
             entry = {"host": "127.0.0.1", "port": host.port, "tls": True, "inspect": False}
             egress = Egress(allow=[entry])  # type: ignore[list-item]
-            log = ActionLog(str(actions), secrets=(), fsync_each=False)
+            log = ActionLog(str(actions), secrets=(), durability="group")
             proxy = EgressProxy(guard_config(actions, egress=egress), log)
             authority = f"127.0.0.1:{host.port}"
             connect = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n"
@@ -205,7 +210,7 @@ def test_a_full_log_refuses_the_request_and_nothing_leaves(
         host = Host(actions, OK)
         try:
             egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
-            log = ActionLog(str(actions), secrets=(), fsync_each=False)
+            log = ActionLog(str(actions), secrets=(), durability="group")
             if when == "already full":
                 while not log.full:
                     asyncio.run(log.write(**filler))  # type: ignore[arg-type]
@@ -256,7 +261,7 @@ def test_a_stubbed_body_that_arrives_after_its_head_is_still_measured(tmp_path: 
     body = b"secret-payload-123"
     with _actions(tmp_path) as actions:
         egress = Egress(allow=[{"host": "127.0.0.1", "port": 9}])  # type: ignore[list-item]
-        log = ActionLog(str(actions), secrets=(), fsync_each=False)
+        log = ActionLog(str(actions), secrets=(), durability="group")
         proxy = EgressProxy(guard_config(actions, egress=egress), log)
         waiting_for_body = asyncio.Event()
         fill = proxy._fill
@@ -313,7 +318,7 @@ def test_a_log_that_cannot_be_synced_fails_the_request_and_never_relays_its_repl
     with _actions(tmp_path) as actions:
         host = Host(actions, OK)
         try:
-            proxy, log = _local_proxy(actions, host.port, fsync_each=True)
+            proxy, log = _local_proxy(actions, host.port, durability="per-call")
             reply = _closing_get(proxy, host.port)
             log.close()
         finally:
@@ -340,7 +345,7 @@ def test_a_log_that_cannot_be_written_refuses_the_request_and_nothing_leaves(
     try:
         egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
         config = guard_config(tmp_path / "unread.jsonl", egress=egress)
-        log = ActionLog("/dev/full", secrets=(), fsync_each=True)
+        log = ActionLog("/dev/full", secrets=(), durability="per-call")
         proxy = EgressProxy(config, log, label={})
         reply = _closing_get(proxy, host.port)
         log.close()

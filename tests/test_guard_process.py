@@ -51,12 +51,12 @@ class GuardProcess:
 @contextlib.contextmanager
 def guard_process(tmp_path: Path) -> Iterator[GuardProcess]:
     """The guard's entry point with a config file, once it printed its ready line
-    (fsync on, as in a run: the log's writer thread hands back to the loop)."""
+    (durability per-call: the log's writer thread hands back to the loop after a sync)."""
     actions = tmp_path / "actions.jsonl"
     actions.touch()
     port, egress_port = free_ports(2)
     config = guard_config(actions, bridge_port=port, egress_port=egress_port)
-    config = config.model_copy(update={"fsync_each": True})
+    config = config.model_copy(update={"durability": "per-call"})
     config_file = tmp_path / "config.json"
     config_file.write_text(config.model_dump_json())
     proc = subprocess.Popen(

@@ -16,11 +16,12 @@ from docker import DockerClient
 from sandbox.cli import main
 from sandbox.contracts.config import load_workflow
 from sandbox.contracts.layout import RunLayout
+from sandbox.contracts.record import read_record, write_record
 from sandbox.run.testrun import RunOptions, TestRun
 from sandbox.verify.check import ExpectationResult
 from sandbox.verify.expect import load_expectations
 from sandbox.verify.verdict import Verification, read_verification
-from sandbox.verify.verifystep import judge
+from sandbox.verify.verifystep import judge, with_implicit_status
 from tests.conftest import write_workflow
 from tests.fakes.harness import outside_server
 
@@ -500,3 +501,38 @@ def test_code_changed_while_the_step_ran_verifies_nothing(
     assert not verification.passed
     assert content.label == "content unchanged during the run"
     assert content.happened == "changed during the run (code/flag.txt)"
+
+
+def test_an_unsealed_log_is_refused_by_verify_gate_and_report(
+    engine: DockerClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A real run's record says the runner sealed its log; the same record without the
+    seal (a runner that never reached collect, a record from before the seal) passes
+    nothing: the verdict, the gate (both rules) and the report refuse it, show warns."""
+    wf = write_workflow(
+        tmp_path,
+        command="echo quiet",
+        extra_toml='\n[[steps.expect]]\nkind = "no_call"\ntool = "send_email"\n',
+    )
+    assert main(["verify", str(wf), "step1"]) == 0
+    run_id = capsys.readouterr().out.split("(test run ")[1].split(")")[0]
+    run_root = RunLayout(wf, run_id, "g").root
+    record = read_record(run_root)
+    assert record.log_synced_at is not None and record.log_synced_at >= record.started_at
+    assert main(["gate", str(wf), "step1"]) == 0
+    capsys.readouterr()
+
+    write_record(run_root, record.model_copy(update={"log_synced_at": None}))
+    refused = judge(run_root, with_implicit_status([]))
+    assert not refused.passed
+    assert refused.results[0].happened == "not verified: the action log was not sealed"
+    assert main(["gate", str(wf), "step1"]) == 1
+    assert "not verified: the action log was not sealed" in capsys.readouterr().out
+    assert main(["gate", str(wf), "step1", "--allow-no-effects"]) == 1
+    assert "not verified: the action log was not sealed" in capsys.readouterr().out
+    page = tmp_path / "report.html"
+    assert main(["report", str(run_root), "--html", str(page)]) != 0
+    assert "not verified: the action log was not sealed" in capsys.readouterr().err
+    assert not page.exists()
+    assert main(["show", str(run_root)]) == 0
+    assert "warning: not verified: the action log was not sealed" in capsys.readouterr().err

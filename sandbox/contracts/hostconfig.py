@@ -7,6 +7,8 @@ its own engine, cluster or storage. Read from `--host-config PATH`, else
 the Docker engine on this host runs everything.
 
 ```toml
+durability = "per-call"          # or "group" (the default): see the action log's contract
+
 [backend]
 kind = "kubernetes"              # or "docker" (the default)
 kubeconfig = "/etc/sandbox/kubeconfig"
@@ -68,9 +70,18 @@ class BackendConfig(BaseModel):
         return self
 
 
+# How the guard syncs the action log (sandbox/guard/actionlog.spec.md). "group": each
+# line is written before its call goes on and synced in group commit off the request
+# path, and the runner syncs the log when it seals the record. "per-call": each line is
+# also synced before its call goes on (same-host durability, at a sync per call).
+Durability = Literal["group", "per-call"]
+DEFAULT_DURABILITY: Durability = "group"
+
+
 class HostConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    durability: Durability = DEFAULT_DURABILITY
     backend: BackendConfig = Field(default_factory=BackendConfig)
 
 

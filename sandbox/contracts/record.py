@@ -262,6 +262,9 @@ class TestRunRecord(BaseModel):
     mcp_servers: dict[str, McpServerReport] = Field(default_factory=dict)
     egress: dict[str, EgressCounts] = Field(default_factory=dict)
     actions_log: str = ACTIONS_FILE
+    # When the runner synced the action log to disk once the guard was gone (the seal):
+    # None means the log was not sealed, and verify, gate and report refuse the record.
+    log_synced_at: datetime | None = None
     runner: RunnerInfo | None = None
     images: dict[str, str] = Field(default_factory=dict)
     walls: Walls = Field(default_factory=Walls)

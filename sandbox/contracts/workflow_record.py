@@ -80,6 +80,7 @@ class ChainStep(BaseModel):
     actions: ActionCounts = Field(default_factory=ActionCounts)
     db_diff: DbDiff | None = None
     files: FileChanges = Field(default_factory=FileChanges)
+    log_synced_at: datetime | None = None  # the step's own record's seal
 
 
 class ChainTotals(BaseModel):
@@ -130,6 +131,9 @@ class WorkflowRunRecord(BaseModel):
     db: str | None = None
     steps: list[ChainStep] = Field(default_factory=empty_list)
     actions_log: str = ACTIONS_FILE
+    # When the runner last synced the chain's action log (after each step's lines went
+    # onto it); None: not sealed, and a verification refuses the chain.
+    log_synced_at: datetime | None = None
     runner: RunnerInfo | None = None
 
     def step_entry(self, step_id: str) -> ChainStep:

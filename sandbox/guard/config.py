@@ -12,6 +12,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.contracts.config import Egress, McpServer
+from sandbox.contracts.hostconfig import DEFAULT_DURABILITY, Durability
 from sandbox.guard.listeners import BRIDGE_PORT as BRIDGE_PORT
 from sandbox.guard.listeners import CONFIG_FILE_ENV as CONFIG_FILE_ENV
 from sandbox.guard.listeners import CONFIG_FILE_NAME as CONFIG_FILE_NAME
@@ -42,7 +43,7 @@ class GuardConfig(BaseModel):
     budgets: dict[str, float] = Field(default_factory=dict)
     actions_path: str = ACTIONS_PATH
     data_dir: str = DATA_DIR
-    fsync_each: bool = True
+    durability: Durability = DEFAULT_DURABILITY  # host.toml's: how the action log syncs
     mcp_servers: list[McpServer] = Field(default_factory=list)
     # Where each stdio server's sockets are (<mcp_dir>/<name>/), and the uid its
     # container runs as: the only peer its socket accepts.

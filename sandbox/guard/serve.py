@@ -337,7 +337,7 @@ def serve(
     log = ActionLog(
         config.actions_path,
         secrets=(config.bridge_token, config.exec_token),
-        fsync_each=config.fsync_each,
+        durability=config.durability,
         step=config.step,
     )
     guard = Guard(config, log)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from sandbox.contracts import names
 from sandbox.contracts.config import Egress, EgressEntry, McpServer, Step, StepRuntime, Workflow
+from sandbox.contracts.hostconfig import DEFAULT_DURABILITY, Durability
 from sandbox.contracts.ids import NO_REMAP, IdMap
 from sandbox.contracts.layout import (
     C_CA_BUNDLE,
@@ -109,7 +110,7 @@ class RunPlan:
     canary: str | None = None
     canary6: str | None = None
     install_firewall: bool = True
-    fsync_action_log: bool = True
+    durability: Durability = DEFAULT_DURABILITY  # the action log's (host.toml)
     tokens: Tokens = field(default_factory=Tokens)
     egress_ca: EgressCA | None = None  # set when some allow-list entry is inspected
     ids: IdMap = NO_REMAP  # the engine's remapping: what host ids the runner chowns to
@@ -192,7 +193,7 @@ def guard_config(plan: RunPlan) -> GuardConfig:
         egress_trust_pem=plan.trusted_ca_pem,
         egress_ca_pem=plan.egress_ca.cert_pem if plan.egress_ca else "",
         egress_ca_key_pem=plan.egress_ca.key_pem if plan.egress_ca else "",
-        fsync_each=plan.fsync_action_log,
+        durability=plan.durability,
     )
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.backends import Backend, BackendFactory, ExitWatcher, RunContainer, UsageWatcher
-from sandbox.collect import actionsummary
+from sandbox.collect import actionsummary, logseal
 from sandbox.collect.follow import ActionFollower
 from sandbox.contracts import names
 from sandbox.contracts.config import (
@@ -49,7 +49,7 @@ from sandbox.contracts.config import (
 )
 from sandbox.contracts.errors import ConfigError, LaunchError, PrepareError, SandboxError
 from sandbox.contracts.events import REASON_CHARS, EventCallback, EventKind, RunEvent
-from sandbox.contracts.hostconfig import load_host_config
+from sandbox.contracts.hostconfig import Durability, load_host_config
 from sandbox.contracts.ids import NO_REMAP, IdMap
 from sandbox.contracts.layout import (
     GUARD_UID,
@@ -101,8 +101,10 @@ class RunOptions:
     canary6: str | None = None
     # Only for tests that prove the preflight catches an open namespace.
     install_firewall: bool = True
-    # fdatasync each action-log line before the reply (benchmarks measure the cost).
-    fsync_action_log: bool = True
+    # How the guard syncs the action log: "group" (group commit, the runner syncs at
+    # the seal) or "per-call" (each line synced before its call goes on). None: what
+    # the host's config says (`durability` in host.toml; "group" without one).
+    durability: Durability | None = None
     # Live progress (`--follow`): the step's start and end, and each guarded call as
     # the guard logs it. Called on the runner's threads; what it raises is ignored.
     on_event: EventCallback | None = None
@@ -450,7 +452,7 @@ class TestRun:
             canary=self.options.canary,
             canary6=self.options.canary6,
             install_firewall=self.options.install_firewall,
-            fsync_action_log=self.options.fsync_action_log,
+            durability=self.options.durability or load_host_config().durability,
             ids=ids,
             step_runtime=step_runtime,
             test_run_id=test_run_id,
@@ -768,6 +770,10 @@ class TestRun:
         launched.guard.stop()
         if guarded.follower is not None:
             guarded.follower.stop()  # the guard is gone: every line it wrote is read
+        # The seal: nothing writes the log any more; synced by the runner whatever the
+        # guard did (a failure leaves the record unsealed: it then verifies nothing).
+        with contextlib.suppress(OSError):
+            record.log_synced_at = logseal.seal_log(layout.root, layout.actions.name)
         record.guard_log = launched.guard.output_tails()[1]
         record.stdout, record.stderr = launched.step.output_tails()
         record.preflight = verdict.preflight_from(record.stderr.text, plan.install_firewall)

@@ -239,7 +239,8 @@ class WorkflowRun:
             record.stubbed += [
                 ChainStubbedAction(step_id=step.id, **a.model_dump()) for a in step_record.stubbed
             ]
-            _append_lines(step_layout.actions, layout.actions)
+            synced = _append_lines(step_layout.actions, layout.actions)
+            record.log_synced_at = synced or record.log_synced_at
             # What the step left is what the next step of its group, and every later
             # step's DB copy, starts from (a step that never started left nothing).
             if _is_dir(step_layout.group_dir):
@@ -303,6 +304,7 @@ def _fold(entry: ChainStep, step: TestRunRecord) -> None:
     entry.actions = step.actions
     entry.db_diff = step.db_diff
     entry.files = step.files
+    entry.log_synced_at = step.log_synced_at
 
 
 def _chain_verdict(record: WorkflowRunRecord) -> tuple[RunStatus, str]:
@@ -348,12 +350,13 @@ def _is_file(path: Path) -> bool:
     return False
 
 
-def _append_lines(src: Path, dst: Path) -> None:
-    """A step's action log onto the chain's (the guard wrote it; nothing is followed)."""
+def _append_lines(src: Path, dst: Path) -> datetime | None:
+    """A step's action log onto the chain's (the guard wrote it; nothing is followed),
+    synced; when it was (None: the step left no log)."""
     try:
         src_fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return
+        return None
     try:
         dst_fd = os.open(
             dst, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
@@ -364,6 +367,7 @@ def _append_lines(src: Path, dst: Path) -> None:
                 while view:
                     view = view[os.write(dst_fd, view) :]
             os.fsync(dst_fd)
+            return datetime.now(UTC)
         finally:
             os.close(dst_fd)
     finally:

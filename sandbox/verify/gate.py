@@ -5,8 +5,9 @@ workflow folder and the images on this host, exactly as a test run computes
 it) has a passing verification under its current expectations. With
 `allow_no_effects`, a step also passes when it has test runs at the current hash
 and none of them showed an external effect (no stubbed, refused or denied
-egress call, and a log that was read whole). Anything else fails the gate with
-what is missing, naming the parts that changed since the last verification.
+egress call, and a log that was read whole). Either way the run's record must say
+its action log was sealed (see sandbox.verify.seal). Anything else fails the gate
+with what is missing, naming the parts that changed since the last verification.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ from sandbox.contracts import names
 from sandbox.contracts.config import Step, Workflow, load_workflow
 from sandbox.contracts.layout import TEST_RUN_PREFIX
 from sandbox.contracts.record import ContentHash, RunStatus, TestRunRecord, read_record
+from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record
 from sandbox.launch import specs as launch
 from sandbox.prepare.contenthash import changed_parts, content_hash, read_prompt
 from sandbox.verify import history
 from sandbox.verify.expect import expectations_digest, load_expectations
+from sandbox.verify.seal import NOT_SEALED, unsealed
 from sandbox.verify.verifystep import with_implicit_status
 
 
@@ -61,8 +64,36 @@ def _records_at(workflow_dir: Path, step_id: str, digest: str) -> list[TestRunRe
     return out
 
 
+def _run_unsealed(wf_dir: Path, run_id: str) -> str:
+    """Why the verified run's record does not hold up ("" when its log is sealed): the
+    record is read again, so a verification whose run was not sealed never passes."""
+    if not run_id.startswith(TEST_RUN_PREFIX) or "/" in run_id or run_id in (".", ".."):
+        return f"{NOT_SEALED} (no test run {run_id!r})"
+    runs = wf_dir / "runs"
+    own = runs / run_id
+    chain_id, _, index = run_id.rpartition("-s")
+    if not own.is_dir() and chain_id and index.isdigit():
+        own = runs / chain_id  # a chain step's run: its chain's record sums it up
+    if own.is_symlink() or not own.is_dir():
+        return f"{NOT_SEALED} (no test run {run_id})"
+    try:
+        record = read_any_record(own)
+    except (OSError, ValueError):
+        return f"{NOT_SEALED} (the record of {run_id} is unreadable)"
+    if isinstance(record, WorkflowRunRecord) and record.id != run_id:
+        entry = next((e for e in record.steps if e.run_id == run_id), None)
+        if entry is None:
+            return f"{NOT_SEALED} (no test run {run_id})"
+        if entry.log_synced_at is None or record.log_synced_at is None:
+            return NOT_SEALED
+        return ""
+    return unsealed(record)
+
+
 def _effects(record: TestRunRecord) -> str:
     """What external effect a run showed ("" for none)."""
+    if why := unsealed(record):
+        return why
     counts = record.actions
     if counts.stub or counts.log_full or counts.truncated or counts.malformed:
         return f"{counts.stub} stubbed call(s)" if counts.stub else "its action log is incomplete"
@@ -88,8 +119,9 @@ def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = Fal
         )
     at_now = [e for e in past if e.content is not None and e.content.digest == now.digest]
     passing = [e for e in at_now if e.passed and e.expectations_digest == expectations]
-    if passing:
-        return GateResult(True, f"{step_id} verified at its current version ({passing[-1].run_id})")
+    sealed = [e for e in passing if not _run_unsealed(wf_dir, e.run_id)]
+    if sealed:
+        return GateResult(True, f"{step_id} verified at its current version ({sealed[-1].run_id})")
     if allow_no_effects:
         runs = _records_at(wf_dir, step_id, now.digest)
         shown = [(r, _effects(r)) for r in runs]
@@ -106,6 +138,10 @@ def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = Fal
             effect_note = "; no test run at its current version to show it has no effects"
     else:
         effect_note = ""
+    if passing:  # none of them sealed
+        last_run = passing[-1].run_id
+        why = f"{step_id}: {_run_unsealed(wf_dir, last_run)} ({last_run})"
+        return GateResult(False, why + effect_note)
     if at_now:
         last = at_now[-1]
         if last.passed:
@@ -165,8 +201,12 @@ def gate_workflow(
 
     current = [e for e in past if at_now(e)]
     passing = [e for e in current if e.passed and e.expectations_digest == expectations.digest]
+    sealed = [e for e in passing if not _run_unsealed(wf_dir, e.run_id)]
+    if sealed:
+        return GateResult(True, f"{what} verified at its current version ({sealed[-1].run_id})")
     if passing:
-        return GateResult(True, f"{what} verified at its current version ({passing[-1].run_id})")
+        last_run = passing[-1].run_id
+        return GateResult(False, f"{what}: {_run_unsealed(wf_dir, last_run)} ({last_run})")
     if current:
         last = current[-1]
         if last.passed:

@@ -30,6 +30,7 @@ from sandbox.verify.expect import (
     expectations_digest,
     load_expectations,
 )
+from sandbox.verify.seal import seal_results
 from sandbox.verify.verdict import Verification, digest_of, write_verification
 
 IMPLICIT_STATUS = "status passed (no status expectation given)"
@@ -47,7 +48,7 @@ def judge(
     """The verdict over a finished run's folder (the run itself is not repeated);
     `extra`: results the caller judged itself (the content check)."""
     ev = gather(run_root)
-    results = [*check_all(named, ev), *(extra or [])]
+    results = [*seal_results(ev.record), *check_all(named, ev), *(extra or [])]
     return Verification(
         run_id=ev.record.id,
         workflow_name=ev.record.workflow_name,

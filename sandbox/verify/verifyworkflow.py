@@ -43,6 +43,7 @@ from sandbox.verify.evidence import (
     read_below,
 )
 from sandbox.verify.expect import Named
+from sandbox.verify.seal import seal_results
 from sandbox.verify.verdict import digest_of
 from sandbox.verify.verifystep import content_kept
 from sandbox.verify.workflow_expect import (
@@ -247,7 +248,7 @@ def judge_workflow(
             )
         )
     missing = [p for p in expectations.steps if p.step_id not in ran]
-    chain_results = check_all(expectations.chain, chain_ev)
+    chain_results = [*seal_results(record), *check_all(expectations.chain, chain_ev)]
     chain_results += [
         r
         for p in missing

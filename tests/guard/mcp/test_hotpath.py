@@ -78,7 +78,7 @@ def guard(tmp_path: Path) -> Iterator[tuple[TestClient, Endpoint, _Counted, Path
         mcp_servers=[McpServer(name="up", url=f"http://127.0.0.1:{http.server_address[1]}/")],
         mcp_dir=str(tmp_path / "mcp"),
     )
-    proxy = McpProxy(config, ActionLog(str(actions), secrets=(TOKEN,), fsync_each=False))
+    proxy = McpProxy(config, ActionLog(str(actions), secrets=(TOKEN,), durability="group"))
     endpoint = proxy.endpoints["up"]
     counted = _Counted(endpoint.hot.sdk)
     endpoint.hot.sdk = counted

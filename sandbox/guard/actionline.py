@@ -1,0 +1,176 @@
+"""One action-log line: what a guarded call's arguments become before they are written.
+
+Redaction (argument keys that name a credential, this run's own tokens) and size caps
+(long strings cut and hashed, long containers cut, deep nesting stopped, a line past
+MAX_LINE_BYTES reduced to its arguments' size and hash), so a hostile step or server
+can neither leak a secret into the log nor make a line cost the host. `encode_line`
+writes the same bytes as `ActionLine(...).model_dump_json()`, without a model per line.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+from datetime import datetime
+from typing import Any
+
+from pydantic_core import to_json
+
+from sandbox.contracts.wire import ActionLine
+
+REDACTED = "[redacted]"
+_SECRET_KEY = re.compile(
+    r"(pass(word|wd)?|secret|token|api[_-]?key|auth(orization)?|cookie|credential|private[_-]?key)",
+    re.IGNORECASE,
+)
+MAX_VALUE_CHARS = 2000  # one string value; past it: cut, with the whole value's SHA-256
+MAX_ITEMS = 200  # entries of one list or object
+MAX_LINE_BYTES = 64 * 1024  # one line; past it the arguments become their size and hash
+
+
+def _digest(data: str) -> str:
+    return hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+@functools.lru_cache(maxsize=1024)
+def _short_secret_key(key: str) -> bool:
+    return _SECRET_KEY.search(key) is not None
+
+
+def _secret_key(key: str) -> bool:
+    """Whether an argument key names a credential. Keys repeat call after call, so a
+    short key's answer is remembered (at most 1,024 keys of at most 64 characters: a
+    hostile step cannot make the memo cost memory); a longer one is searched each time."""
+    if len(key) <= 64:
+        return _short_secret_key(key)
+    return _SECRET_KEY.search(key) is not None
+
+
+_SCALARS = (bool, int, float, type(None))
+MAX_DEPTH = 20
+
+
+def _redact_text(value: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:
+        if secret and secret in value:
+            value = value.replace(secret, REDACTED)
+    if len(value) > MAX_VALUE_CHARS:
+        cut = len(value) - MAX_VALUE_CHARS
+        return value[:MAX_VALUE_CHARS] + f"[... {cut} chars cut; sha256 {_digest(value)}]"
+    return value
+
+
+def redact(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
+    """A copy of `value` safe and small enough to write down: credential keys and known
+    secrets masked, long strings cut and hashed, long containers cut, nothing below
+    MAX_DEPTH levels. (On every log line: a container's strings and numbers are
+    handled in place, without a call each.)"""
+    if depth > MAX_DEPTH:
+        return "[too deep]"
+    if isinstance(value, str):
+        return _redact_text(value, secrets)
+    if isinstance(value, _SCALARS):
+        return value
+    inner = depth + 1
+    leaf_ok = inner <= MAX_DEPTH
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for n, (k, v) in enumerate(value.items()):
+            if n == MAX_ITEMS:
+                out["[cut]"] = f"{len(value) - MAX_ITEMS} more keys"
+                break
+            key = str(k)
+            if _secret_key(key):
+                out[key] = REDACTED
+            elif leaf_ok and type(v) is str:
+                out[key] = _redact_text(v, secrets)
+            elif leaf_ok and type(v) in _SCALARS:
+                out[key] = v
+            else:
+                out[key] = redact(v, secrets, inner)
+        return out
+    if isinstance(value, list | tuple):
+        kept = [redact(v, secrets, inner) for v in value[:MAX_ITEMS]]
+        if len(value) > MAX_ITEMS:
+            kept.append(f"[... {len(value) - MAX_ITEMS} more items cut]")
+        return kept
+    return redact(str(value), secrets, inner)
+
+
+def _summarized(value: dict[str, Any]) -> dict[str, Any]:
+    """What stands in for arguments or detail too large for one line."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return {"[cut]": f"{len(text)} bytes as JSON; sha256 {_digest(text)}"}
+
+
+# ActionLine's fields, in its order; the values `encode_line` checks as the model would.
+_FIELDS = (
+    "session",
+    "tool",
+    "decision",
+    "reason",
+    "category",
+    "arguments",
+    "duration_ms",
+    "detail",
+    "event",
+    "call_id",
+    "outcome",
+)
+_DECISIONS = frozenset({"allow", "stub", "redirect", "refuse"})
+_EVENTS = frozenset({"call", "start", "outcome", "log_full"})
+_OUTCOMES = frozenset({None, "ok", "error"})
+_TEXT = ("session", "tool", "reason", "category")
+
+
+def encode_line(now: datetime, step: str, fields: dict[str, Any]) -> bytes:
+    """One `ActionLine` as its JSON line (newline included), without a model per line.
+
+    Every line of every call goes through here, so the model's checks are made by
+    hand (the literals, the call id's length, the types) and the plain dict of the
+    already redacted values goes to the model's own serializer (pydantic-core's
+    `to_json`, NaN and infinity as null as the model writes them): the same bytes
+    as `ActionLine(...).model_dump_json()`, in half its time (building the model
+    was most of it). A line the checks refuse goes through the model, which raises
+    what it would have raised (tests/test_actionlog.py checks every kind of line
+    against the model)."""
+    event = fields.get("event", "call")
+    call_id = fields.get("call_id")
+    outcome = fields.get("outcome")
+    duration = fields.get("duration_ms")
+    if (
+        fields["decision"] not in _DECISIONS
+        or event not in _EVENTS
+        or outcome not in _OUTCOMES
+        or not (call_id is None or (type(call_id) is str and len(call_id) <= 40))
+        or not all(type(fields[key]) is str for key in _TEXT if key in fields)
+        or type(fields.get("arguments", {})) is not dict
+        or type(fields.get("detail", {})) is not dict
+        or not (duration is None or type(duration) is float)
+        or type(step) is not str
+    ):
+        return _model_line(now, step, fields)  # the model says what is wrong
+    line = {
+        "time": now,
+        "step": step,
+        "session": fields["session"],
+        "tool": fields["tool"],
+        "decision": fields["decision"],
+        "reason": fields["reason"],
+        "category": fields.get("category", ""),
+        "arguments": fields.get("arguments", {}),
+        "duration_ms": duration,
+        "detail": fields.get("detail", {}),
+        "event": event,
+        "call_id": call_id,
+        "outcome": outcome,
+    }
+    return to_json(line, inf_nan_mode="null") + b"\n"
+
+
+def _model_line(now: datetime, step: str, fields: dict[str, Any]) -> bytes:
+    """The line through the model itself (raises what the model raises)."""
+    line = ActionLine(time=now, step=step, **{k: fields[k] for k in _FIELDS if k in fields})
+    return (line.model_dump_json() + "\n").encode()
