@@ -20,7 +20,7 @@ from sandbox.contracts.config import Step, Workflow, load_workflow
 from sandbox.contracts.layout import TEST_RUN_PREFIX
 from sandbox.contracts.record import ContentHash, RunStatus, TestRunRecord, read_record
 from sandbox.launch import specs as launch
-from sandbox.prepare.contenthash import changed_parts, content_hash, read_prompt
+from sandbox.prepare.contenthash import changed_parts, content_hash, not_covered_reason
 from sandbox.verify import history
 from sandbox.verify.expect import expectations_digest, load_expectations
 from sandbox.verify.verifystep import with_implicit_status
@@ -41,7 +41,7 @@ def current_content(workflow_dir: Path, workflow: Workflow, step: Step) -> Conte
         used = {"step": backend.require_image(names.STEP_IMAGE)}
         if launch.stdio_servers(workflow):
             used["mcp"] = backend.require_image(names.MCP_IMAGE)
-    return content_hash(workflow_dir, workflow, step, read_prompt(workflow_dir, step), used)
+    return content_hash(workflow_dir, workflow, step, used)
 
 
 def _records_at(workflow_dir: Path, step_id: str, digest: str) -> list[TestRunRecord]:

@@ -19,7 +19,7 @@ from sandbox.contracts.config import load_workflow
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.layout import RunLayout
 from sandbox.contracts.record import TestRunRecord
-from sandbox.prepare.contenthash import changed_parts, content_hash, read_prompt
+from sandbox.prepare.contenthash import changed_parts, content_hash
 from sandbox.run.testrun import RunOptions, TestRun
 from sandbox.verify import history
 from sandbox.verify.check import ExpectationResult, check_all
@@ -71,7 +71,7 @@ def content_kept(wf_dir: Path, step_id: str, record: TestRunRecord) -> list[Expe
     try:
         workflow = load_workflow(wf_dir)
         step = workflow.step(step_id)
-        now = content_hash(wf_dir, workflow, step, read_prompt(wf_dir, step), record.images)
+        now = content_hash(wf_dir, workflow, step, record.images)
     except ConfigError as exc:
         return [_content_result(expected, f"it cannot be read again after the run: {exc}")]
     if now.digest == record.content.digest:
