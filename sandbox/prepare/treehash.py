@@ -268,9 +268,7 @@ def _listed(files: dict[Parts, str]) -> dict[str, str]:
     listed: dict[str, str] = {}
     for parts, value in sorted(files.items()):
         if len(parts) > depth + 1:
-            groups.setdefault(parts[: depth + 1], []).append(
-                ("/".join(parts[depth + 1 :]), value)
-            )
+            groups.setdefault(parts[: depth + 1], []).append(("/".join(parts[depth + 1 :]), value))
         else:
             listed[fdtree.display(parts)] = value
     for folder, entries in groups.items():

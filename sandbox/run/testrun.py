@@ -409,7 +409,11 @@ class TestRun:
             seccomp=bool(inputs.seccomp_text),
             egress_additions=list(options.allow_hosts),
             upstream_overrides=[
-                *([f"bridge upstream {options.upstream_bridge}"] if options.upstream_bridge else []),
+                *(
+                    [f"bridge upstream {options.upstream_bridge}"]
+                    if options.upstream_bridge
+                    else []
+                ),
                 *(f"network {n}" for n in options.upstream_networks),
             ],
         )

@@ -1,12 +1,13 @@
 """`sandbox gate`: the Pulse rule for a step with external effects.
 
-A step passes the gate when its current content hash (computed now, from the
-workflow folder and the images on this host, exactly as a test run computes
-it) has a passing verification under its current expectations. With
-`allow_no_effects`, a step also passes when it has test runs at the current hash
-and none of them showed an external effect (no stubbed, refused or denied
-egress call, and a log that was read whole). Anything else fails the gate with
-what is missing, naming the parts that changed since the last verification.
+A step passes the gate when its current version (its content hash, computed now from
+the workflow folder and the images on this host exactly as a test run computes it; see
+`sandbox.prepare.contenthash`) has a passing verification under its current
+expectations, run with every wall of a normal run (`Walls.full`). With
+`allow_no_effects`, a step also passes when it has test runs at the current hash, each
+with every wall, and none of them showed an external effect. Anything else fails the
+gate with what is missing, naming the parts that changed since the last verification.
+A version whose hash could not cover everything is never vouched for.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pathlib import Path
 
 from sandbox.contracts import names
 from sandbox.contracts.config import Step, Workflow, load_workflow
-from sandbox.contracts.layout import TEST_RUN_PREFIX
-from sandbox.contracts.record import ContentHash, RunStatus, TestRunRecord, read_record
+from sandbox.contracts.layout import is_test_run
+from sandbox.contracts.record import ContentHash, RunStatus, TestRunRecord, Walls, read_record
 from sandbox.launch import specs as launch
 from sandbox.prepare.contenthash import changed_parts, content_hash, not_covered_reason
 from sandbox.verify import history
@@ -50,7 +51,7 @@ def _records_at(workflow_dir: Path, step_id: str, digest: str) -> list[TestRunRe
     if not runs.is_dir() or runs.is_symlink():
         return out
     for path in sorted(runs.iterdir()):
-        if not path.name.startswith(TEST_RUN_PREFIX) or path.is_symlink() or not path.is_dir():
+        if not is_test_run(path.name) or path.is_symlink() or not path.is_dir():
             continue
         try:
             record = read_record(path)
@@ -75,11 +76,22 @@ def _effects(record: TestRunRecord) -> str:
     return ""
 
 
+def weaker_walls(walls: Walls | None) -> str:
+    """Why a run's walls were less than a normal run's ("" when they were all there)."""
+    if walls is None:
+        return "its walls are not recorded"
+    if walls.full:
+        return ""
+    return "; ".join(walls.lacking) or "it did not have every wall of a normal run"
+
+
 def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = False) -> GateResult:
     wf_dir = Path(workflow_dir).absolute()
     workflow = load_workflow(wf_dir)
     step = workflow.step(step_id)
     now = current_content(wf_dir, workflow, step)
+    if not now.complete:
+        return GateResult(False, f"{step_id} not verified: {not_covered_reason(now)}")
     past = history.read(wf_dir, step_id)
     expectations = ""
     if step.expect or step.expect_file:
@@ -88,10 +100,18 @@ def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = Fal
         )
     at_now = [e for e in past if e.content is not None and e.content.digest == now.digest]
     passing = [e for e in at_now if e.passed and e.expectations_digest == expectations]
+    walled = [e for e in passing if not weaker_walls(e.walls)]
+    if walled:
+        return GateResult(True, f"{step_id} verified at its current version ({walled[-1].run_id})")
+    weak_note = ""
     if passing:
-        return GateResult(True, f"{step_id} verified at its current version ({passing[-1].run_id})")
+        weak = passing[-1]
+        weak_note = (
+            f"; its verification {weak.run_id} ran with weaker walls than a normal run "
+            f"({weaker_walls(weak.walls)})"
+        )
     if allow_no_effects:
-        runs = _records_at(wf_dir, step_id, now.digest)
+        runs = [r for r in _records_at(wf_dir, step_id, now.digest) if not weaker_walls(r.walls)]
         shown = [(r, _effects(r)) for r in runs]
         if runs and not any(effect for _, effect in shown):
             return GateResult(
@@ -106,6 +126,8 @@ def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = Fal
             effect_note = "; no test run at its current version to show it has no effects"
     else:
         effect_note = ""
+    if passing:
+        return GateResult(False, f"{step_id} not verified" + weak_note + effect_note)
     if at_now:
         last = at_now[-1]
         if last.passed:
@@ -151,6 +173,9 @@ def gate_workflow(
     ids = [s.id for s in chain]
     now = {s.id: current_content(wf_dir, workflow, s) for s in chain}
     what = f"the chain {' -> '.join(ids)} ({expectations.source})"
+    for i in ids:
+        if not now[i].complete:
+            return GateResult(False, f"{what} not verified: {i}: {not_covered_reason(now[i])}")
     past = [
         e
         for e in history.read_workflow(wf_dir)
@@ -165,8 +190,19 @@ def gate_workflow(
 
     current = [e for e in past if at_now(e)]
     passing = [e for e in current if e.passed and e.expectations_digest == expectations.digest]
+
+    def weak(entry: history.WorkflowHistoryEntry) -> str:
+        return "; ".join(f"{i}: {why}" for i in ids if (why := weaker_walls(entry.walls.get(i))))
+
+    walled = [e for e in passing if not weak(e)]
+    if walled:
+        return GateResult(True, f"{what} verified at its current version ({walled[-1].run_id})")
     if passing:
-        return GateResult(True, f"{what} verified at its current version ({passing[-1].run_id})")
+        return GateResult(
+            False,
+            f"{what} not verified: its verification {passing[-1].run_id} ran with weaker "
+            f"walls than a normal run ({weak(passing[-1])})",
+        )
     if current:
         last = current[-1]
         if last.passed:

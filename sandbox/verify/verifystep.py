@@ -6,7 +6,7 @@ run that ended on an error proves nothing, so it never verifies a step.
 What defines the step is hashed again after the run: a change while it ran fails
 the verification (the run tested something its hash does not name).
 The verdict goes into the run's folder (`verification.json`) and the workflow's
-history (`runs/verifications.jsonl`), which `sandbox gate` reads.
+history (`runs/test-verifications/verifications.jsonl`), which `sandbox gate` reads.
 """
 
 from __future__ import annotations
@@ -58,6 +58,7 @@ def judge(
         expectations_digest=expectations_digest(named),
         results=results,
         digest=digest_of(ev),
+        walls=ev.record.walls,
     )
 
 

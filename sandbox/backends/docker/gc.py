@@ -31,6 +31,7 @@ from sandbox.contracts.layout import (
     TEST_RUN_PREFIX,
     VIEW_LAYER,
     WORKFLOW_VIEW,
+    is_test_run,
 )
 from sandbox.contracts.names import (
     LABEL_MANAGED,
@@ -250,7 +251,7 @@ def _remove_finished_runs(runs: Path, report: GcReport) -> None:
         return
     try:
         with os.scandir(fd) as it:
-            names = [e.name for e in it if e.name.startswith(TEST_RUN_PREFIX)]
+            names = [e.name for e in it if is_test_run(e.name)]  # history kept
     finally:
         os.close(fd)
     for name in sorted(names):
