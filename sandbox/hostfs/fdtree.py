@@ -109,8 +109,9 @@ def walk(
 
     A folder is entered right after it is yielded, unless ``enter(parts)`` says not to,
     or it cannot be opened without following a link (the error is noted in ``stats``).
-    ``on_leave(parts, parent_fd)`` is called for each folder once its last entry was yielded, with its parent's fd
-    (so a caller can act after a folder's contents, e.g. delete it)."""
+    ``on_leave(parts, parent_fd)`` is called for each folder once its last entry was
+    yielded, with its parent's fd (so a caller can act after a folder's contents, e.g.
+    delete it)."""
     stats = stats if stats is not None else WalkStats()
     root_st = os.fstat(root_fd)
     cur = os.open(".", DIR_FLAGS, dir_fd=root_fd)
