@@ -93,6 +93,9 @@ def append_workflow(workflow_dir: Path, entry: WorkflowHistoryEntry) -> None:
 
 def _history_dir(workflow_dir: Path, *, create: bool) -> int:
     """`runs/test-verifications/` as an fd (made when `create`), no link followed."""
+    if create:
+        with contextlib.suppress(FileExistsError):  # a link there is refused just below
+            os.mkdir(workflow_dir / "runs", 0o755)
     runs = fdtree.open_root(workflow_dir / "runs")
     try:
         if create:

@@ -223,7 +223,11 @@ def collect_host(
     for workflow_dir in workflow_dirs or []:
         runs = workflow_dir / "runs"
         if runs.is_dir() and not runs.is_symlink():
-            roots.update(p for p in runs.glob("test-*") if p.is_dir() and not p.is_symlink())
+            roots.update(
+                p
+                for p in runs.glob("test-*")
+                if is_test_run(p.name) and p.is_dir() and not p.is_symlink()
+            )
     roots |= roots_with_mounts()
     # A chain step's root brings its workflow run's, and a workflow run's its steps'.
     roots |= {root.parent.parent for root in roots if root.parent.name == STEPS_DIR}
