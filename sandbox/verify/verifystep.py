@@ -19,7 +19,7 @@ from sandbox.contracts.config import load_workflow
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.layout import RunLayout
 from sandbox.contracts.record import TestRunRecord
-from sandbox.prepare.contenthash import changed_parts, content_hash
+from sandbox.prepare.contenthash import changed_parts, content_hash, not_covered_reason
 from sandbox.run.testrun import RunOptions, TestRun
 from sandbox.verify import history
 from sandbox.verify.check import ExpectationResult, check_all
@@ -68,6 +68,12 @@ def content_kept(wf_dir: Path, step_id: str, record: TestRunRecord) -> list[Expe
     other than what its hash names, so it verifies nothing. Nothing when unchanged."""
     if record.content is None:
         return []
+    if not record.content.complete:  # the gate would refuse it: the verdict says so first
+        return [
+            _content_result(
+                "a version hash that covers everything", not_covered_reason(record.content)
+            )
+        ]
     expected = "the step's content unchanged from the run's start to its end"
     try:
         workflow = load_workflow(wf_dir)
