@@ -346,14 +346,16 @@ def _listed_status(record: AnyRecord) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from sandbox.contracts.layout import TEST_RUN_PREFIX
+    from sandbox.contracts.layout import TEST_RUN_PREFIX, is_test_run
     from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record
 
     runs = Path(args.workflow_dir) / "runs"
     if not runs.is_dir():
         raise ConfigError(f"no runs folder in {args.workflow_dir}")
     for path in sorted(p for p in runs.iterdir() if p.is_dir() and not p.is_symlink()):
-        if path.name.startswith(TEST_RUN_PREFIX):
+        if path.name.startswith(TEST_RUN_PREFIX) and not is_test_run(path.name):
+            continue  # the verification history's folder, listed below
+        if is_test_run(path.name):
             try:
                 record = read_any_record(path)
                 if isinstance(record, WorkflowRunRecord):

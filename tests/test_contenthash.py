@@ -1,4 +1,5 @@
-"""The content hash names every part that defines a step, and only those."""
+"""The content hash names every part that defines a step, covers the whole workflow folder
+but its data, and says so when it could not cover everything."""
 
 from __future__ import annotations
 
@@ -6,15 +7,22 @@ import os
 from pathlib import Path
 
 from sandbox.contracts.config import load_workflow
+from sandbox.contracts.record import ContentHash
+from sandbox.prepare import treehash
 from sandbox.prepare.contenthash import changed_parts, content_hash, policy_version
 from tests.conftest import write_workflow
 
 
-def _hash(wf: Path, images: dict[str, str] | None = None) -> dict[str, str]:
+def _content(wf: Path, images: dict[str, str] | None = None) -> ContentHash:
     workflow = load_workflow(wf)
     step = workflow.step("step1")
-    prompt = (wf / step.prompt_file).read_text() if step.prompt_file else None
-    return content_hash(wf, workflow, step, prompt, images or {"step": "sha256:1"}).parts
+    return content_hash(wf, workflow, step, images or {"step": "sha256:1"})
+
+
+def _hash(wf: Path, images: dict[str, str] | None = None) -> dict[str, str]:
+    content = _content(wf, images)
+    assert content.complete, content.not_covered
+    return content.parts
 
 
 def test_each_part_is_named_and_one_byte_changes_only_its_part(tmp_path: Path) -> None:
@@ -23,16 +31,21 @@ def test_each_part_is_named_and_one_byte_changes_only_its_part(tmp_path: Path) -
     (wf / "code" / "lib").mkdir()
     (wf / "code" / "lib" / "b.py").write_text("X = 1\n")
     before = _hash(wf)
-    assert set(before) == {
+    assert {
         "command",
-        "workflow.toml step entry",
-        "mcp servers",
+        "workflow.toml",
+        "workflow.toml [[steps]] step1",
+        "workflow.toml [[mcp_servers]]",
+        "workflow.toml [egress]",
+        "workflow.toml [bridge]",
+        "workflow.toml [limits]",
+        "workflow.toml [version]",
         "policy table",
         "prompt.md",
         "code/a.py",
         "code/lib/b.py",
         "image step",
-    }
+    } <= set(before)
     assert before["policy table"] == policy_version()
     (wf / "code" / "lib" / "b.py").write_text("X = 2\n")
     assert changed_parts(before, _hash(wf)) == ["code/lib/b.py"]
@@ -45,18 +58,122 @@ def test_each_part_is_named_and_one_byte_changes_only_its_part(tmp_path: Path) -
     ]
 
 
-def test_expectations_are_not_part_of_the_step_and_links_are_not_followed(
-    tmp_path: Path,
-) -> None:
-    wf = write_workflow(tmp_path, command="true")
-    outside = tmp_path / "secret.txt"
-    outside.write_text("host file")
-    os.symlink(outside, wf / "code" / "link.py")
+def test_files_outside_code_are_part_of_the_version(tmp_path: Path) -> None:
+    """Issue 31's cases: the program outside code/, a helper in lib/, a settings file."""
+    wf = write_workflow(tmp_path, command="python3 /workflow/scripts/bid.py")
+    for rel, text in (
+        ("scripts/bid.py", "import helper\n"),
+        ("lib/helper.py", "N = 1\n"),
+        ("config/bid.json", '{"proposals": 1}\n'),
+    ):
+        (wf / rel).parent.mkdir(exist_ok=True)
+        (wf / rel).write_text(text)
     before = _hash(wf)
-    assert before["code/link.py"] == f"link:{outside}"
-    outside.write_text("changed host file")
+    for rel, text in (
+        ("scripts/bid.py", "import helper  # two\n"),
+        ("lib/helper.py", "N = 2\n"),
+        ("config/bid.json", '{"proposals": 2}\n'),
+    ):
+        old = (wf / rel).read_text()
+        (wf / rel).write_text(text)
+        assert changed_parts(before, _hash(wf)) == [rel]
+        (wf / rel).write_text(old)
+    # A new folder is code until it is declared data.
+    (wf / "extra").mkdir()
+    (wf / "extra" / "x.py").write_text("1\n")
+    assert changed_parts(before, _hash(wf)) == ["extra/x.py"]
+
+
+def test_workflow_toml_sections_are_named(tmp_path: Path) -> None:
+    wf = write_workflow(
+        tmp_path,
+        extra_toml='[egress]\nallow = ["api.example.com"]\n[bridge]\ndefault_budget_s = 30\n'
+        "[limits]\nmemory_mb = 512\n",
+    )
+    before = _hash(wf)
     text = (wf / "workflow.toml").read_text()
+    for old, new, section in (
+        ('"api.example.com"', '"api.example.com", "other.example.com"', "[egress]"),
+        ("default_budget_s = 30", "default_budget_s = 31", "[bridge]"),
+        ("memory_mb = 512", "memory_mb = 513", "[limits]"),
+    ):
+        (wf / "workflow.toml").write_text(text.replace(old, new))
+        assert changed_parts(before, _hash(wf)) == ["workflow.toml", f"workflow.toml {section}"]
+    # Expectations judge the step: only the file's bytes change, no section.
     (wf / "workflow.toml").write_text(text + '\n[[steps.expect]]\nkind = "status"\n')
+    assert changed_parts(before, _hash(wf)) == ["workflow.toml"]
+
+
+def test_data_is_not_the_version_but_what_the_step_names_is(tmp_path: Path) -> None:
+    wf = write_workflow(
+        tmp_path,
+        command="python3 /workflow/knowledgebase/tool.py",
+        extra_toml='[version]\ndata = ["exports/"]\n',
+    )
+    for rel in ("knowledgebase/notes.md", "knowledgebase/tool.py", "exports/out.csv"):
+        (wf / rel).parent.mkdir(exist_ok=True)
+        (wf / rel).write_text("1\n")
+    (wf / "runs" / "r1").mkdir(parents=True)
+    (wf / "runs" / "r1" / "out.txt").write_text("1\n")
+    (wf / ".sandbox.lock").write_text("")
+    before = _hash(wf)
+    assert "knowledgebase/notes.md" not in before and "exports/out.csv" not in before
+    for rel in ("knowledgebase/notes.md", "exports/out.csv", "runs/r1/out.txt", ".sandbox.lock"):
+        (wf / rel).write_text("2\n")
     assert changed_parts(before, _hash(wf)) == []
-    (wf / "workflow.toml").write_text(text.replace("timeout_s = 60", "timeout_s = 61"))
-    assert changed_parts(before, _hash(wf)) == ["workflow.toml step entry"]
+    (wf / "knowledgebase" / "tool.py").write_text("2\n")  # the program, inside data
+    assert changed_parts(before, _hash(wf)) == ["knowledgebase/tool.py"]
+
+
+def test_links_are_hashed_by_their_target_inside_the_folder(tmp_path: Path) -> None:
+    wf = write_workflow(tmp_path)
+    (wf / "shared").mkdir()
+    (wf / "shared" / "cfg.py").write_text("A = 1\n")
+    os.symlink("../shared/cfg.py", wf / "code" / "rel.py")
+    os.symlink("/workflow/shared/cfg.py", wf / "code" / "abs.py")
+    os.symlink("/etc/hostname", wf / "code" / "out.txt")
+    os.symlink("nothing-here", wf / "code" / "dangling.py")
+    os.symlink("loop", wf / "code" / "loop")
+    before = _hash(wf)
+    assert before["code/out.txt"] == "link out of the folder:/etc/hostname"
+    assert before["code/dangling.py"] == "link dangling:nothing-here"
+    assert before["code/loop"] == "link loop:loop"
+    (wf / "shared" / "cfg.py").write_text("A = 2\n")
+    assert changed_parts(before, _hash(wf)) == ["code/abs.py", "code/rel.py", "shared/cfg.py"]
+    (wf / "code" / "nothing-here").write_text("now it is\n")
+    assert "code/dangling.py" in changed_parts(before, _hash(wf))
+
+
+def test_a_link_target_in_data_is_still_hashed(tmp_path: Path) -> None:
+    wf = write_workflow(tmp_path)
+    (wf / "planning").mkdir()
+    (wf / "planning" / "plan.py").write_text("1\n")
+    os.symlink("../planning/plan.py", wf / "code" / "plan.py")
+    before = _hash(wf)
+    (wf / "planning" / "plan.py").write_text("2\n")
+    assert changed_parts(before, _hash(wf)) == ["code/plan.py"]
+
+
+def test_a_tree_past_twenty_thousand_entries_is_covered_whole(tmp_path: Path) -> None:
+    wf = write_workflow(tmp_path)
+    vendored = wf / "code" / "node_modules"
+    for i in range(21_000):
+        sub = vendored / f"p{i // 1000:02d}"
+        if i % 1000 == 0:
+            sub.mkdir(parents=True)
+        (sub / f"m{i:05d}.js").write_text(f"{i}\n")
+    content = _content(wf)
+    assert content.complete, content.not_covered
+    assert len(content.parts) <= treehash.MAX_LISTED + 50  # listed by folder, not cut
+    (vendored / "p20" / "m20999.js").write_text("changed\n")  # the last entry of all
+    changed = changed_parts(content.parts, _hash(wf))
+    assert changed == ["code/node_modules/p20/"], changed
+
+
+def test_what_cannot_be_hashed_makes_the_hash_incomplete(tmp_path: Path) -> None:
+    wf = write_workflow(tmp_path)
+    assert _content(wf).complete
+    os.mkfifo(wf / "code" / "pipe")
+    content = _content(wf)
+    assert not content.complete
+    assert content.not_covered == ["code/pipe: a fifo (its content cannot be hashed)"]

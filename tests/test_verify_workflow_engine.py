@@ -16,6 +16,7 @@ import xmlschema
 from docker import DockerClient
 
 from sandbox.cli import main
+from sandbox.contracts.layout import is_test_run
 from sandbox.contracts.wire import ActionLine
 from sandbox.verify.gate import gate, gate_workflow
 from sandbox.verify.verifyworkflow import verify_workflow
@@ -193,7 +194,7 @@ def test_a_chain_expectation_that_does_not_hold_fails_with_its_evidence(
     )
     assert " (step outreach): " in failing[0] and '"tool":"send_slack_message"' in failing[0]
 
-    runs = sorted(p for p in (jobboard / "runs").iterdir() if p.name.startswith("test-"))
+    runs = sorted(p for p in (jobboard / "runs").iterdir() if is_test_run(p.name))
     verification = read_workflow_verification(runs[-1])
     assert verification is not None and not verification.passed
     assert verification.failed == [

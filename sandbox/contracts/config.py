@@ -266,6 +266,33 @@ class Isolation(_Strict):
     step_runtime: StepRuntime = "runc"
 
 
+# The folders the spec names as the workflow's data (its inputs and outputs, never its
+# version); `[version] data` adds the workflow's own.
+SPEC_DATA: tuple[str, ...] = ("db", "runs", "learnings", "knowledgebase", "planning")
+
+
+class Version(_Strict):
+    """What of the workflow folder is not part of a step's version (`sandbox.prepare
+    .contenthash`): `data` lists paths (folders or files, relative to the workflow folder)
+    that hold data, beside the spec's own data folders. Anything not listed is code: a
+    new folder counts as code until it is declared here."""
+
+    data: list[str] = Field(default_factory=empty_list)
+
+    @field_validator("data")
+    @classmethod
+    def _data_paths(cls, value: list[str]) -> list[str]:
+        out = []
+        for raw in value:
+            parts = [p for p in raw.split("/") if p not in ("", ".")]
+            if raw.startswith("/") or ".." in parts or not parts:
+                raise ValueError(f"{raw!r}: must be a path inside the workflow folder")
+            if parts == [WORKFLOW_FILE]:
+                raise ValueError(f"{raw!r}: {WORKFLOW_FILE} is always part of the version")
+            out.append("/".join(parts))
+        return out
+
+
 class Workflow(_Strict):
     """The whole `workflow.toml`."""
 
@@ -277,6 +304,7 @@ class Workflow(_Strict):
     bridge: Bridge = Field(default_factory=Bridge)
     limits: Limits = Field(default_factory=Limits)
     isolation: Isolation = Field(default_factory=Isolation)
+    version: Version = Field(default_factory=Version)
 
     @model_validator(mode="after")
     def _unique_names(self) -> Workflow:

@@ -19,6 +19,9 @@ from pathlib import Path
 from sandbox.contracts.status import ACTIONS_FILE, RECORD_FILE
 
 TEST_RUN_PREFIX = "test-"
+# The verification history's folder: under a test-run name so everything test mode
+# writes is below `runs/test-*` (Pulse skips those), yet no run: `is_test_run` is False.
+HISTORY_DIR = "test-verifications"
 # In the run root, while the step runs (see RunLayout).
 DISK_IMAGE = ".disk.img"
 DISK_MOUNT = ".disk"
@@ -52,6 +55,11 @@ MCP_EGRESS_SOCKET = "egress.sock"  # its egress proxy (only with an egress allow
 # containers of a Pod share one, so each server needs a port of its own there.
 MCP_PROXY_PORT = 3128
 C_MCP_CA_BUNDLE = "/run/ca-bundle.pem"  # system CAs plus the run's (TLS inspection)
+
+
+def is_test_run(name: str) -> bool:
+    """A name in `runs/` that is a test run's folder (not the verification history's)."""
+    return name.startswith(TEST_RUN_PREFIX) and name != HISTORY_DIR
 
 
 def mcp_uid(index: int) -> int:

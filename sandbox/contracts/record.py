@@ -54,11 +54,27 @@ class FileChanges(BaseModel):
 
 
 class Walls(BaseModel):
-    """The walls the run's containers had beyond the one kernel's (README: second walls)."""
+    """The walls the run had, and whether they were every wall of a normal run.
+
+    A normal run (`execute_step`, `sandbox run`) has: the firewall installed and read
+    back exactly as expected (`firewall`), the step's seccomp profile (`seccomp`), a
+    preflight that found every way out closed, the Landlock wall where the backend
+    requires it, and the egress allow list of `workflow.toml` with nothing added for the
+    run (`egress_additions`). `full` is True only when the run had all of them;
+    `lacking` says what it lacked (the gate accepts no verification without `full`).
+    `upstream_overrides` (another bridge upstream, more networks for the guard) are
+    recorded: they change what the guard reaches, not the walls around the step.
+    Beyond those, the walls beyond the one kernel's (README: second walls)."""
 
     step_runtime: str = "runc"  # "runsc": the step ran under gVisor
     userns_remap: bool = False  # the engine ran the containers in a remapped user namespace
     host_uid_base: int | None = None  # with userns_remap: host uid of container uid 0
+    firewall: bool = False
+    seccomp: bool = False
+    egress_additions: list[str] = Field(default_factory=empty_list)
+    upstream_overrides: list[str] = Field(default_factory=empty_list)
+    full: bool = False
+    lacking: list[str] = Field(default_factory=empty_list)
 
 
 PeakMemorySource = Literal["container_cgroup", "host_cgroup", "engine_stats", "executor_rusage"]
@@ -206,13 +222,18 @@ class EgressCounts(BaseModel):
 
 
 class ContentHash(BaseModel):
-    """What defined the step in this run, hashed (`sandbox.prepare.contenthash`):
-    `parts` by name (command, step entry, prompt, each `code/` file, MCP servers,
-    policy table, images), `digest` over all of them. A verification counts for
-    this digest only."""
+    """What defined the step in this run, hashed (`sandbox.prepare.contenthash`, whose
+    docstring is the definition): `parts` by name (each file of the workflow folder that
+    is not data, each `workflow.toml` section, the command, the policy table, the
+    images), `digest` over all of them. A verification counts for this digest only.
+    `complete` is False when something could not be hashed (`not_covered` says what):
+    the gate never passes such a version. (False by default: a hash that does not say
+    it covered everything is taken not to have.)"""
 
     digest: str
     parts: dict[str, str] = Field(default_factory=dict)
+    complete: bool = False
+    not_covered: list[str] = Field(default_factory=empty_list)
 
 
 class TestRunRecord(BaseModel):

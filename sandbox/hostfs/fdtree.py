@@ -103,13 +103,15 @@ def walk(
     max_entries: int = DEFAULT_MAX_ENTRIES,
     stats: WalkStats | None = None,
     on_leave: Callable[[tuple[str, ...], int], None] | None = None,
+    enter: Callable[[tuple[str, ...]], bool] | None = None,
 ) -> Iterator[Entry]:
     """Every entry below ``root_fd`` (not the root), depth first, names in byte order.
 
-    A folder is entered right after it is yielded, unless it cannot be opened without
-    following a link (the error is noted in ``stats``). ``on_leave(parts, parent_fd)``
-    is called for each folder once its last entry was yielded, with its parent's fd
-    (so a caller can act after a folder's contents, e.g. delete it)."""
+    A folder is entered right after it is yielded, unless ``enter(parts)`` says not to,
+    or it cannot be opened without following a link (the error is noted in ``stats``).
+    ``on_leave(parts, parent_fd)`` is called for each folder once its last entry was
+    yielded, with its parent's fd (so a caller can act after a folder's contents, e.g.
+    delete it)."""
     stats = stats if stats is not None else WalkStats()
     root_st = os.fstat(root_fd)
     cur = os.open(".", DIR_FLAGS, dir_fd=root_fd)
@@ -145,7 +147,7 @@ def walk(
                 return
             stats.visited += 1
             yield Entry(parts, st, cur)
-            if not stat.S_ISDIR(st.st_mode):
+            if not stat.S_ISDIR(st.st_mode) or (enter is not None and not enter(parts)):
                 continue
             try:
                 sub = os.open(name, DIR_FLAGS, dir_fd=cur)

@@ -1,18 +1,29 @@
-"""The content hash of a step: everything that defines what it does, as one digest.
+"""The step's version: everything that decides what it does, as one digest with named parts.
 
-A verification counts for exactly the version it tested, so the record carries
-a hash of each part that shapes the step's behaviour: its command, its
-`workflow.toml` entry (expectations left out: they judge the step, they are not
-it), its prompt, every file of the workflow's `code/` folder (the step can read
-all of it: the workflow folder is mounted read-only), the MCP servers'
-configuration, the policy table's version (the hash of the module that holds
-it), and the images' ids. The parts are kept by name so a gate can say which
-one changed ("code/bid-submit.py").
+A verification counts for exactly the version it tested. The version is:
 
-Limits: files the step reads outside `code/` (its group folder's earlier run, the
-Crew folders, the DB) are its input, not its definition, and are not hashed. The
-walk never follows a link: a link is hashed as its target text; anything not a
-regular file or a folder is hashed as its type alone.
+- every file of the workflow folder that is not data, by content (`sandbox.prepare
+  .treehash`): `workflow.toml`, `code/`, `scripts/`, `lib/`, `config/`, any new folder,
+  dotfiles; links by their target's content. Data is the spec's (`db/`, `runs/`,
+  `learnings/`, `knowledgebase/`, `planning/`, top level), what `[version] data` in
+  `workflow.toml` declares, and the sandbox's own lock files. The step sees the whole
+  folder read-only, so anything it can read that is not declared data is code, wherever
+  its author put it;
+- `workflow.toml` twice: its bytes (a part named `workflow.toml`: comments and
+  expectations included, since the step can read the file) and each section of its
+  parsed model (`workflow.toml [egress]`, `workflow.toml [[steps]] <id>` without its
+  expectations, ...), so the gate can name the section that changed;
+- the files the step names, wherever they live, even inside data: each `/workflow/...`
+  path in its command (the program it runs), its `prompt_file`, the egress CA files;
+- the command line, the policy table's version and the images' ids.
+
+Crew folders are not part of it: they belong to another project (their own version is
+that project's) and are the step's read-only input, like the DB; their names and paths
+are (`workflow.toml [[crew_folders]]`), and one that lies inside the workflow folder is
+hashed with it. The group folder's copy of the last real run is input too.
+
+Never a silent cut: whatever could not be hashed makes `ContentHash.complete` False with
+the reason in `not_covered`, and the gate refuses that version.
 """
 
 from __future__ import annotations
@@ -20,17 +31,22 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import os
-import stat
+import posixpath
+import shlex
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
-from sandbox.contracts.config import Step, Workflow
+from sandbox.contracts.config import SPEC_DATA, WORKFLOW_FILE, Step, Workflow
 from sandbox.contracts.errors import ConfigError
+from sandbox.contracts.layout import C_WORKFLOW
 from sandbox.contracts.record import ContentHash
+from sandbox.prepare.lock import INFO_DIR_NAME, LOCK_FILE_NAME
+from sandbox.prepare.treehash import MAX_REASONS, Parts, TreeHash, file_part, hash_tree
 
-CODE_DIR = "code"
-MAX_CODE_ENTRIES = 20_000
+# The sandbox's own bookkeeping in the workflow folder: changed by every run's lock.
+OWN_FILES: Final = (LOCK_FILE_NAME, INFO_DIR_NAME)
+TOML_PART: Final = WORKFLOW_FILE
+STEP_EXCLUDED: Final = frozenset({"expect", "expect_file"})  # they judge the step
 
 
 def _sha(data: bytes) -> str:
@@ -39,61 +55,6 @@ def _sha(data: bytes) -> str:
 
 def _sha_json(value: object) -> str:
     return _sha(json.dumps(value, sort_keys=True, default=str).encode())
-
-
-def _hash_fd(fd: int) -> str:
-    digest = hashlib.sha256()
-    while chunk := os.read(fd, 1 << 20):
-        digest.update(chunk)
-    return digest.hexdigest()
-
-
-def _entry_hash(name: str, dirfd: int) -> str:
-    entry = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-    if stat.S_ISLNK(entry.st_mode):
-        return "link:" + os.readlink(name, dir_fd=dirfd)
-    if not stat.S_ISREG(entry.st_mode):
-        return f"special:{stat.S_IFMT(entry.st_mode):o}"
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dirfd)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since the stat
-            return "special:changed"
-        return _hash_fd(fd) + ("+x" if entry.st_mode & 0o111 else "")
-    finally:
-        os.close(fd)
-
-
-def code_parts(workflow_dir: Path) -> dict[str, str]:
-    """`code/<path>` -> hash, for every entry below the code folder (links not followed)."""
-    root = workflow_dir / CODE_DIR
-    try:
-        st = os.lstat(root)
-    except FileNotFoundError:
-        return {}
-    if stat.S_ISLNK(st.st_mode):
-        return {CODE_DIR: "link:" + os.readlink(root)}
-    parts: dict[str, str] = {}
-
-    def unreadable(exc: OSError) -> None:  # a folder the walk cannot list is named too
-        where = Path(os.path.relpath(str(exc.filename), workflow_dir)).as_posix()
-        parts[where] = f"unreadable:{exc.errno}"
-
-    walk = os.fwalk(root, follow_symlinks=False, onerror=unreadable)
-    for dirpath, dirnames, filenames, dirfd in walk:
-        dirnames.sort()
-        rel_dir = Path(os.path.relpath(dirpath, workflow_dir)).as_posix()
-        for name in sorted(filenames) + [
-            d for d in dirnames if os.path.islink(os.path.join(dirpath, d))
-        ]:
-            key = f"{rel_dir}/{name}"
-            try:
-                parts[key] = _entry_hash(name, dirfd)
-            except OSError as exc:  # vanished or unreadable: named, never a crash
-                parts[key] = f"unreadable:{exc.errno}"
-            if len(parts) > MAX_CODE_ENTRIES:
-                parts["code/[cut]"] = f"more than {MAX_CODE_ENTRIES} entries"
-                return parts
-    return parts
 
 
 POLICY_MODULE: Final = "sandbox.policy"
@@ -109,40 +70,91 @@ def policy_version() -> str:
         return _sha(handle.read())
 
 
-def read_prompt(workflow_dir: Path, step: Step) -> str | None:
-    """The step's prompt as a run reads it (no link followed); ConfigError if unreadable."""
-    if step.prompt_file is None:
-        return None
-    path = workflow_dir / step.prompt_file
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, encoding="utf-8") as handle:
-            return handle.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"step {step.id}: prompt_file {path} unreadable: {exc}") from None
+def data_matcher(workflow: Workflow) -> Any:
+    """`is_data(parts)`: True for a path inside the workflow's data."""
+    declared = [tuple(d.split("/")) for d in workflow.version.data]
+
+    def is_data(parts: Parts) -> bool:
+        if len(parts) >= 1 and (parts[0] in SPEC_DATA or parts[0] in OWN_FILES):
+            return True
+        return any(parts[: len(d)] == d for d in declared)
+
+    return is_data
+
+
+def toml_sections(workflow: Workflow) -> dict[str, str]:
+    """One part per section of the parsed `workflow.toml` (every field, defaults
+    included, so a section added later is covered without a change here)."""
+    parts: dict[str, str] = {}
+    for key, value in workflow.model_dump(mode="json").items():
+        if key == "steps":
+            for entry in value:
+                kept = {k: v for k, v in entry.items() if k not in STEP_EXCLUDED}
+                parts[f"{TOML_PART} [[steps]] {entry['id']}"] = _sha_json(kept)
+        elif isinstance(value, list):
+            parts[f"{TOML_PART} [[{key}]]"] = _sha_json(value)
+        elif isinstance(value, dict):
+            parts[f"{TOML_PART} [{key}]"] = _sha_json(value)
+        else:
+            parts[f"{TOML_PART} {key}"] = _sha_json(value)
+    return parts
+
+
+def named_files(workflow: Workflow, step: Step) -> list[str]:
+    """Paths (relative to the workflow folder) the step names: each `/workflow/...` in its
+    command (also after `=`, as in `--config=/workflow/x`), its prompt, the CA files."""
+    out: list[str] = []
+    if step.command is not None:
+        if isinstance(step.command, list):
+            words = list(step.command)
+        else:
+            try:
+                words = shlex.split(step.command)
+            except ValueError:
+                words = step.command.split()
+        for word in words:
+            for token in (word, word.partition("=")[2]):
+                norm = posixpath.normpath(token) if token.startswith(C_WORKFLOW + "/") else ""
+                if norm.startswith(C_WORKFLOW + "/"):
+                    out.append(norm[len(C_WORKFLOW) + 1 :])
+    if step.prompt_file is not None:
+        out.append(posixpath.normpath(step.prompt_file))
+    out += [posixpath.normpath(f) for f in workflow.egress.trust_ca_files]
+    return out
 
 
 def content_hash(
-    workflow_dir: Path,
-    workflow: Workflow,
-    step: Step,
-    prompt: str | None,
-    images: dict[str, str],
+    workflow_dir: Path, workflow: Workflow, step: Step, images: dict[str, str]
 ) -> ContentHash:
-    entry = step.model_dump(mode="json", exclude={"expect", "expect_file"})
+    tree: TreeHash = hash_tree(workflow_dir, data_matcher(workflow))
     parts: dict[str, str] = {
         "command": _sha(step.display_command().encode()),
-        "workflow.toml step entry": _sha_json(entry),
-        "mcp servers": _sha_json([s.model_dump(mode="json") for s in workflow.mcp_servers]),
         "policy table": policy_version(),
     }
-    if prompt is not None and step.prompt_file is not None:
-        parts[step.prompt_file] = _sha(prompt.encode())
-    parts.update(code_parts(workflow_dir))
+    parts.update(toml_sections(workflow))
+    parts.update(tree.parts)
+    for rel in named_files(workflow, step):
+        if rel not in parts:
+            parts[rel] = file_part(workflow_dir, rel, tree)
+    if TOML_PART not in parts:  # a workflow.toml it could not read is not a version
+        tree.miss(f"{TOML_PART}: not hashed")
     parts.update({f"image {role}": image for role, image in sorted(images.items())})
-    return ContentHash(digest=_sha_json(sorted(parts.items())), parts=parts)
+    missed = tree.not_covered
+    shown = missed[:MAX_REASONS] + (
+        [f"and {len(missed) - MAX_REASONS} more"] if len(missed) > MAX_REASONS else []
+    )
+    digest = _sha_json([sorted(parts.items()), shown])
+    return ContentHash(digest=digest, parts=parts, complete=not missed, not_covered=shown)
 
 
 def changed_parts(old: dict[str, str], new: dict[str, str]) -> list[str]:
     """Names of the parts that differ (added, removed or changed), sorted."""
     return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+
+
+def not_covered_reason(content: ContentHash) -> str:
+    """Why a version cannot be vouched for ("" when its hash covered everything)."""
+    if content.complete:
+        return ""
+    what = "; ".join(content.not_covered[:3]) or "its hash does not say it covered everything"
+    return f"the version hash could not cover {what}"

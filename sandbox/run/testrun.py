@@ -380,7 +380,7 @@ class TestRun:
             started_at=datetime.now(UTC),
             runner=runner_info(),
             images=used_images,
-            content=content_hash(self.workflow_dir, workflow, step, inputs.prompt, used_images),
+            content=content_hash(self.workflow_dir, workflow, step, used_images),
             backend=backend.kind,
         )
 
@@ -402,10 +402,22 @@ class TestRun:
         assert record.runner is not None
         step_runtime = step_runtime_for(inputs.workflow, self.options.step_runtime)
         ids = backend.id_map()
+        options = self.options
         record.walls = Walls(
             step_runtime=step_runtime,
             userns_remap=ids.remapped,
             host_uid_base=ids.uid_base if ids.remapped else None,
+            firewall=options.install_firewall,  # else the launch fails on its readback
+            seccomp=bool(inputs.seccomp_text),
+            egress_additions=list(options.allow_hosts),
+            upstream_overrides=[
+                *(
+                    [f"bridge upstream {options.upstream_bridge}"]
+                    if options.upstream_bridge
+                    else []
+                ),
+                *(f"network {n}" for n in options.upstream_networks),
+            ],
         )
         plan = self._plan(
             inputs,
@@ -778,6 +790,7 @@ class TestRun:
         record.stdout, record.stderr = launched.step.output_tails()
         record.preflight = verdict.preflight_from(record.stderr.text, plan.install_firewall)
         record.landlock = verdict.landlock_from(record.stderr.text)
+        record.walls = verdict.judge_walls(record.walls, record.preflight, record.landlock)
         guarded.usage.finish()
         record.resources = verdict.resources(
             guarded.usage, record.stderr.text, executor_sees_memory=plan.step_runtime == "runc"

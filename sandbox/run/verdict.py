@@ -17,6 +17,7 @@ from sandbox.contracts.record import (
     Preflight,
     Resources,
     RunStatus,
+    Walls,
 )
 from sandbox.stepside.agentworks_exec.interface import (
     LANDLOCK_MARK,
@@ -52,6 +53,24 @@ def landlock_from(stderr: str) -> Landlock:
             except ValueError:
                 return Landlock(reason="unreadable Landlock report")
     return Landlock()
+
+
+def judge_walls(walls: Walls, preflight: Preflight | None, landlock: Landlock) -> Walls:
+    """The run's walls with `full` and `lacking` filled in (see `Walls`)."""
+    lacking = []
+    if not walls.firewall:
+        lacking.append("no firewall (it was turned off for this run)")
+    if preflight is None or not preflight.ok:
+        lacking.append("no preflight that found every way out closed")
+    if not walls.seccomp:
+        lacking.append("no seccomp profile")
+    if landlock.required and (not landlock.applied or landlock.reason):
+        lacking.append("its required Landlock wall was not made")
+    if walls.egress_additions:
+        lacking.append(
+            "egress allow list extended for this run: " + ", ".join(walls.egress_additions)
+        )
+    return walls.model_copy(update={"full": not lacking, "lacking": lacking})
 
 
 def resources(usage: UsageWatcher, stderr: str, *, executor_sees_memory: bool) -> Resources:

@@ -1,13 +1,14 @@
 """`sandbox gate`: the Pulse rule for a step with external effects.
 
-A step passes the gate when its current content hash (computed now, from the
-workflow folder and the images on this host, exactly as a test run computes
-it) has a passing verification under its current expectations. With
-`allow_no_effects`, a step also passes when it has test runs at the current hash
-and none of them showed an external effect (no stubbed, refused or denied
-egress call, and a log that was read whole). Either way the run's record must say
-its action log was sealed (see sandbox.verify.seal). Anything else fails the gate
-with what is missing, naming the parts that changed since the last verification.
+A step passes the gate when its current version (its content hash, computed now from
+the workflow folder and the images on this host exactly as a test run computes it; see
+`sandbox.prepare.contenthash`) has a passing verification under its current
+expectations, run with every wall of a normal run (`Walls.full`), whose run's action log
+was sealed (see sandbox.verify.seal). With `allow_no_effects`, a step also passes when
+it has test runs at the current hash, each with every wall, and none of them showed an
+external effect. Anything else fails the gate with what is missing, naming the parts
+that changed since the last verification. A version whose hash could not cover
+everything is never vouched for.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ from pathlib import Path
 
 from sandbox.contracts import names
 from sandbox.contracts.config import Step, Workflow, load_workflow
-from sandbox.contracts.layout import TEST_RUN_PREFIX
-from sandbox.contracts.record import ContentHash, RunStatus, TestRunRecord, read_record
+from sandbox.contracts.layout import TEST_RUN_PREFIX, is_test_run
+from sandbox.contracts.record import ContentHash, RunStatus, TestRunRecord, Walls, read_record
 from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record
 from sandbox.launch import specs as launch
-from sandbox.prepare.contenthash import changed_parts, content_hash, read_prompt
+from sandbox.prepare.contenthash import changed_parts, content_hash, not_covered_reason
 from sandbox.verify import history
 from sandbox.verify.expect import expectations_digest, load_expectations
 from sandbox.verify.seal import NOT_SEALED, unsealed
@@ -44,7 +45,7 @@ def current_content(workflow_dir: Path, workflow: Workflow, step: Step) -> Conte
         used = {"step": backend.require_image(names.STEP_IMAGE)}
         if launch.stdio_servers(workflow):
             used["mcp"] = backend.require_image(names.MCP_IMAGE)
-    return content_hash(workflow_dir, workflow, step, read_prompt(workflow_dir, step), used)
+    return content_hash(workflow_dir, workflow, step, used)
 
 
 def _records_at(workflow_dir: Path, step_id: str, digest: str) -> list[TestRunRecord]:
@@ -53,7 +54,7 @@ def _records_at(workflow_dir: Path, step_id: str, digest: str) -> list[TestRunRe
     if not runs.is_dir() or runs.is_symlink():
         return out
     for path in sorted(runs.iterdir()):
-        if not path.name.startswith(TEST_RUN_PREFIX) or path.is_symlink() or not path.is_dir():
+        if not is_test_run(path.name) or path.is_symlink() or not path.is_dir():
             continue
         try:
             record = read_record(path)
@@ -106,11 +107,22 @@ def _effects(record: TestRunRecord) -> str:
     return ""
 
 
+def weaker_walls(walls: Walls | None) -> str:
+    """Why a run's walls were less than a normal run's ("" when they were all there)."""
+    if walls is None:
+        return "its walls are not recorded"
+    if walls.full:
+        return ""
+    return "; ".join(walls.lacking) or "it did not have every wall of a normal run"
+
+
 def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = False) -> GateResult:
     wf_dir = Path(workflow_dir).absolute()
     workflow = load_workflow(wf_dir)
     step = workflow.step(step_id)
     now = current_content(wf_dir, workflow, step)
+    if not now.complete:
+        return GateResult(False, f"{step_id} not verified: {not_covered_reason(now)}")
     past = history.read(wf_dir, step_id)
     expectations = ""
     if step.expect or step.expect_file:
@@ -119,11 +131,22 @@ def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = Fal
         )
     at_now = [e for e in past if e.content is not None and e.content.digest == now.digest]
     passing = [e for e in at_now if e.passed and e.expectations_digest == expectations]
-    sealed = [e for e in passing if not _run_unsealed(wf_dir, e.run_id)]
+    walled = [e for e in passing if not weaker_walls(e.walls)]
+    sealed = [e for e in walled if not _run_unsealed(wf_dir, e.run_id)]
     if sealed:
         return GateResult(True, f"{step_id} verified at its current version ({sealed[-1].run_id})")
+    not_accepted = ""
+    if walled:  # none of them sealed
+        last_run = walled[-1].run_id
+        not_accepted = f"{step_id}: {_run_unsealed(wf_dir, last_run)} ({last_run})"
+    elif passing:
+        weak = passing[-1]
+        not_accepted = (
+            f"{step_id} not verified; its verification {weak.run_id} ran with weaker walls "
+            f"than a normal run ({weaker_walls(weak.walls)})"
+        )
     if allow_no_effects:
-        runs = _records_at(wf_dir, step_id, now.digest)
+        runs = [r for r in _records_at(wf_dir, step_id, now.digest) if not weaker_walls(r.walls)]
         shown = [(r, _effects(r)) for r in runs]
         if runs and not any(effect for _, effect in shown):
             return GateResult(
@@ -138,10 +161,8 @@ def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = Fal
             effect_note = "; no test run at its current version to show it has no effects"
     else:
         effect_note = ""
-    if passing:  # none of them sealed
-        last_run = passing[-1].run_id
-        why = f"{step_id}: {_run_unsealed(wf_dir, last_run)} ({last_run})"
-        return GateResult(False, why + effect_note)
+    if not_accepted:
+        return GateResult(False, not_accepted + effect_note)
     if at_now:
         last = at_now[-1]
         if last.passed:
@@ -187,6 +208,9 @@ def gate_workflow(
     ids = [s.id for s in chain]
     now = {s.id: current_content(wf_dir, workflow, s) for s in chain}
     what = f"the chain {' -> '.join(ids)} ({expectations.source})"
+    for i in ids:
+        if not now[i].complete:
+            return GateResult(False, f"{what} not verified: {i}: {not_covered_reason(now[i])}")
     past = [
         e
         for e in history.read_workflow(wf_dir)
@@ -201,12 +225,23 @@ def gate_workflow(
 
     current = [e for e in past if at_now(e)]
     passing = [e for e in current if e.passed and e.expectations_digest == expectations.digest]
-    sealed = [e for e in passing if not _run_unsealed(wf_dir, e.run_id)]
+
+    def weak(entry: history.WorkflowHistoryEntry) -> str:
+        return "; ".join(f"{i}: {why}" for i in ids if (why := weaker_walls(entry.walls.get(i))))
+
+    walled = [e for e in passing if not weak(e)]
+    sealed = [e for e in walled if not _run_unsealed(wf_dir, e.run_id)]
     if sealed:
         return GateResult(True, f"{what} verified at its current version ({sealed[-1].run_id})")
-    if passing:
-        last_run = passing[-1].run_id
+    if walled:
+        last_run = walled[-1].run_id
         return GateResult(False, f"{what}: {_run_unsealed(wf_dir, last_run)} ({last_run})")
+    if passing:
+        return GateResult(
+            False,
+            f"{what} not verified: its verification {passing[-1].run_id} ran with weaker "
+            f"walls than a normal run ({weak(passing[-1])})",
+        )
     if current:
         last = current[-1]
         if last.passed:

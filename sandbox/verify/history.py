@@ -1,23 +1,32 @@
-"""Each workflow's verification history: `runs/verifications.jsonl` (one step's) and
-`runs/workflow_verifications.jsonl` (whole chains').
+"""Each workflow's verification history: `runs/test-verifications/verifications.jsonl`
+(one step's) and `runs/test-verifications/workflow_verifications.jsonl` (whole chains').
 
-One line per verification, appended by the host with one `write(2)` on an
-O_APPEND descriptor (never half a line beside another writer), opened without
-following a link. The file lives beside the test runs (not a run folder, so `sandbox gc
---remove-runs` leaves it when it removes their folders). Lines
-that do not parse are skipped and counted, never trusted.
+Under a `runs/test-*` name, so test mode writes nothing beside the real runs (Pulse
+skips `runs/test-*`; the step's view of the workflow folder hides it like every test
+run's folder), yet not a run: `layout.is_test_run` leaves it out, so `sandbox list`
+shows no run for it and `sandbox gc --remove-runs` keeps it. The files an older
+version wrote straight in `runs/` are ignored (their hashes follow an older definition
+of the version, which no current hash matches).
+
+One line per verification, appended by the host with one `write(2)` on an O_APPEND
+descriptor (never half a line beside another writer); the folder and the file are
+opened from `runs/` by fd, never through a link. Lines that do not parse are skipped,
+never trusted.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from datetime import datetime
 from pathlib import Path
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
-from sandbox.contracts.record import ContentHash
+from sandbox.contracts.layout import HISTORY_DIR
+from sandbox.contracts.record import ContentHash, Walls
+from sandbox.hostfs import fdtree
 from sandbox.verify.verdict import Verification
 
 HISTORY_FILE = "verifications.jsonl"
@@ -33,6 +42,7 @@ class HistoryEntry(BaseModel):
     content: ContentHash | None = None
     expectations_digest: str
     failed: list[str] = []
+    walls: Walls | None = None  # the run's; None: not recorded (the gate refuses)
 
 
 class WorkflowHistoryEntry(BaseModel):
@@ -46,14 +56,15 @@ class WorkflowHistoryEntry(BaseModel):
     chain_steps: list[str]
     content: dict[str, ContentHash] = {}  # step id -> its content hash in that run
     failed: list[str] = []
+    walls: dict[str, Walls] = Field(default_factory=dict)  # step id -> its run's walls
 
 
 def history_path(workflow_dir: Path) -> Path:
-    return workflow_dir / "runs" / HISTORY_FILE
+    return workflow_dir / "runs" / HISTORY_DIR / HISTORY_FILE
 
 
 def workflow_history_path(workflow_dir: Path) -> Path:
-    return workflow_dir / "runs" / WORKFLOW_HISTORY_FILE
+    return workflow_dir / "runs" / HISTORY_DIR / WORKFLOW_HISTORY_FILE
 
 
 def append(workflow_dir: Path, verification: Verification) -> None:
@@ -67,36 +78,64 @@ def append(workflow_dir: Path, verification: Verification) -> None:
             content=verification.content,
             expectations_digest=verification.expectations_digest,
             failed=[r.label for r in verification.results if not r.ok],
+            walls=verification.walls,
         ),
     )
 
 
 def append_entry(workflow_dir: Path, entry: HistoryEntry) -> None:
-    _append_line(history_path(workflow_dir), entry)
+    _append_line(workflow_dir, HISTORY_FILE, entry)
 
 
 def append_workflow(workflow_dir: Path, entry: WorkflowHistoryEntry) -> None:
-    _append_line(workflow_history_path(workflow_dir), entry)
+    _append_line(workflow_dir, WORKFLOW_HISTORY_FILE, entry)
 
 
-def _append_line(path: Path, entry: BaseModel) -> None:
+def _history_dir(workflow_dir: Path, *, create: bool) -> int:
+    """`runs/test-verifications/` as an fd (made when `create`), no link followed."""
+    if create:
+        with contextlib.suppress(FileExistsError):  # a link there is refused just below
+            os.mkdir(workflow_dir / "runs", 0o755)
+    runs = fdtree.open_root(workflow_dir / "runs")
+    try:
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(HISTORY_DIR, 0o755, dir_fd=runs)
+        return os.open(HISTORY_DIR, fdtree.DIR_FLAGS, dir_fd=runs)
+    finally:
+        os.close(runs)
+
+
+def _append_line(workflow_dir: Path, name: str, entry: BaseModel) -> None:
     data = (entry.model_dump_json() + "\n").encode()
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(path, flags, 0o644)
+    folder = _history_dir(workflow_dir, create=True)
+    try:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o644, dir_fd=folder)
+    finally:
+        os.close(folder)
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{path} is not a regular file")
+            raise OSError(f"{HISTORY_DIR}/{name} is not a regular file")
         os.write(fd, data)
         os.fsync(fd)
     finally:
         os.close(fd)
 
 
-def _read_lines(path: Path) -> list[bytes]:
+def _read_lines(workflow_dir: Path, name: str) -> list[bytes]:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        folder = _history_dir(workflow_dir, create=False)
     except OSError:
         return []
+    try:
+        fd = os.open(
+            name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=folder
+        )
+    except OSError:
+        return []
+    finally:
+        os.close(folder)
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
             return []
@@ -106,7 +145,7 @@ def _read_lines(path: Path) -> list[bytes]:
 def read_workflow(workflow_dir: Path) -> list[WorkflowHistoryEntry]:
     """The workflow verifications, oldest first."""
     out: list[WorkflowHistoryEntry] = []
-    for raw in _read_lines(workflow_history_path(workflow_dir)):
+    for raw in _read_lines(workflow_dir, WORKFLOW_HISTORY_FILE):
         try:
             out.append(WorkflowHistoryEntry.model_validate_json(raw))
         except ValidationError:
@@ -117,7 +156,7 @@ def read_workflow(workflow_dir: Path) -> list[WorkflowHistoryEntry]:
 def read(workflow_dir: Path, step_id: str | None = None) -> list[HistoryEntry]:
     """The history, oldest first (only `step_id`'s when given)."""
     out: list[HistoryEntry] = []
-    for raw in _read_lines(history_path(workflow_dir)):
+    for raw in _read_lines(workflow_dir, HISTORY_FILE):
         try:
             entry = HistoryEntry.model_validate_json(raw)
         except ValidationError:

@@ -15,7 +15,7 @@ from typing import Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox.contracts.record import ContentHash, write_json_atomic
+from sandbox.contracts.record import ContentHash, Walls, write_json_atomic
 from sandbox.verify.check import ExpectationResult
 from sandbox.verify.evidence import Evidence
 
@@ -100,6 +100,7 @@ class Verification(BaseModel):
     expectations_digest: str
     results: list[ExpectationResult]
     digest: RunDigest
+    walls: Walls | None = None  # the run's walls (the gate accepts only every wall)
 
     def lines(self) -> list[str]:
         held = sum(r.ok for r in self.results)

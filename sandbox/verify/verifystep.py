@@ -6,7 +6,7 @@ run that ended on an error proves nothing, so it never verifies a step.
 What defines the step is hashed again after the run: a change while it ran fails
 the verification (the run tested something its hash does not name).
 The verdict goes into the run's folder (`verification.json`) and the workflow's
-history (`runs/verifications.jsonl`), which `sandbox gate` reads.
+history (`runs/test-verifications/verifications.jsonl`), which `sandbox gate` reads.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from sandbox.contracts.config import load_workflow
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.layout import RunLayout
 from sandbox.contracts.record import TestRunRecord
-from sandbox.prepare.contenthash import changed_parts, content_hash, read_prompt
+from sandbox.prepare.contenthash import changed_parts, content_hash, not_covered_reason
 from sandbox.run.testrun import RunOptions, TestRun
 from sandbox.verify import history
 from sandbox.verify.check import ExpectationResult, check_all
@@ -59,6 +59,7 @@ def judge(
         expectations_digest=expectations_digest(named),
         results=results,
         digest=digest_of(ev),
+        walls=ev.record.walls,
     )
 
 
@@ -68,11 +69,17 @@ def content_kept(wf_dir: Path, step_id: str, record: TestRunRecord) -> list[Expe
     other than what its hash names, so it verifies nothing. Nothing when unchanged."""
     if record.content is None:
         return []
+    if not record.content.complete:  # the gate would refuse it: the verdict says so first
+        return [
+            _content_result(
+                "a version hash that covers everything", not_covered_reason(record.content)
+            )
+        ]
     expected = "the step's content unchanged from the run's start to its end"
     try:
         workflow = load_workflow(wf_dir)
         step = workflow.step(step_id)
-        now = content_hash(wf_dir, workflow, step, read_prompt(wf_dir, step), record.images)
+        now = content_hash(wf_dir, workflow, step, record.images)
     except ConfigError as exc:
         return [_content_result(expected, f"it cannot be read again after the run: {exc}")]
     if now.digest == record.content.digest:

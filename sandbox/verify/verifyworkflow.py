@@ -11,7 +11,7 @@ fails each of its expectations, saying why. What defines each step is hashed
 again after the chain: a change while it ran fails that step.
 
 The verdict goes into the run folder (`verification.json`, `kind: workflow`) and
-the workflow's history (`runs/workflow_verifications.jsonl`, which `sandbox gate
+the workflow's history (`runs/test-verifications/workflow_verifications.jsonl`, which `sandbox gate
 --workflow` reads). A step whose own expectations (`own = true`) held in the
 chain gets a line in the step history too, so `sandbox gate WORKFLOW STEP`
 counts the chain's verification of it.
@@ -214,6 +214,7 @@ def _step_verdict(
         status=entry.status.value,
         passed=all(r.ok for r in results),
         content=ev.record.content,
+        walls=ev.record.walls,
         own_expectations_digest=plan.own_digest if plan else None,
         own_passed=own_passed,
         results=results,
@@ -310,6 +311,7 @@ def record_history(workflow_dir: Path, verification: WorkflowVerification) -> No
             chain_steps=verification.chain_steps,
             content={s.step_id: s.content for s in verification.steps if s.content is not None},
             failed=verification.failed,
+            walls={s.step_id: s.walls for s in verification.steps if s.walls is not None},
         ),
     )
     for step in verification.steps:
@@ -325,6 +327,7 @@ def record_history(workflow_dir: Path, verification: WorkflowVerification) -> No
                 content=step.content,
                 expectations_digest=step.own_expectations_digest,
                 failed=[] if step.own_passed else [r.label for r in step.results if not r.ok],
+                walls=step.walls,
             ),
         )
 

@@ -16,7 +16,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox.contracts.record import ContentHash
+from sandbox.contracts.record import ContentHash, Walls
 from sandbox.verify.check import ExpectationResult
 from sandbox.verify.verdict import RunDigest, read_saved_verification, write_verification
 
@@ -34,6 +34,7 @@ class StepVerdict(BaseModel):
     status: str  # the step's state in the chain (a run status, or skipped)
     passed: bool
     content: ContentHash | None = None
+    walls: Walls | None = None  # its run's walls
     # When the file took the step's own expectations (`own = true`): their digest, and
     # whether they held (alone, as `sandbox verify` of the step judges them).
     own_expectations_digest: str | None = None

@@ -31,6 +31,7 @@ from sandbox.contracts.layout import (
     TEST_RUN_PREFIX,
     VIEW_LAYER,
     WORKFLOW_VIEW,
+    is_test_run,
 )
 from sandbox.contracts.names import (
     LABEL_MANAGED,
@@ -222,7 +223,11 @@ def collect_host(
     for workflow_dir in workflow_dirs or []:
         runs = workflow_dir / "runs"
         if runs.is_dir() and not runs.is_symlink():
-            roots.update(p for p in runs.glob("test-*") if p.is_dir() and not p.is_symlink())
+            roots.update(
+                p
+                for p in runs.glob("test-*")
+                if is_test_run(p.name) and p.is_dir() and not p.is_symlink()
+            )
     roots |= roots_with_mounts()
     # A chain step's root brings its workflow run's, and a workflow run's its steps'.
     roots |= {root.parent.parent for root in roots if root.parent.name == STEPS_DIR}
@@ -250,7 +255,7 @@ def _remove_finished_runs(runs: Path, report: GcReport) -> None:
         return
     try:
         with os.scandir(fd) as it:
-            names = [e.name for e in it if e.name.startswith(TEST_RUN_PREFIX)]
+            names = [e.name for e in it if is_test_run(e.name)]  # history kept
     finally:
         os.close(fd)
     for name in sorted(names):
