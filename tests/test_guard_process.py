@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -105,9 +106,13 @@ def _call(tool: str, extra: list[bytes] | None = None, session: str | None = Non
     return _request(head, body)
 
 
+_UNREAD: weakref.WeakKeyDictionary[socket.socket, bytes] = weakref.WeakKeyDictionary()
+
+
 def _read_reply(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
-    """One reply with a Content-Length body (what the guard sends)."""
-    data = b""
+    """One reply with a Content-Length body (what the guard sends). Bytes past it (a
+    pipelined reply that came in the same segment) are kept for the next call."""
+    data = _UNREAD.pop(sock, b"")
     while b"\r\n\r\n" not in data:
         chunk = sock.recv(65536)
         assert chunk, f"closed before a reply: {data!r}"
@@ -120,6 +125,8 @@ def _read_reply(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
         chunk = sock.recv(65536)
         assert chunk, "closed inside a reply body"
         rest += chunk
+    if rest[length:]:
+        _UNREAD[sock] = rest[length:]
     return int(status_line.split()[1]), headers, rest[:length]
 
 
