@@ -66,6 +66,8 @@ class Sizes(BaseModel):
     egress_rounds: int = 3
     mcp_n: int = 300
     mcp_rounds: int = 3
+    exec_rounds: int = 3
+    exec_n: int = 200  # per round and kind
 
 
 QUICK = Sizes(
@@ -86,6 +88,8 @@ QUICK = Sizes(
     egress_rounds=1,
     mcp_n=50,
     mcp_rounds=1,
+    exec_rounds=2,
+    exec_n=50,
 )
 
 
