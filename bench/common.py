@@ -66,8 +66,7 @@ class Sizes(BaseModel):
     egress_rounds: int = 3
     mcp_n: int = 300
     mcp_rounds: int = 3
-    exec_rounds: int = 3
-    exec_n: int = 200  # per round and kind
+    exec_calls: int = 600  # of each kind
 
 
 QUICK = Sizes(
@@ -88,8 +87,7 @@ QUICK = Sizes(
     egress_rounds=1,
     mcp_n=50,
     mcp_rounds=1,
-    exec_rounds=2,
-    exec_n=50,
+    exec_calls=100,
 )
 
 

@@ -1,6 +1,6 @@
 """Executor route: a DB query and a file read routed to the step's executor, against a
 stubbed bridge call from the same step plus the tool's own work (SQLite's query on the
-DB copy, the file's read), timed in the same step, in blocks that take turns."""
+DB copy, the file's read), timed in the same step, one of each kind in turn."""
 
 from __future__ import annotations
 
@@ -19,15 +19,14 @@ EXEC_DESIGN = (
     "query_workflow_db (10 rows of a 100-row table) and read_file (40 lines), both routed by "
     "the guard to the step's executor; in the step's own process the same query on the DB copy "
     "as the executor makes it (connect read-only, limits, query, close) and the same read. "
-    "{rounds} rounds of blocks of {n} that take turns; the floor of a routed call is the "
-    "stubbed call plus the tool's own time."
+    "{calls} of each, one of each kind in turn (the first rotating); the floor of a routed "
+    "call is the stubbed call plus the tool's own time."
 )
 
 
 def bench_executor(b: Bench) -> list[Row]:
-    s = b.sizes
-    rounds, n = s.exec_rounds, s.exec_n
-    cfg = {"rounds": rounds, "n": n, "warmup": 20}
+    calls = b.sizes.exec_calls
+    cfg = {"calls": calls, "warmup": 20}
     wf = write_workflow(
         b.work / "exec",
         name="execbench",
@@ -37,7 +36,7 @@ def bench_executor(b: Bench) -> list[Row]:
         code={"exec_step.py": EXEC_STEP},
     )
     small_db(wf / "db" / "db.sqlite")
-    b.say(f"executor: {rounds} rounds of {n} calls of each kind from one step")
+    b.say(f"executor: {calls} calls of each kind from one step, in turn")
     record = execute(wf, "calls", RunOptions())
     if record.status is not RunStatus.PASSED:
         tail = " | ".join(record.stderr.text.strip().splitlines()[-3:])
@@ -48,7 +47,7 @@ def bench_executor(b: Bench) -> list[Row]:
     except (ValueError, IndexError) as exc:
         raise BenchError(f"executor bench step printed no figures: {exc}") from None
     detail = ExecDetail(
-        design=EXEC_DESIGN.format(rounds=rounds, n=n),
+        design=EXEC_DESIGN.format(calls=calls),
         stubbed=stats["stub"],
         db_query=stats["db"],
         file_read=stats["file"],

@@ -1,5 +1,5 @@
 # The executor bench's step. From this one step, over one keep-alive connection to the
-# bridge, in blocks that take turns: a stubbed call (answered in the guard), a DB query
+# bridge, one of each in turn: a stubbed call (answered in the guard), a DB query
 # and a file read (routed to the executor in this container); and in this process the
 # same query on the DB copy and the same read, as the executor does them (their own
 # time, the floor's second part). Prints each kind's latency figures (ms) as one JSON
@@ -64,13 +64,10 @@ def read_alone(_kind):
         "".join(handle)
 
 
-def timed(func, kind, n):
-    lat = []
-    for _ in range(n):
-        t = time.perf_counter()
-        func(kind)
-        lat.append(round((time.perf_counter() - t) * 1e6, 1))
-    return lat
+def timed(func, kind):
+    t = time.perf_counter()
+    func(kind)
+    return round((time.perf_counter() - t) * 1e6, 1)
 
 
 blocks = [
@@ -80,13 +77,16 @@ blocks = [
     ("sqlite", sqlite_alone),
     ("read", read_alone),
 ]
-for name, func in blocks:
-    timed(func, name, cfg["warmup"])
+for _ in range(cfg["warmup"]):
+    for name, func in blocks:
+        timed(func, name)
+# One of each kind in turn, the first of the turn rotating: a slow moment of the
+# machine (a busy disk under the log's sync) falls on every kind alike.
 out = {name: [] for name, _ in blocks}
-for r in range(cfg["rounds"]):
-    turn = blocks[r % len(blocks) :] + blocks[: r % len(blocks)]
+for i in range(cfg["calls"]):
+    turn = blocks[i % len(blocks) :] + blocks[: i % len(blocks)]
     for name, func in turn:
-        out[name] += timed(func, name, cfg["n"])
+        out[name].append(timed(func, name))
 
 
 def stats(lat_us):
