@@ -12,12 +12,14 @@ kernel's (`TCP_INFO` of the guard's socket), not timings.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sqlite3
 import struct
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +27,10 @@ from typing import Any
 import httpx
 import pytest
 
+from sandbox.contracts.wire import ToolResult
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app
+from sandbox.guard.caps import MAX_EXEC_REPLY_BYTES
 from sandbox.guard.config import GuardConfig
 from tests.conftest import BRIDGE_TOKEN, guard_config
 from tests.polling import wait_for
@@ -160,3 +164,54 @@ def test_a_db_query_or_file_read_is_one_round_trip_on_one_kept_connection(
     # One connection for every call, and on it one request segment and one reply
     # segment a call: (received, sent) by the guard.
     assert counts == [(len(calls), len(calls))]
+
+
+def _hostile_executor(reply_head: bytes, body_bytes: int) -> tuple[socket.socket, list[int]]:
+    """A stand-in for an executor the step took over: it answers every connection with
+    `reply_head` and then up to `body_bytes` of body, counting what the guard let it send."""
+    server = socket.create_server(("127.0.0.1", 0))
+    sent = [0]
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(reply_head)
+                chunk = b"x" * 65536
+                while sent[0] < body_bytes:
+                    sent[0] += conn.send(chunk)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return server, sent
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_reply_over_the_executors_cap_is_dropped_not_held(tmp_path: Path, declared: bool) -> None:
+    """The executor runs as the step: its reply is as hostile as the step, and the guard
+    reads no more of it than MAX_EXEC_REPLY_BYTES (a declared length over it, or a body
+    that keeps coming)."""
+    over = MAX_EXEC_REPLY_BYTES + 1
+    head = b"HTTP/1.1 200 OK\r\n" + (
+        b"Content-Length: %d\r\n\r\n" % over if declared else b"Connection: close\r\n\r\n"
+    )
+    server, sent = _hostile_executor(head, 4 * MAX_EXEC_REPLY_BYTES)
+    actions = tmp_path / "actions.jsonl"
+    actions.touch()
+    config = guard_config(actions, exec_port=server.getsockname()[1], has_db=True)
+    guard = Guard(config, ActionLog(str(actions), secrets=(BRIDGE_TOKEN,), fsync_each=False))
+    outcome: dict[str, Any] = {}
+
+    async def main() -> ToolResult:
+        try:
+            return await guard._execute_in_step("read_file", {"path": "big"}, outcome)
+        finally:
+            await guard.close()
+
+    try:
+        result = asyncio.run(main())
+    finally:
+        server.close()
+    assert result.is_error and "the guard's cap" in result.text
+    assert outcome["reply_bytes"] == f"more than {MAX_EXEC_REPLY_BYTES}"
+    assert sent[0] < 2 * MAX_EXEC_REPLY_BYTES  # the guard stopped reading, the rest was refused
