@@ -66,6 +66,7 @@ class Sizes(BaseModel):
     egress_rounds: int = 3
     mcp_n: int = 300
     mcp_rounds: int = 3
+    exec_calls: int = 600  # of each kind
 
 
 QUICK = Sizes(
@@ -86,6 +87,7 @@ QUICK = Sizes(
     egress_rounds=1,
     mcp_n=50,
     mcp_rounds=1,
+    exec_calls=100,
 )
 
 

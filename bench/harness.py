@@ -7,7 +7,7 @@ too. One table goes to stdout, progress to stderr, and the full results (every
 sample, the phase breakdown, the host) to `bench/results.json`.
 
 Benchmarks, one module each (see the README's Performance section for what each
-goal means): `startup`, `treecopy`, `dbcopy`, `guard`, `scale`, `mcp`,
+goal means): `startup`, `treecopy`, `dbcopy`, `guard`, `executor`, `scale`, `mcp`,
 `egress`, `walls`, `chain`, and `kubernetes` only when named (`--only kubernetes`: it
 needs a cluster); `results` is the arithmetic and the table, `common` what they share,
 and `programs/` the client programs they run inside containers. Peers run in
@@ -42,6 +42,7 @@ from docker import DockerClient
 from bench.common import MIB, QUICK, Bench, Sizes
 from bench.dbcopy import bench_db
 from bench.egress import bench_egress
+from bench.executor import bench_executor
 from bench.guard import bench_guard
 from bench.load import hogs
 from bench.mcp import bench_mcp
@@ -56,7 +57,18 @@ RESULTS_PATH = REPO_ROOT / "bench" / "results.json"
 LOAD_RESULTS_PATH = REPO_ROOT / "bench" / "results-load.json"  # a full run with --load
 
 
-ALL_BENCHMARKS = ("startup", "copy", "db", "guard", "scale", "mcp", "egress", "walls", "chain")
+ALL_BENCHMARKS = (
+    "startup",
+    "copy",
+    "db",
+    "guard",
+    "exec",
+    "scale",
+    "mcp",
+    "egress",
+    "walls",
+    "chain",
+)
 # Only when named (`--only kubernetes`): it needs a cluster, the host config's or the
 # local test cluster it starts for the duration.
 ON_REQUEST = ("kubernetes",)
@@ -67,6 +79,7 @@ BENCHMARKS: dict[str, tuple[str, Callable[[Bench], list[Row]]]] = {
     "copy": ("copy", bench_copy),
     "db": ("db copy", bench_db),
     "guard": ("guard", bench_guard),
+    "exec": ("executor route", bench_executor),
     "scale": ("scale", bench_scale),
     "mcp": ("mcp", bench_mcp),
     "egress": ("egress", bench_egress),

@@ -302,6 +302,17 @@ class GuardDetail(BaseModel):
     log_sync_alone: LatencyStats | None = None  # one line's write + fdatasync, same disk
 
 
+class ExecDetail(BaseModel):
+    """The executor route from one step: routed calls, the stubbed call, the tools' own time."""
+
+    design: str
+    stubbed: LatencyStats
+    db_query: LatencyStats
+    file_read: LatencyStats
+    sqlite_alone: LatencyStats  # the same query on the DB copy, in the step's process
+    read_alone: LatencyStats  # the same file read, in the step's process
+
+
 class ScaleDetail(BaseModel):
     runs: int
     statuses_concurrent: list[str] = Field(default_factory=list)
@@ -367,6 +378,7 @@ class BenchResults(BaseModel):
     copy_tree: CopyDetail | None = None
     db_copy: DbDetail | None = None
     guard: GuardDetail | None = None
+    executor: ExecDetail | None = None
     scale: ScaleDetail | None = None
     mcp: McpDetail | None = None
     egress: EgressDetail | None = None

@@ -23,6 +23,7 @@ from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app
 from sandbox.guard.caps import MAX_UPSTREAM_REPLY_BYTES
+from sandbox.guard.upstream import Reply
 from tests.conftest import BRIDGE_TOKEN, call_lines, guard_config
 
 TOKEN = BRIDGE_TOKEN
@@ -350,12 +351,11 @@ def test_the_guard_waits_as_long_as_the_executor_may_run_the_command(
     guard, _ = guard_at(None)
     seen: list[float] = []
 
-    def record(request: httpx.Request) -> httpx.Response:
-        seen.append(request.extensions["timeout"]["read"])
-        # A body that streams, as the executor's does (the guard reads it in capped chunks).
-        return httpx.Response(200, stream=httpx.ByteStream(b'{"text": "ran"}'))
+    async def record(body: bytes, timeout: float) -> Reply:
+        seen.append(timeout)
+        return Reply(200, b'{"text": "ran"}')
 
-    guard._executor = httpx.AsyncClient(transport=httpx.MockTransport(record), base_url="http://e")
+    guard._exec_post = record  # type: ignore[method-assign]
     arguments = {"command": "sleep 1"} if asked is None else {"command": "x", "timeout_s": asked}
     asyncio.run(guard._execute_in_step("execute_shell_command", arguments, {}))
     try:

@@ -24,7 +24,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -39,7 +38,7 @@ from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.bridge_client import BridgeClient
 from sandbox.guard.config import MCP_PATH, GuardConfig
 from sandbox.guard.gate import BAD_TOKEN, bearer_ok, reject_and_log
-from sandbox.guard.upstream import ReplyTooLarge, UpstreamError
+from sandbox.guard.upstream import Reply, ReplyTooLarge, UpstreamError
 from sandbox.stepside.agentworks_exec.pathsafety import check_tool_path
 from sandbox.stepside.agentworks_exec.toolargs import executor_deadline_s
 
@@ -93,11 +92,15 @@ class Guard:
         self.forward_slots = asyncio.Semaphore(caps.FORWARD_SLOTS)
         self._next_call = 0
         self._upstream = BridgeClient(config.upstream) if config.upstream else None
-        self._executor = httpx.AsyncClient(
-            base_url=f"http://127.0.0.1:{config.exec_port}",
-            headers={"Authorization": f"Bearer {config.exec_token}"},
-            trust_env=False,
+        # The same client as the upstream's: kept alive, a request in one write, no
+        # Nagle (a call is one round trip; see tests/test_exec_route.py).
+        self._executor = BridgeClient(
+            f"http://127.0.0.1:{config.exec_port}", max_body=caps.MAX_EXEC_REPLY_BYTES
         )
+        self._exec_headers = {
+            "Authorization": f"Bearer {config.exec_token}",
+            "Content-Type": "application/json",
+        }
 
     def active_calls(self) -> list[str]:
         return sorted(set(self._inflight.values()))
@@ -348,39 +351,43 @@ class Guard:
                     return ToolResult(text=f"refused: {problem}", is_error=True)
         timeout = exec_wait_s(tool, arguments, self.config.grace_s)
         request = ExecRequest(tool=tool, arguments=arguments)
-        cap = caps.MAX_EXEC_REPLY_BYTES
         try:
-            async with (
-                asyncio.timeout(timeout),
-                self.forward_slots,
-                self._executor.stream(
-                    "POST", "/v1/exec", content=request.model_dump_json(), timeout=timeout
-                ) as response,
-            ):
-                status = response.status_code
-                body = bytearray()
-                async for chunk in response.aiter_raw():
-                    body += chunk
-                    if len(body) > cap:
-                        outcome["reply_bytes"] = f"more than {cap}"
-                        return ToolResult(
-                            text=f"{tool}: the step's tool executor replied with more than "
-                            f"{caps.mib(cap)} (the guard's cap); the reply was dropped",
-                            is_error=True,
-                        )
-        except (httpx.TimeoutException, TimeoutError):
+            reply = await self._exec_post(request.model_dump_json().encode(), timeout)
+        except TimeoutError:
             return ToolResult(text=f"{tool} did not finish within {timeout:g} s", is_error=True)
-        except httpx.HTTPError as exc:
+        except ReplyTooLarge:
+            cap = caps.MAX_EXEC_REPLY_BYTES
+            outcome["reply_bytes"] = f"more than {cap}"
             return ToolResult(
-                text=f"the step's tool executor is not reachable: {exc}", is_error=True
+                text=f"{tool}: the step's tool executor replied with more than "
+                f"{caps.mib(cap)} (the guard's cap); the reply was dropped",
+                is_error=True,
             )
-        outcome["reply_bytes"] = len(body)
-        if status != 200:
-            return ToolResult(text=f"the step's tool executor answered {status}", is_error=True)
+        except UpstreamError as exc:
+            if not exc.sent:
+                return ToolResult(
+                    text=f"the step's tool executor is not reachable: {exc}", is_error=True
+                )
+            return ToolResult(
+                text=f"the step's tool executor failed: {exc}; the call may have run "
+                "and was not repeated",
+                is_error=True,
+            )
+        outcome["reply_bytes"] = len(reply.body)
+        if reply.status != 200:
+            return ToolResult(
+                text=f"the step's tool executor answered {reply.status}", is_error=True
+            )
         try:
-            return ToolResult.model_validate_json(body)
+            return ToolResult.model_validate_json(reply.body)
         except ValidationError:
             return ToolResult(text="the step's tool executor sent a malformed reply", is_error=True)
+
+    async def _exec_post(self, body: bytes, timeout: float) -> Reply:
+        """One exchange with the executor, within `timeout` (a cancelled one closes its
+        connection, so a late reply never answers the next call)."""
+        async with asyncio.timeout(timeout), self.forward_slots:
+            return await self._executor.post("/v1/exec", body, self._exec_headers)
 
     async def _forward(
         self, tool: str, arguments: dict[str, Any], session: str, detail: dict[str, Any]

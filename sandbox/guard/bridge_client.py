@@ -13,8 +13,8 @@ any failure (reset, close, malformed reply, time-out) is that call's error with
 a connection that could not be made is `sent=False`.
 Limits: a reply head past MAX_HEAD_BYTES (its header lines, or the bytes read while
 it is incomplete) is malformed; a body over
-`caps.MAX_UPSTREAM_REPLY_BYTES` (declared, or counted as it arrives) is
-`ReplyTooLarge`, never held whole; at most MAX_IDLE idle connections; no
+the client's `max_body` (declared, or counted as it arrives) is `ReplyTooLarge`,
+never held whole; at most MAX_IDLE idle connections; no
 redirects, no proxies from the environment; 1xx replies are skipped.
 """
 
@@ -48,7 +48,8 @@ def _field(value: str) -> bytes:
 class _Connection(asyncio.Protocol):
     """One connection to the upstream and the exchange on it (at most one at a time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_body: int) -> None:
+        self.max_body = max_body
         self.transport: asyncio.Transport | None = None
         self.parser = httptools.HttpResponseParser(self)
         self.reply: asyncio.Future[Reply] | None = None
@@ -153,8 +154,8 @@ class _Connection(asyncio.Protocol):
         lowered = name.lower()
         if lowered == b"content-length":
             self._delimited = True
-            if value.strip().isdigit() and int(value) > MAX_BODY_BYTES:
-                self._fail(ReplyTooLarge(f"reply of {int(value)} bytes, over {MAX_BODY_BYTES}"))
+            if value.strip().isdigit() and int(value) > self.max_body:
+                self._fail(ReplyTooLarge(f"reply of {int(value)} bytes, over {self.max_body}"))
         elif lowered == b"transfer-encoding":
             self._delimited = True
 
@@ -168,8 +169,8 @@ class _Connection(asyncio.Protocol):
         if self.reply is None:
             return
         self._body += body
-        if len(self._body) > MAX_BODY_BYTES:
-            self._fail(ReplyTooLarge(f"reply larger than {MAX_BODY_BYTES} bytes"))
+        if len(self._body) > self.max_body:
+            self._fail(ReplyTooLarge(f"reply larger than {self.max_body} bytes"))
 
     def on_message_complete(self) -> None:
         if 100 <= self._status < 200:  # an interim reply: the real one follows
@@ -183,9 +184,9 @@ class _Connection(asyncio.Protocol):
 
 
 class BridgeClient:
-    """Keep-alive POSTs to one upstream base URL (http or https)."""
+    """Keep-alive POSTs to one upstream base URL (http or https), a request in one write."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, *, max_body: int = MAX_BODY_BYTES) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"not an http(s) URL: {base_url!r}")
@@ -195,6 +196,7 @@ class BridgeClient:
         self._context: ssl.SSLContext | None = None
         self._authority = _field(url.netloc)
         self._prefix = url.path.rstrip("/")
+        self._max_body = max_body
         self._idle: list[_Connection] = []
 
     async def post(self, path: str, body: bytes, headers: dict[str, str]) -> Reply:
@@ -238,7 +240,7 @@ class BridgeClient:
         loop = asyncio.get_running_loop()
         try:
             transport, conn = await loop.create_connection(
-                _Connection,
+                lambda: _Connection(self._max_body),
                 self._host,
                 self._port,
                 ssl=self._context,
