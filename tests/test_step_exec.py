@@ -691,3 +691,61 @@ def test_the_step_gets_default_sigpipe(start_exec: ExecFactory, tmp_path: Path) 
     ignored = int(status.read_text().split()[1], 16)
     assert not ignored & (1 << (signal.SIGPIPE - 1))
     assert not ignored & (1 << (signal.SIGXFSZ - 1))
+
+
+# The executor under a kernel that refuses the wait for the first call (the step's
+# seccomp profile under runsc did, with EPERM): the step then asks its own port.
+REFUSED_WAIT = """
+import select, sys
+def refused(*args, **kwargs):
+    raise PermissionError(1, "Operation not permitted")
+select.select = refused
+from sandbox.stepside.agentworks_exec.supervisor import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+ASK_THE_PORT = """
+import os, socket, sys, time
+port = int(sys.argv[1])
+end = time.monotonic() + 10
+while True:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            conn.sendall(b"GET /v1/health HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+            got = conn.recv(100)
+    except (ConnectionRefusedError, ConnectionResetError) as exc:
+        print(type(exc).__name__)
+        break
+    except OSError as exc:
+        print("OTHER", exc)
+        break
+    if time.monotonic() > end:
+        print("ANSWERED" if got else "HUNG")
+        break
+    time.sleep(0.01)  # connected before the executor's thread closed the listener
+"""
+
+
+def test_an_executor_that_cannot_wait_for_calls_refuses_them_and_says_why(
+    tmp_path: Path,
+) -> None:
+    """A tool call must fail at once, not hang in the backlog until the step's timeout."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "DB_PATH"}
+    env.update(
+        AGENTWORKS_EXEC_PORT=str(port),
+        AGENTWORKS_EXEC_TOKEN=TOKEN,
+        AGENTWORKS_EXEC_ROOT=str(tmp_path),
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", REFUSED_WAIT, "--", sys.executable, "-c", ASK_THE_PORT, str(port)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() in {"ConnectionRefusedError", "ConnectionResetError"}, done.stdout
+    assert "agentworks_exec: cannot wait for tool calls: [Errno 1]" in done.stderr

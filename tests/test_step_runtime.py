@@ -58,10 +58,23 @@ def test_runsc_profile_allows_clone3_and_keeps_every_other_rule() -> None:
 
     before, after = actions(original), actions(variant)
     assert "SCMP_ACT_ERRNO" in before["clone3"] and after["clone3"] == {"SCMP_ACT_ALLOW"}
+    aliases = set(runtime.SENTRY_SYSCALL_NAMES.values())
     assert {k: v for k, v in before.items() if k != "clone3"} == {
-        k: v for k, v in after.items() if k != "clone3"
+        k: v for k, v in after.items() if k not in {"clone3", *aliases}
     }
     assert variant["defaultAction"] == original["defaultAction"]
+
+
+def test_runsc_profile_names_each_call_as_the_sentry_does_too() -> None:
+    """gVisor's table calls 270 `pselect`: a rule naming only `pselect6` is dropped by
+    runsc, `select.select` gets EPERM and the executor never answers a tool call."""
+    variant = json.loads(runtime.profile_for("runsc", step_profile()))
+    assert runtime.SENTRY_SYSCALL_NAMES["pselect6"] == "pselect"
+    for linux_name, sentry_name in runtime.SENTRY_SYSCALL_NAMES.items():
+        for rule in variant["syscalls"]:
+            if linux_name in rule["names"]:
+                assert sentry_name in rule["names"], rule
+        assert any(linux_name in rule["names"] for rule in variant["syscalls"])
 
 
 def test_runsc_gets_a_pids_floor_and_its_runtime_name() -> None:

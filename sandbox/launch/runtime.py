@@ -20,8 +20,14 @@ each is handled here (measured in `/work/shared/facts/gvisor-and-userns.md`):
   applies the profile (it would emulate `unshare`, `ptrace` instead of refusing
   them). The profile's `clone3 -> ENOSYS` rule comes back as EPERM under runsc, so
   glibc never falls back to `clone` and no thread starts: `profile_for` allows
-  clone3 (the sentry answers it with ENOSYS itself). The executor's preflight then
-  proves the profile is in force (a user namespace is refused) before the step runs.
+  clone3 (the sentry answers it with ENOSYS itself). runsc looks the profile's names
+  up in the sentry's own syscall table (`runsc help syscalls`) and silently drops a
+  name it does not know, and that table calls 270 `pselect`, not `pselect6`: the
+  call fell to the default EPERM, so Python's `select.select` failed and the
+  executor's server thread, waiting for the guard's first call, ended without a
+  word (every executor-routed tool call then hung). `profile_for` gives each rule
+  naming such a call the sentry's name too. The executor's preflight then proves the
+  profile is in force (a user namespace is refused) before the step runs.
 - Memory: the step sees no cgroup files under gVisor, and the executor's rusage is the
   sentry's account of processes the step controls: the record's peak comes from the
   engine alone, the container's cgroup read on the host while it runs
@@ -44,6 +50,10 @@ RUNSC = "runsc"
 # The engine's runtime named "runsc" must pass these to runsc (see the module docstring).
 RUNSC_REQUIRED_ARGS = ("--network=host", "--oci-seccomp")
 PIDS_FLOOR = 256
+# Linux x86_64 names the sentry's syscall table knows by another name, for the same
+# number (`runsc help syscalls`). A runsc whose table uses the Linux name drops the
+# alias as unknown, so naming both is right for either.
+SENTRY_SYSCALL_NAMES = {"pselect6": "pselect"}
 
 
 def engine_runtime(runtime: StepRuntime) -> str | None:
@@ -57,13 +67,18 @@ def step_pids(runtime: StepRuntime, pids: int) -> int:
 
 def profile_for(runtime: StepRuntime, profile_json: str) -> str:
     """The step's seccomp profile for this runtime: for runsc, clone3 is allowed (the
-    sentry answers ENOSYS itself, so glibc falls back to clone); every other rule is
-    the same."""
+    sentry answers ENOSYS itself, so glibc falls back to clone), and a rule naming a
+    call the sentry knows by another name (`SENTRY_SYSCALL_NAMES`) names it both ways;
+    every other rule is the same."""
     if runtime != RUNSC:
         return profile_json
     data: dict[str, Any] = json.loads(profile_json)
     rules = []
     for rule in data["syscalls"]:
+        given = rule.get("names", [])
+        aliases = [SENTRY_SYSCALL_NAMES[n] for n in given if n in SENTRY_SYSCALL_NAMES]
+        if aliases:
+            rule = {**rule, "names": [*given, *aliases]}
         names = [n for n in rule.get("names", []) if n != "clone3"]
         if names == rule.get("names", []):
             rules.append(rule)

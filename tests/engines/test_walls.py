@@ -215,6 +215,10 @@ def test_a_test_run_with_the_step_under_gvisor_passes_and_keeps_the_guard_on_run
         "db = sqlite3.connect(os.environ['DB_PATH'])\n"
         "db.execute(\"INSERT INTO t VALUES (2, 'two')\"); db.commit()\n"
         "print('KERNEL', os.uname().release, 'UID', os.getuid())\n"
+        # A tool the guard hands to the step's executor (the server thread's wait).
+        "import agentworks_bridge\n"
+        "listed = agentworks_bridge.call('list_dir', {'path': '.'})\n"
+        "print('LISTED', listed.get('ok'), 'in.txt' in str(listed.get('result')))\n"
     )
     before = tree_digest(wf)
     saved = os.environ.get("DOCKER_HOST")
@@ -230,6 +234,7 @@ def test_a_test_run_with_the_step_under_gvisor_passes_and_keeps_the_guard_on_run
     assert record.walls.step_runtime == "runsc"
     assert f"KERNEL {os.uname().release}" not in record.stdout.text, "the step saw the host kernel"
     assert "UID 10001" in record.stdout.text
+    assert "LISTED True True" in record.stdout.text, record.stdout.text[-800:]
     assert record.preflight is not None and record.preflight.ok
     assert record.preflight.firewall_verified  # the guard (runc) installed and read back its rules
     assert "user namespace (seccomp in force)" in record.preflight.checks
@@ -310,3 +315,35 @@ def test_a_fork_bomb_under_gvisor_ends_the_sandbox_and_the_record_says_so(
     assert tree_digest(wf) == before
     left = runsc.client.containers.list(all=True, filters={"label": f"{LABEL_RUN_ID}={record.id}"})
     assert left == []
+
+
+def test_every_call_the_runsc_profile_names_is_one_the_sentry_knows_by_that_name() -> None:
+    """runsc drops a profile name its sentry's table does not know, silently: the call
+    then gets the profile's default EPERM (`pselect6`, 270 in the table as `pselect`,
+    left `select.select` failing and every executor-routed tool call hanging). Each
+    Linux x86_64 call the profile names must be in the installed runsc's table under
+    one of the names its rule gives."""
+    import re
+    import subprocess
+
+    from sandbox.launch import runtime as step_runtime
+    from sandbox.launch.seccomp import step_profile
+
+    listing = subprocess.run(
+        ["runsc", "help", "syscalls"], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
+    table = listing.split("linux/amd64:", 1)[1].split("linux/arm64:", 1)[0]
+    sentry = {
+        int(number): name
+        for number, name in re.findall(r"^(\d+)\s+(\S+)", table, flags=re.MULTILINE)
+    }
+    header = Path("/usr/include/x86_64-linux-gnu/asm/unistd_64.h").read_text()
+    linux = {name: int(n) for name, n in re.findall(r"#define __NR_(\w+)\s+(\d+)", header)}
+    assert sentry and linux
+    unknown = []
+    for rule in json.loads(step_runtime.profile_for("runsc", step_profile()))["syscalls"]:
+        for name in rule["names"]:
+            number = linux.get(name)
+            if number in sentry and sentry[number] not in rule["names"]:
+                unknown.append(f"{name} ({number}: {sentry[number]} in the sentry)")
+    assert not unknown, unknown

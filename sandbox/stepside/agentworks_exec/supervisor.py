@@ -201,12 +201,22 @@ def _serve_when_called(listener: socket.socket, token: str, root: str) -> None:
     """The server's thread: at the first connection, load the server and the tools and
     serve for good. (`threading` itself is loaded on the main thread: imported first
     from another thread, it would take that one for the main thread and the exit
-    would wait for it.)"""
+    would wait for it.)
+
+    If the wait itself fails (a seccomp profile that refuses it, as runsc once did),
+    the listener is closed and the reason goes to stderr: the guard's calls are then
+    refused at once, each its own error, instead of waiting in the backlog for the
+    step's timeout."""
     import select
 
     try:
         select.select([listener], [], [])
-    except (OSError, ValueError):
+    except (OSError, ValueError) as exc:
+        listener.close()
+        try:
+            os.write(2, f"agentworks_exec: cannot wait for tool calls: {exc}\n".encode())
+        except OSError:
+            pass
         return
     from .executor import Executor
     from .server import ExecServer
