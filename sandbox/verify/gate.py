@@ -4,8 +4,8 @@ A step passes the gate when its current content hash (computed now, from the
 workflow folder and the images on this host, exactly as a test run computes
 it) has a passing verification under its current expectations. With
 `allow_no_effects`, a step also passes when it has test runs at the current hash
-and none of them showed an external effect (no stubbed, refused or denied
-egress call, and a log that was read whole). Anything else fails the gate with
+and none of them showed an effect (`sandbox.verify.effects`: no stubbed, refused
+or denied call, no DB write, a whole log). Anything else fails the gate with
 what is missing, naming the parts that changed since the last verification.
 """
 
@@ -18,10 +18,11 @@ from pathlib import Path
 from sandbox.contracts import names
 from sandbox.contracts.config import Step, Workflow, load_workflow
 from sandbox.contracts.layout import TEST_RUN_PREFIX
-from sandbox.contracts.record import ContentHash, RunStatus, TestRunRecord, read_record
+from sandbox.contracts.record import ContentHash, TestRunRecord, read_record
 from sandbox.launch import specs as launch
 from sandbox.prepare.contenthash import changed_parts, content_hash, read_prompt
 from sandbox.verify import history
+from sandbox.verify.effects import why_not_effect_free
 from sandbox.verify.expect import expectations_digest, load_expectations
 from sandbox.verify.verifystep import with_implicit_status
 
@@ -61,20 +62,6 @@ def _records_at(workflow_dir: Path, step_id: str, digest: str) -> list[TestRunRe
     return out
 
 
-def _effects(record: TestRunRecord) -> str:
-    """What external effect a run showed ("" for none)."""
-    counts = record.actions
-    if counts.stub or counts.log_full or counts.truncated or counts.malformed:
-        return f"{counts.stub} stubbed call(s)" if counts.stub else "its action log is incomplete"
-    if counts.refuse:
-        return f"{counts.refuse} refused call(s)"
-    if any(n.stubbed or n.refused for n in record.egress.values()):
-        return "denied egress"
-    if record.status is not RunStatus.PASSED:
-        return f"it did not pass ({record.status.value})"
-    return ""
-
-
 def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = False) -> GateResult:
     wf_dir = Path(workflow_dir).absolute()
     workflow = load_workflow(wf_dir)
@@ -92,7 +79,7 @@ def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = Fal
         return GateResult(True, f"{step_id} verified at its current version ({passing[-1].run_id})")
     if allow_no_effects:
         runs = _records_at(wf_dir, step_id, now.digest)
-        shown = [(r, _effects(r)) for r in runs]
+        shown = [(r, why_not_effect_free(r)) for r in runs]
         if runs and not any(effect for _, effect in shown):
             return GateResult(
                 True,
