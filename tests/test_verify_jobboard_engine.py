@@ -144,6 +144,7 @@ def test_the_claiming_step_has_effects_though_every_write_went_to_the_copy(
     assert main(["gate", str(jobboard), "bid-pick-job", "--allow-no-effects"]) == 1
     out = capsys.readouterr().out
     assert out.startswith("gate: blocked: bid-pick-job has no passing verification; run ")
-    assert "showed an external effect: DB write(s): proposals: 1 inserted" in out
+    assert "showed an external effect: DB write(s): jobs: 1 updated (id=42: " in out
+    assert "; proposals: 1 inserted (id=42); " in out
     assert "2 redirected DB write(s) into the copy" in out
     assert fake.state()["proposals"] == []

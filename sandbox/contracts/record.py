@@ -322,6 +322,8 @@ class TestRunRecord(BaseModel):
     # folder: what was copied and what was left out (special files, the cap).
     export_report: CopyReport | None = None
     phases: Phases = Field(default_factory=Phases)
+    # Every stubbed call, one group per tool in the order of its first call; what a cap
+    # left out is counted in `stubbed_cut` (`actions.stub` is the exact total).
     stubbed: list[StubbedAction] = Field(default_factory=empty_list)
     stubbed_cut: StubbedCut = Field(default_factory=StubbedCut)
     actions: ActionCounts = Field(default_factory=ActionCounts)
