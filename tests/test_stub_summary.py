@@ -13,7 +13,13 @@ from typing import Any
 from sandbox.collect import stubgroups
 from sandbox.collect.actionsummary import read
 from sandbox.collect.stubgroups import MAX_OTHER_GROUPS, args_digest
-from sandbox.contracts.record import ActionCounts, RunStatus, StubbedAction, TestRunRecord
+from sandbox.contracts.record import (
+    ActionCounts,
+    RunStatus,
+    StubbedAction,
+    StubbedCut,
+    TestRunRecord,
+)
 from sandbox.contracts.reports import DbDiff, TableDiff
 from sandbox.contracts.workflow_record import WorkflowRunRecord
 from sandbox.guard.actionlog import ActionLog
@@ -99,7 +105,7 @@ def test_a_hostile_number_of_tool_names_is_cut_counted_never_the_effects_tables(
     tmp_path: Path,
 ) -> None:
     log = tmp_path / "actions.jsonl"
-    flood = [(f"decoy_{i}", "stub", {}) for i in range(1000)]
+    flood: list[tuple[str, str, dict[str, Any]]] = [(f"decoy_{i}", "stub", {}) for i in range(1000)]
     calls = [
         *flood[:500],
         ("send_email", "stub", {"to": "x@example.org"}),  # a tool of the effects table
@@ -132,10 +138,8 @@ def test_a_chain_merges_its_steps_groups_with_each_steps_count() -> None:
 
     first = [group("notify_user", 600, 1, 600), group("send_email", 1, 601, 601)]
     second = [group("upwork_submit_proposal", 1, 3, 3), group("notify_user", 2, 1, 2)]
-    cut = stubgroups.StubbedCut(groups=3, calls=9)
-    merged, chain_cut = stubgroups.merge(
-        [("a", first, stubgroups.StubbedCut()), ("b", second, cut)]
-    )
+    cut = StubbedCut(groups=3, calls=9)
+    merged, chain_cut = stubgroups.merge([("a", first, StubbedCut()), ("b", second, cut)])
     by_tool = {g.tool: g for g in merged}
     assert [g.tool for g in merged] == ["notify_user", "send_email", "upwork_submit_proposal"]
     notify = by_tool["notify_user"]
