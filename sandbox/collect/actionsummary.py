@@ -29,7 +29,6 @@ from sandbox.contracts.record import (
     UnfinishedCall,
 )
 from sandbox.contracts.wire import ActionLine
-from sandbox.policy import SqlKind, classify_sql
 
 MAX_LOG_BYTES = 64 * 1024 * 1024
 # The unfinished calls listed by name (all are counted): only a guard that died
@@ -135,5 +134,7 @@ def _count(summary: ActionSummary, line: ActionLine) -> None:
 def _writes(line: ActionLine) -> bool:
     """A redirected call that may write the DB copy: its SQL is not a read (the policy's
     own classifier), or it carries no SQL to tell."""
+    from sandbox.policy import SqlKind, classify_sql  # a run loads the policy only if used
+
     sql = line.arguments.get("sql")
     return not isinstance(sql, str) or classify_sql(sql) is not SqlKind.READ

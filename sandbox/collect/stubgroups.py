@@ -21,7 +21,6 @@ from typing import Any, TypeVar
 from sandbox.contracts.record import StubbedAction, StubbedCut
 from sandbox.contracts.wire import ActionLine
 from sandbox.contracts.workflow_record import ChainStubbedAction
-from sandbox.policy import EFFECTS_TABLE
 
 MAX_OTHER_GROUPS = 400
 _Group = TypeVar("_Group", bound=StubbedAction)
@@ -85,7 +84,11 @@ class StubGrouper:
 def cap(groups: list[_Group], cut: StubbedCut | None = None) -> tuple[list[_Group], StubbedCut]:
     """At most `MAX_OTHER_GROUPS` groups of tools outside the effects table (the first
     and the last half, in the order given); the table's tools are all kept."""
+    from sandbox.policy import EFFECTS_TABLE  # only a hostile log's list needs it
+
     cut = cut.model_copy() if cut is not None else StubbedCut()
+    if len(groups) <= MAX_OTHER_GROUPS:
+        return groups, cut
     others = [i for i, g in enumerate(groups) if g.tool not in EFFECTS_TABLE]
     if len(others) <= MAX_OTHER_GROUPS:
         return groups, cut
