@@ -103,13 +103,22 @@ def _duration(call: Call) -> str:
 
 
 def _stubbed(
-    groups: Sequence[StubbedAction], cut: StubbedCut, total: int, *, chain: bool = False
+    groups: Sequence[StubbedAction],
+    cut: StubbedCut,
+    total: int,
+    *,
+    chain: bool = False,
+    calls: Sequence[Call] = (),
 ) -> str:
-    """The record's grouped list: every stubbed tool, its exact count and log lines."""
+    """The record's grouped list: every stubbed tool, its exact count and log lines
+    (with a step's `calls`, each cited call's arguments as the log has them)."""
+    by_line = {c.lineno: c for c in calls}
 
     def call(line: int, step: str, args: str, detail: str) -> str:
         where = f"line {line}" + (f" of {step}'s log" if chain and step else "") if line else ""
-        return f'<span class="mono">{_e(where)}\n{_e(args)}\n{_e(detail)}</span>'
+        logged = by_line.get(line) if line else None
+        shown = _short(logged.line.arguments) if logged is not None else detail
+        return f'<span class="mono">{_e(where)}\n{_e(args)}\n{_e(shown)}</span>'
 
     rows = []
     for g in groups:
@@ -257,7 +266,7 @@ def render(run_root: Path) -> str:
         (
             "stubbed",
             "Stubbed actions (would have run)",
-            _stubbed(record.stubbed, record.stubbed_cut, record.actions.stub),
+            _stubbed(record.stubbed, record.stubbed_cut, record.actions.stub, calls=ev.calls),
         ),
         ("timeline", "Timeline of guarded calls", _timeline(ev.calls)),
         ("db", "DB diff", _db(record.db_diff, record.no_db)),
