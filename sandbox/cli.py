@@ -68,7 +68,9 @@ def _print_record(record: AnyRecord, as_json: bool, *, one_line: bool = False) -
             say(clean(line, keep_newlines=False))
         say(f"record: {Path(record.workflow_dir) / 'runs' / record.id / 'test_mode.json'}")
         return
-    for line in record.summary_lines():
+    from sandbox.verify.effects import effect_lines
+
+    for line in record.summary_lines() + effect_lines(record):
         say(clean(line, keep_newlines=False))
     run_root = Path(record.workflow_dir) / "runs" / record.id
     say(f"record: {run_root / 'test_mode.json'}")

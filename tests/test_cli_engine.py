@@ -51,6 +51,40 @@ def test_run_prints_summary_and_exit_codes(
     assert shown.returncode == 0 and "step step1 passed" in shown.stdout
 
 
+def test_show_names_a_submission_after_600_stubbed_calls_and_counts_601(
+    engine: DockerClient, make_workflow: WorkflowFactory
+) -> None:
+    """The stubbed list is grouped by tool: the one submission after 600 harmless
+    stubbed calls is in the record and in `sandbox show`, and the headline counts all."""
+    wf = make_workflow("spender", command="python3 /workflow/code/spend.py")
+    (wf / "code" / "spend.py").write_text(
+        textwrap.dedent(
+            """\
+            import agentworks_bridge as b
+            for i in range(600):
+                b.call("record_goal_observations", {"observations": [i]})
+            b.call("upwork_submit_proposal", {"job_id": 42, "text": "hire me"})
+            """
+        )
+    )
+    done = sandbox_cli("run", str(wf), "step1")
+    assert done.returncode == 0, done.stdout + done.stderr
+    run_dir = next((wf / "runs").glob("test-*"))
+    record = read_record(run_dir)
+    assert record.actions.stub == 601
+    assert [(g.tool, g.count) for g in record.stubbed] == [
+        ("record_goal_observations", 600),
+        ("upwork_submit_proposal", 1),
+    ]
+    shown = sandbox_cli("show", str(run_dir))
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert "601 call(s) were stubbed (would have run), 2 distinct tool(s):" in lines
+    submit = [line for line in lines if line.startswith("  - upwork_submit_proposal x1: ")]
+    assert len(submit) == 1 and "[job_id=42]" in submit[0], shown.stdout
+    assert "  - 601 stubbed call(s) (record_goal_observations, upwork_submit_proposal)" in lines
+
+
 @pytest.mark.parametrize(
     ("case", "expected"),
     [

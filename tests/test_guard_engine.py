@@ -136,11 +136,14 @@ def test_every_row_of_the_effects_table(
     assert state["proposals"] == [] and state["messages"] == [] and state["clicks"] == []
     assert state["connects"] == 100
 
-    # The record starts with the stubbed actions.
+    # The record starts with the stubbed calls, one group per tool, counted exactly.
     stubbed = [t for t, _, d in EFFECT_ROWS if d == "stub"]
-    assert [s.tool for s in record.stubbed] == stubbed
+    tools = list(dict.fromkeys(stubbed))
+    assert [(s.tool, s.count) for s in record.stubbed] == [(t, stubbed.count(t)) for t in tools]
     assert record.actions.stub == len(stubbed)
-    assert record.summary_lines()[1] == f"{len(stubbed)} action(s) were stubbed (would have run):"
+    assert record.summary_lines()[1] == (
+        f"{len(stubbed)} call(s) were stubbed (would have run), {len(tools)} distinct tool(s):"
+    )
 
 
 def test_forged_identity_never_reaches_upstream(

@@ -78,13 +78,23 @@ def test_report_renders_verdict_first_and_reaches_nothing(
             page.goto(out.as_uri())
             page.wait_for_load_state("load")
             ids = page.eval_on_selector_all("section", "els => els.map(e => e.id)")
-            assert ids == ["verdict", "stubbed", "timeline", "db", "files", "egress", "preflight"]
+            assert ids == [
+                "verdict",
+                "effects",
+                "stubbed",
+                "timeline",
+                "db",
+                "files",
+                "egress",
+                "preflight",
+            ]
             tops = [page.locator(f"#{i}").bounding_box()["y"] for i in ids]  # type: ignore[index]
             assert tops == sorted(tops)
             verdict = page.inner_text("#verdict")
             assert verdict.split()[:2] == ["Verdict", "FAIL:"]
             assert "FAIL: 2 of 3 expectation(s) held" in verdict
             assert "notify_user is never tried" in verdict
+            assert "stubbed call(s)" in page.inner_text("#effects")
             stubbed = page.inner_text("#stubbed")
             assert "send_slack_message" in stubbed and "notify_user" in stubbed
             assert "<img src=http://outside.test/x.png> hi" in stubbed  # shown as text

@@ -127,3 +127,24 @@ def test_gate_without_effects_only_when_the_caller_allows_it(
     assert TestRun(wf, "step1").execute().status.value == "passed"
     noisy = gate(wf, "step1", allow_no_effects=True)
     assert not noisy.ok and "showed an external effect: 1 stubbed call(s)" in noisy.reason
+
+
+def test_the_claiming_step_has_effects_though_every_write_went_to_the_copy(
+    engine: DockerClient,
+    fake: FakeJobBoard,
+    jobboard: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """bid-pick-job inserts a proposals row and claims a job, every write redirected into
+    the test run's DB copy and no call stubbed: still not a step without effects."""
+    record = TestRun(jobboard, "bid-pick-job", RunOptions(upstream_networks=(fake.network,)))
+    done = record.execute()
+    assert done.status.value == "passed", done.summary_lines()
+    assert (done.actions.stub, done.actions.refuse, done.actions.redirect_write) == (0, 0, 2)
+    assert main(["gate", str(jobboard), "bid-pick-job", "--allow-no-effects"]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith("gate: blocked: bid-pick-job has no passing verification; run ")
+    assert "showed an external effect: DB write(s): jobs: 1 updated (id=42: " in out
+    assert "; proposals: 1 inserted (id=42); " in out
+    assert "2 redirected DB write(s) into the copy" in out
+    assert fake.state()["proposals"] == []

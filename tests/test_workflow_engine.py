@@ -191,7 +191,7 @@ def test_the_chain_carries_the_db_copy_and_group_folders_and_leaves_the_real_one
         ("pick", "notify_user"),
         ("submit", "send_message"),
     ]
-    assert record.summary_lines()[1].startswith("2 action(s) were stubbed")
+    assert record.summary_lines()[1].startswith("2 call(s) were stubbed")
     assert record.totals.passed == 3 and record.totals.stub == 2
     # The action log of the chain has every step's lines, each naming its step.
     lines = [

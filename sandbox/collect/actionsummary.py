@@ -6,7 +6,8 @@ still reads it as untrusted input: opened without following links,
 size-capped, every line validated, and lines that do not parse are counted,
 never trusted. Each call counts once: its one `call` line, or the `start` line
 of a forwarded call; a `start` with no `outcome` is reported as started,
-outcome unknown.
+outcome unknown. Stubbed calls are grouped by tool (`stubgroups`): every one is
+counted, and every distinct tool is listed or counted as cut.
 """
 
 from __future__ import annotations
@@ -19,16 +20,26 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from sandbox.contracts.record import ActionCounts, EgressCounts, StubbedAction, UnfinishedCall
+from sandbox.collect.stubgroups import StubGrouper
+from sandbox.contracts.record import (
+    ActionCounts,
+    EgressCounts,
+    StubbedAction,
+    StubbedCut,
+    UnfinishedCall,
+)
 from sandbox.contracts.wire import ActionLine
 
 MAX_LOG_BYTES = 64 * 1024 * 1024
-MAX_STUBBED_LISTED = 500
+# The unfinished calls listed by name (all are counted): only a guard that died
+# mid-call leaves any, and it had at most its connection limit in flight.
+MAX_UNFINISHED_LISTED = 500
 
 
 @dataclass
 class ActionSummary:
     stubbed: list[StubbedAction] = field(default_factory=list)
+    stubbed_cut: StubbedCut = field(default_factory=StubbedCut)
     counts: ActionCounts = field(default_factory=ActionCounts)
     fails_step: str = ""
     egress: dict[str, EgressCounts] = field(default_factory=dict)
@@ -55,8 +66,10 @@ def read(path: Path) -> ActionSummary:
             return summary
         data = handle.read(MAX_LOG_BYTES + 1)
     summary.counts.truncated = len(data) > MAX_LOG_BYTES
+    summary.counts.redirect_write = 0
     started: dict[str, ActionLine] = {}
-    for raw in data[:MAX_LOG_BYTES].splitlines():
+    stubs = StubGrouper(_detail)
+    for lineno, raw in enumerate(data[:MAX_LOG_BYTES].splitlines(), start=1):
         try:
             line = ActionLine.model_validate_json(raw)
         except ValidationError:
@@ -81,8 +94,11 @@ def read(path: Path) -> ActionSummary:
                 continue
             started[line.call_id] = line
         _count(summary, line)
+        if line.decision == "stub":
+            stubs.add(lineno, line)
+    summary.stubbed, summary.stubbed_cut = stubs.result()
     for line in started.values():
-        if len(summary.outcome_unknown) < MAX_STUBBED_LISTED:
+        if len(summary.outcome_unknown) < MAX_UNFINISHED_LISTED:
             summary.outcome_unknown.append(
                 UnfinishedCall(
                     call_id=line.call_id or "",
@@ -98,12 +114,11 @@ def read(path: Path) -> ActionSummary:
 
 
 def _count(summary: ActionSummary, line: ActionLine) -> None:
-    """One call: its decision, the stub list, egress per host, a refusal that fails the step."""
+    """One call: its decision, a write into the DB copy, egress per host, a refusal that
+    fails the step."""
     summary.counts.add(line.decision)
-    if line.decision == "stub" and len(summary.stubbed) < MAX_STUBBED_LISTED:
-        summary.stubbed.append(
-            StubbedAction(tool=line.tool, reason=line.reason, detail=_detail(line))
-        )
+    if line.decision == "redirect" and _writes(line):
+        summary.counts.redirect_write = (summary.counts.redirect_write or 0) + 1
     if line.tool == "http" and line.session == "egress":
         counts = summary.egress.setdefault(str(line.detail.get("host", "")), EgressCounts())
         if line.decision == "allow":
@@ -114,3 +129,12 @@ def _count(summary: ActionSummary, line: ActionLine) -> None:
             counts.refused += 1
     if line.detail.get("fails_step") and not summary.fails_step:
         summary.fails_step = f"{line.tool} was refused in test mode: {line.reason}"
+
+
+def _writes(line: ActionLine) -> bool:
+    """A redirected call that may write the DB copy: its SQL is not a read (the policy's
+    own classifier), or it carries no SQL to tell."""
+    from sandbox.policy import SqlKind, classify_sql  # a run loads the policy only if used
+
+    sql = line.arguments.get("sql")
+    return not isinstance(sql, str) or classify_sql(sql) is not SqlKind.READ

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -155,11 +156,73 @@ class Landlock(BaseModel):
 
 
 class StubbedAction(BaseModel):
-    """One line of the result's opening summary: what would have run."""
+    """One line of the result's opening summary: every stubbed call of one tool (of one
+    egress host, for `http`), grouped, so no distinct tool is lost however many calls
+    came before it.
+
+    `reason` and `detail` are the first call's; `count` is exact; `first_*`/`last_*`
+    give the first and last call's 1-based line in the step's action log and a digest
+    of its arguments (`sandbox.collect.stubgroups.args_digest`). A record written
+    before the grouping holds one entry per call (the defaults: count 1, lines 0)."""
 
     tool: str
     reason: str
     detail: str = ""
+    host: str = ""
+    category: str = ""
+    count: int = 1
+    first_line: int = 0
+    last_line: int = 0
+    first_args: str = ""
+    last_args: str = ""
+    last_detail: str = ""
+
+
+class StubbedCut(BaseModel):
+    """What the stubbed list left out, never silently: whole groups only (tools outside
+    the effects table, past a cap a hostile step could otherwise make a record of
+    millions of names), counted here with their calls."""
+
+    groups: int = 0
+    calls: int = 0
+
+
+def stubbed_lines(
+    stubbed: Sequence[StubbedAction], cut: StubbedCut, total: int, unlogged: int | None
+) -> list[str]:
+    """The opening summary's stubbed list: each group with its exact count and log
+    lines, then what was cut and any call the list cannot account for."""
+    if not total and not stubbed and not unlogged:
+        return ["no action was stubbed"]
+    tools = len(stubbed) + cut.groups
+    lines = [f"{total} call(s) were stubbed (would have run), {tools} distinct tool(s):"]
+    for a in stubbed:
+        where = ""
+        if a.first_line:
+            where = (
+                f" (log line {a.first_line})"
+                if a.count == 1
+                else f" (log lines {a.first_line}..{a.last_line})"
+            )
+        step_id = getattr(a, "step_id", "")  # a chain's list names the step
+        step = f"[{step_id}] " if step_id else ""
+        host = f" {a.host}" if a.host else ""
+        lines.append(
+            f"  - {step}{a.tool}{host} x{a.count}: {a.reason}"
+            + (f" [{a.detail}]" if a.detail else "")
+            + where
+        )
+    if cut.groups:
+        lines.append(
+            f"  - {cut.groups} more tool(s) with {cut.calls} call(s), cut from this list "
+            "(the action log has every line)"
+        )
+    listed = sum(a.count for a in stubbed) + cut.calls
+    if total > listed:
+        lines.append(f"  - {total - listed} more call(s) not listed (see the action log)")
+    if unlogged:
+        lines.append(f"  - {unlogged} call(s) stubbed without a line (the action log was full)")
+    return lines
 
 
 class ActionCounts(BaseModel):
@@ -182,6 +245,9 @@ class ActionCounts(BaseModel):
     outcome_unknown: int = 0
     log_full: bool = False
     stubbed_unlogged: int | None = None
+    # Redirected calls whose SQL is not a read: writes into the test run's DB copy
+    # (None: a record from before they were counted).
+    redirect_write: int | None = None
 
     def add(self, decision: str) -> None:
         if decision in {"allow", "stub", "redirect", "refuse"}:
@@ -277,7 +343,10 @@ class TestRunRecord(BaseModel):
     # folder: what was copied and what was left out (special files, the cap).
     export_report: CopyReport | None = None
     phases: Phases = Field(default_factory=Phases)
+    # Every stubbed call, one group per tool in the order of its first call; what a cap
+    # left out is counted in `stubbed_cut` (`actions.stub` is the exact total).
     stubbed: list[StubbedAction] = Field(default_factory=empty_list)
+    stubbed_cut: StubbedCut = Field(default_factory=StubbedCut)
     actions: ActionCounts = Field(default_factory=ActionCounts)
     outcome_unknown: list[UnfinishedCall] = Field(default_factory=empty_list)
     mcp_servers: dict[str, McpServerReport] = Field(default_factory=dict)
@@ -297,14 +366,8 @@ class TestRunRecord(BaseModel):
     def summary_lines(self) -> list[str]:
         """The result starts with every stubbed action, then the verdict."""
         lines = [f"test run {self.id}: step {self.step_id} {self.status.value}"]
-        if self.stubbed:
-            lines.append(f"{len(self.stubbed)} action(s) were stubbed (would have run):")
-            lines.extend(
-                f"  - {a.tool}: {a.reason}" + (f" [{a.detail}]" if a.detail else "")
-                for a in self.stubbed
-            )
-        else:
-            lines.append("no action was stubbed")
+        # A full log's unlogged stubs have their own line below.
+        lines += stubbed_lines(self.stubbed, self.stubbed_cut, self.actions.stub, None)
         if self.preflight is not None:
             if self.preflight.ok:
                 lines.append(f"preflight: every way out closed ({self.preflight.ms} ms)")
@@ -316,15 +379,18 @@ class TestRunRecord(BaseModel):
                 f"guarded calls: {counts.allow} allowed, {counts.redirect} redirected, "
                 f"{counts.stub} stubbed, {counts.refuse} refused"
             )
-        if self.outcome_unknown:
+        unknown = max(counts.outcome_unknown, len(self.outcome_unknown))
+        if unknown:
             lines.append(
-                f"{len(self.outcome_unknown)} call(s) started, outcome unknown "
+                f"{unknown} call(s) started, outcome unknown "
                 "(the guard stopped before it wrote their outcome):"
             )
             lines.extend(
                 f"  - {c.tool}" + (f" [{c.detail}]" if c.detail else "")
                 for c in self.outcome_unknown
             )
+            if unknown > len(self.outcome_unknown):
+                lines.append(f"  - {unknown - len(self.outcome_unknown)} more (see the action log)")
         if counts.log_full:
             unlogged = counts.stubbed_unlogged
             lines.append(

@@ -32,7 +32,9 @@ from sandbox.contracts.record import (
     RunnerInfo,
     RunStatus,
     StubbedAction,
+    StubbedCut,
     TestRunRecord,
+    stubbed_lines,
     write_json_atomic,
 )
 from sandbox.contracts.reports import DbDiff
@@ -56,9 +58,14 @@ class StepState(StrEnum):
 
 
 class ChainStubbedAction(StubbedAction):
-    """One line of the chain's opening summary: what would have run, and in which step."""
+    """One line of the chain's opening summary: every stubbed call of one tool across
+    the chain. `step_id` made the first call (`first_line` is in its action log),
+    `last_step_id` the last (`last_line`), `steps` counts the calls per step. A record
+    written before the grouping holds one entry per call of one step."""
 
     step_id: str
+    last_step_id: str = ""
+    steps: dict[str, int] = Field(default_factory=dict)
 
 
 class ChainStep(BaseModel):
@@ -77,6 +84,7 @@ class ChainStep(BaseModel):
     exit_code: int | None = None
     phases: Phases = Field(default_factory=Phases)
     stubbed: list[StubbedAction] = Field(default_factory=empty_list)
+    stubbed_cut: StubbedCut = Field(default_factory=StubbedCut)
     actions: ActionCounts = Field(default_factory=ActionCounts)
     db_diff: DbDiff | None = None
     files: FileChanges = Field(default_factory=FileChanges)
@@ -113,8 +121,9 @@ class WorkflowRunRecord(BaseModel):
     workflow_name: str
     status: RunStatus
     reason: str = ""
-    # Every stubbed action of the chain, in the order the steps ran.
+    # Every stubbed tool of the chain, grouped, in the order of its first call.
     stubbed: list[ChainStubbedAction] = Field(default_factory=empty_list)
+    stubbed_cut: StubbedCut = Field(default_factory=StubbedCut)
     current_step: str | None = None  # the step running now (kept when the runner died in it)
     order: list[str] = Field(default_factory=empty_list)  # the workflow's whole order
     from_step: str | None = None
@@ -142,14 +151,9 @@ class WorkflowRunRecord(BaseModel):
     def summary_lines(self) -> list[str]:
         """Every stubbed action of the chain first, then each step's verdict."""
         lines = [f"workflow test run {self.id}: {self.workflow_name} {self.status.value}"]
-        if self.stubbed:
-            lines.append(f"{len(self.stubbed)} action(s) were stubbed (would have run):")
-            lines.extend(
-                f"  - [{a.step_id}] {a.tool}: {a.reason}" + (f" [{a.detail}]" if a.detail else "")
-                for a in self.stubbed
-            )
-        else:
-            lines.append("no action was stubbed")
+        unlogged = sum(e.actions.stubbed_unlogged or 0 for e in self.steps)
+        stubs = sum(e.actions.stub for e in self.steps)
+        lines += stubbed_lines(self.stubbed, self.stubbed_cut, stubs, unlogged or None)
         for entry in self.steps:
             took = f" ({entry.duration_s:.1f} s)" if entry.duration_s is not None else ""
             lines.append(

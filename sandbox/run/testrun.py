@@ -809,7 +809,7 @@ class TestRun:
         record.export_report = collected.export
         record.db_diff = self._db_diff(layout, record)
         actions = actionsummary.read(layout.actions)
-        record.stubbed = actions.stubbed
+        record.stubbed, record.stubbed_cut = actions.stubbed, actions.stubbed_cut
         record.actions = actions.counts
         record.egress = actions.egress
         record.outcome_unknown = actions.outcome_unknown

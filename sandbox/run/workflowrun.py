@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from sandbox.backends import Backend, BackendFactory
-from sandbox.collect import dbdiff
+from sandbox.collect import dbdiff, stubgroups
 from sandbox.contracts.config import Step, Workflow, load_workflow
 from sandbox.contracts.errors import ConfigError, SandboxError
 from sandbox.contracts.events import EventCallback, EventKind, RunEvent
@@ -41,7 +41,6 @@ from sandbox.contracts.layout import WorkflowRunLayout, make_private_dir, new_ru
 from sandbox.contracts.record import RunStatus, TestRunRecord
 from sandbox.contracts.workflow_record import (
     ChainStep,
-    ChainStubbedAction,
     ChainTotals,
     StepState,
     WorkflowRunRecord,
@@ -236,9 +235,9 @@ class WorkflowRun:
             write_workflow_record(layout.root, record)
             step_record = run.run_held(backend, step_inputs, step_layout, step_record, seed)
             _fold(entry, step_record)
-            record.stubbed += [
-                ChainStubbedAction(step_id=step.id, **a.model_dump()) for a in step_record.stubbed
-            ]
+            record.stubbed, record.stubbed_cut = stubgroups.merge(
+                (e.step_id, e.stubbed, e.stubbed_cut) for e in record.steps
+            )
             synced = _append_lines(step_layout.actions, layout.actions)
             record.log_synced_at = synced or record.log_synced_at
             # What the step left is what the next step of its group, and every later
@@ -301,6 +300,7 @@ def _fold(entry: ChainStep, step: TestRunRecord) -> None:
     entry.exit_code = step.exit_code
     entry.phases = step.phases
     entry.stubbed = list(step.stubbed)
+    entry.stubbed_cut = step.stubbed_cut
     entry.actions = step.actions
     entry.db_diff = step.db_diff
     entry.files = step.files

@@ -6,8 +6,9 @@ the workflow folder and the images on this host exactly as a test run computes i
 expectations, run with every wall of a normal run (`Walls.full`), whose run's action log
 was sealed (see sandbox.verify.seal). With `allow_no_effects`, a step also passes when
 it has test runs at the current hash, each with every wall, and none of them showed an
-external effect. Anything else fails the gate with what is missing, naming the parts
-that changed since the last verification. A version whose hash could not cover
+external effect (`sandbox.verify.effects`: no stubbed, refused or denied call, no DB
+write, a whole log). Anything else fails the gate with what is missing, naming the
+parts that changed since the last verification. A version whose hash could not cover
 everything is never vouched for.
 """
 
@@ -20,11 +21,12 @@ from pathlib import Path
 from sandbox.contracts import names
 from sandbox.contracts.config import Step, Workflow, load_workflow
 from sandbox.contracts.layout import TEST_RUN_PREFIX, is_test_run
-from sandbox.contracts.record import ContentHash, RunStatus, TestRunRecord, Walls, read_record
+from sandbox.contracts.record import ContentHash, TestRunRecord, Walls, read_record
 from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record
 from sandbox.launch import specs as launch
 from sandbox.prepare.contenthash import changed_parts, content_hash, not_covered_reason
 from sandbox.verify import history
+from sandbox.verify.effects import why_not_effect_free
 from sandbox.verify.expect import expectations_digest, load_expectations
 from sandbox.verify.seal import NOT_SEALED, unsealed
 from sandbox.verify.verifystep import with_implicit_status
@@ -91,22 +93,6 @@ def _run_unsealed(wf_dir: Path, run_id: str) -> str:
     return unsealed(record)
 
 
-def _effects(record: TestRunRecord) -> str:
-    """What external effect a run showed ("" for none)."""
-    if why := unsealed(record):
-        return why
-    counts = record.actions
-    if counts.stub or counts.log_full or counts.truncated or counts.malformed:
-        return f"{counts.stub} stubbed call(s)" if counts.stub else "its action log is incomplete"
-    if counts.refuse:
-        return f"{counts.refuse} refused call(s)"
-    if any(n.stubbed or n.refused for n in record.egress.values()):
-        return "denied egress"
-    if record.status is not RunStatus.PASSED:
-        return f"it did not pass ({record.status.value})"
-    return ""
-
-
 def weaker_walls(walls: Walls | None) -> str:
     """Why a run's walls were less than a normal run's ("" when they were all there)."""
     if walls is None:
@@ -147,7 +133,7 @@ def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = Fal
         )
     if allow_no_effects:
         runs = [r for r in _records_at(wf_dir, step_id, now.digest) if not weaker_walls(r.walls)]
-        shown = [(r, _effects(r)) for r in runs]
+        shown = [(r, unsealed(r) or why_not_effect_free(r)) for r in runs]
         if runs and not any(effect for _, effect in shown):
             return GateResult(
                 True,

@@ -4,12 +4,13 @@ A whole-workflow run's report has the workflow verdict (each step's results and
 the chain's), the chain's stubbed actions, its steps, the timeline of the chain's
 action log and the chain's DB diff, under the same rules.
 
-In this order: the verdict (the verification's, else the run's status), every
-stubbed action, the timeline of guarded calls (decision, duration, session),
-the DB diff as tables, the files changed, the egress lines, then preflight and
-resources. One file: the style is inline, there is no script, no image, no
-link to anything, and a Content-Security-Policy that forbids every fetch, so
-opening the report reaches nothing. Everything that came from the run (tool
+In this order: the verdict (the verification's, else the run's status), the
+run's effects, every stubbed tool (grouped, with exact counts), the timeline of
+guarded calls (decision, duration, session), the DB diff as tables, the files
+changed, the egress lines, then preflight and resources. One file: the style is
+inline, there is no script, no image, no link to anything, and a
+Content-Security-Policy that forbids every fetch, so opening the report reaches
+nothing. Everything that came from the run (tool
 arguments, reasons, file names, DB values) is escaped as text.
 """
 
@@ -17,13 +18,15 @@ from __future__ import annotations
 
 import html
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sandbox.contracts.record import TestRunRecord, write_json_atomic
+from sandbox.contracts.record import StubbedAction, StubbedCut, TestRunRecord, write_json_atomic
 from sandbox.contracts.reports import DbDiff
 from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record
 from sandbox.verify.check import ExpectationResult
+from sandbox.verify.effects import effect_lines
 from sandbox.verify.evidence import Call, gather
 from sandbox.verify.verdict import Verification, read_verification
 from sandbox.verify.workflow_verdict import WorkflowVerification, read_workflow_verification
@@ -99,18 +102,55 @@ def _duration(call: Call) -> str:
     return f"{ms:.1f} ms" if ms is not None else ""
 
 
-def _stubbed(calls: list[Call]) -> str:
-    rows = [
-        [
-            _e(c.line.tool),
-            _e(c.line.reason),
-            f'<span class="mono">{_e(_short(c.line.arguments))}</span>',
-            str(c.lineno),
+def _stubbed(
+    groups: Sequence[StubbedAction],
+    cut: StubbedCut,
+    total: int,
+    *,
+    chain: bool = False,
+    calls: Sequence[Call] = (),
+) -> str:
+    """The record's grouped list: every stubbed tool, its exact count and log lines
+    (with a step's `calls`, each cited call's arguments as the log has them)."""
+    by_line = {c.lineno: c for c in calls}
+
+    def call(line: int, step: str, args: str, detail: str) -> str:
+        where = f"line {line}" + (f" of {step}'s log" if chain and step else "") if line else ""
+        logged = by_line.get(line) if line else None
+        shown = _short(logged.line.arguments) if logged is not None else detail
+        return f'<span class="mono">{_e(where)}\n{_e(args)}\n{_e(shown)}</span>'
+
+    rows = []
+    for g in groups:
+        steps = getattr(g, "steps", {}) or {}
+        first_step = getattr(g, "step_id", "")
+        last_step = getattr(g, "last_step_id", "") or first_step
+        row = [
+            _e(g.tool + (f" {g.host}" if g.host else "")),
+            _e(g.count),
+            _e(g.reason),
+            call(g.first_line, first_step, g.first_args, g.detail),
+            call(g.last_line, last_step, g.last_args, g.last_detail or g.detail),
         ]
-        for c in calls
-        if c.line.decision == "stub"
-    ]
-    return _table(["tool", "why it was stubbed", "arguments", "log line"], rows)
+        if chain:
+            row.insert(0, _e(", ".join(f"{k} x{n}" for k, n in steps.items()) or first_step))
+        rows.append(row)
+    head = ["tool", "calls", "why it was stubbed", "first call", "last call"]
+    out = f"<p>{_e(total)} stubbed call(s), {_e(len(groups) + cut.groups)} distinct tool(s)</p>"
+    out += _table((["steps"] if chain else []) + head, rows)
+    if cut.groups:
+        out += (
+            f"<p>{_e(cut.groups)} more tool(s) with {_e(cut.calls)} call(s) were cut from "
+            "this list (the action log has every line)</p>"
+        )
+    unlisted = total - sum(g.count for g in groups) - cut.calls
+    if unlisted > 0:
+        out += f"<p>{_e(unlisted)} more stubbed call(s) not listed (see the action log)</p>"
+    return out
+
+
+def _effects(record: TestRunRecord) -> str:
+    return "<ul>" + "".join(f"<li>{_e(line)}</li>" for line in effect_lines(record)) + "</ul>"
 
 
 def _timeline(calls: list[Call]) -> str:
@@ -222,7 +262,12 @@ def render(run_root: Path) -> str:
         verification = None  # shown as the run's status alone, never a half-read verdict
     sections = [
         ("verdict", "Verdict", _verdict(record, verification)),
-        ("stubbed", "Stubbed actions (would have run)", _stubbed(ev.calls)),
+        ("effects", "Effects", _effects(record)),
+        (
+            "stubbed",
+            "Stubbed actions (would have run)",
+            _stubbed(record.stubbed, record.stubbed_cut, record.actions.stub, calls=ev.calls),
+        ),
         ("timeline", "Timeline of guarded calls", _timeline(ev.calls)),
         ("db", "DB diff", _db(record.db_diff, record.no_db)),
         ("files", "Files changed", _files(record)),
@@ -305,8 +350,8 @@ def _chain_steps(record: WorkflowRunRecord) -> str:
 
 
 def _chain_stubbed(record: WorkflowRunRecord) -> str:
-    rows = [[_e(a.step_id), _e(a.tool), _e(a.reason), _e(a.detail)] for a in record.stubbed]
-    return _table(["step", "tool", "why it was stubbed", "detail"], rows)
+    total = sum(e.actions.stub for e in record.steps)
+    return _stubbed(record.stubbed, record.stubbed_cut, total, chain=True)
 
 
 def render_workflow(run_root: Path, record: WorkflowRunRecord) -> str:
