@@ -134,9 +134,7 @@ def test_a_db_query_or_file_read_is_one_round_trip_on_one_kept_connection(
         ("query_workflow_db", {"sql": "SELECT id, title FROM jobs ORDER BY id"}),
         ("read_file", {"path": "notes.txt"}),
     ] * CALLS
-    guard = Guard(
-        executor, ActionLog(executor.actions_path, secrets=(BRIDGE_TOKEN,), fsync_each=False)
-    )
+    guard = Guard(executor, ActionLog(executor.actions_path, secrets=(BRIDGE_TOKEN,)))
 
     async def main() -> tuple[list[dict[str, Any]], list[tuple[int, int]]]:
         transport = httpx.ASGITransport(app=build_app(guard))
@@ -199,7 +197,7 @@ def test_a_reply_over_the_executors_cap_is_dropped_not_held(tmp_path: Path, decl
     actions = tmp_path / "actions.jsonl"
     actions.touch()
     config = guard_config(actions, exec_port=server.getsockname()[1], has_db=True)
-    guard = Guard(config, ActionLog(str(actions), secrets=(BRIDGE_TOKEN,), fsync_each=False))
+    guard = Guard(config, ActionLog(str(actions), secrets=(BRIDGE_TOKEN,)))
     outcome: dict[str, Any] = {}
 
     async def main() -> ToolResult:
