@@ -94,3 +94,19 @@ def test_a_connect_target_has_its_port() -> None:
     index = HostIndex([tunnel])
     assert index.matches("okhost:8443", tunnel)
     assert not index.matches("okhost:443", tunnel)
+
+
+def test_a_tunnel_relayed_unopened_may_have_carried_any_method() -> None:
+    from types import SimpleNamespace
+
+    from sandbox.verify.check import check_no_call
+    from sandbox.verify.expect import NoCallExpectation
+
+    blind = call("okhost", "okhost:8443", method="CONNECT", tls="method not seen")
+    facts: Any = SimpleNamespace(
+        calls=[blind], log_truncated=False, log_full=False, malformed_lines=0
+    )
+    no_post = NoCallExpectation(kind="no_call", method="POST", host="okhost")
+    assert not check_no_call(no_post, facts).ok
+    elsewhere = NoCallExpectation(kind="no_call", method="POST", host="otherhost")
+    assert check_no_call(elsewhere, facts).ok
