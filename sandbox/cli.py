@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from sandbox.contracts.errors import ConfigError, SandboxError
-from sandbox.contracts.status import RECORD_FILE, RunStatus
+from sandbox.contracts.status import RECORD_FILE, REPORT_FILE, RunStatus
 from sandbox.termsafe import clean
 
 # What only some commands need is imported by them: the command a controller calls
@@ -312,7 +312,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         ) from None
     if why:
         raise ConfigError(f"{run_dir}: {why}; no report written")
-    out = Path(args.html) if args.html else run_dir / "report.html"
+    out = Path(args.html) if args.html else run_dir / REPORT_FILE
     write_report(run_dir, out)
     say(f"report: {out}")
     return 0

@@ -133,3 +133,40 @@ allow = ["a.example.org", { host = "b.example.org", inspect = true }]
 def test_no_ca_when_no_entry_admits_an_inspected_connect() -> None:
     assert not _egress('[egress]\nallow = [{ host = "a.example.org", port = 8080 }]').needs_ca()
     assert not _egress("[egress]\nallow = []").needs_ca()
+
+
+def _reserved_cases() -> list[str]:
+    from sandbox.contracts.layout import RUN_ROOT_NAMES
+
+    return [*sorted(RUN_ROOT_NAMES), "GUARD", "Db"]
+
+
+@pytest.mark.parametrize("group", _reserved_cases())
+def test_a_group_named_like_the_run_folders_own_entries_is_refused(
+    tmp_path: Path, group: str
+) -> None:
+    """A group folder sits in the run folder beside the record, the action log, the
+    guard's folder, the DB copy...: a group of one of their names is refused at load,
+    before any run, with the clash named."""
+    text = f"[[steps]]\nid='a'\ngroup={group!r}\ncommand='x'\n"
+    with pytest.raises(ConfigError) as info:
+        load_workflow(write(tmp_path, text))
+    message = str(info.value)
+    assert "steps[0].group" in message
+    if not group.startswith("."):  # a leading dot is no group name at all
+        assert f"clashes with the test run folder's own {group.lower()!r}" in message
+
+
+def test_every_entry_a_run_layout_names_in_its_root_is_reserved(tmp_path: Path) -> None:
+    """The reserved list is the layout's own: every path a run root holds is on it."""
+    from sandbox.contracts.layout import RUN_ROOT_NAMES, RunLayout, WorkflowRunLayout
+
+    layout = RunLayout(tmp_path, "test-x", "g")
+    for name in dir(RunLayout):
+        value = getattr(layout, name)
+        if isinstance(value, Path) and layout.root in value.parents:
+            first = value.relative_to(layout.root).parts[0]
+            assert first in RUN_ROOT_NAMES or name == "group_dir", name
+    chain = WorkflowRunLayout(tmp_path, "test-y")
+    for name in ("record", "actions", "steps_dir"):
+        assert getattr(chain, name).name in RUN_ROOT_NAMES

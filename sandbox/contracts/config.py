@@ -26,6 +26,7 @@ from pydantic import (
 
 from sandbox.contracts.defaults import empty_list
 from sandbox.contracts.errors import ConfigError
+from sandbox.contracts.layout import RUN_ROOT_NAMES
 
 WORKFLOW_FILE = "workflow.toml"
 
@@ -78,6 +79,20 @@ class Step(_Strict):
             raise ValueError("command is empty")
         if isinstance(value, list) and (not value or not all(value)):
             raise ValueError("command list is empty or has an empty element")
+        return value
+
+    @field_validator("group")
+    @classmethod
+    def _not_a_run_root_name(cls, value: str) -> str:
+        # The run folder holds the group folder beside its own files and folders; a group
+        # of one of their names would be written over by, or write over, the run's own.
+        # Compared case-insensitively so the refusal holds on any file system.
+        clash = {name.casefold(): name for name in RUN_ROOT_NAMES}.get(value.casefold())
+        if clash is not None:
+            raise ValueError(
+                f"group {value!r} clashes with the test run folder's own {clash!r}"
+                f" (reserved there: {', '.join(sorted(RUN_ROOT_NAMES))})"
+            )
         return value
 
     @field_validator("prompt_file", "expect_file")

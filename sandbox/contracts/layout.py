@@ -15,8 +15,9 @@ import secrets
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Final
 
-from sandbox.contracts.status import ACTIONS_FILE, RECORD_FILE
+from sandbox.contracts.status import ACTIONS_FILE, RECORD_FILE, REPORT_FILE, VERIFICATION_FILE
 
 TEST_RUN_PREFIX = "test-"
 # The verification history's folder: under a test-run name so everything test mode
@@ -27,6 +28,15 @@ DISK_IMAGE = ".disk.img"
 DISK_MOUNT = ".disk"
 WORKFLOW_VIEW = ".view"
 VIEW_LAYER = ".view-hidden"
+# In the run root, beside the group folder (see RunLayout).
+DB_DIR = "db"
+BASELINE_DIR = ".baseline"
+PROMPT_FILE = "prompt.md"
+CA_BUNDLE_FILE = "ca-bundle.pem"
+GUARD_DIR = "guard"
+MCP_DIR = "mcp"
+MCP_STDERR_DIR = "mcp-stderr"
+STEPS_DIR = "steps"  # in a workflow run's root: one run root per step
 
 # Inside the step container.
 C_WORKFLOW = "/workflow"
@@ -77,9 +87,6 @@ def new_run_id(now: datetime | None = None) -> str:
     return f"{TEST_RUN_PREFIX}{stamp}-{secrets.token_hex(3)}"
 
 
-STEPS_DIR = "steps"  # in a workflow run's root: one run root per step
-
-
 def new_step_run_id(workflow_run_id: str, index: int) -> str:
     """A chain step's own run id: its workflow run's, and its place in the chain."""
     return f"{workflow_run_id}-s{index}"
@@ -109,7 +116,7 @@ class RunLayout:
 
     @property
     def db_dir(self) -> Path:
-        return self.root / "db"
+        return self.root / DB_DIR
 
     @property
     def db_path(self) -> Path:
@@ -118,7 +125,7 @@ class RunLayout:
     @property
     def baseline_db(self) -> Path:
         """A pristine second copy for the end-of-run diff; never mounted."""
-        return self.root / ".baseline" / "db.sqlite"
+        return self.root / BASELINE_DIR / "db.sqlite"
 
     @property
     def record(self) -> Path:
@@ -130,17 +137,17 @@ class RunLayout:
 
     @property
     def prompt(self) -> Path:
-        return self.root / "prompt.md"
+        return self.root / PROMPT_FILE
 
     @property
     def ca_bundle(self) -> Path:
         """System CAs plus this run's egress CA (when some allow-list entry is inspected)."""
-        return self.root / "ca-bundle.pem"
+        return self.root / CA_BUNDLE_FILE
 
     @property
     def guard_dir(self) -> Path:
         """The guard's own writable folder (logs, MCP servers' stderr)."""
-        return self.root / "guard"
+        return self.root / GUARD_DIR
 
     # -- while the step runs (mounts the runner makes and removes) ---------------
 
@@ -181,7 +188,7 @@ class RunLayout:
     @property
     def mcp_dir(self) -> Path:
         """The guard's sockets for stdio MCP servers, one folder per server (guard uid)."""
-        return self.root / "mcp"
+        return self.root / MCP_DIR
 
     def mcp_server_dir(self, name: str) -> Path:
         return self.mcp_dir / name
@@ -189,7 +196,7 @@ class RunLayout:
     @property
     def mcp_stderr_dir(self) -> Path:
         """The servers' stderr, as the host read it back at the end (root only)."""
-        return self.root / "mcp-stderr"
+        return self.root / MCP_STDERR_DIR
 
     @property
     def container_workdir(self) -> str:
@@ -237,6 +244,31 @@ class WorkflowRunLayout:
             group,
             root_dir=self.steps_dir / f"{index}-{step_id}",
         )
+
+
+# Every name a run root (a step's or a chain's) holds besides the group folder: a
+# group folder of one of these names would be the run's own file or folder
+# (`sandbox.contracts.config` refuses such a group at load).
+RUN_ROOT_NAMES: Final = frozenset(
+    {
+        RECORD_FILE,
+        ACTIONS_FILE,
+        VERIFICATION_FILE,
+        REPORT_FILE,
+        DB_DIR,
+        BASELINE_DIR,
+        PROMPT_FILE,
+        CA_BUNDLE_FILE,
+        GUARD_DIR,
+        MCP_DIR,
+        MCP_STDERR_DIR,
+        STEPS_DIR,
+        DISK_IMAGE,
+        DISK_MOUNT,
+        WORKFLOW_VIEW,
+        VIEW_LAYER,
+    }
+)
 
 
 def make_private_dir(path: Path, mode: int = 0o755) -> None:

@@ -12,6 +12,8 @@ from enum import StrEnum
 
 RECORD_FILE = "test_mode.json"
 ACTIONS_FILE = "test_mode_actions.jsonl"
+VERIFICATION_FILE = "verification.json"
+REPORT_FILE = "report.html"  # `sandbox report` writes it there unless told otherwise
 
 
 class RunStatus(StrEnum):

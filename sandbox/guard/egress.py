@@ -82,6 +82,7 @@ import h11
 from sandbox.contracts.config import Egress, EgressEntry
 from sandbox.guard import http1, splice
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
+from sandbox.guard.aliases import HostAliases
 from sandbox.guard.config import GuardConfig
 from sandbox.guard.http1 import Refused
 from sandbox.policy import stub_reply
@@ -188,6 +189,7 @@ class _Seen:
     tls: str = ""  # "inspected" | "method not seen" | "" (plain HTTP)
     connection: int = 0  # which of the step's connections to this proxy carried it
     forwarded: bool = False  # its start line is written and its bytes went out
+    aliases: dict[str, Any] = field(default_factory=dict)  # `sandbox.guard.aliases`
 
 
 class _Client:
@@ -392,6 +394,7 @@ class EgressProxy:
     _pool: _Pool = field(default_factory=_Pool, repr=False)
     _connections: int = field(default=0, repr=False)
     _upstream_tls: ssl.SSLContext | None = field(default=None, repr=False)
+    _aliases: HostAliases | None = field(default=None, repr=False)
 
     @property
     def upstream_reuses(self) -> int:
@@ -525,6 +528,7 @@ class EgressProxy:
         seen.url = request.target.decode("ascii")
         target = http1.absolute_target(request.target)
         seen.url, seen.host = target.url("http"), target.host
+        await self._note_aliases(seen)
         http1.check_host(request, incoming.fields, target.host, target.port, 80)
         if b"upgrade" in incoming.fields:
             raise Denied(403, "a protocol upgrade cannot be inspected")
@@ -545,6 +549,7 @@ class EgressProxy:
         seen.url = request.target.decode("ascii")
         host, port = http1.connect_target(request.target)
         seen.host = host
+        await self._note_aliases(seen)
         http1.check_host(request, incoming.fields, host, port, port)
         if incoming.fields.get(b"content-length") or incoming.fields.get(b"transfer-encoding"):
             raise Refused(400, "a CONNECT carries no body")
@@ -585,6 +590,7 @@ class EgressProxy:
         host, port, entry = tunnel
         request = incoming.request
         seen.host = host
+        await self._note_aliases(seen)
         raw = request.target.decode("ascii")
         # Until the target is judged the line shows it as sent, never glued to the host.
         seen.url = http1.Target(host, port, raw).url("https") if raw.startswith("/") else raw
@@ -1004,6 +1010,12 @@ class EgressProxy:
             reason = f"the action log could not be written ({exc.strerror or exc})"
             raise Denied(502, reason, unlogged=True) from None
 
+    async def _note_aliases(self, seen: _Seen) -> None:
+        """The allow-listed names of an address, or the addresses of a name, for the line."""
+        if self._aliases is None:
+            self._aliases = HostAliases(self.config.egress)
+        seen.aliases = await self._aliases.detail(seen.host)
+
     def _facts(
         self,
         seen: _Seen,
@@ -1020,6 +1032,7 @@ class EgressProxy:
         arguments.update(body or {})
         arguments.update(extra_arguments or {})
         detail: dict[str, Any] = {**self.label, "host": seen.host, "connection": seen.connection}
+        detail.update(seen.aliases)
         if status is not None:
             detail["status"] = status
         if seen.tls:

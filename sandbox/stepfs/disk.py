@@ -122,6 +122,10 @@ def _mkfs(image: Path, quota_bytes: int) -> None:
         str(inodes),
         "-m",
         "0",
+        # Nanosecond timestamps (128-byte inodes keep whole seconds): the group folder's
+        # snapshot trusts an unchanged ctime (`sandbox.collect.watch`).
+        "-I",
+        "256",
         # No journal (the disk is thrown away), no room to grow, nothing discarded, and
         # inode tables left to read as zeros (the image starts as one hole).
         "-O",

@@ -28,6 +28,7 @@ from sandbox.verify.expect import (
     StatusExpectation,
     _CallShape,
 )
+from sandbox.verify.hostmatch import HostIndex
 from sandbox.verify.match import first_mismatch, json_equal, matches, select, show
 
 
@@ -55,15 +56,25 @@ def _calls_like(shape: _CallShape, calls: list[Call]) -> tuple[list[Call], list[
     chain's expectation that names `steps` counts only those steps' calls."""
     if isinstance(shape, InSteps) and shape.steps:
         calls = [c for c in calls if c.in_step in shape.steps]
+    hosts = HostIndex(calls) if shape.host is not None else None
     same_tool = [
         c
         for c in calls
         if c.line.tool == shape.tool_name
-        and (shape.method is None or c.method.upper() == shape.method.upper())
-        and (shape.host is None or c.host.lower() == shape.host.lower())
+        and (shape.method is None or _method_may_be(c, shape.method))
+        and (hosts is None or shape.host is None or hosts.matches(shape.host, c))
     ]
     hit = [c for c in same_tool if all(matches(m, c.line.arguments) for m in shape.args)]
     return hit, [c for c in same_tool if c not in hit]
+
+
+def _method_may_be(call: Call, method: str) -> bool:
+    """The call's method, or any method for a tunnel relayed unopened (the requests
+    inside it were not seen, so any of them may have been this method)."""
+    seen = call.method.upper()
+    if seen == method.upper():
+        return True
+    return seen == "CONNECT" and call.line.detail.get("tls") == "method not seen"
 
 
 def _near_miss(shape: _CallShape, misses: list[Call]) -> str:

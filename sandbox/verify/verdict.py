@@ -16,10 +16,10 @@ from typing import Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.contracts.record import ContentHash, Walls, write_json_atomic
+from sandbox.contracts.status import VERIFICATION_FILE
 from sandbox.verify.check import ExpectationResult
 from sandbox.verify.evidence import Evidence
 
-VERIFICATION_FILE = "verification.json"
 _Verdict = TypeVar("_Verdict", bound=BaseModel)
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "contracts" / "verification.schema.json"
 MAX_FILES_LISTED = 20

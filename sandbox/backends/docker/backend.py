@@ -24,6 +24,7 @@ from sandbox.backends.docker.prefetch import engine_key
 from sandbox.contracts.config import StepRuntime
 from sandbox.contracts.errors import EngineError
 from sandbox.contracts.ids import IdMap
+from sandbox.contracts.names import LABEL_ROLE
 from sandbox.contracts.record import OutputTail
 from sandbox.contracts.spec import ContainerSpec
 
@@ -37,10 +38,15 @@ class DockerContainer:
         watches: list[containers.ExitWatch],
         *,
         runtime: str | None = None,
+        count_output: bool = False,
+        counters: list[containers.OutputCounter] | None = None,
     ) -> None:
         self._container = container
         self._watches = watches
         self._runtime = runtime
+        self._count_output = count_output
+        self._counter: containers.OutputCounter | None = None
+        self._counters = counters if counters is not None else []
 
     @property
     def name(self) -> str:
@@ -55,6 +61,14 @@ class DockerContainer:
         return str(self._container.attrs.get("Config", {}).get("User", ""))
 
     def start(self) -> None:
+        if self._count_output and self._counter is None:
+            # Attached before it starts, so every byte it writes is counted (the
+            # engine's capped log keeps only the last part of a flood).
+            try:
+                self._counter = containers.OutputCounter(self._container)
+                self._counters.append(self._counter)
+            except (docker.errors.APIError, requests.exceptions.RequestException) as exc:
+                raise EngineError(f"cannot attach to {self.name}'s output: {exc}") from None
         self._container.start()
 
     def wait(self, timeout_s: float) -> int | None:
@@ -74,7 +88,11 @@ class DockerContainer:
         )
 
     def output_tails(self) -> tuple[OutputTail, OutputTail]:
-        return containers.output_tails(self._container)
+        """Counted as it came when it was attached to (the step), else what the
+        engine's capped log kept."""
+        if self._counter is None:
+            return containers.output_tails(self._container)
+        return self._counter.tails()
 
     def save_output(self, fd: int, cap_bytes: int) -> tuple[int, bool]:
         return containers.save_output(self._container, fd, cap_bytes)
@@ -107,6 +125,7 @@ class DockerBackend:
         self.client = client
         self._owned = containers.OwnedContainers(client)
         self._watches: list[containers.ExitWatch] = []
+        self._counters: list[containers.OutputCounter] = []
         self._info: _InfoPrefetch | None = None
 
     @classmethod
@@ -156,7 +175,11 @@ class DockerBackend:
 
     def create(self, spec: ContainerSpec, *, independent: bool = False) -> DockerContainer:
         return DockerContainer(
-            self._owned.create(spec, independent=independent), self._watches, runtime=spec.runtime
+            self._owned.create(spec, independent=independent),
+            self._watches,
+            runtime=spec.runtime,
+            count_output=spec.labels.get(LABEL_ROLE) == "step",
+            counters=self._counters,
         )
 
     def connect_networks(self, container: RunContainer, networks: list[str]) -> None:
@@ -171,6 +194,8 @@ class DockerBackend:
         for watch in list(self._watches):
             watch.cancel()
             watch.join()
+        for counter in self._counters:
+            counter.close()
         if self._info is not None:
             self._info.join()
         with contextlib.suppress(Exception):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from docker import DockerClient
 from docker.models.containers import Container
 from docker.types import CancellableStream, LogConfig
 from docker.types import Mount as DockerMount
+from docker.utils.socket import frames_iter
 
 from sandbox import stopsignals
 from sandbox.backends.docker import hostcgroup
@@ -569,6 +571,65 @@ class OutputFollower:
     def tail(self, count: int = 3) -> str:
         last = [ln for ln in self.lines() if ln.strip()][-count:]
         return " | ".join(last) if last else "(no output)"
+
+
+class OutputCounter:
+    """A container's stdout and stderr counted byte for byte as they leave it.
+
+    The engine keeps a container's log capped (`log_max_bytes`, one file): once a
+    flood passed the cap, what the engine still has is its last part, and a count read
+    from it says a few MB where the step wrote hundreds. So the step's output is
+    attached to before the container starts, and a thread reads every frame the
+    engine copies out of the container, adding up each stream's bytes and keeping
+    only its tail (`_Tail`: bounded memory whatever the volume). The engine writes an
+    attached stream before it lets the container write more, so nothing passes
+    uncounted; a slow reader slows the step, never loses bytes."""
+
+    END_DEADLINE_S = 60.0  # after the container stopped: the rest of its output
+
+    def __init__(self, container: Container) -> None:
+        api: Any = container.client.api  # type: ignore[union-attr]  # private helpers: not in the stubs
+        url = api._url("/containers/{0}/attach", container.id)
+        self._response = api._post(
+            url,
+            headers={"Connection": "Upgrade", "Upgrade": "tcp"},
+            params={"logs": 0, "stdout": 1, "stderr": 1, "stream": 1},
+            stream=True,
+        )
+        api._raise_for_status(self._response)
+        self._socket = api._get_raw_response_socket(self._response)
+        api._disable_socket_timeout(self._socket)  # a step may be silent for long
+        self._out, self._err = _Tail(), _Tail()
+        self._ended = threading.Event()
+        self._thread = threading.Thread(target=self._read, name="output-count", daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        try:
+            for stream, chunk in frames_iter(self._socket, tty=False):  # type: ignore[no-untyped-call]
+                (self._err if stream == STDERR else self._out).feed(chunk)
+        except Exception:  # closed under us, or the engine went away: counted so far
+            pass
+        finally:
+            self._ended.set()
+
+    def tails(self) -> tuple[OutputTail, OutputTail]:
+        """Call once the container stopped: the tails with exact totals (if the engine
+        did not end the stream in time, what was counted, marked cut)."""
+        ended = self._ended.wait(self.END_DEADLINE_S)
+        self.close()
+        out, err = self._out.tail(), self._err.tail()
+        if not ended:
+            out.truncated = err.truncated = True
+        return out, err
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self._socket.shutdown(socket.SHUT_RDWR)
+        self._thread.join(timeout=5)
+        with contextlib.suppress(Exception):
+            self._response.raw._fp.fp.close()
+            self._response.close()
 
 
 def run_once(client: DockerClient, spec: ContainerSpec, timeout_s: float) -> tuple[int | None, str]:
