@@ -76,7 +76,7 @@ from tests.ports import free_ports
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "kubernetes-build.sh"
 CLUSTERS_DIR = REPO_ROOT / "build" / "kubernetes-clusters"
-SECCOMP_DIR = REPO_ROOT / "sandbox" / "seccomp"
+SECCOMP_DIR = REPO_ROOT / "seccomp"
 PAUSE_IMAGE = "localhost/sandbox-pause:3.2"
 NODE_NAME = "127.0.0.1"
 CGROUP_MOUNT = Path("/sys/fs/cgroup")

@@ -5,11 +5,11 @@ rebuilt: a base made by `mmdebstrap` from the host's apt sources (or any
 registry image given as BASE_IMAGE), the step image, and on top of it the
 guard image (the sandbox package, Python wheels built on the host; no
 third-party server code) and the MCP image (the stdio MCP servers of
-`sandbox/images/mcp/mcp-servers.txt`, fetched on the host, and their relay). The
+`images/mcp/mcp-servers.txt`, fetched on the host, and their relay). The
 `:current` tags are what runs use;
 `SANDBOX_IMAGE_TAG` names another tag instead, so several checkouts on one
 engine (parallel CI jobs, a developer beside CI) never run each other's images.
-Building needs the source checkout (the `sandbox/images/` folder); running does not.
+Building needs the source checkout (the `images/` folder); running does not.
 """
 
 from __future__ import annotations
@@ -36,9 +36,9 @@ from sandbox.contracts.names import GUARD_IMAGE, MCP_IMAGE, STEP_IMAGE
 # The package's own files, found through its import path (a checkout's `sandbox/`, or
 # an installed wheel's): the image build inputs and the step side are package data.
 PACKAGE_DIR = Path(str(resources.files("sandbox")))
-IMAGES_DIR = PACKAGE_DIR / "images"
 # Building the guard image builds this package's wheel: that needs the source checkout.
 REPO_ROOT = PACKAGE_DIR.parent
+IMAGES_DIR = REPO_ROOT / "images"
 BUILD_DIR = REPO_ROOT / "build"
 LABEL = "sandbox.image-inputs"
 # Stdlib-only code run inside the images (the step's clients, the executor, the MCP
@@ -215,7 +215,7 @@ def _wheels(into: Path) -> None:
 
 
 def _mcp_servers(into: Path) -> None:
-    """The MCP image's servers (`sandbox/images/mcp/mcp-servers.txt`), built on the host.
+    """The MCP image's servers (`images/mcp/mcp-servers.txt`), built on the host.
 
     `into/mcp-wheels` (wheels and a requirements.txt, installed with no index)
     and `into/mcp-node` (an npm prefix, install scripts off), cached in build/
