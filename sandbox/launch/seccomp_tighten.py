@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Derive the step-container seccomp profile from Docker's default profile.
 
 Reads ``seccomp/default.json`` (Docker's default profile, copied unmodified from
@@ -12,7 +11,8 @@ Usage::
     python -m sandbox.launch.seccomp_tighten --check     # exit 1 if step.json / README are stale
     python -m sandbox.launch.seccomp_tighten --markdown  # print the table of changes
 
-Standard library only, on purpose: this runs in CI and on a bare host.
+Standard library only (and the package's data lookup), on purpose: this runs in CI and on
+a bare host.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parents[2] / "seccomp"
+from sandbox.resources import seccomp_dir
+
+HERE = seccomp_dir()
 DEFAULT_PATH = HERE / "default.json"
 STEP_PATH = HERE / "step.json"
 README_PATH = HERE / "README.md"
