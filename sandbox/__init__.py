@@ -7,7 +7,7 @@ expectations, `verify_workflow` a whole chain against a workflow's expectations
 file; `gate` (`gate_workflow`) says whether the step's (the chain's) current
 version has a passing verification;
 `workflow_run_lock` is the lock a controller takes (shared) for a normal run, so no
-test run starts beside it.
+test run starts beside it. `__version__` is the installed distribution's version.
 
 Names are imported on first use (PEP 562): the guard, which imports
 `sandbox.guard`, must not pay for the runner's Docker client and psutil at
@@ -23,6 +23,8 @@ import importlib
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+    __version__: str
 
     from sandbox.contracts.errors import ConfigError, EngineError, RefusedError, SandboxError
     from sandbox.contracts.events import RunEvent
@@ -83,6 +85,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        from sandbox.contracts.version import runner_version
+
+        return runner_version()
     if name not in _WHERE:
         raise AttributeError(f"module 'sandbox' has no attribute {name!r}")
     return getattr(importlib.import_module(_WHERE[name]), name)

@@ -436,18 +436,26 @@ def cmd_images(args: argparse.Namespace) -> int:
     return 0
 
 
-def _bench_main() -> Callable[[list[str]], int]:
-    """The benchmarks' entry point, from the source checkout this package runs from.
+# `sandbox bench` is a development command: the benchmarks are not part of the installed
+# package (they need the checkout's fake upstreams and write its `bench/results.json`), so
+# an installed wheel neither offers it nor runs it.
+BENCH_ELSEWHERE = (
+    "`sandbox bench` runs from a source checkout (the benchmarks are not installed "
+    "with the package): run `make bench` in a clone of the repository"
+)
 
-    The benchmarks are not part of the installed package (they need the checkout's
-    fake upstreams and write its `bench/results.json`), so outside a checkout this is
-    a ConfigError that says where to run them."""
+
+def _bench_checkout() -> Path | None:
+    """The source checkout this package runs from, when it holds the benchmarks."""
     checkout = Path(__file__).resolve().parents[1]
-    if not (checkout / "bench" / "__init__.py").is_file():
-        raise ConfigError(
-            "`sandbox bench` runs from a source checkout (the benchmarks are not installed "
-            "with the package): run `make bench` in a clone of the repository"
-        )
+    return checkout if (checkout / "bench" / "__init__.py").is_file() else None
+
+
+def _bench_main() -> Callable[[list[str]], int]:
+    """The benchmarks' entry point, from the source checkout this package runs from."""
+    checkout = _bench_checkout()
+    if checkout is None:
+        raise ConfigError(BENCH_ELSEWHERE)
     if str(checkout) not in sys.path:
         sys.path.insert(0, str(checkout))
     from bench.harness import main
@@ -507,6 +515,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     argparse a formatter and a look at the terminal's size: the ~60 arguments of all
     the commands were some 5 to 10 ms of every start, for the one command a process runs."""
     parser = argparse.ArgumentParser(prog="sandbox", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action=_VersionAction)
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run one step once in test mode")
@@ -617,6 +626,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         img.add_argument("--base-image", default="", help="a registry base instead of mmdebstrap")
         img.set_defaults(func=cmd_images)
 
+    if _bench_checkout() is None:
+        return parser
     bench = sub.add_parser("bench", help="run the benchmarks; table + bench/results.json")
     if _wanted(only, "bench"):
         bench.add_argument("--only", default="", help="comma-separated subset, e.g. startup,guard")
@@ -632,6 +643,29 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         )
         bench.set_defaults(func=cmd_bench)
     return parser
+
+
+class _VersionAction(argparse.Action):
+    """`--version`: prints `sandbox <version>` and exits 0. The version is read when the
+    option is given, not at every start (reading the distribution's metadata costs)."""
+
+    def __init__(self, option_strings: list[str], dest: str, **_: object) -> None:
+        super().__init__(
+            option_strings, argparse.SUPPRESS, nargs=0, default=argparse.SUPPRESS,
+            help="print the version and exit",
+        )  # fmt: skip
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        from sandbox.contracts.version import runner_version
+
+        sys.stdout.write(f"sandbox {runner_version()}\n")
+        parser.exit()
 
 
 def _wanted(only: str | None, command: str) -> bool:
@@ -700,7 +734,10 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> tuple[int, bool]:
     """`main`: the exit code, and whether this process is a command that ran steps."""
     words = sys.argv[1:] if argv is None else argv
-    parser = build_parser(_command_named(words))
+    command = _command_named(words)
+    parser = build_parser(command)
+    if command == "bench" and _bench_checkout() is None:
+        parser.error(BENCH_ELSEWHERE)
     args = parser.parse_args(argv)
     start = _StartGc() if argv is None and args.command in _RUNS_STEPS else None
     args.start_gc = start

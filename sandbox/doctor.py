@@ -58,7 +58,7 @@ PROBE_TIMEOUT_S = 60
 MAX_USERNS = Path("/proc/sys/user/max_user_namespaces")
 UNPRIVILEGED_USERNS = Path("/proc/sys/kernel/unprivileged_userns_clone")  # Debian/Ubuntu only
 
-# Runs as the step (uid 10001, no capabilities) under sandbox/seccomp/step.json; prints one
+# Runs as the step (uid 10001, no capabilities) under seccomp/step.json; prints one
 # JSON line.
 # x86_64 syscall numbers; on another architecture the names it cannot try say "unknown".
 SECCOMP_PROBE = r"""
@@ -167,7 +167,7 @@ def _engine(client: DockerClient, info: dict[str, object]) -> Check:
             facts,
             f"engines before {DEFAULT_PROFILE_DENIES_IO_URING}.0 ship a built-in seccomp "
             "default that allows io_uring (and ptrace/process_vm_* on kernels >= 4.8); steps "
-            "and the guard (its root entry script included) run under sandbox/seccomp/step.json "
+            "and the guard (its root entry script included) run under seccomp/step.json "
             "regardless, but any other container on this engine uses the weaker default",
             f"upgrade to Docker Engine >= {DEFAULT_PROFILE_DENIES_IO_URING} (docker-ce)",
         )
@@ -273,8 +273,7 @@ def _seccomp_profile(probe: dict[str, str] | str | None, images_ok: bool) -> Che
             name="seccomp profile",
             ok=False,
             detail=probe,
-            fix="see sandbox/seccomp/README.md; regenerate with "
-            "`python sandbox/seccomp/tighten.py`",
+            fix="see seccomp/README.md; regenerate with `python -m sandbox.launch.seccomp_tighten`",
         )
     open_calls = sorted(k for k, v in probe.items() if v not in (DENIED, "unknown"))
     said = ", ".join(f"{k} {v}" for k, v in sorted(probe.items()))
@@ -282,10 +281,10 @@ def _seccomp_profile(probe: dict[str, str] | str | None, images_ok: bool) -> Che
         return Check(
             name="seccomp profile",
             ok=False,
-            detail="sandbox/seccomp/step.json loads, but a step can still call "
+            detail="seccomp/step.json loads, but a step can still call "
             f"{', '.join(open_calls)} ({said})",
-            fix="regenerate the profile with `python sandbox/seccomp/tighten.py` and check the "
-            "engine applies it (docker-py security_opt 'seccomp=<json text>')",
+            fix="regenerate the profile with `python -m sandbox.launch.seccomp_tighten` and "
+            "check the engine applies it (docker-py security_opt 'seccomp=<json text>')",
         )
     if all(v == "unknown" for v in probe.values()):
         said = "the syscall probe knows x86_64 only"
@@ -294,7 +293,7 @@ def _seccomp_profile(probe: dict[str, str] | str | None, images_ok: bool) -> Che
     return Check(
         name="seccomp profile",
         ok=True,
-        detail=f"sandbox/seccomp/step.json loads and Python runs under it; {said}",
+        detail=f"seccomp/step.json loads and Python runs under it; {said}",
     )
 
 
@@ -340,7 +339,7 @@ def _user_namespaces(
             detail=f"{host}; {engine}; a step CAN create a user namespace "
             f"(unshare(CLONE_NEWUSER): {step_verdict})",
             fix="the step profile must deny unshare/clone namespace flags "
-            "(sandbox/seccomp/tighten.py); as a host-wide stopgap: "
+            "(sandbox/launch/seccomp_tighten.py); as a host-wide stopgap: "
             "sysctl -w user.max_user_namespaces=0",
         )
     facts = f"{host}; {engine}; " + (
@@ -402,7 +401,7 @@ def _run_iptables(client: DockerClient) -> Check:
         name=name,
         ok=False,
         detail=f"the firewall's tools failed (exit {code}): {tail}",
-        fix="rebuild the images (`make images`; sandbox/images/step/packages.txt lists iptables)"
+        fix="rebuild the images (`make images`; images/step/packages.txt lists iptables)"
         if missing
         else "load the kernel's netfilter modules (modprobe nf_tables ip6_tables) or use a "
         "kernel with nf_tables and IPv6",

@@ -186,4 +186,4 @@ def test_an_open_syscall_fails_the_profile_check() -> None:
     check = doctor._seccomp_profile(probe, images_ok=True)
     assert not check.ok and "io_uring_setup" in check.detail and check.fix
     broken = doctor._seccomp_profile("the probe exited 159: ", images_ok=True)
-    assert not broken.ok and "tighten.py" in broken.fix
+    assert not broken.ok and "seccomp_tighten" in broken.fix

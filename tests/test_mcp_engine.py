@@ -1,6 +1,6 @@
 """The MCP proxy against the real engine and real, published MCP servers.
 
-The servers are the ones installed in the MCP image (`sandbox/images/mcp/mcp-servers.txt`), each
+The servers are the ones installed in the MCP image (`images/mcp/mcp-servers.txt`), each
 run by the sandbox in a container of its own:
 from PyPI `mcp-server-time` and `mcp-server-git`, from npm the reference
 `server-filesystem`, `server-memory` and `server-everything`, and

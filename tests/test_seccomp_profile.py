@@ -1,7 +1,7 @@
-"""Static checks of the step seccomp profile (sandbox/seccomp/step.json). No Docker needed.
+"""Static checks of the step seccomp profile (seccomp/step.json). No Docker needed.
 
 The profile is applied for real by the engine tests; here we check that it is
-what sandbox/seccomp/tighten.py generates from the pinned upstream default.json, and
+what sandbox/launch/seccomp_tighten.py generates from the pinned upstream default.json, and
 evaluate its rules ourselves (with runc's semantics) for the properties the
 sandbox relies on.
 """
@@ -9,7 +9,6 @@ sandbox relies on.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SECCOMP = ROOT / "sandbox" / "seccomp"
+SECCOMP = ROOT / "seccomp"
 DEFAULT = SECCOMP / "default.json"
 STEP = SECCOMP / "step.json"
 README = SECCOMP / "README.md"
@@ -108,12 +107,9 @@ def load(path: Path) -> dict[str, Any]:
 
 
 def import_tighten() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("seccomp_tighten", SECCOMP / "tighten.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses need the module registered
-    spec.loader.exec_module(module)
-    return module
+    from sandbox.launch import seccomp_tighten
+
+    return seccomp_tighten
 
 
 @pytest.fixture(scope="module")
@@ -165,13 +161,14 @@ def test_step_json_is_generated_from_default_json() -> None:
     tighten = import_tighten()
     profile, _notes = tighten.tighten(tighten.load(DEFAULT))
     assert STEP.read_text(encoding="utf-8") == tighten.render_json(profile), (
-        "sandbox/seccomp/step.json is stale: run `python sandbox/seccomp/tighten.py`"
+        "seccomp/step.json is stale: run `python -m sandbox.launch.seccomp_tighten`"
     )
 
 
 def test_tighten_check_cli_passes() -> None:
     proc = subprocess.run(
-        [sys.executable, str(SECCOMP / "tighten.py"), "--check"],
+        [sys.executable, "-m", "sandbox.launch.seccomp_tighten", "--check"],
+        cwd=ROOT,
         capture_output=True,
         text=True,
         check=False,
@@ -182,7 +179,7 @@ def test_tighten_check_cli_passes() -> None:
 def test_default_json_is_the_pinned_upstream_copy() -> None:
     digest = hashlib.sha256(DEFAULT.read_bytes()).hexdigest()
     assert digest in README.read_text(encoding="utf-8"), (
-        "default.json changed: record its upstream commit and sha256 in sandbox/seccomp/README.md"
+        "default.json changed: record its upstream commit and sha256 in seccomp/README.md"
     )
 
 

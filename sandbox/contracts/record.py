@@ -310,6 +310,8 @@ class TestRunRecord(BaseModel):
 
     schema_version: Literal[1] = SCHEMA_VERSION
     test_mode: Literal[True] = True
+    # The version of sandbox that wrote the record (None: written before it was recorded).
+    runner_version: str | None = None
     id: str
     # The whole-workflow test run this step ran in (its `runs/test-<id>/`), if any.
     workflow_run_id: str | None = None

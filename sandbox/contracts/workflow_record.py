@@ -116,6 +116,8 @@ class WorkflowRunRecord(BaseModel):
     schema_version: Literal[1] = SCHEMA_VERSION
     kind: Literal["workflow"] = "workflow"
     test_mode: Literal[True] = True
+    # The version of sandbox that wrote the record (None: written before it was recorded).
+    runner_version: str | None = None
     id: str
     workflow_dir: str
     workflow_name: str

@@ -1,4 +1,4 @@
-"""Loading the step's seccomp profile (built in `sandbox/seccomp/`, see its README).
+"""Loading the step's seccomp profile (built in `seccomp/`, see its README).
 
 The Engine API takes the profile's JSON text, not a path. A missing or
 malformed profile is an error, never a silent fall-back to the engine default.
@@ -7,16 +7,16 @@ malformed profile is an error, never a silent fall-back to the engine default.
 from __future__ import annotations
 
 import json
-from importlib import resources
-from importlib.resources.abc import Traversable
+from pathlib import Path
 
 from sandbox.contracts.errors import ConfigError
+from sandbox.resources import seccomp_dir
 
 # Package data: found the same way in a checkout and in an installed wheel.
-PROFILE_PATH: Traversable = resources.files("sandbox") / "seccomp" / "step.json"
+PROFILE_PATH: Path = seccomp_dir() / "step.json"
 
 
-def step_profile(path: Traversable = PROFILE_PATH) -> str:
+def step_profile(path: Path = PROFILE_PATH) -> str:
     """The compact JSON text of the step profile."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -28,7 +28,7 @@ def step_profile(path: Traversable = PROFILE_PATH) -> str:
 
 
 # The profile as a node's runtime reads a `Localhost` profile file.
-NODE_PROFILE_PATH: Traversable = resources.files("sandbox") / "seccomp" / "step.oci.json"
+NODE_PROFILE_PATH: Path = seccomp_dir() / "step.oci.json"
 NODE_ARCH = "amd64"
 # Go's architecture names (what a rule's includes/excludes list) -> libseccomp's.
 SCMP_ARCHES = {

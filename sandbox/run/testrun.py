@@ -67,6 +67,7 @@ from sandbox.contracts.record import (
     write_record,
 )
 from sandbox.contracts.reports import DbDiff
+from sandbox.contracts.version import runner_version
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.config import CONFIG_FILE_NAME, GuardConfig
 from sandbox.hostfs import fdtree
@@ -369,6 +370,7 @@ class TestRun:
         if launch.stdio_servers(workflow):
             used_images["mcp"] = backend.require_image(names.MCP_IMAGE)
         return TestRunRecord(
+            runner_version=runner_version(),
             id=layout.run_id,
             workflow_run_id=workflow_run_id,
             workflow_dir=str(self.workflow_dir),

@@ -39,6 +39,7 @@ from sandbox.contracts.errors import ConfigError, SandboxError
 from sandbox.contracts.events import EventCallback, EventKind, RunEvent
 from sandbox.contracts.layout import WorkflowRunLayout, make_private_dir, new_run_id
 from sandbox.contracts.record import RunStatus, TestRunRecord
+from sandbox.contracts.version import runner_version
 from sandbox.contracts.workflow_record import (
     ChainStep,
     ChainTotals,
@@ -147,6 +148,7 @@ class WorkflowRun:
     ) -> WorkflowRunRecord:
         layout = WorkflowRunLayout(self.workflow_dir, new_run_id())
         record = WorkflowRunRecord(
+            runner_version=runner_version(),
             id=layout.run_id,
             workflow_dir=str(self.workflow_dir),
             workflow_name=workflow.name,

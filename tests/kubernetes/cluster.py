@@ -70,13 +70,14 @@ import httpx
 import psutil
 from pydantic import BaseModel
 
+from sandbox.resources import seccomp_dir
 from tests.kubernetes import pki
 from tests.ports import free_ports
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO_ROOT / "scripts" / "kubernetes-build.sh"
 CLUSTERS_DIR = REPO_ROOT / "build" / "kubernetes-clusters"
-SECCOMP_DIR = REPO_ROOT / "sandbox" / "seccomp"
+SECCOMP_DIR = seccomp_dir()
 PAUSE_IMAGE = "localhost/sandbox-pause:3.2"
 NODE_NAME = "127.0.0.1"
 CGROUP_MOUNT = Path("/sys/fs/cgroup")

@@ -4,7 +4,7 @@ Built by hand here (the backend will build it from a RunPlan): an init container
 with NET_ADMIN alone installs `sandbox.launch.firewall.rules()` in the Pod's network
 namespace and exits; the guard sidecar (uid 10002, no capabilities) serves on
 127.0.0.1:8790; the step (uid 10001, every capability dropped, no privilege
-escalation, read-only root, the project's `sandbox/seccomp/step.json` as a Localhost
+escalation, read-only root, the project's `seccomp/step.json` as a Localhost
 profile, memory and CPU limits) reports what it can and cannot do. The fake outside
 server is a Pod of its own on the same bridge; the guard reaching it is the proof
 that the path exists, so the step failing to is the firewall's doing.

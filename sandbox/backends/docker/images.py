@@ -5,23 +5,31 @@ rebuilt: a base made by `mmdebstrap` from the host's apt sources (or any
 registry image given as BASE_IMAGE), the step image, and on top of it the
 guard image (the sandbox package, Python wheels built on the host; no
 third-party server code) and the MCP image (the stdio MCP servers of
-`sandbox/images/mcp/mcp-servers.txt`, fetched on the host, and their relay). The
+`images/mcp/mcp-servers.txt`, fetched on the host, and their relay). The
 `:current` tags are what runs use;
 `SANDBOX_IMAGE_TAG` names another tag instead, so several checkouts on one
 engine (parallel CI jobs, a developer beside CI) never run each other's images.
-Building needs the source checkout (the `sandbox/images/` folder); running does not.
+Building works from a source checkout and from an installed wheel alike: the
+inputs are the package's data (`sandbox.resources`), and the guard's copy of the
+package is a wheel built from the checkout or repacked from the installed files.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import csv
+import email.parser
 import hashlib
+import importlib.metadata
+import io
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import zipfile
 from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
@@ -32,15 +40,23 @@ from pydantic import BaseModel, ConfigDict
 
 from sandbox.contracts.errors import EngineError, ImageMissingError
 from sandbox.contracts.names import GUARD_IMAGE, MCP_IMAGE, STEP_IMAGE
+from sandbox.resources import PACKAGED_DATA, images_dir, source_checkout
 
 # The package's own files, found through its import path (a checkout's `sandbox/`, or
-# an installed wheel's): the image build inputs and the step side are package data.
+# an installed wheel's): the step side and the guard's code.
 PACKAGE_DIR = Path(str(resources.files("sandbox")))
-IMAGES_DIR = PACKAGE_DIR / "images"
-# Building the guard image builds this package's wheel: that needs the source checkout.
 REPO_ROOT = PACKAGE_DIR.parent
-BUILD_DIR = REPO_ROOT / "build"
+CHECKOUT = source_checkout()
+# Host-side build caches (the base's tarball, wheels, the MCP servers): the checkout's
+# build/, or the user's cache for an installed wheel (never inside site-packages).
+BUILD_DIR = (
+    CHECKOUT / "build"
+    if CHECKOUT is not None
+    else Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sandbox"
+)
 LABEL = "sandbox.image-inputs"
+# Pins of what the guard image installs besides the package (images/constraints.txt).
+CONSTRAINTS = "constraints.txt"
 # Stdlib-only code run inside the images (the step's clients, the executor, the MCP
 # relay): the step image installs this folder's contents, each under its own name.
 STEP_SIDE = PACKAGE_DIR / "stepside"
@@ -78,9 +94,17 @@ class BuiltImages(BaseModel):
 
 
 def _hash_files(paths: Iterable[Path], extra: str = "") -> str:
+    """A hash of the files' names and bytes; a name is taken where the file lives in both
+    layouts (`images/...`, `sandbox/...`), so a checkout and a wheel of the same source
+    hash alike and share the images."""
+    data_root = images_dir().parent
     digest = hashlib.sha256(extra.encode())
     for path in sorted(paths):
-        name = path.relative_to(REPO_ROOT) if path.is_relative_to(REPO_ROOT) else path
+        name: Path = path
+        for root in (data_root, REPO_ROOT):
+            if path.is_relative_to(root):
+                name = path.relative_to(root)
+                break
         digest.update(str(name).encode() + b"\0")
         digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
@@ -120,7 +144,7 @@ def _host_suite() -> str:
 
 
 def _packages() -> list[str]:
-    text = (IMAGES_DIR / "base" / "packages.txt").read_text()
+    text = (images_dir() / "base" / "packages.txt").read_text()
     return [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
 
 
@@ -129,7 +153,7 @@ def build_base(client: DockerClient, rebuilt: list[str]) -> str:
     sources = _host_apt_sources()
     suite = _host_suite()
     tag = "sandbox-base:" + _hash_files(
-        [IMAGES_DIR / "base" / "packages.txt", *sources], extra=suite
+        [images_dir() / "base" / "packages.txt", *sources], extra=suite
     )
     if _image_exists(client, tag):
         return tag
@@ -189,38 +213,129 @@ def _build(
 
 
 def _package_sources() -> list[Path]:
-    pkg = PACKAGE_DIR
-    return [
+    """What the guard's copy of the package is made of: its code, its declared metadata
+    and the pins of its dependencies."""
+    code = [
         p
-        for p in pkg.rglob("*")
-        if p.is_file() and "__pycache__" not in p.parts and p.suffix in {".py", ".json", ".typed"}
-    ] + [REPO_ROOT / "pyproject.toml"]
+        for p in PACKAGE_DIR.rglob("*")
+        if p.is_file()
+        and "__pycache__" not in p.parts
+        and p.relative_to(PACKAGE_DIR).parts[0] != PACKAGED_DATA.name
+        and p.suffix in {".py", ".json", ".typed"}
+    ]
+    return [*code, _declared_metadata(), images_dir() / CONSTRAINTS]
+
+
+def _declared_metadata() -> Path:
+    """The checkout's pyproject.toml, or the installed distribution's METADATA."""
+    if CHECKOUT is not None:
+        return CHECKOUT / "pyproject.toml"
+    return _installed_info() / "METADATA"
+
+
+def _installed_info() -> Path:
+    """The installed distribution's `.dist-info` folder (the one its RECORD lists)."""
+    files = importlib.metadata.distribution("sandbox").files or []
+    found = [f for f in files if f.name == "METADATA" and f.parent.name.endswith(".dist-info")]
+    if len(found) != 1:
+        raise EngineError("the installed sandbox distribution lists no single .dist-info")
+    return Path(str(found[0].locate())).parent
 
 
 def _wheels(into: Path) -> None:
-    """Wheels of the package and its dependencies, built on the host (cached)."""
-    deps_dir = BUILD_DIR / "wheels" / ("deps-" + _hash_files([REPO_ROOT / "pyproject.toml"]))
+    """The package's wheel and its dependencies', pinned by `images/constraints.txt`;
+    the dependencies are built on the host once per requirement list and pins."""
+    own = _own_wheel(into)
+    constraints = images_dir() / CONSTRAINTS
+    deps_dir = dependency_wheels(own)
     if not deps_dir.is_dir():
         _log("building dependency wheels on the host")
-        BUILD_DIR.mkdir(exist_ok=True)  # a fresh clone has none when the base image exists
-        tmp = Path(tempfile.mkdtemp(dir=BUILD_DIR))
-        _pip(["wheel", "--quiet", "--wheel-dir", str(tmp), str(REPO_ROOT)])
+        deps_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=deps_dir.parent))
+        _pip(
+            [
+                "wheel",
+                "--quiet",
+                "--wheel-dir",
+                str(tmp),
+                "--constraint",
+                str(constraints),
+                str(own),
+            ]
+        )
         for wheel in tmp.glob("sandbox-*.whl"):
             wheel.unlink()
-        deps_dir.parent.mkdir(parents=True, exist_ok=True)
-        tmp.rename(deps_dir)
+        try:
+            tmp.rename(deps_dir)
+        except OSError:  # another build renamed the same set in first
+            shutil.rmtree(tmp)
     for wheel in deps_dir.iterdir():
         shutil.copy2(wheel, into / wheel.name)
-    _pip(["wheel", "--quiet", "--no-deps", "--wheel-dir", str(into), str(REPO_ROOT)])
+
+
+def dependency_wheels(own: Path) -> Path:
+    """Where the wheels of `own`'s dependencies are cached: by its requirements and pins."""
+    key = _hash_files([images_dir() / CONSTRAINTS], extra="\n".join(_requires(own)))
+    return BUILD_DIR / "wheels" / f"deps-{key}"
+
+
+def _own_wheel(into: Path) -> Path:
+    """This package's wheel in `into`: built from the checkout, or repacked from the
+    installed files when there is none (they are what the installed wheel held)."""
+    if CHECKOUT is not None:
+        _pip(["wheel", "--quiet", "--no-deps", "--wheel-dir", str(into), str(CHECKOUT)])
+        (wheel,) = into.glob("sandbox-*.whl")
+        return wheel
+    return _repack_installed(into)
+
+
+def _requires(wheel: Path) -> list[str]:
+    """The wheel's `Requires-Dist` lines."""
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = (n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        metadata = email.parser.HeaderParser().parsestr(archive.read(name).decode())
+    return sorted(metadata.get_all("Requires-Dist") or [])
+
+
+def _repack_installed(into: Path) -> Path:
+    """A wheel of the installed package from the files its RECORD lists (the package and
+    its `.dist-info`, without what the installer added), with a RECORD of their hashes."""
+    dist = importlib.metadata.distribution("sandbox")
+    info = _installed_info()
+    added = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
+    members = sorted(
+        (f for f in dist.files or []
+         if (f.parts[0] == PACKAGE_DIR.name and "__pycache__" not in f.parts)
+         or (f.parts[0] == info.name and f.name not in added)),
+        key=str,
+    )  # fmt: skip
+    tags = [
+        line.split(":", 1)[1].strip()
+        for line in (info / "WHEEL").read_text().splitlines()
+        if line.startswith("Tag:")
+    ]
+    tag = tags[0] if len(tags) == 1 else "py3-none-any"
+    wheel = into / f"{info.name.removesuffix('.dist-info')}-{tag}.whl"
+    rows: list[tuple[str, str, str]] = []
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for member in members:
+            data = Path(str(member.locate())).read_bytes()
+            archive.writestr(str(member), data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            rows.append((str(member), "sha256=" + digest.decode(), str(len(data))))
+        record = io.StringIO()
+        csv.writer(record, lineterminator="\n").writerows([*rows, (f"{info.name}/RECORD", "", "")])
+        archive.writestr(f"{info.name}/RECORD", record.getvalue())
+    return wheel
 
 
 def _mcp_servers(into: Path) -> None:
-    """The MCP image's servers (`sandbox/images/mcp/mcp-servers.txt`), built on the host.
+    """The MCP image's servers (`images/mcp/mcp-servers.txt`), built on the host.
 
     `into/mcp-wheels` (wheels and a requirements.txt, installed with no index)
     and `into/mcp-node` (an npm prefix, install scripts off), cached in build/
     by the list's hash so an unchanged list is never fetched again."""
-    listing = IMAGES_DIR / "mcp" / "mcp-servers.txt"
+    listing = images_dir() / "mcp" / "mcp-servers.txt"
     entries = [ln.split() for ln in listing.read_text().splitlines() if ln.strip()]
     pypi = [e[1] for e in entries if e[0] == "pypi" and len(e) == 2]
     npm = [e[1] for e in entries if e[0] == "npm" and len(e) == 2]
@@ -266,26 +381,26 @@ def build_all(client: DockerClient, base_image: str | None = None) -> BuiltImage
     base_id = str(client.images.get(base).id) if _image_exists(client, base) else base
 
     step_inputs = [
-        *(IMAGES_DIR / "step").iterdir(),
-        IMAGES_DIR / "base" / "packages.txt",
+        *(images_dir() / "step").iterdir(),
+        images_dir() / "base" / "packages.txt",
         *step_side_files(),
     ]
     step_tag = "sandbox-step:" + _hash_files(step_inputs, extra=base_id)
     guard_tag = "sandbox-guard:" + _hash_files(
-        [*(IMAGES_DIR / "guard").iterdir(), *_package_sources()], extra=step_tag
+        [*(images_dir() / "guard").iterdir(), *_package_sources()], extra=step_tag
     )
-    mcp_tag = "sandbox-mcp:" + _hash_files([*(IMAGES_DIR / "mcp").iterdir()], extra=step_tag)
+    mcp_tag = "sandbox-mcp:" + _hash_files([*(images_dir() / "mcp").iterdir()], extra=step_tag)
     with tempfile.TemporaryDirectory(prefix="sandbox-build-") as tmp:
         step_ctx = Path(tmp) / "step"
-        shutil.copytree(IMAGES_DIR / "step", step_ctx)
-        shutil.copy2(IMAGES_DIR / "base" / "packages.txt", step_ctx / "packages.txt")
+        shutil.copytree(images_dir() / "step", step_ctx)
+        shutil.copy2(images_dir() / "base" / "packages.txt", step_ctx / "packages.txt")
         stage_step_side(step_ctx / "stepside")
         _build(client, step_ctx, step_tag, {"BASE_IMAGE": base}, rebuilt)
         client.images.get(step_tag).tag(STEP_IMAGE)
 
         if not _image_exists(client, guard_tag):
             guard_ctx = Path(tmp) / "guard"
-            shutil.copytree(IMAGES_DIR / "guard", guard_ctx)
+            shutil.copytree(images_dir() / "guard", guard_ctx)
             (guard_ctx / "wheels").mkdir()
             _wheels(guard_ctx / "wheels")
             _build(client, guard_ctx, guard_tag, {"STEP_IMAGE": step_tag}, rebuilt)
@@ -293,7 +408,7 @@ def build_all(client: DockerClient, base_image: str | None = None) -> BuiltImage
 
         if not _image_exists(client, mcp_tag):
             mcp_ctx = Path(tmp) / "mcp"
-            shutil.copytree(IMAGES_DIR / "mcp", mcp_ctx)
+            shutil.copytree(images_dir() / "mcp", mcp_ctx)
             _mcp_servers(mcp_ctx)
             _build(client, mcp_ctx, mcp_tag, {"STEP_IMAGE": step_tag}, rebuilt)
         client.images.get(mcp_tag).tag(MCP_IMAGE)

@@ -1,18 +1,18 @@
-#!/usr/bin/env python3
 """Derive the step-container seccomp profile from Docker's default profile.
 
-Reads ``sandbox/seccomp/default.json`` (Docker's default profile, copied unmodified from
+Reads ``seccomp/default.json`` (Docker's default profile, copied unmodified from
 upstream), applies the annotated list of changes in :data:`CHANGES` and writes
-``sandbox/seccomp/step.json``. It also refreshes the generated table in
-``sandbox/seccomp/README.md`` (between the ``BEGIN/END GENERATED`` markers).
+``seccomp/step.json``. It also refreshes the generated table in
+``seccomp/README.md`` (between the ``BEGIN/END GENERATED`` markers).
 
 Usage::
 
-    python sandbox/seccomp/tighten.py             # regenerate step.json (+ README table)
-    python sandbox/seccomp/tighten.py --check     # exit 1 if step.json / README are stale
-    python sandbox/seccomp/tighten.py --markdown  # print the table of changes
+    python -m sandbox.launch.seccomp_tighten             # regenerate step.json (+ README table)
+    python -m sandbox.launch.seccomp_tighten --check     # exit 1 if step.json / README are stale
+    python -m sandbox.launch.seccomp_tighten --markdown  # print the table of changes
 
-Standard library only, on purpose: this runs in CI and on a bare host.
+Standard library only (and the package's data lookup), on purpose: this runs in CI and on
+a bare host.
 """
 
 from __future__ import annotations
@@ -26,11 +26,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
+from sandbox.resources import seccomp_dir
+
+HERE = seccomp_dir()
 DEFAULT_PATH = HERE / "default.json"
 STEP_PATH = HERE / "step.json"
 README_PATH = HERE / "README.md"
-BEGIN_MARK = "<!-- BEGIN GENERATED: python sandbox/seccomp/tighten.py --markdown -->"
+BEGIN_MARK = "<!-- BEGIN GENERATED: python -m sandbox.launch.seccomp_tighten --markdown -->"
 END_MARK = "<!-- END GENERATED -->"
 
 Profile = dict[str, Any]
@@ -58,7 +60,7 @@ FAMILY_LIMIT = 64
 AF_PACKET = 17
 AF_VSOCK = 40
 ENOSYS = 38
-SANDBOX_COMMENT = "sandbox step profile (sandbox/seccomp/tighten.py)"
+SANDBOX_COMMENT = "sandbox step profile (sandbox/launch/seccomp_tighten.py)"
 
 
 def grants(rule: Rule) -> bool:
@@ -550,7 +552,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stale.append(f"{README_PATH} (generated table)")
         if stale:
             print("stale: " + ", ".join(stale), file=sys.stderr)
-            print("run: python sandbox/seccomp/tighten.py", file=sys.stderr)
+            print("run: python -m sandbox.launch.seccomp_tighten", file=sys.stderr)
             return 1
         return 0
 
