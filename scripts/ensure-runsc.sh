@@ -19,4 +19,11 @@ if ! command -v runsc >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive apt-get "${apt_opts[@]}" install -y --no-install-recommends \
     runsc >/dev/null
 fi
+# The walls test compares runsc's syscall table with the kernel's names (asm/unistd_64.h).
+if [ ! -f "/usr/include/$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)/asm/unistd_64.h" ] \
+    && [ "$(id -u)" -eq 0 ]; then
+  echo "ensure-runsc: installing linux-libc-dev (the kernel's syscall names)" >&2
+  DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 -qq install -y \
+    --no-install-recommends linux-libc-dev >/dev/null
+fi
 command -v runsc
