@@ -40,7 +40,7 @@ def _cell(text: str) -> str:
 def _type_of(prop: dict[str, Any]) -> str:
     """A short type for a JSON Schema property, as a reader of the TOML/JSON sees it."""
     if "$ref" in prop:
-        return "`" + prop["$ref"].rsplit("/", 1)[-1] + "`"
+        return "`" + str(prop["$ref"]).rsplit("/", 1)[-1] + "`"
     if "const" in prop:
         return f"`{json.dumps(prop['const'])}`"
     if "enum" in prop:
@@ -249,13 +249,11 @@ def cli_page() -> Page:
     parser = build_parser()
     out = [GENERATED, "", "# Command line", ""]
     out += [
-        "`sandbox COMMAND ...`, from the parser in `sandbox/cli/` (`build_parser`). "
+        "`sandbox COMMAND ...`, from the parser (`sandbox.cli.build_parser`). "
         "Exit codes are in [Exit codes](exit-codes.md); every error is one line on stderr.",
         "",
     ]
-    subparsers = next(
-        a for a in parser._actions if isinstance(a, argparse._SubParsersAction)
-    )
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     helps = {a.dest: a.help or "" for a in subparsers._choices_actions}
     for name, sub in subparsers.choices.items():
         out += [f"## `sandbox {name}`", "", _cell(helps.get(name, "")), ""]
@@ -417,9 +415,10 @@ def environment_page() -> Page:
     for var in ENVIRONMENT:
         out.append(f"| `{var.name}` | {var.audience} | {_cell(var.what)} | `{var.source}` |")
     listed = {v.name for v in ENVIRONMENT}
-    missing = [f"environment: {n} is read by the code and not listed" for n in sorted(
-        environment_names_in_code() - listed
-    )]
+    missing = [
+        f"environment: {n} is read by the code and not listed"
+        for n in sorted(environment_names_in_code() - listed)
+    ]
     return Page("environment.md", "\n".join(out).rstrip() + "\n", missing)
 
 
@@ -506,7 +505,9 @@ def main(argv: list[str] | None = None) -> int:
         if current == page.text:
             continue
         if args.check:
-            problems.append(f"{path.relative_to(ROOT)} differs from the code: run scripts/gen_docs.py")
+            problems.append(
+                f"{path.relative_to(ROOT)} differs from the code: run scripts/gen_docs.py"
+            )
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(page.text)
