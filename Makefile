@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 BASE_IMAGE ?=
 
-.PHONY: demo demo-workflow test test-walls test-kubernetes venv engine images lint typecheck bench bench-load bench-kubernetes clean
+.PHONY: demo demo-workflow test test-walls test-kubernetes venv engine images lint docs typecheck bench bench-load bench-kubernetes clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,10 +57,19 @@ test-kubernetes: images
 	bash scripts/kubernetes-build.sh >/dev/null
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m kubernetes tests/kubernetes
 
+# The docs site is built strictly here, so a broken link or a missing page fails
+# `make test` (tests/test_docs.py checks the generated references and the paths).
+DOCS_PY := scripts/gen_docs.py docs/hooks/bench_tables.py
 lint: venv
-	$(BIN)/ruff check sandbox bench tests examples
-	$(BIN)/ruff format --check sandbox bench tests examples
+	$(BIN)/ruff check sandbox bench tests examples $(DOCS_PY)
+	$(BIN)/ruff format --check sandbox bench tests examples $(DOCS_PY)
 	$(BIN)/mypy
+	$(BIN)/mypy $(DOCS_PY)
+	$(MAKE) docs
+
+# The docs site (docs/, mkdocs.yml) into build/site/.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 bench: images
 	$(BIN)/sandbox bench

@@ -48,19 +48,70 @@ class Step(_Strict):
     acts in another project (`crew` names it), so test mode refuses it and never runs
     it; it has no command."""
 
-    id: Ident
-    group: Ident
-    kind: Literal["command", "crew"] = "command"
-    command: str | list[str] | None = None
-    crew: Ident | None = None
-    needs: list[Ident] = Field(default_factory=empty_list)
-    prompt_file: str | None = None
-    timeout_s: float = Field(default=600.0, gt=0, le=24 * 3600)
+    id: Ident = Field(
+        description=("The step's name, unique in the workflow (`sandbox run WF ID`).")
+    )
+    group: Ident = Field(
+        description=(
+            "Its group folder: the run's writable working directory, seeded "
+            "from the newest real run's execution tree. A name of the test run "
+            "folder's own entries is refused."
+        )
+    )
+    kind: Literal["command", "crew"] = Field(
+        default="command",
+        description=(
+            "`command` runs `command`; `crew` is a Crew step, which acts in "
+            "another project: test mode refuses it and never runs it."
+        ),
+    )
+    command: str | list[str] | None = Field(
+        default=None,
+        description=(
+            "What runs: a list is the argv, a string runs through `/bin/sh -c`."
+            ' Required unless `kind = "crew"`.'
+        ),
+    )
+    crew: Ident | None = Field(default=None, description="A Crew step's project name.")
+    needs: list[Ident] = Field(
+        default_factory=empty_list,
+        description=(
+            "Steps that run before this one in a whole-workflow run; without "
+            "any `needs` anywhere, the `[[steps]]` order."
+        ),
+    )
+    prompt_file: str | None = Field(
+        default=None,
+        description=(
+            "The step's prompt, relative to the workflow folder; the step gets "
+            "it with a `## TEST MODE` section added (`AGENTWORKS_PROMPT_FILE`)."
+        ),
+    )
+    timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=24 * 3600,
+        description=(
+            "Seconds the step may run; past it the step is killed and the run is `timeout`."
+        ),
+    )
     # What a verification checks (`sandbox verify`): tables here, or a TOML file of
     # `[[expect]]` tables beside the workflow. Parsed and judged by `sandbox.verify`,
     # never by a test run, which does not read them.
-    expect: list[dict[str, Any]] = Field(default_factory=empty_list)
-    expect_file: str | None = None
+    expect: list[dict[str, Any]] = Field(
+        default_factory=empty_list,
+        description=(
+            "The step's expectations (`[[steps.expect]]` tables), judged by "
+            "`sandbox verify`; a test run does not read them."
+        ),
+    )
+    expect_file: str | None = Field(
+        default=None,
+        description=(
+            "A TOML file of `[[expect]]` tables, relative to the workflow "
+            "folder, instead of or beside `expect`."
+        ),
+    )
 
     @model_validator(mode="after")
     def _command_for_kind(self) -> Step:
@@ -119,8 +170,12 @@ class Step(_Strict):
 class CrewFolder(_Strict):
     """A Crew project's folder: mounted read-only; Crew calls themselves are refused."""
 
-    name: Ident
-    path: str
+    name: Ident = Field(
+        description=("The Crew project's name; mounted read-only at `/crew/<name>`.")
+    )
+    path: str = Field(
+        description=("Its folder, absolute or relative to the workflow folder; it must exist.")
+    )
 
 
 _HOST_RE = re.compile(r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$|^\[[0-9A-Fa-f:.]+\]$")
@@ -131,15 +186,40 @@ class EgressEntry(_Strict):
 
     Without a port it admits plain HTTP on 80 and CONNECT (HTTPS) on 443."""
 
-    host: str
-    port: int | None = Field(default=None, ge=1, le=65535)
+    host: str = Field(
+        description=(
+            "A host name, `*.example.org` for its subdomains (not the apex), or"
+            " a bracketed IP address. Matched case-insensitively."
+        )
+    )
+    port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description=(
+            "The one port allowed; without it, plain HTTP on 80 and HTTPS (CONNECT) on 443."
+        ),
+    )
     # An explicit port is for plain HTTP unless `tls` says it is an HTTPS port:
     # a CONNECT tunnel to a plain-HTTP port would carry methods the proxy cannot see.
-    tls: bool = False
-    model: bool = False
+    tls: bool = Field(
+        default=False,
+        description=(
+            "The explicit `port` is an HTTPS port (CONNECT); else an explicit port is plain HTTP."
+        ),
+    )
+    model: bool = Field(
+        default=False, description="A model API: any method passes, logged as a model call."
+    )
     # TLS to this host is inspected unless this says false (then the tunnel is blind
     # and every line for it says "method not seen"); unset follows `egress.inspect_tls`.
-    inspect: bool | None = None
+    inspect: bool | None = Field(
+        default=None,
+        description=(
+            "`false`: CONNECTs to this host are blind tunnels (`method not "
+            "seen` on every line). Unset: `inspect_tls` decides."
+        ),
+    )
 
     @field_validator("host")
     @classmethod
@@ -173,11 +253,30 @@ class Egress(_Strict):
     list is an Egress of its entries alone (`McpServer.own_egress`): inspected
     unless an entry opts out."""
 
-    allow: list[EgressEntry] = Field(default_factory=empty_list)
-    inspect_tls: bool = True
+    allow: list[EgressEntry] = Field(
+        default_factory=empty_list,
+        description=(
+            'The allow list: entries as tables, or `"host"` / `"host:port"` '
+            "strings. GET and HEAD to a listed host pass; everything else is "
+            "stubbed or refused. Empty: no egress at all."
+        ),
+    )
+    inspect_tls: bool = Field(
+        default=True,
+        description=(
+            "The default for entries without their own `inspect`: TLS is opened"
+            " with the run's CA and each request inside judged."
+        ),
+    )
     # PEM files (relative to the workflow folder) of CAs the guard trusts for the
     # real hosts when it inspects TLS, besides the system's.
-    trust_ca_files: list[str] = Field(default_factory=empty_list)
+    trust_ca_files: list[str] = Field(
+        default_factory=empty_list,
+        description=(
+            "PEM files (relative to the workflow folder) of CAs the guard "
+            "trusts for real hosts it inspects, besides the system's."
+        ),
+    )
 
     def inspects(self, entry: EgressEntry) -> bool:
         """Whether the proxy opens this entry's TLS and judges the requests inside."""
@@ -205,23 +304,68 @@ class McpServer(_Strict):
     `env_from_host` values; its only way out is the guard's egress proxy with its
     own `egress` allow list (empty: no network at all)."""
 
-    name: Ident
-    command: list[str] | None = None
-    url: str | None = None
+    name: Ident = Field(
+        description=("The server's name: the step reaches it at `$AGENTWORKS_MCP_URL/<name>`.")
+    )
+    command: list[str] | None = Field(
+        default=None,
+        description=(
+            "A stdio server's argv, run in a container of its own (give "
+            "`command` or `url`, not both)."
+        ),
+    )
+    url: str | None = Field(
+        default=None,
+        description=(
+            "A streamable-HTTP server's URL, reached by the guard only (on a "
+            "network in `[bridge] networks` or `--upstream-network`)."
+        ),
+    )
     # Literal values here are readable by the step (the workflow folder is mounted
     # read-only into it); put credentials in `env_from_host` instead.
-    env: dict[str, str] = Field(default_factory=dict)
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Literal environment values for a stdio server. The step can read "
+            "them (the workflow folder is mounted into it): put credentials in "
+            "`env_from_host`."
+        ),
+    )
     # Names of runner-environment variables handed to this server only.
-    env_from_host: list[str] = Field(default_factory=empty_list)
+    env_from_host: list[str] = Field(
+        default_factory=empty_list,
+        description=("Names of the runner's environment variables handed to this server only."),
+    )
     # Per-connection owner overrides: tool name -> read-only (true) or not (false).
-    read_only_overrides: dict[str, bool] = Field(default_factory=dict)
+    read_only_overrides: dict[str, bool] = Field(
+        default_factory=dict,
+        description=(
+            "The owner's override per tool: `true` runs it as a read, `false` "
+            "stubs it, whatever the server's annotations say."
+        ),
+    )
     # The time the guard gives this server's live tools/list before each call (and the
     # step's own listings twice that). A server that starts a process per request
     # (supergateway's stateless mode) may need more; a lookup past it stubs the call.
-    lookup_budget_s: float = Field(default=DEFAULT_LOOKUP_BUDGET_S, gt=0, le=120)
+    lookup_budget_s: float = Field(
+        default=DEFAULT_LOOKUP_BUDGET_S,
+        gt=0,
+        le=120,
+        description=(
+            "Seconds the guard gives the server's live `tools/list` before each"
+            " call; a lookup past it stubs the call."
+        ),
+    )
     # What a stdio server may reach, through the guard's egress proxy (the same
     # entry shapes as [egress] allow, judged by the same rules); never the step's list.
-    egress: list[EgressEntry] = Field(default_factory=empty_list)
+    egress: list[EgressEntry] = Field(
+        default_factory=empty_list,
+        description=(
+            "What a stdio server may reach through the guard's proxy (the entry"
+            " shapes of `[egress] allow`); empty: no network. Never the step's "
+            "list."
+        ),
+    )
 
     @field_validator("egress", mode="before")
     @classmethod
@@ -247,27 +391,87 @@ class McpServer(_Strict):
 class Bridge(_Strict):
     """The real bridge that allowed calls are forwarded to, with per-tool time budgets."""
 
-    upstream: str | None = None
+    upstream: str | None = Field(
+        default=None,
+        description=(
+            "The real bridge that allowed calls (model calls, reads) are "
+            "forwarded to; none: allowed calls fail with a clear error."
+        ),
+    )
     # Existing Docker networks the guard joins to reach its upstreams.
-    networks: list[str] = Field(default_factory=empty_list)
-    default_budget_s: float = Field(default=30.0, gt=0, le=3600)
-    grace_s: float = Field(default=10.0, ge=0, le=600)
-    budgets: dict[str, float] = Field(default_factory=dict)
+    networks: list[str] = Field(
+        default_factory=empty_list,
+        description=("Existing Docker networks the guard joins to reach its upstreams."),
+    )
+    default_budget_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description=(
+            "Seconds a forwarded call may take (plus `grace_s`) unless `budgets` names its tool."
+        ),
+    )
+    grace_s: float = Field(
+        default=10.0,
+        ge=0,
+        le=600,
+        description=("Seconds added to every budget before the guard gives up on a call."),
+    )
+    budgets: dict[str, float] = Field(
+        default_factory=dict,
+        description=("Per-tool budgets in seconds, e.g. `{ generate_text_llm = 120 }`."),
+    )
 
 
 class Limits(_Strict):
     """Resource fences for one test run's containers."""
 
-    memory_mb: int = Field(default=1024, ge=32, le=64 * 1024)
-    pids: int = Field(default=256, ge=16, le=32768)
-    cpus: float = Field(default=1.0, gt=0, le=64)
+    memory_mb: int = Field(
+        default=1024,
+        ge=32,
+        le=64 * 1024,
+        description=(
+            "The step container's memory limit; a step killed by it reads "
+            "`memory limit of N MB reached`."
+        ),
+    )
+    pids: int = Field(
+        default=256,
+        ge=16,
+        le=32768,
+        description=("The step container's process limit (at least 256 under gVisor)."),
+    )
+    cpus: float = Field(default=1.0, gt=0, le=64, description="CPUs the step container may use.")
     # Accepted and unused: the step's /tmp is a folder of its disk (disk_quota_mb).
-    tmpfs_mb: int = Field(default=64, ge=1, le=4096)
-    copy_cap_mb: int = Field(default=512, ge=0, le=512)
+    tmpfs_mb: int = Field(
+        default=64,
+        ge=1,
+        le=4096,
+        description=(
+            "Accepted and unused: the step's `/tmp` is a folder of its disk (`disk_quota_mb`)."
+        ),
+    )
+    copy_cap_mb: int = Field(
+        default=512,
+        ge=0,
+        le=512,
+        description=(
+            "The most of the newest real run's execution tree copied into the "
+            "group folder (MB); what is left out is listed in the record."
+        ),
+    )
     # The size of the step's disk: its group folder, its DB copy and its /tmp
     # together (the copies it starts with included); at the wall the step is stopped
     # and the run recorded as `quota`.
-    disk_quota_mb: int = Field(default=2048, ge=1, le=1024 * 1024)
+    disk_quota_mb: int = Field(
+        default=2048,
+        ge=1,
+        le=1024 * 1024,
+        description=(
+            "The size of the step's disk: its group folder, DB copy and `/tmp` "
+            "together. At the wall the step is stopped and the run is `quota`."
+        ),
+    )
 
 
 StepRuntime = Literal["runc", "runsc"]
@@ -278,7 +482,13 @@ class Isolation(_Strict):
     under gVisor (a user-space kernel between the step and the host's); the guard
     and the MCP servers stay on runc (the firewall must see the guard's uid)."""
 
-    step_runtime: StepRuntime = "runc"
+    step_runtime: StepRuntime = Field(
+        default="runc",
+        description=(
+            "`runsc` runs the step under gVisor (the engine must register "
+            "runsc); the guard and MCP servers stay on runc."
+        ),
+    )
 
 
 # The folders the spec names as the workflow's data (its inputs and outputs, never its
@@ -292,7 +502,15 @@ class Version(_Strict):
     that hold data, beside the spec's own data folders. Anything not listed is code: a
     new folder counts as code until it is declared here."""
 
-    data: list[str] = Field(default_factory=empty_list)
+    data: list[str] = Field(
+        default_factory=empty_list,
+        description=(
+            "Paths (folders or files, relative to the workflow folder) that "
+            "hold data and are not part of a step's version, beside the spec's "
+            "`db/`, `runs/`, `learnings/`, `knowledgebase/`, `planning/`. "
+            "Anything not listed is code."
+        ),
+    )
 
     @field_validator("data")
     @classmethod
@@ -311,15 +529,36 @@ class Version(_Strict):
 class Workflow(_Strict):
     """The whole `workflow.toml`."""
 
-    name: Ident = "workflow"
-    steps: list[Step]
-    crew_folders: list[CrewFolder] = Field(default_factory=empty_list)
-    mcp_servers: list[McpServer] = Field(default_factory=empty_list)
-    egress: Egress = Field(default_factory=Egress)
-    bridge: Bridge = Field(default_factory=Bridge)
-    limits: Limits = Field(default_factory=Limits)
-    isolation: Isolation = Field(default_factory=Isolation)
-    version: Version = Field(default_factory=Version)
+    name: Ident = Field(
+        default="workflow", description="The workflow's name, shown in records and verdicts."
+    )
+    steps: list[Step] = Field(description="The steps (`[[steps]]`), in file order.")
+    crew_folders: list[CrewFolder] = Field(
+        default_factory=empty_list,
+        description=("Other projects' folders the steps may read (`[[crew_folders]]`)."),
+    )
+    mcp_servers: list[McpServer] = Field(
+        default_factory=empty_list,
+        description=("MCP servers the step may reach through the guard (`[[mcp_servers]]`)."),
+    )
+    egress: Egress = Field(
+        default_factory=Egress,
+        description=("The step's way out to the network: the guard's proxy and its allow list."),
+    )
+    bridge: Bridge = Field(
+        default_factory=Bridge,
+        description="The real bridge allowed calls go to, and their time budgets.",
+    )
+    limits: Limits = Field(
+        default_factory=Limits, description="Resource limits of the step's container and disk."
+    )
+    isolation: Isolation = Field(
+        default_factory=Isolation, description="Second walls around the step."
+    )
+    version: Version = Field(
+        default_factory=Version,
+        description=("What of the workflow folder is data, not part of a step's version."),
+    )
 
     @model_validator(mode="after")
     def _unique_names(self) -> Workflow:

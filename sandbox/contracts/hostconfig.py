@@ -38,28 +38,89 @@ class BackendConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: Literal["docker", "kubernetes"] = "docker"
+    kind: Literal["docker", "kubernetes"] = Field(
+        default="docker",
+        description=(
+            "The engine that runs test runs' containers: this host's Docker "
+            "engine, or a Kubernetes cluster."
+        ),
+    )
     # Kubernetes only. None: $KUBECONFIG, then ~/.kube/config, then in-cluster.
-    kubeconfig: str | None = None
-    context: str | None = None
-    namespace: str = "sandbox"
-    node_selector: dict[str, str] = Field(default_factory=dict)
+    kubeconfig: str | None = Field(
+        default=None,
+        description=(
+            "Kubernetes: the kubeconfig file; none: `$KUBECONFIG`, then "
+            "`~/.kube/config`, then in-cluster."
+        ),
+    )
+    context: str | None = Field(
+        default=None, description="Kubernetes: the kubeconfig context; none: its current one."
+    )
+    namespace: str = Field(
+        default="sandbox", description="Kubernetes: the namespace of the runs' Pods and Secrets."
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Kubernetes: labels the Pod's node must have."
+    )
     # hostPath storage mounts this host's folders: the Pod must land on this host's node.
-    node_name: str | None = None
-    storage: Literal["hostPath", "pvc"] = "hostPath"
+    node_name: str | None = Field(
+        default=None,
+        description=(
+            "Kubernetes: the node the Pod runs on; `hostPath` storage needs this host's own node."
+        ),
+    )
+    storage: Literal["hostPath", "pvc"] = Field(
+        default="hostPath",
+        description=(
+            "Kubernetes: how the Pod gets the run folder: `hostPath` (this "
+            "host's folders) or `pvc` (subPaths of `claim`)."
+        ),
+    )
     # pvc: the claim holding the workflows, and where this host sees the claim's root.
-    claim: str | None = None
-    claim_root: str | None = None
+    claim: str | None = Field(
+        default=None,
+        description=(
+            "`pvc` storage: the PersistentVolumeClaim holding the workflows, in `namespace`."
+        ),
+    )
+    claim_root: str | None = Field(
+        default=None,
+        description=(
+            "`pvc` storage: where this host sees the claim's root (absolute); "
+            "every workflow and Crew folder must lie under it."
+        ),
+    )
     # Prepended to the project's image names (a registry the nodes pull from).
-    image_prefix: str = ""
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    image_prefix: str = Field(
+        default="",
+        description=(
+            "Prepended to the project's image names: a registry the nodes pull "
+            "`sandbox-step:<tag>` and `sandbox-guard:<tag>` from."
+        ),
+    )
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="Kubernetes: the Pods' image pull policy."
+    )
     # The project's seccomp profile as the nodes have it, relative to the kubelet's
     # seccomp root (`/var/lib/kubelet/seccomp` by default).
-    seccomp_profile: str = "sandbox-step.json"
+    seccomp_profile: str = Field(
+        default="sandbox-step.json",
+        description=(
+            "Kubernetes: the step's seccomp profile on the nodes, relative to "
+            "the kubelet's seccomp root (`/var/lib/kubelet/seccomp`)."
+        ),
+    )
     # Kubernetes only. A Pod's step runs only behind its Landlock wall (the kubelet's
     # /dev/termination-log is a writable file of the node's disk in every container);
     # true lets it run on nodes whose kernel has no Landlock, that hole accepted.
-    run_without_landlock: bool = False
+    run_without_landlock: bool = Field(
+        default=False,
+        description=(
+            "Kubernetes: let Pods run on nodes whose kernel has no Landlock "
+            "(the kubelet's writable `/dev/termination-log` is then an accepted"
+            " hole)."
+        ),
+    )
 
     @model_validator(mode="after")
     def _pvc_has_claim(self) -> BackendConfig:
@@ -81,8 +142,19 @@ DEFAULT_DURABILITY: Durability = "group"
 class HostConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    durability: Durability = DEFAULT_DURABILITY
-    backend: BackendConfig = Field(default_factory=BackendConfig)
+    durability: Durability = Field(
+        default=DEFAULT_DURABILITY,
+        description=(
+            "How the guard syncs the action log: `group` writes each line "
+            "before its call goes on and syncs in group commit off the request "
+            "path (and when the record is sealed); `per-call` also syncs each "
+            "line before its call goes on (same-host durability, at a sync per "
+            "forwarded call)."
+        ),
+    )
+    backend: BackendConfig = Field(
+        default_factory=BackendConfig, description="Where this host runs test runs (`[backend]`)."
+    )
 
 
 def load_host_config(path: Path | None = None) -> HostConfig:

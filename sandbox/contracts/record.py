@@ -37,9 +37,11 @@ def utcnow() -> datetime:
 class OutputTail(BaseModel):
     """The last part of a stream: the end of a log is where the failure is."""
 
-    text: str = ""
-    total_bytes: int = 0
-    truncated: bool = False
+    text: str = Field(default="", description="The stream's last 8,000 characters.")
+    total_bytes: int = Field(
+        default=0, description="Every byte the step wrote to the stream, however large."
+    )
+    truncated: bool = Field(default=False, description="`text` is only the end of the stream.")
 
 
 class FileChanges(BaseModel):
@@ -48,10 +50,18 @@ class FileChanges(BaseModel):
     the run is not listed. `truncated`: a list was cut, or the folder had more entries
     than a snapshot looks at."""
 
-    created: list[str] = Field(default_factory=empty_list)
-    changed: list[str] = Field(default_factory=empty_list)
-    deleted: list[str] = Field(default_factory=empty_list)
-    truncated: bool = False
+    created: list[str] = Field(
+        default_factory=empty_list,
+        description=("Files the step created in its group folder (paths relative to it)."),
+    )
+    changed: list[str] = Field(
+        default_factory=empty_list, description="Files whose content, mode or type changed."
+    )
+    deleted: list[str] = Field(default_factory=empty_list, description="Files the step deleted.")
+    truncated: bool = Field(
+        default=False,
+        description=("A list was cut, or the folder had more entries than a snapshot looks at."),
+    )
 
 
 class Walls(BaseModel):
@@ -67,15 +77,38 @@ class Walls(BaseModel):
     recorded: they change what the guard reaches, not the walls around the step.
     Beyond those, the walls beyond the one kernel's (README: second walls)."""
 
-    step_runtime: str = "runc"  # "runsc": the step ran under gVisor
-    userns_remap: bool = False  # the engine ran the containers in a remapped user namespace
-    host_uid_base: int | None = None  # with userns_remap: host uid of container uid 0
-    firewall: bool = False
-    seccomp: bool = False
-    egress_additions: list[str] = Field(default_factory=empty_list)
-    upstream_overrides: list[str] = Field(default_factory=empty_list)
-    full: bool = False
-    lacking: list[str] = Field(default_factory=empty_list)
+    step_runtime: str = Field(
+        default="runc", description="`runc`, or `runsc`: the step ran under gVisor."
+    )  # "runsc": the step ran under gVisor
+    userns_remap: bool = Field(
+        default=False, description="The engine ran the containers in a remapped user namespace."
+    )  # the engine ran the containers in a remapped user namespace
+    host_uid_base: int | None = Field(
+        default=None, description="With `userns_remap`: the host uid of container uid 0."
+    )  # with userns_remap: host uid of container uid 0
+    firewall: bool = Field(
+        default=False, description=("The firewall was installed and read back exactly as expected.")
+    )
+    seccomp: bool = Field(
+        default=False, description="The step ran under the project's seccomp profile."
+    )
+    egress_additions: list[str] = Field(
+        default_factory=empty_list,
+        description=("Hosts added to the egress allow list for this run only (`--allow-host`)."),
+    )
+    upstream_overrides: list[str] = Field(
+        default_factory=empty_list,
+        description=("Another bridge upstream or more guard networks given for this run."),
+    )
+    full: bool = Field(
+        default=False,
+        description=(
+            "The run had every wall of a normal run; the gate accepts no verification without it."
+        ),
+    )
+    lacking: list[str] = Field(
+        default_factory=empty_list, description="What the run lacked of a normal run's walls."
+    )
 
 
 PeakMemorySource = Literal["container_cgroup", "host_cgroup", "engine_stats", "executor_rusage"]
@@ -95,20 +128,38 @@ class Resources(BaseModel):
     - `executor_rusage`: the largest resident set of the step's processes, from the
       executor's rusage (never used under runsc, where the sentry reports it)."""
 
-    peak_memory_bytes: int | None = None
-    peak_memory_source: PeakMemorySource | None = None
-    cpu_seconds: float | None = None
+    peak_memory_bytes: int | None = Field(
+        default=None, description="The step container's peak memory."
+    )
+    peak_memory_source: PeakMemorySource | None = Field(
+        default=None,
+        description=("Where `peak_memory_bytes` came from (see the model's description)."),
+    )
+    cpu_seconds: float | None = Field(default=None, description="CPU time of the step's processes.")
 
 
 class Phases(BaseModel):
     """Seconds spent in each phase, so a slow run says where the time went."""
 
-    prepare_s: float = 0.0
-    copy_s: float = 0.0
-    db_copy_s: float = 0.0
-    container_start_s: float = 0.0
-    step_s: float = 0.0
-    collect_s: float = 0.0
+    prepare_s: float = Field(
+        default=0.0, description=("Seconds to prepare the run folder (lock, copies, disk, view).")
+    )
+    copy_s: float = Field(
+        default=0.0, description="Of which: copying the newest real run's execution tree."
+    )
+    db_copy_s: float = Field(default=0.0, description="Of which: copying the workflow DB.")
+    container_start_s: float = Field(
+        default=0.0,
+        description=("Seconds to start the guard and step containers (firewall included)."),
+    )
+    step_s: float = Field(default=0.0, description="Seconds the step ran.")
+    collect_s: float = Field(
+        default=0.0,
+        description=(
+            "Seconds to collect: output, file changes, DB diff, copies off the "
+            "disk, the action log."
+        ),
+    )
 
 
 class RunnerInfo(BaseModel):
@@ -120,21 +171,33 @@ class RunnerInfo(BaseModel):
     clock moves, and are what `gc` compares when they are there (records written before
     they were added have neither)."""
 
-    pid: int
-    create_time: float
-    hostname: str
-    start_ticks: int | None = None
-    boot_id: str | None = None
+    pid: int = Field(description="The runner's process id.")
+    create_time: float = Field(
+        description=("The runner's start, wall-clock seconds (a clock step moves it).")
+    )
+    hostname: str = Field(description="The host the runner ran on.")
+    start_ticks: int | None = Field(
+        default=None, description="The runner's start in clock ticks since boot."
+    )
+    boot_id: str | None = Field(
+        default=None, description="The kernel's boot id when the runner started."
+    )
 
 
 class Preflight(BaseModel):
     """What the step's namespace looked like just before the step started."""
 
-    ok: bool
-    firewall_verified: bool = False
-    ms: float | None = None
-    checks: list[str] = Field(default_factory=empty_list)
-    open: list[str] = Field(default_factory=empty_list)
+    ok: bool = Field(description="Every way out the preflight tried was closed.")
+    firewall_verified: bool = Field(
+        default=False,
+        description=("The checks that need the firewall ran once the guard listened."),
+    )
+    ms: float | None = Field(default=None, description="Milliseconds the preflight took.")
+    checks: list[str] = Field(default_factory=empty_list, description="The checks it made.")
+    open: list[str] = Field(
+        default_factory=empty_list,
+        description="Ways out it found open (then the step never started).",
+    )
 
 
 class Landlock(BaseModel):
@@ -148,11 +211,18 @@ class Landlock(BaseModel):
     `signal`; ABI 6 and later). `reason`: why it was not applied. All defaults: the
     executor did not report (a run that never reached it, or a record from before)."""
 
-    required: bool = False
-    abi: int | None = None
-    applied: bool = False
-    scoped: list[str] = Field(default_factory=empty_list)
-    reason: str = ""
+    required: bool = Field(default=False, description="The backend runs no step without Landlock.")
+    abi: int | None = Field(
+        default=None, description="The kernel's Landlock ABI; null without one."
+    )
+    applied: bool = Field(
+        default=False, description="Writes were confined to the step's own folders."
+    )
+    scoped: list[str] = Field(
+        default_factory=empty_list,
+        description=("IPC scopes kept inside the step (`abstract_unix_socket`, `signal`)."),
+    )
+    reason: str = Field(default="", description="Why Landlock was not applied.")
 
 
 class StubbedAction(BaseModel):
@@ -165,17 +235,21 @@ class StubbedAction(BaseModel):
     of its arguments (`sandbox.collect.stubgroups.args_digest`). A record written
     before the grouping holds one entry per call (the defaults: count 1, lines 0)."""
 
-    tool: str
-    reason: str
-    detail: str = ""
-    host: str = ""
-    category: str = ""
-    count: int = 1
-    first_line: int = 0
-    last_line: int = 0
-    first_args: str = ""
-    last_args: str = ""
-    last_detail: str = ""
+    tool: str = Field(
+        description=("The stubbed tool (`http` for egress, `mcp:<server>/<tool>` for MCP).")
+    )
+    reason: str = Field(description="The first call's reason.")
+    detail: str = Field(default="", description="The first call's detail (e.g. the egress URL).")
+    host: str = Field(default="", description="For `http`: the egress host.")
+    category: str = Field(default="", description="The effects-table row (e.g. `messaging`).")
+    count: int = Field(default=1, description="Exactly how many calls of this tool were stubbed.")
+    first_line: int = Field(
+        default=0, description="The first call's 1-based line in the action log."
+    )
+    last_line: int = Field(default=0, description="The last call's 1-based line in the action log.")
+    first_args: str = Field(default="", description="A digest of the first call's arguments.")
+    last_args: str = Field(default="", description="A digest of the last call's arguments.")
+    last_detail: str = Field(default="", description="The last call's detail.")
 
 
 class StubbedCut(BaseModel):
@@ -183,8 +257,14 @@ class StubbedCut(BaseModel):
     the effects table, past a cap a hostile step could otherwise make a record of
     millions of names), counted here with their calls."""
 
-    groups: int = 0
-    calls: int = 0
+    groups: int = Field(
+        default=0,
+        description=(
+            "Whole tool groups left out of `stubbed` (only tools outside the "
+            "effects table, past the cap)."
+        ),
+    )
+    calls: int = Field(default=0, description="Their calls.")
 
 
 def stubbed_lines(
@@ -235,19 +315,34 @@ class ActionCounts(BaseModel):
     later call without a line; `stubbed_unlogged` says how many, when the guard
     lived to write it."""
 
-    allow: int = 0
-    stub: int = 0
-    redirect: int = 0
-    refuse: int = 0
-    malformed: int = 0
-    truncated: bool = False
-    outcome_error: int = 0
-    outcome_unknown: int = 0
-    log_full: bool = False
-    stubbed_unlogged: int | None = None
+    allow: int = Field(default=0, description="Calls allowed (each counted once).")
+    stub: int = Field(default=0, description="Calls stubbed: the exact total.")
+    redirect: int = Field(default=0, description="Calls redirected into the test run's copy (DB).")
+    refuse: int = Field(default=0, description="Calls refused.")
+    malformed: int = Field(default=0, description="Action-log lines that did not parse.")
+    truncated: bool = Field(default=False, description="The log was cut at its size cap.")
+    outcome_error: int = Field(default=0, description="Forwarded calls whose outcome was an error.")
+    outcome_unknown: int = Field(
+        default=0,
+        description=("Forwarded calls with no outcome line (the guard stopped mid-call)."),
+    )
+    log_full: bool = Field(
+        default=False,
+        description=("The log reached its cap; later calls were stubbed without a line."),
+    )
+    stubbed_unlogged: int | None = Field(
+        default=None,
+        description=("How many calls were stubbed without a line, when the guard lived to say."),
+    )
     # Redirected calls whose SQL is not a read: writes into the test run's DB copy
     # (None: a record from before they were counted).
-    redirect_write: int | None = None
+    redirect_write: int | None = Field(
+        default=None,
+        description=(
+            "Redirected calls whose SQL is not a read: writes into the DB copy "
+            "(null in records from before they were counted)."
+        ),
+    )
 
     def add(self, decision: str) -> None:
         if decision in {"allow", "stub", "redirect", "refuse"}:
@@ -258,12 +353,12 @@ class UnfinishedCall(BaseModel):
     """A call the guard forwarded (its `start` line) but never wrote an outcome for:
     started, outcome unknown."""
 
-    call_id: str
-    tool: str
-    decision: str
-    reason: str
-    started_at: datetime
-    detail: str = ""
+    call_id: str = Field(description="The call's id in the action log.")
+    tool: str = Field(description="The tool called.")
+    decision: str = Field(description="The guard's decision.")
+    reason: str = Field(description="The decision's reason.")
+    started_at: datetime = Field(description="When its start line was written.")
+    detail: str = Field(default="", description="Its detail (e.g. the URL).")
 
 
 class McpServerReport(BaseModel):
@@ -272,19 +367,21 @@ class McpServerReport(BaseModel):
     `stderr_file` (relative to the run root) is its stderr as the host read it
     back from the engine, capped at `stderr_bytes`."""
 
-    uid: int
-    exit_code: int | None = None  # None: it was still running when the run ended
-    stderr_file: str = ""
-    stderr_bytes: int = 0
-    stderr_truncated: bool = False
+    uid: int = Field(description="The uid the server ran as.")
+    exit_code: int | None = Field(
+        default=None, description=("Its exit code; null: it was still running when the run ended.")
+    )  # None: it was still running when the run ended
+    stderr_file: str = Field(default="", description="Its stderr, relative to the run root.")
+    stderr_bytes: int = Field(default=0, description="Bytes of stderr kept.")
+    stderr_truncated: bool = Field(default=False, description="Its stderr was cut at the cap.")
 
 
 class EgressCounts(BaseModel):
     """Egress requests of one host: passed (allowed), stubbed, refused."""
 
-    passed: int = 0
-    stubbed: int = 0
-    refused: int = 0
+    passed: int = Field(default=0, description="Requests allowed and forwarded.")
+    stubbed: int = Field(default=0, description="Requests stubbed (they never left).")
+    refused: int = Field(default=0, description="Requests refused.")
 
 
 class ContentHash(BaseModel):
@@ -296,10 +393,21 @@ class ContentHash(BaseModel):
     the gate never passes such a version. (False by default: a hash that does not say
     it covered everything is taken not to have.)"""
 
-    digest: str
-    parts: dict[str, str] = Field(default_factory=dict)
-    complete: bool = False
-    not_covered: list[str] = Field(default_factory=empty_list)
+    digest: str = Field(description="The step's version: one digest over every part.")
+    parts: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Each part of the version by name (files, `workflow.toml` sections,"
+            " the command, the policy table, the images) and its hash."
+        ),
+    )
+    complete: bool = Field(
+        default=False,
+        description=("Everything was covered; the gate passes no version without it."),
+    )
+    not_covered: list[str] = Field(
+        default_factory=empty_list, description="What could not be hashed."
+    )
 
 
 class TestRunRecord(BaseModel):
@@ -308,62 +416,124 @@ class TestRunRecord(BaseModel):
     model_config = ConfigDict(title="TestRunRecord")
     __test__ = False  # a model, not a pytest test class
 
-    schema_version: Literal[1] = SCHEMA_VERSION
-    test_mode: Literal[True] = True
-    # The version of sandbox that wrote the record (None: written before it was recorded).
-    runner_version: str | None = None
-    id: str
+    schema_version: Literal[1] = Field(
+        default=SCHEMA_VERSION, description="The record's schema version."
+    )
+    test_mode: Literal[True] = Field(default=True, description="Always true: a test run's record.")
+    runner_version: str | None = Field(
+        default=None,
+        description=("The sandbox version that wrote the record (null: before it was recorded)."),
+    )
+    id: str = Field(description="The test run's id (`runs/test-<id>/`).")
     # The whole-workflow test run this step ran in (its `runs/test-<id>/`), if any.
-    workflow_run_id: str | None = None
-    workflow_dir: str
-    workflow_name: str
-    step_id: str
-    group: str
-    command: str
-    status: RunStatus
-    reason: str = ""
-    started_at: datetime
-    finished_at: datetime | None = None
-    duration_s: float | None = None
-    exit_code: int | None = None
-    stdout: OutputTail = Field(default_factory=OutputTail)
-    stderr: OutputTail = Field(default_factory=OutputTail)
-    guard_log: OutputTail = Field(default_factory=OutputTail)
-    copy_report: CopyReport | None = None
-    no_earlier_run: bool = False
-    db_copy: DbCopyReport | None = None
-    no_db: bool = False
-    db_diff: DbDiff | None = None
-    files: FileChanges = Field(default_factory=FileChanges)
-    resources: Resources = Field(default_factory=Resources)
-    preflight: Preflight | None = None
-    landlock: Landlock = Field(default_factory=Landlock)
+    workflow_run_id: str | None = Field(
+        default=None, description="The whole-workflow test run this step ran in, if any."
+    )
+    workflow_dir: str = Field(description="The workflow folder.")
+    workflow_name: str = Field(description="The workflow's name.")
+    step_id: str = Field(description="The step.")
+    group: str = Field(description="The step's group folder.")
+    command: str = Field(description="The command that ran, as one line.")
+    status: RunStatus = Field(description="How the run ended (`running` while it runs).")
+    reason: str = Field(default="", description="Why it ended so, in words.")
+    started_at: datetime = Field(description="When the run started.")
+    finished_at: datetime | None = Field(default=None, description="When it ended.")
+    duration_s: float | None = Field(default=None, description="Its wall time.")
+    exit_code: int | None = Field(default=None, description="The step's exit code.")
+    stdout: OutputTail = Field(
+        default_factory=OutputTail, description="The end of the step's stdout."
+    )
+    stderr: OutputTail = Field(
+        default_factory=OutputTail, description="The end of the step's stderr."
+    )
+    guard_log: OutputTail = Field(
+        default_factory=OutputTail, description="The end of the guard's own output."
+    )
+    copy_report: CopyReport | None = Field(
+        default=None,
+        description=("The copy of the newest real run's execution tree into the group folder."),
+    )
+    no_earlier_run: bool = Field(
+        default=False, description="There was no real run: the group folder started empty."
+    )
+    db_copy: DbCopyReport | None = Field(default=None, description="The copy of the workflow DB.")
+    no_db: bool = Field(
+        default=False, description="The workflow has no DB: the step had no DB access."
+    )
+    db_diff: DbDiff | None = Field(
+        default=None, description="The row-level diff of the DB copy against the real DB."
+    )
+    files: FileChanges = Field(
+        default_factory=FileChanges, description="What the step did to its group folder."
+    )
+    resources: Resources = Field(default_factory=Resources, description="Peak memory and CPU.")
+    preflight: Preflight | None = Field(default=None, description="The preflight's result.")
+    landlock: Landlock = Field(
+        default_factory=Landlock, description="The Landlock wall the run had."
+    )
     # The most the step's disk held (its folders and /tmp, the copies it started with
     # included), sampled while it ran and at the end.
-    disk_used_bytes: int | None = None
+    disk_used_bytes: int | None = Field(
+        default=None,
+        description=("The most the step's disk held, sampled while it ran and at the end."),
+    )
     # The copy of the group folder and the DB copy off the step's disk into the run
     # folder: what was copied and what was left out (special files, the cap).
-    export_report: CopyReport | None = None
-    phases: Phases = Field(default_factory=Phases)
+    export_report: CopyReport | None = Field(
+        default=None,
+        description=(
+            "The copy of the group folder and DB copy off the step's disk into the run folder."
+        ),
+    )
+    phases: Phases = Field(default_factory=Phases, description="Seconds per phase.")
     # Every stubbed call, one group per tool in the order of its first call; what a cap
     # left out is counted in `stubbed_cut` (`actions.stub` is the exact total).
-    stubbed: list[StubbedAction] = Field(default_factory=empty_list)
-    stubbed_cut: StubbedCut = Field(default_factory=StubbedCut)
-    actions: ActionCounts = Field(default_factory=ActionCounts)
-    outcome_unknown: list[UnfinishedCall] = Field(default_factory=empty_list)
-    mcp_servers: dict[str, McpServerReport] = Field(default_factory=dict)
-    egress: dict[str, EgressCounts] = Field(default_factory=dict)
-    actions_log: str = ACTIONS_FILE
+    stubbed: list[StubbedAction] = Field(
+        default_factory=empty_list,
+        description=("Every stubbed call, grouped by tool in the order of its first call."),
+    )
+    stubbed_cut: StubbedCut = Field(
+        default_factory=StubbedCut, description="What a cap left out of `stubbed`."
+    )
+    actions: ActionCounts = Field(
+        default_factory=ActionCounts, description="Guarded calls per decision, from the action log."
+    )
+    outcome_unknown: list[UnfinishedCall] = Field(
+        default_factory=empty_list, description="Calls started with no outcome line."
+    )
+    mcp_servers: dict[str, McpServerReport] = Field(
+        default_factory=dict, description="Each stdio MCP server's container at the end."
+    )
+    egress: dict[str, EgressCounts] = Field(
+        default_factory=dict, description="Egress requests per host."
+    )
+    actions_log: str = Field(
+        default=ACTIONS_FILE, description="The action log's file name in the run folder."
+    )
     # When the runner synced the action log to disk once the guard was gone (the seal):
     # None means the log was not sealed, and verify, gate and report refuse the record.
-    log_synced_at: datetime | None = None
-    runner: RunnerInfo | None = None
-    images: dict[str, str] = Field(default_factory=dict)
-    walls: Walls = Field(default_factory=Walls)
-    content: ContentHash | None = None
+    log_synced_at: datetime | None = Field(
+        default=None,
+        description=(
+            "When the runner synced the action log once the guard was gone (the"
+            " seal); null: not sealed, and verify, gate and report refuse the "
+            "record."
+        ),
+    )
+    runner: RunnerInfo | None = Field(
+        default=None,
+        description=("Who ran the run (lets `sandbox gc` tell an orphan from a live run)."),
+    )
+    images: dict[str, str] = Field(default_factory=dict, description="The images' ids, by role.")
+    walls: Walls = Field(default_factory=Walls, description="The walls the run had.")
+    content: ContentHash | None = Field(
+        default=None, description="The step's version: what defined it in this run, hashed."
+    )
     # The engine that ran the containers, and on Kubernetes the node the Pod ran on.
-    backend: Literal["docker", "kubernetes"] = "docker"
-    node: str | None = None
+    backend: Literal["docker", "kubernetes"] = Field(
+        default="docker", description="The engine that ran the containers."
+    )
+    node: str | None = Field(default=None, description="On Kubernetes: the node the Pod ran on.")
 
     def summary_lines(self) -> list[str]:
         """The result starts with every stubbed action, then the verdict."""

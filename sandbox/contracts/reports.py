@@ -30,39 +30,49 @@ _SUMMARY_KEYS: Final = 5
 class SymlinkEntry(BaseModel):
     """A symlink copied as a link; ``target`` is its text, never resolved."""
 
-    path: str
-    target: str
+    path: str = Field(description="The link's path, relative to the copy's source.")
+    target: str = Field(description="Its text, never resolved.")
 
 
 class LeftOut(BaseModel):
     """A regular file not copied, and why (``cap``: it would have exceeded the byte cap)."""
 
-    path: str
-    size: int
-    reason: str
+    path: str = Field(description="The file not copied.")
+    size: int = Field(description="Its size in bytes.")
+    reason: str = Field(description="Why (`cap`: it would have passed the byte cap).")
 
 
 class CopyReport(BaseModel):
     """What :func:`copy_execution_tree` did. Paths are relative to ``source``, posix style."""
 
-    source: str
-    dest: str
-    source_missing: bool = False
-    cap_bytes: int
-    files_copied: int = 0
-    dirs_created: int = 0
-    bytes_copied: int = 0
-    symlinks: list[SymlinkEntry] = Field(default_factory=empty_list)
-    left_out: list[LeftOut] = Field(default_factory=empty_list)
-    skipped_special: list[str] = Field(default_factory=empty_list)
-    errors: list[str] = Field(default_factory=empty_list)
+    source: str = Field(description="The folder copied.")
+    dest: str = Field(description="Where it went.")
+    source_missing: bool = Field(default=False, description="There was nothing to copy.")
+    cap_bytes: int = Field(description="The byte cap.")
+    files_copied: int = Field(default=0, description="Files copied.")
+    dirs_created: int = Field(default=0, description="Folders made.")
+    bytes_copied: int = Field(default=0, description="Bytes copied (holes not counted).")
+    symlinks: list[SymlinkEntry] = Field(
+        default_factory=empty_list, description="Links copied as links (the first entries)."
+    )
+    left_out: list[LeftOut] = Field(
+        default_factory=empty_list, description="Files left out (the first entries)."
+    )
+    skipped_special: list[str] = Field(
+        default_factory=empty_list,
+        description=("Special files skipped: FIFOs, sockets, devices (the first entries)."),
+    )
+    errors: list[str] = Field(default_factory=empty_list, description="Errors (the first entries).")
     # The lists above keep the first MAX_LISTED entries; the counts are exact.
-    symlinks_count: int = 0
-    left_out_count: int = 0
-    skipped_special_count: int = 0
-    errors_count: int = 0
+    symlinks_count: int = Field(default=0, description="Links copied, exactly.")
+    left_out_count: int = Field(default=0, description="Files left out, exactly.")
+    skipped_special_count: int = Field(default=0, description="Special files skipped, exactly.")
+    errors_count: int = Field(default=0, description="Errors, exactly.")
     # True when the tree had more entries than the copy's entry cap (the rest not copied).
-    entries_capped: bool = False
+    entries_capped: bool = Field(
+        default=False,
+        description=("The tree had more entries than the copy's cap; the rest were not copied."),
+    )
 
     def note_error(self, text: str) -> None:
         self.errors_count += 1
@@ -76,12 +86,12 @@ class CopyReport(BaseModel):
 class DbCopyReport(BaseModel):
     """What :func:`copy_db` produced."""
 
-    source: str
-    dest: str
-    bytes: int
-    tables: int
-    method: Literal["vacuum_into"] = "vacuum_into"
-    seconds: float
+    source: str = Field(description="The real DB.")
+    dest: str = Field(description="The copy.")
+    bytes: int = Field(description="The copy's size.")
+    tables: int = Field(description="Tables in it.")
+    method: Literal["vacuum_into"] = Field(default="vacuum_into", description="How it was made.")
+    seconds: float = Field(description="How long it took.")
 
 
 # --------------------------------------------------------------------------- the DB diff
@@ -90,43 +100,66 @@ class DbCopyReport(BaseModel):
 class RowChange(BaseModel):
     """One changed row. ``changes`` (column -> (old, new)) for updates; ``row`` otherwise."""
 
-    kind: Literal["inserted", "updated", "deleted"]
-    key: dict[str, JsonValue]
-    changes: dict[str, tuple[JsonValue, JsonValue]] | None = None
-    row: dict[str, JsonValue] | None = None
+    kind: Literal["inserted", "updated", "deleted"] = Field(description="What happened to the row.")
+    key: dict[str, JsonValue] = Field(
+        description=("The row's key (primary key as stored, or the full row without one).")
+    )
+    changes: dict[str, tuple[JsonValue, JsonValue]] | None = Field(
+        default=None, description="For updates: column -> [old, new]."
+    )
+    row: dict[str, JsonValue] | None = Field(
+        default=None, description="For inserts and deletes: the row."
+    )
 
 
 class TableDiff(BaseModel):
     """Changes in one table. Counts are exact; ``rows`` is capped (``truncated`` says so)."""
 
-    name: str
-    status: Literal["changed", "added", "dropped"] = "changed"
-    key_columns: list[str] = Field(default_factory=empty_list)
-    inserted: int = 0
-    updated: int = 0
-    deleted: int = 0
-    rows: list[RowChange] = Field(default_factory=empty_list)
-    truncated: bool = False
-    error: str | None = None
+    name: str = Field(description="The table.")
+    status: Literal["changed", "added", "dropped"] = Field(
+        default="changed", description="Changed, added or dropped."
+    )
+    key_columns: list[str] = Field(
+        default_factory=empty_list, description="The columns that identify a row."
+    )
+    inserted: int = Field(default=0, description="Rows inserted, exactly.")
+    updated: int = Field(default=0, description="Rows updated, exactly.")
+    deleted: int = Field(default=0, description="Rows deleted, exactly.")
+    rows: list[RowChange] = Field(
+        default_factory=empty_list, description="The changed rows (capped)."
+    )
+    truncated: bool = Field(default=False, description="`rows` was cut.")
+    error: str | None = Field(default=None, description="Why the table could not be compared.")
 
 
 class DbDiff(BaseModel):
     """The row-level difference ``after`` minus ``before``; ``error`` set if it failed."""
 
-    before: str
-    after: str
-    tables: list[TableDiff] = Field(default_factory=empty_list)
-    tables_added: list[str] = Field(default_factory=empty_list)
-    tables_dropped: list[str] = Field(default_factory=empty_list)
-    schema_changed: list[str] = Field(default_factory=empty_list)
-    other_schema_changes: list[str] = Field(default_factory=empty_list)
-    tables_compared: int = 0
+    before: str = Field(description="The DB compared from.")
+    after: str = Field(description="The DB compared to.")
+    tables: list[TableDiff] = Field(
+        default_factory=empty_list, description="Tables whose rows changed."
+    )
+    tables_added: list[str] = Field(default_factory=empty_list, description="Tables created.")
+    tables_dropped: list[str] = Field(default_factory=empty_list, description="Tables dropped.")
+    schema_changed: list[str] = Field(
+        default_factory=empty_list, description="Tables whose schema changed."
+    )
+    other_schema_changes: list[str] = Field(
+        default_factory=empty_list,
+        description=("Indexes, triggers, views and hidden schema rows that changed."),
+    )
+    tables_compared: int = Field(default=0, description="Tables compared.")
     # Database-wide settings after the run, and the ones the step changed (old, new).
     # journal_mode is read from the file's header: "wal" or "rollback".
-    pragmas: dict[str, JsonValue] = Field(default_factory=dict)
-    pragmas_changed: dict[str, tuple[JsonValue, JsonValue]] = Field(default_factory=dict)
-    notes: list[str] = Field(default_factory=empty_list)
-    error: str | None = None
+    pragmas: dict[str, JsonValue] = Field(
+        default_factory=dict, description="Database-wide settings after the run."
+    )
+    pragmas_changed: dict[str, tuple[JsonValue, JsonValue]] = Field(
+        default_factory=dict, description="Settings the step changed: name -> [old, new]."
+    )
+    notes: list[str] = Field(default_factory=empty_list, description="Remarks on the comparison.")
+    error: str | None = Field(default=None, description="Why the diff failed.")
 
     @property
     def changed(self) -> bool:

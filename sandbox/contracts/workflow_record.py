@@ -63,49 +63,73 @@ class ChainStubbedAction(StubbedAction):
     `last_step_id` the last (`last_line`), `steps` counts the calls per step. A record
     written before the grouping holds one entry per call of one step."""
 
-    step_id: str
-    last_step_id: str = ""
-    steps: dict[str, int] = Field(default_factory=dict)
+    step_id: str = Field(
+        description=("The step that made the first call (`first_line` is in its action log).")
+    )
+    last_step_id: str = Field(
+        default="", description="The step that made the last call (`last_line`)."
+    )
+    steps: dict[str, int] = Field(default_factory=dict, description="Calls per step.")
 
 
 class ChainStep(BaseModel):
     """One step of the chain, as its own record says (`record`, relative to the run root)."""
 
-    index: int
-    step_id: str
-    group: str
-    status: StepState = StepState.PENDING
-    reason: str = ""
-    run_id: str | None = None
-    record: str | None = None
-    started_at: datetime | None = None
-    finished_at: datetime | None = None
-    duration_s: float | None = None
-    exit_code: int | None = None
-    phases: Phases = Field(default_factory=Phases)
-    stubbed: list[StubbedAction] = Field(default_factory=empty_list)
-    stubbed_cut: StubbedCut = Field(default_factory=StubbedCut)
-    actions: ActionCounts = Field(default_factory=ActionCounts)
-    db_diff: DbDiff | None = None
-    files: FileChanges = Field(default_factory=FileChanges)
-    log_synced_at: datetime | None = None  # the step's own record's seal
+    index: int = Field(description="The step's place in the chain, from 1.")
+    step_id: str = Field(description="The step.")
+    group: str = Field(description="Its group folder.")
+    status: StepState = Field(
+        default=StepState.PENDING,
+        description=("Its state: a run status once it ran, else `pending` or `skipped`."),
+    )
+    reason: str = Field(default="", description="Why it ended so (or was skipped).")
+    run_id: str | None = Field(default=None, description="Its own test run's id.")
+    record: str | None = Field(
+        default=None, description="Its own record, relative to the chain's run folder."
+    )
+    started_at: datetime | None = Field(default=None, description="When it started.")
+    finished_at: datetime | None = Field(default=None, description="When it ended.")
+    duration_s: float | None = Field(default=None, description="Its wall time.")
+    exit_code: int | None = Field(default=None, description="The step's exit code.")
+    phases: Phases = Field(default_factory=Phases, description="Seconds per phase.")
+    stubbed: list[StubbedAction] = Field(
+        default_factory=empty_list, description="Its stubbed calls, grouped by tool."
+    )
+    stubbed_cut: StubbedCut = Field(
+        default_factory=StubbedCut, description="What a cap left out of `stubbed`."
+    )
+    actions: ActionCounts = Field(
+        default_factory=ActionCounts, description="Its guarded calls per decision."
+    )
+    db_diff: DbDiff | None = Field(
+        default=None, description="Its DB diff: the copy it got against the copy it left."
+    )
+    files: FileChanges = Field(
+        default_factory=FileChanges, description="What it did to its group folder."
+    )
+    log_synced_at: datetime | None = Field(
+        default=None, description="Its own record's seal (see the record's `log_synced_at`)."
+    )  # the step's own record's seal
 
 
 class ChainTotals(BaseModel):
     """The chain summed up: steps by state, guarded calls by decision."""
 
-    steps: int = 0
-    passed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    allow: int = 0
-    stub: int = 0
-    redirect: int = 0
-    refuse: int = 0
-    files_created: int = 0
-    files_changed: int = 0
-    files_deleted: int = 0
-    duration_s: float | None = None
+    steps: int = Field(default=0, description="Steps in the chain.")
+    passed: int = Field(default=0, description="Steps that passed.")
+    failed: int = Field(
+        default=0,
+        description=("Steps that did not pass (failed, timeout, error, killed, quota, refused)."),
+    )
+    skipped: int = Field(default=0, description="Steps skipped.")
+    allow: int = Field(default=0, description="Calls allowed, all steps.")
+    stub: int = Field(default=0, description="Calls stubbed, all steps.")
+    redirect: int = Field(default=0, description="Calls redirected, all steps.")
+    refuse: int = Field(default=0, description="Calls refused, all steps.")
+    files_created: int = Field(default=0, description="Files created, all steps.")
+    files_changed: int = Field(default=0, description="Files changed, all steps.")
+    files_deleted: int = Field(default=0, description="Files deleted, all steps.")
+    duration_s: float | None = Field(default=None, description="The chain's wall time.")
 
 
 class WorkflowRunRecord(BaseModel):
@@ -113,39 +137,77 @@ class WorkflowRunRecord(BaseModel):
 
     model_config = ConfigDict(title="WorkflowRunRecord")
 
-    schema_version: Literal[1] = SCHEMA_VERSION
-    kind: Literal["workflow"] = "workflow"
-    test_mode: Literal[True] = True
-    # The version of sandbox that wrote the record (None: written before it was recorded).
-    runner_version: str | None = None
-    id: str
-    workflow_dir: str
-    workflow_name: str
-    status: RunStatus
-    reason: str = ""
+    schema_version: Literal[1] = Field(
+        default=SCHEMA_VERSION, description="The record's schema version."
+    )
+    kind: Literal["workflow"] = Field(
+        default="workflow", description="Always `workflow`: a whole-workflow record."
+    )
+    test_mode: Literal[True] = Field(default=True, description="Always true.")
+    runner_version: str | None = Field(
+        default=None,
+        description=("The sandbox version that wrote the record (null: before it was recorded)."),
+    )
+    id: str = Field(description="The chain's test run id (`runs/test-<id>/`).")
+    workflow_dir: str = Field(description="The workflow folder.")
+    workflow_name: str = Field(description="The workflow's name.")
+    status: RunStatus = Field(
+        description=("How the chain ended: its worst step's status (`running` while it runs).")
+    )
+    reason: str = Field(default="", description="Why it ended so.")
     # Every stubbed tool of the chain, grouped, in the order of its first call.
-    stubbed: list[ChainStubbedAction] = Field(default_factory=empty_list)
-    stubbed_cut: StubbedCut = Field(default_factory=StubbedCut)
-    current_step: str | None = None  # the step running now (kept when the runner died in it)
-    order: list[str] = Field(default_factory=empty_list)  # the workflow's whole order
-    from_step: str | None = None
-    to_step: str | None = None
-    keep_going: bool = False
-    started_at: datetime
-    finished_at: datetime | None = None
-    duration_s: float | None = None
-    totals: ChainTotals = Field(default_factory=ChainTotals)
+    stubbed: list[ChainStubbedAction] = Field(
+        default_factory=empty_list,
+        description=("Every stubbed tool of the chain, grouped, in the order of its first call."),
+    )
+    stubbed_cut: StubbedCut = Field(
+        default_factory=StubbedCut, description="What a cap left out of `stubbed`."
+    )
+    current_step: str | None = Field(
+        default=None, description="The step running now (kept when the runner died in it)."
+    )  # the step running now (kept when the runner died in it)
+    order: list[str] = Field(
+        default_factory=empty_list, description="The workflow's whole step order."
+    )  # the workflow's whole order
+    from_step: str | None = Field(default=None, description="`--from`: the first step run.")
+    to_step: str | None = Field(default=None, description="`--to`: the last step run.")
+    keep_going: bool = Field(
+        default=False, description="`--keep-going`: steps after a failure ran anyway."
+    )
+    started_at: datetime = Field(description="When the chain started.")
+    finished_at: datetime | None = Field(default=None, description="When it ended.")
+    duration_s: float | None = Field(default=None, description="Its wall time.")
+    totals: ChainTotals = Field(default_factory=ChainTotals, description="The chain summed up.")
     # The real DB against the DB copy as the chain left it (None: no DB, or no step ran).
-    db_diff: DbDiff | None = None
+    db_diff: DbDiff | None = Field(
+        default=None,
+        description=("The real DB against the copy the chain left (null: no DB, or no step ran)."),
+    )
     # Where each group folder and the DB copy ended (relative to the run root).
-    groups: dict[str, str] = Field(default_factory=dict)
-    db: str | None = None
-    steps: list[ChainStep] = Field(default_factory=empty_list)
-    actions_log: str = ACTIONS_FILE
+    groups: dict[str, str] = Field(
+        default_factory=dict,
+        description="Where each group folder ended, relative to the run folder.",
+    )
+    db: str | None = Field(
+        default=None, description="Where the DB copy ended, relative to the run folder."
+    )
+    steps: list[ChainStep] = Field(
+        default_factory=empty_list, description="Each step of the chain."
+    )
+    actions_log: str = Field(
+        default=ACTIONS_FILE,
+        description=("The chain's action log file name: every step's lines in order."),
+    )
     # When the runner last synced the chain's action log (after each step's lines went
     # onto it); None: not sealed, and a verification refuses the chain.
-    log_synced_at: datetime | None = None
-    runner: RunnerInfo | None = None
+    log_synced_at: datetime | None = Field(
+        default=None,
+        description=(
+            "When the runner last synced the chain's action log; null: not "
+            "sealed, and a verification refuses the chain."
+        ),
+    )
+    runner: RunnerInfo | None = Field(default=None, description="Who ran the chain.")
 
     def step_entry(self, step_id: str) -> ChainStep:
         return next(s for s in self.steps if s.step_id == step_id)

@@ -35,12 +35,15 @@ from sandbox.verify.match import first_mismatch, json_equal, matches, select, sh
 class ExpectationResult(BaseModel):
     """One line of the verdict."""
 
-    label: str
-    kind: str
-    ok: bool
-    expected: str
-    happened: str
-    evidence: list[str] = Field(default_factory=list)
+    label: str = Field(description="The expectation's name, or what it expects.")
+    kind: str = Field(description="Its kind (`call`, `no_call`, `db`, `file`, `status`, ...).")
+    ok: bool = Field(description="It held.")
+    expected: str = Field(description="What was expected, in words.")
+    happened: str = Field(description="What happened, in words.")
+    evidence: list[str] = Field(
+        default_factory=list,
+        description=("The action-log lines, DB rows, files or record fields that decided it."),
+    )
 
     def line(self) -> str:
         mark = "PASS" if self.ok else "FAIL"

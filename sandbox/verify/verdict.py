@@ -28,14 +28,20 @@ MAX_FILES_LISTED = 20
 class RunDigest(BaseModel):
     """What the run did, in a few lines: stubbed calls, refusals, DB changes, files."""
 
-    status: str
-    exit_code: int | None = None
-    stubbed: dict[str, int] = Field(default_factory=dict)
-    refused: dict[str, int] = Field(default_factory=dict)
-    db: list[str] = Field(default_factory=list)
-    files_created: list[str] = Field(default_factory=list)
-    files_changed: list[str] = Field(default_factory=list)
-    files_deleted: list[str] = Field(default_factory=list)
+    status: str = Field(description="The run's status.")
+    exit_code: int | None = Field(default=None, description="The step's exit code.")
+    stubbed: dict[str, int] = Field(default_factory=dict, description="Stubbed calls per tool.")
+    refused: dict[str, int] = Field(default_factory=dict, description="Refused calls per tool.")
+    db: list[str] = Field(default_factory=list, description="The DB diff in lines.")
+    files_created: list[str] = Field(
+        default_factory=list, description="Files created (the first ones)."
+    )
+    files_changed: list[str] = Field(
+        default_factory=list, description="Files changed (the first ones)."
+    )
+    files_deleted: list[str] = Field(
+        default_factory=list, description="Files deleted (the first ones)."
+    )
 
     def lines(self) -> list[str]:
         def counted(c: dict[str, int]) -> str:
@@ -90,17 +96,26 @@ def digest_of(ev: Evidence) -> RunDigest:
 class Verification(BaseModel):
     model_config = ConfigDict(title="Verification")
 
-    schema_version: Literal[1] = 1
-    run_id: str
-    workflow_name: str
-    step_id: str
-    at: datetime
-    passed: bool
-    content: ContentHash | None = None
-    expectations_digest: str
-    results: list[ExpectationResult]
-    digest: RunDigest
-    walls: Walls | None = None  # the run's walls (the gate accepts only every wall)
+    schema_version: Literal[1] = Field(default=1, description="The verification's schema version.")
+    run_id: str = Field(description="The test run judged.")
+    workflow_name: str = Field(description="The workflow's name.")
+    step_id: str = Field(description="The step.")
+    at: datetime = Field(description="When the verdict was made.")
+    passed: bool = Field(description="Every expectation held.")
+    content: ContentHash | None = Field(
+        default=None,
+        description=(
+            "The step's version the run tested (the gate compares it with the version now)."
+        ),
+    )
+    expectations_digest: str = Field(
+        description=("A digest of the expectations judged (the gate needs the current ones).")
+    )
+    results: list[ExpectationResult] = Field(description="One result per expectation, in order.")
+    digest: RunDigest = Field(description="What the run did, in a few lines.")
+    walls: Walls | None = Field(
+        default=None, description="The run's walls (the gate accepts only every wall)."
+    )  # the run's walls (the gate accepts only every wall)
 
     def lines(self) -> list[str]:
         held = sum(r.ok for r in self.results)
