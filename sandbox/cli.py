@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from sandbox.contracts.workflow_record import AnyRecord
     from sandbox.progress import FollowPrinter
     from sandbox.run.testrun import RunOptions
-    from sandbox.verify.verdict import Verification
-    from sandbox.verify.workflow_verdict import WorkflowVerification
+    from sandbox.verify.verification import Verification
+    from sandbox.verify.workflow_verification import WorkflowVerification
 
 
 def say(text: str = "", *, err: bool = False) -> None:

@@ -20,7 +20,7 @@ from sandbox.contracts.record import read_record, write_record
 from sandbox.run.testrun import RunOptions, TestRun
 from sandbox.verify.check import ExpectationResult
 from sandbox.verify.expect import load_expectations
-from sandbox.verify.verdict import Verification, read_verification
+from sandbox.verify.verification import Verification, read_verification
 from sandbox.verify.verifystep import judge, with_implicit_status
 from tests.conftest import write_workflow
 from tests.fakes.harness import outside_server

@@ -20,7 +20,7 @@ from sandbox.contracts.layout import is_test_run
 from sandbox.contracts.wire import ActionLine
 from sandbox.verify.gate import gate, gate_workflow
 from sandbox.verify.verifyworkflow import verify_workflow
-from sandbox.verify.workflow_verdict import (
+from sandbox.verify.workflow_verification import (
     SCHEMA_PATH,
     WorkflowVerification,
     read_workflow_verification,

@@ -28,8 +28,8 @@ from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record
 from sandbox.verify.check import ExpectationResult
 from sandbox.verify.effects import effect_lines
 from sandbox.verify.evidence import Call, gather
-from sandbox.verify.verdict import Verification, read_verification
-from sandbox.verify.workflow_verdict import WorkflowVerification, read_workflow_verification
+from sandbox.verify.verification import Verification, read_verification
+from sandbox.verify.workflow_verification import WorkflowVerification, read_workflow_verification
 
 MAX_TIMELINE = 2000
 MAX_ARG_CHARS = 300

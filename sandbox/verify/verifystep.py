@@ -31,7 +31,7 @@ from sandbox.verify.expect import (
     load_expectations,
 )
 from sandbox.verify.seal import seal_results
-from sandbox.verify.verdict import Verification, digest_of, write_verification
+from sandbox.verify.verification import Verification, digest_of, write_verification
 
 IMPLICIT_STATUS = "status passed (no status expectation given)"
 

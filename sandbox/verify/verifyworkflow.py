@@ -44,14 +44,14 @@ from sandbox.verify.evidence import (
 )
 from sandbox.verify.expect import Named
 from sandbox.verify.seal import seal_results
-from sandbox.verify.verdict import digest_of
+from sandbox.verify.verification import digest_of
 from sandbox.verify.verifystep import content_kept
 from sandbox.verify.workflow_expect import (
     StepPlan,
     WorkflowExpectations,
     load_workflow_expectations,
 )
-from sandbox.verify.workflow_verdict import (
+from sandbox.verify.workflow_verification import (
     ChainDigest,
     StepVerdict,
     WorkflowVerification,

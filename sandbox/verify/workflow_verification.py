@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.contracts.record import ContentHash, Walls
 from sandbox.verify.check import ExpectationResult
-from sandbox.verify.verdict import RunDigest, read_saved_verification, write_verification
+from sandbox.verify.verification import RunDigest, read_saved_verification, write_verification
 
 SCHEMA_PATH = (
     Path(__file__).resolve().parents[1] / "contracts" / "workflow_verification.schema.json"
