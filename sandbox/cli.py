@@ -260,9 +260,11 @@ def _report_verification(
     """What `verify` and `verify-workflow` both do with a verdict: the HTML report, the
     verdict printed (JSON or terminal-safe lines), and the exit code (0 only if it held)."""
     if args.html:
+        from sandbox.verify.finished import load_run
         from sandbox.verify.html import write_report
 
-        write_report(Path(args.workflow_dir) / "runs" / verification.run_id, Path(args.html))
+        run_root = Path(args.workflow_dir) / "runs" / verification.run_id
+        write_report(load_run(run_root), Path(args.html))
     if args.json:
         say(verification.model_dump_json(indent=2))
     else:
@@ -297,7 +299,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from sandbox.contracts.workflow_record import read_any_record
+    from sandbox.verify.finished import load_run
     from sandbox.verify.html import write_report
     from sandbox.verify.seal import unsealed
 
@@ -305,25 +307,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not (run_dir / RECORD_FILE).is_file():
         raise ConfigError(f"no test_mode.json in {run_dir}")
     try:
-        why = unsealed(read_any_record(run_dir))
+        run = load_run(run_dir)
     except (OSError, ValueError) as exc:
         raise ConfigError(
             f"{run_dir}/test_mode.json unreadable: {str(exc).splitlines()[0]}"
         ) from None
-    if why:
+    if why := unsealed(run.record):
         raise ConfigError(f"{run_dir}: {why}; no report written")
     out = Path(args.html) if args.html else run_dir / REPORT_FILE
-    write_report(run_dir, out)
+    write_report(run, out)
     say(f"report: {out}")
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from sandbox.contracts.workflow_record import read_any_record
+    from sandbox.verify.finished import load_run
 
     run_dir = Path(args.run_dir)
     try:
-        record = read_any_record(run_dir)
+        record = load_run(run_dir).record
     except FileNotFoundError:
         raise ConfigError(f"no test_mode.json in {run_dir}") from None
     except (OSError, ValueError) as exc:

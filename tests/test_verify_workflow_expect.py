@@ -12,7 +12,7 @@ from sandbox.cli import main
 from sandbox.contracts.config import load_workflow
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.record import FileChanges
-from sandbox.verify.verifyworkflow import fold_changes
+from sandbox.verify.evidence import fold_changes
 from sandbox.verify.workflow_expect import (
     SCHEMA_PATH,
     ChainCallExpectation,
