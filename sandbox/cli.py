@@ -340,6 +340,16 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diff(args: argparse.Namespace) -> int:
+    """0: no difference, 1: the runs differ (as diff(1)), 2: a run cannot be compared."""
+    from sandbox.verify.diff import compare
+
+    result = compare(Path(args.run_a), Path(args.run_b))
+    for line in [result.model_dump_json(indent=2)] if args.json else result.lines():
+        say(line)
+    return 0 if result.same else 1
+
+
 def _listed_status(record: AnyRecord) -> str:
     """`running` only while its runner lives; else what `sandbox gc` will record."""
     from sandbox.backends.docker.gc import record_runner_alive
@@ -591,6 +601,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         show.add_argument("--json", action="store_true")
         show.set_defaults(func=cmd_show)
 
+    dif = sub.add_parser("diff", help="what a step did differently in two test runs")
+    if _wanted(only, "diff"):
+        dif.add_argument("run_a")
+        dif.add_argument("run_b")
+        dif.add_argument("--json", action="store_true")
+        dif.set_defaults(func=cmd_diff)
+
     lst = sub.add_parser("list", help="list a workflow's runs, test runs marked")
     if _wanted(only, "list"):
         lst.add_argument("workflow_dir")
@@ -680,6 +697,7 @@ _COMMANDS = frozenset(
         "gate",
         "report",
         "show",
+        "diff",
         "list",
         "gc",
         "doctor",
