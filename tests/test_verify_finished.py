@@ -50,14 +50,16 @@ def _write_log(path: Path, calls: list[tuple[str, str, dict[str, Any]]]) -> None
     log.close()
 
 
-def finished_run(root: Path, **fields: Any) -> Path:
-    """A run folder as the runner leaves it: record, sealed log, saved verification."""
+SUBMIT = ("upwork_submit_proposal", "stub", {"job_id": 42, "connects": 16})
+
+
+def finished_run(
+    root: Path, calls: list[tuple[str, str, dict[str, Any]]] | None = None, **fields: Any
+) -> Path:
+    """A run folder as the runner leaves it: its record and its sealed action log."""
     root.mkdir(parents=True)
     (root / "g").mkdir()
-    _write_log(
-        root / ACTIONS_FILE,
-        [("upwork_submit_proposal", "stub", {"job_id": 42, "connects": 16})],
-    )
+    _write_log(root / ACTIONS_FILE, [SUBMIT] if calls is None else calls)
     now = datetime.now(UTC)
     summary = summarize(root / ACTIONS_FILE)
     base: dict[str, Any] = {
