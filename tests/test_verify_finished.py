@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections import Counter
 from datetime import UTC, datetime
@@ -20,35 +19,13 @@ from sandbox.contracts.record import (
     write_record,
 )
 from sandbox.contracts.status import VERIFICATION_FILE
-from sandbox.guard.actionlog import ActionLog
-from sandbox.policy import UNKNOWN_REASON
 from sandbox.verify import html
 from sandbox.verify.effects import effect_lines
 from sandbox.verify.finished import FinishedStep, load_run
 from sandbox.verify.junit import junit_xml
 from sandbox.verify.verification import write_verification
 from sandbox.verify.verifystep import judge, with_implicit_status
-
-
-def _write_log(path: Path, calls: list[tuple[str, str, dict[str, Any]]]) -> None:
-    path.touch()
-    log = ActionLog(str(path), secrets=())
-
-    async def write_all() -> None:
-        for tool, decision, arguments in calls:
-            await log.write(
-                session="root",
-                tool=tool,
-                decision=decision,
-                reason=UNKNOWN_REASON,
-                category="unknown",
-                arguments=arguments,
-                duration_ms=0.1,
-            )
-
-    asyncio.run(write_all())
-    log.close()
-
+from tests.test_stub_summary import _write_log
 
 SUBMIT = ("upwork_submit_proposal", "stub", {"job_id": 42, "connects": 16})
 

@@ -77,10 +77,7 @@ class FinishedStep:
 
     @classmethod
     def load(cls, run_root: Path) -> FinishedStep:
-        run = load_run(run_root)
-        if not isinstance(run, FinishedStep):
-            raise ConfigError(f"{run_root} is a test run of a workflow, not of one step")
-        return run
+        return _load_as(run_root, cls)
 
 
 @dataclass(frozen=True)
@@ -101,13 +98,21 @@ class FinishedChain:
 
     @classmethod
     def load(cls, run_root: Path) -> FinishedChain:
-        run = load_run(run_root)
-        if not isinstance(run, FinishedChain):
-            raise ConfigError(f"{run_root} is a test run of one step, not of a workflow")
-        return run
+        return _load_as(run_root, cls)
 
 
 FinishedRun = FinishedStep | FinishedChain
+_Kind = TypeVar("_Kind", FinishedStep, FinishedChain)
+
+
+def _load_as(run_root: Path, kind: type[_Kind]) -> _Kind:
+    run = load_run(run_root)
+    if not isinstance(run, kind):
+        what, other = (
+            ("one step", "a workflow") if kind is FinishedStep else ("a workflow", "one step")
+        )
+        raise ConfigError(f"{run_root} is a test run of {other}, not of {what}")
+    return run
 
 
 def load_run(run_root: Path) -> FinishedRun:
