@@ -5,7 +5,8 @@ its record; `execute_workflow` runs a whole workflow's steps as one test run and
 returns its `WorkflowRunRecord`; `verify_step` runs one step once and judges its
 expectations, `verify_workflow` a whole chain against a workflow's expectations
 file; `gate` (`gate_workflow`) says whether the step's (the chain's) current
-version has a passing verification;
+version has a passing verification; `compare` says what a step did differently in
+two finished test runs (`RunComparison`);
 `workflow_run_lock` is the lock a controller takes (shared) for a normal run, so no
 test run starts beside it. `__version__` is the installed distribution's version.
 
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from sandbox.prepare.lock import LockHeldError, workflow_run_lock
     from sandbox.run.testrun import RunOptions, TestRun, execute_step
     from sandbox.run.workflowrun import WorkflowOptions, WorkflowRun, execute_workflow
+    from sandbox.verify.diff import RunComparison, compare
     from sandbox.verify.gate import gate, gate_workflow
     from sandbox.verify.verifystep import verify_step
     from sandbox.verify.verifyworkflow import verify_workflow
@@ -51,6 +53,8 @@ _WHERE = {
     "execute_step": "sandbox.run.testrun",
     "verify_step": "sandbox.verify.verifystep",
     "gate": "sandbox.verify.gate",
+    "compare": "sandbox.verify.diff",
+    "RunComparison": "sandbox.verify.diff",
     "gate_workflow": "sandbox.verify.gate",
     "verify_workflow": "sandbox.verify.verifyworkflow",
     "RunEvent": "sandbox.contracts.events",
@@ -65,6 +69,7 @@ __all__ = [
     "EngineError",
     "LockHeldError",
     "RefusedError",
+    "RunComparison",
     "RunEvent",
     "RunOptions",
     "RunStatus",
@@ -74,6 +79,7 @@ __all__ = [
     "WorkflowOptions",
     "WorkflowRun",
     "WorkflowRunRecord",
+    "compare",
     "execute_step",
     "execute_workflow",
     "gate",

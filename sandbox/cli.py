@@ -35,8 +35,8 @@ if TYPE_CHECKING:
     from sandbox.contracts.workflow_record import AnyRecord
     from sandbox.progress import FollowPrinter
     from sandbox.run.testrun import RunOptions
-    from sandbox.verify.verdict import Verification
-    from sandbox.verify.workflow_verdict import WorkflowVerification
+    from sandbox.verify.verification import Verification
+    from sandbox.verify.workflow_verification import WorkflowVerification
 
 
 def say(text: str = "", *, err: bool = False) -> None:
@@ -260,9 +260,11 @@ def _report_verification(
     """What `verify` and `verify-workflow` both do with a verdict: the HTML report, the
     verdict printed (JSON or terminal-safe lines), and the exit code (0 only if it held)."""
     if args.html:
+        from sandbox.verify.finished import load_run
         from sandbox.verify.html import write_report
 
-        write_report(Path(args.workflow_dir) / "runs" / verification.run_id, Path(args.html))
+        run_root = Path(args.workflow_dir) / "runs" / verification.run_id
+        write_report(load_run(run_root), Path(args.html))
     if args.json:
         say(verification.model_dump_json(indent=2))
     else:
@@ -297,7 +299,7 @@ def cmd_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from sandbox.contracts.workflow_record import read_any_record
+    from sandbox.verify.finished import load_run
     from sandbox.verify.html import write_report
     from sandbox.verify.seal import unsealed
 
@@ -305,25 +307,25 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not (run_dir / RECORD_FILE).is_file():
         raise ConfigError(f"no test_mode.json in {run_dir}")
     try:
-        why = unsealed(read_any_record(run_dir))
+        run = load_run(run_dir)
     except (OSError, ValueError) as exc:
         raise ConfigError(
             f"{run_dir}/test_mode.json unreadable: {str(exc).splitlines()[0]}"
         ) from None
-    if why:
+    if why := unsealed(run.record):
         raise ConfigError(f"{run_dir}: {why}; no report written")
     out = Path(args.html) if args.html else run_dir / REPORT_FILE
-    write_report(run_dir, out)
+    write_report(run, out)
     say(f"report: {out}")
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from sandbox.contracts.workflow_record import read_any_record
+    from sandbox.verify.finished import load_run
 
     run_dir = Path(args.run_dir)
     try:
-        record = read_any_record(run_dir)
+        record = load_run(run_dir).record
     except FileNotFoundError:
         raise ConfigError(f"no test_mode.json in {run_dir}") from None
     except (OSError, ValueError) as exc:
@@ -336,6 +338,16 @@ def cmd_show(args: argparse.Namespace) -> int:
     if why := unsealed(record):
         say(f"warning: {why}", err=True)
     return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """0: no difference, 1: the runs differ (as diff(1)), 2: a run cannot be compared."""
+    from sandbox.verify.diff import compare
+
+    result = compare(Path(args.run_a), Path(args.run_b))
+    for line in [result.model_dump_json(indent=2)] if args.json else result.lines():
+        say(line)
+    return 0 if result.same else 1
 
 
 def _listed_status(record: AnyRecord) -> str:
@@ -598,6 +610,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         show.add_argument("--json", action="store_true")
         show.set_defaults(func=cmd_show)
 
+    dif = sub.add_parser("diff", help="what a step did differently in two test runs")
+    if _wanted(only, "diff"):
+        dif.add_argument("run_a")
+        dif.add_argument("run_b")
+        dif.add_argument("--json", action="store_true")
+        dif.set_defaults(func=cmd_diff)
+
     lst = sub.add_parser("list", help="list a workflow's runs, test runs marked")
     if _wanted(only, "list"):
         lst.add_argument("workflow_dir")
@@ -712,6 +731,7 @@ _COMMANDS = frozenset(
         "gate",
         "report",
         "show",
+        "diff",
         "list",
         "gc",
         "doctor",

@@ -17,6 +17,7 @@ from sandbox.contracts.record import RunStatus
 from sandbox.run.testrun import RunOptions, TestRun
 from sandbox.verify.check import ExpectationResult
 from sandbox.verify.expect import load_expectations
+from sandbox.verify.finished import FinishedStep
 from sandbox.verify.verifystep import judge
 from tests.conftest import WorkflowFactory, tree_digest
 from tests.fakes.harness import outside_server
@@ -28,7 +29,7 @@ def judge_toml(wf: Path, run_root: Path, toml: str) -> list[ExpectationResult]:
     (wf / "expect.toml").write_text(textwrap.dedent(toml))
     workflow = load_workflow(wf)
     step = workflow.step("step1").model_copy(update={"expect_file": "expect.toml"})
-    return judge(run_root, load_expectations(wf, workflow, step)).results
+    return judge(FinishedStep.load(run_root), load_expectations(wf, workflow, step)).results
 
 
 REWRITE_IN_PLACE = """

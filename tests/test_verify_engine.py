@@ -20,7 +20,8 @@ from sandbox.contracts.record import read_record, write_record
 from sandbox.run.testrun import RunOptions, TestRun
 from sandbox.verify.check import ExpectationResult
 from sandbox.verify.expect import load_expectations
-from sandbox.verify.verdict import Verification, read_verification
+from sandbox.verify.finished import FinishedStep
+from sandbox.verify.verification import Verification
 from sandbox.verify.verifystep import judge, with_implicit_status
 from tests.conftest import write_workflow
 from tests.fakes.harness import outside_server
@@ -85,7 +86,7 @@ def judge_toml(wf: Path, run_root: Path, toml: str) -> list[ExpectationResult]:
     (wf / "expect.toml").write_text(textwrap.dedent(toml))
     workflow = load_workflow(wf)
     step = workflow.step("step1").model_copy(update={"expect_file": "expect.toml"})
-    return judge(run_root, load_expectations(wf, workflow, step)).results
+    return judge(FinishedStep.load(run_root), load_expectations(wf, workflow, step)).results
 
 
 def one(wf: Path, run_root: Path, toml: str) -> ExpectationResult:
@@ -362,7 +363,7 @@ def test_verify_cli_json_and_junit(
     assert len(failures) == 1
     assert failures[0].get("message", "").endswith("; 0 matching call(s)")
     # The verdict stays beside the run's record.
-    saved = read_verification(RunLayout(wf, verification.run_id, "g").root)
+    saved = FinishedStep.load(RunLayout(wf, verification.run_id, "g").root).verification
     assert saved is not None and saved.results == verification.results
     listed = main(["list", str(wf)])
     assert listed == 0
@@ -523,7 +524,7 @@ def test_an_unsealed_log_is_refused_by_verify_gate_and_report(
     capsys.readouterr()
 
     write_record(run_root, record.model_copy(update={"log_synced_at": None}))
-    refused = judge(run_root, with_implicit_status([]))
+    refused = judge(FinishedStep.load(run_root), with_implicit_status([]))
     assert not refused.passed
     assert refused.results[0].happened == "not verified: the action log was not sealed"
     assert main(["gate", str(wf), "step1"]) == 1

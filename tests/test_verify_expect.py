@@ -188,11 +188,11 @@ def test_matchers_use_json_semantics() -> None:
 
 
 def test_committed_verification_schema_matches_the_model() -> None:
-    from sandbox.verify.verdict import SCHEMA_PATH as VERIFICATION_SCHEMA
-    from sandbox.verify.verdict import verification_json_schema
+    from sandbox.verify.verification import SCHEMA_PATH as VERIFICATION_SCHEMA
+    from sandbox.verify.verification import verification_json_schema
 
     assert VERIFICATION_SCHEMA.read_text() == verification_json_schema(), (
-        "regenerate with: python -c 'from sandbox.verify.verdict import *; "
+        "regenerate with: python -c 'from sandbox.verify.verification import *; "
         "SCHEMA_PATH.write_text(verification_json_schema())'"
     )
 
@@ -203,7 +203,7 @@ def test_history_keeps_each_verification_and_skips_lines_that_do_not_parse(
     from datetime import UTC, datetime
 
     from sandbox.verify import history
-    from sandbox.verify.verdict import RunDigest, Verification
+    from sandbox.verify.verification import RunDigest, Verification
 
     def verification(n: int, passed: bool) -> Verification:
         return Verification(

@@ -10,8 +10,11 @@ from pathlib import Path
 import pytest
 from docker import DockerClient
 
+import sandbox
 from sandbox.cli import main
+from sandbox.contracts.layout import RunLayout
 from sandbox.run.testrun import RunOptions, TestRun
+from sandbox.verify.diff import ArgumentChange
 from sandbox.verify.gate import gate
 from sandbox.verify.verifystep import verify_step
 from tests.conftest import write_workflow
@@ -147,4 +150,37 @@ def test_the_claiming_step_has_effects_though_every_write_went_to_the_copy(
     assert "showed an external effect: DB write(s): jobs: 1 updated (id=42: " in out
     assert "; proposals: 1 inserted (id=42); " in out
     assert "2 redirected DB write(s) into the copy" in out
+    assert fake.state()["proposals"] == []
+
+
+def test_diff_of_two_runs_around_a_fix_names_the_connects_argument_alone(
+    engine: DockerClient,
+    fake: FakeJobBoard,
+    jobboard: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The bug spends 15 Connects, the fix 16: the diff of the two test runs names the
+    submission's `connects` argument, and nothing else the runs did."""
+    options = RunOptions(upstream_networks=(fake.network,))
+    code = jobboard / "code" / "bid-submit.py"
+    fixed = code.read_text()
+    assert '"connects": CONNECTS}' in fixed
+    code.write_text(fixed.replace('"connects": CONNECTS}', '"connects": CONNECTS - 1}'))
+    before = TestRun(jobboard, "bid-submit", options).execute()
+    code.write_text(fixed)
+    after = TestRun(jobboard, "bid-submit", options).execute()
+    assert before.status.value == after.status.value == "passed"
+    roots = [RunLayout(jobboard, r.id, "bids").root for r in (before, after)]
+
+    result = sandbox.compare(*roots)
+    assert [(c.change, c.tool) for c in result.calls] == [("changed", "upwork_submit_proposal")]
+    assert result.calls[0].arguments == [ArgumentChange(path="connects", a=15, b=16)]
+    assert result.calls[0].decision_a == result.calls[0].decision_b == "stub"
+    assert not (result.fields or result.db or result.db_summary or result.files or result.egress)
+    assert result.content_a != result.content_b  # two versions of the step
+
+    assert main(["diff", *map(str, roots)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].startswith("first divergence: call changed: upwork_submit_proposal at A #")
+    assert out[2].endswith(": connects 15 -> 16") and out[3] == "1 difference(s):"
     assert fake.state()["proposals"] == []

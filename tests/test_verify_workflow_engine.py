@@ -18,13 +18,10 @@ from docker import DockerClient
 from sandbox.cli import main
 from sandbox.contracts.layout import is_test_run
 from sandbox.contracts.wire import ActionLine
+from sandbox.verify.finished import FinishedChain
 from sandbox.verify.gate import gate, gate_workflow
 from sandbox.verify.verifyworkflow import verify_workflow
-from sandbox.verify.workflow_verdict import (
-    SCHEMA_PATH,
-    WorkflowVerification,
-    read_workflow_verification,
-)
+from sandbox.verify.workflow_verification import SCHEMA_PATH, WorkflowVerification
 from tests.conftest import tree_digest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,7 +95,7 @@ def test_the_job_board_chain_verifies_and_the_gate_holds_until_a_step_changes(
     # The verdict on disk validates against the published schema.
     saved = jobboard / "runs" / verification.run_id / "verification.json"
     jsonschema.validate(json.loads(saved.read_text()), json.loads(SCHEMA_PATH.read_text()))
-    assert read_workflow_verification(saved.parent) == verification
+    assert FinishedChain.load(saved.parent).verification == verification
 
     # Per step: bid-submit updated the row bid-pick-job inserted, in the chain's copy.
     submit = {r.label: r for r in verification.steps[1].results}
@@ -195,7 +192,7 @@ def test_a_chain_expectation_that_does_not_hold_fails_with_its_evidence(
     assert " (step outreach): " in failing[0] and '"tool":"send_slack_message"' in failing[0]
 
     runs = sorted(p for p in (jobboard / "runs").iterdir() if is_test_run(p.name))
-    verification = read_workflow_verification(runs[-1])
+    verification = FinishedChain.load(runs[-1]).verification
     assert verification is not None and not verification.passed
     assert verification.failed == [
         "chain: one client message would have been sent across the chain"

@@ -12,15 +12,15 @@ from sandbox.cli import main
 from sandbox.contracts.config import load_workflow
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.record import FileChanges
-from sandbox.verify.verifyworkflow import fold_changes
+from sandbox.verify.evidence import fold_changes
 from sandbox.verify.workflow_expect import (
     SCHEMA_PATH,
     ChainCallExpectation,
     load_workflow_expectations,
     workflow_expectations_json_schema,
 )
-from sandbox.verify.workflow_verdict import SCHEMA_PATH as VERDICT_SCHEMA_PATH
-from sandbox.verify.workflow_verdict import workflow_verification_json_schema
+from sandbox.verify.workflow_verification import SCHEMA_PATH as VERDICT_SCHEMA_PATH
+from sandbox.verify.workflow_verification import workflow_verification_json_schema
 
 REPO = Path(__file__).resolve().parents[1]
 JOBBOARD = REPO / "examples" / "job-board"
@@ -63,7 +63,7 @@ def test_committed_schemas_match_the_models() -> None:
         "SCHEMA_PATH.write_text(workflow_expectations_json_schema())'"
     )
     assert VERDICT_SCHEMA_PATH.read_text() == workflow_verification_json_schema(), (
-        "regenerate with: python -c 'from sandbox.verify.workflow_verdict import *; "
+        "regenerate with: python -c 'from sandbox.verify.workflow_verification import *; "
         "SCHEMA_PATH.write_text(workflow_verification_json_schema())'"
     )
     schema = json.loads(SCHEMA_PATH.read_text())

@@ -1,8 +1,11 @@
 """Verification: what a step must (and must not) try, checked against one test run.
 
 `expect` parses the expectations (beside the step in `workflow.toml`, or in a
-file it names); `check` judges them against a run's record and action log;
-`verifystep` runs the step once and keeps the verdict in the workflow's history;
-`gate` is the rule Pulse and CI apply to that history; `junit` and `html` are
-the verdict in the forms CI and people read.
+file it names); `finished` reads a finished run folder once (record, action log,
+saved verification) into the object every output renders; `check` judges the
+expectations against it; `verification` (`workflow_verification` for a chain) is
+the verdict and its saved file; `verifystep` runs the step once and keeps the
+verdict in the workflow's history; `gate` is the rule Pulse and CI apply to that
+history; `junit` and `html` are the verdict in the forms CI and people read;
+`diff` compares two finished runs of a step.
 """

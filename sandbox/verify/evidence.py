@@ -17,13 +17,7 @@ from typing import Protocol
 
 from pydantic import ValidationError
 
-from sandbox.contracts.record import (
-    ACTIONS_FILE,
-    FileChanges,
-    RunStatus,
-    TestRunRecord,
-    read_record,
-)
+from sandbox.contracts.record import FileChanges, RunStatus, TestRunRecord
 from sandbox.contracts.reports import DbDiff
 from sandbox.contracts.wire import ActionLine
 
@@ -146,6 +140,65 @@ class Evidence:
         return read_below(self.run_root / self.record.group, rel, MAX_FILE_BYTES)
 
 
+def fold_changes(changes: list[FileChanges]) -> FileChanges:
+    """A group folder's changes over its steps in order, against the first one's start:
+    made then changed is created, made then deleted is gone (not listed), deleted then
+    made again is changed."""
+    state: dict[str, str] = {}
+    for step in changes:
+        for path in step.created:
+            state[path] = "changed" if state.get(path) == "deleted" else "created"
+        for path in step.changed:
+            state.setdefault(path, "changed")
+        for path in step.deleted:
+            if state.get(path) == "created":
+                del state[path]
+            else:
+                state[path] = "deleted"
+    return FileChanges(
+        created=sorted(p for p, s in state.items() if s == "created"),
+        changed=sorted(p for p, s in state.items() if s == "changed"),
+        deleted=sorted(p for p, s in state.items() if s == "deleted"),
+        truncated=any(c.truncated for c in changes),
+    )
+
+
+@dataclass(frozen=True)
+class GroupFolder:
+    """One group folder as the chain left it (`files` folded over its steps)."""
+
+    group: str
+    files: FileChanges
+    root: Path | None  # the folder the group's last step left
+
+    @property
+    def files_label(self) -> str:
+        return f"the chain's records, group {self.group}"
+
+    def read_group_file(self, rel: str) -> bytes | None:
+        return read_below(self.root, rel, MAX_FILE_BYTES) if self.root is not None else None
+
+
+@dataclass
+class ChainEvidence:
+    """The chain as the checks read it: every step's calls (numbered as in the chain's
+    log), the chain's DB diff and status, and each group folder as it ended."""
+
+    groups: dict[str, GroupFolder] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+    malformed_lines: int = 0
+    log_truncated: bool = False
+    log_full: bool = False
+    db_diff: DbDiff | None = None
+    no_db: bool = False
+    status: RunStatus = RunStatus.RUNNING
+    exit_code: int | None = None
+    reason: str = ""
+
+    def files_for(self, group: str | None) -> GroupFolder | None:
+        return self.groups.get(group) if group is not None else None
+
+
 def read_below(root: Path, rel: str, cap: int) -> bytes | None:
     parts = [p for p in Path(rel).parts if p not in ("", ".")]
     if not parts or any(p == ".." for p in parts):
@@ -173,21 +226,33 @@ def read_below(root: Path, rel: str, cap: int) -> bytes | None:
     return data if len(data) <= cap else None
 
 
-def read_calls(path: Path) -> tuple[list[Call], int, bool]:
-    """The log's calls in order, their outcomes joined; (calls, malformed, truncated)."""
+@dataclass(frozen=True)
+class LogRead:
+    """An action log as read once: its calls in order (outcomes joined), the lines
+    that did not parse, whether it was cut at the cap, and how many lines it has."""
+
+    calls: list[Call] = field(default_factory=list)
+    malformed: int = 0
+    truncated: bool = False
+    lines: int = 0
+
+
+def read_calls(path: Path) -> LogRead:
+    """The log's calls in order, their outcomes joined (empty when it cannot be read)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
-        return [], 0, False
+        return LogRead()
     with os.fdopen(fd, "rb") as handle:
         if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            return [], 0, False
+            return LogRead()
         data = handle.read(MAX_LOG_BYTES + 1)
     truncated = len(data) > MAX_LOG_BYTES
     calls: list[Call] = []
     open_calls: dict[str, int] = {}
     malformed = 0
-    for lineno, raw in enumerate(data[:MAX_LOG_BYTES].splitlines(), start=1):
+    raw_lines = data[:MAX_LOG_BYTES].splitlines()
+    for lineno, raw in enumerate(raw_lines, start=1):
         try:
             line = ActionLine.model_validate_json(raw)
         except ValidationError:
@@ -210,22 +275,4 @@ def read_calls(path: Path) -> tuple[list[Call], int, bool]:
                 continue
             open_calls[line.call_id] = len(calls)
         calls.append(Call(lineno, line, text))
-    return calls, malformed, truncated
-
-
-def gather(run_root: Path) -> Evidence:
-    record = read_record(run_root)
-    calls, malformed, truncated = read_calls(run_root / ACTIONS_FILE)
-    return Evidence(run_root, record, calls, malformed, truncated)
-
-
-def count_lines(path: Path) -> int:
-    """The number of lines of a log (as `read_calls` numbers them), 0 if unreadable."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return 0
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            return 0
-        return len(handle.read(MAX_LOG_BYTES).splitlines())
+    return LogRead(calls, malformed, truncated, len(raw_lines))

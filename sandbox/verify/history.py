@@ -27,7 +27,7 @@ from pydantic import BaseModel, Field, ValidationError
 from sandbox.contracts.layout import HISTORY_DIR
 from sandbox.contracts.record import ContentHash, Walls
 from sandbox.hostfs import fdtree
-from sandbox.verify.verdict import Verification
+from sandbox.verify.verification import Verification
 
 HISTORY_FILE = "verifications.jsonl"
 WORKFLOW_HISTORY_FILE = "workflow_verifications.jsonl"

@@ -24,12 +24,13 @@ from typing import Any
 
 from sandbox.contracts.record import StubbedAction, StubbedCut, TestRunRecord, write_json_atomic
 from sandbox.contracts.reports import DbDiff
-from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record
+from sandbox.contracts.workflow_record import WorkflowRunRecord
 from sandbox.verify.check import ExpectationResult
 from sandbox.verify.effects import effect_lines
-from sandbox.verify.evidence import Call, gather
-from sandbox.verify.verdict import Verification, read_verification
-from sandbox.verify.workflow_verdict import WorkflowVerification, read_workflow_verification
+from sandbox.verify.evidence import Call
+from sandbox.verify.finished import FinishedChain, FinishedRun, FinishedStep
+from sandbox.verify.verification import Verification
+from sandbox.verify.workflow_verification import WorkflowVerification
 
 MAX_TIMELINE = 2000
 MAX_ARG_CHARS = 300
@@ -253,13 +254,10 @@ def _preflight(record: TestRunRecord) -> str:
     return _table(["", ""], rows)
 
 
-def render(run_root: Path) -> str:
-    ev = gather(run_root)
-    record = ev.record
-    try:
-        verification = read_verification(run_root)
-    except (OSError, ValueError):
-        verification = None  # shown as the run's status alone, never a half-read verdict
+def render(run: FinishedStep) -> str:
+    """One step's test run (an unreadable verification is shown as the run's status
+    alone, never as a half-read verdict)."""
+    ev, record, verification = run.evidence, run.record, run.verification
     sections = [
         ("verdict", "Verdict", _verdict(record, verification)),
         ("effects", "Effects", _effects(record)),
@@ -354,16 +352,10 @@ def _chain_stubbed(record: WorkflowRunRecord) -> str:
     return _stubbed(record.stubbed, record.stubbed_cut, total, chain=True)
 
 
-def render_workflow(run_root: Path, record: WorkflowRunRecord) -> str:
+def render_workflow(run: FinishedChain) -> str:
     """A whole-workflow test run: its verdict (per step and for the chain), every
     stubbed action of the chain, its steps, the timeline, and the chain's DB diff."""
-    from sandbox.verify.verifyworkflow import gather_chain
-
-    try:
-        verification = read_workflow_verification(run_root)
-    except (OSError, ValueError):
-        verification = None
-    _, chain = gather_chain(run_root, record)
+    record, verification, chain = run.record, run.verification, run.chain
     sections = [
         ("verdict", "Verdict", _workflow_verdict(record, verification)),
         ("stubbed", "Stubbed actions of the chain (would have run)", _chain_stubbed(record)),
@@ -389,10 +381,7 @@ def render_workflow(run_root: Path, record: WorkflowRunRecord) -> str:
     )
 
 
-def write_report(run_root: Path, out: Path) -> None:
-    """The report of a test run's folder: one step's, or a whole workflow's."""
-    record = read_any_record(run_root)
-    if isinstance(record, WorkflowRunRecord):
-        write_json_atomic(out, render_workflow(run_root, record))
-    else:
-        write_json_atomic(out, render(run_root))
+def write_report(run: FinishedRun, out: Path) -> None:
+    """The report of a test run: one step's, or a whole workflow's."""
+    text = render_workflow(run) if isinstance(run, FinishedChain) else render(run)
+    write_json_atomic(out, text)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from sandbox.contracts.record import write_json_atomic
 from sandbox.verify.check import ExpectationResult
-from sandbox.verify.verdict import Verification
-from sandbox.verify.workflow_verdict import WorkflowVerification
+from sandbox.verify.verification import Verification
+from sandbox.verify.workflow_verification import WorkflowVerification
 
 _NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 

@@ -23,15 +23,15 @@ from sandbox.prepare.contenthash import changed_parts, content_hash, not_covered
 from sandbox.run.testrun import RunOptions, TestRun
 from sandbox.verify import history
 from sandbox.verify.check import ExpectationResult, check_all
-from sandbox.verify.evidence import gather
 from sandbox.verify.expect import (
     Named,
     StatusExpectation,
     expectations_digest,
     load_expectations,
 )
+from sandbox.verify.finished import FinishedStep
 from sandbox.verify.seal import seal_results
-from sandbox.verify.verdict import Verification, digest_of, write_verification
+from sandbox.verify.verification import Verification, digest_of, write_verification
 
 IMPLICIT_STATUS = "status passed (no status expectation given)"
 
@@ -43,11 +43,11 @@ def with_implicit_status(named: list[Named]) -> list[Named]:
 
 
 def judge(
-    run_root: Path, named: list[Named], extra: list[ExpectationResult] | None = None
+    run: FinishedStep, named: list[Named], extra: list[ExpectationResult] | None = None
 ) -> Verification:
-    """The verdict over a finished run's folder (the run itself is not repeated);
-    `extra`: results the caller judged itself (the content check)."""
-    ev = gather(run_root)
+    """The verdict over a finished run (the run itself is not repeated); `extra`:
+    results the caller judged itself (the content check)."""
+    ev = run.evidence
     results = [*seal_results(ev.record), *check_all(named, ev), *(extra or [])]
     return Verification(
         run_id=ev.record.id,
@@ -114,7 +114,7 @@ def verify_step(
     named = with_implicit_status(load_expectations(wf_dir, workflow, step))
     record = TestRun(wf_dir, step_id, options, backend=backend).execute()
     run_root = RunLayout(wf_dir, record.id, step.group).root
-    verification = judge(run_root, named, content_kept(wf_dir, step_id, record))
+    verification = judge(FinishedStep.load(run_root), named, content_kept(wf_dir, step_id, record))
     write_verification(run_root, verification)
     history.append(wf_dir, verification)
     return verification

@@ -20,7 +20,6 @@ counts the chain's verification of it.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -28,140 +27,27 @@ from sandbox.backends import BackendFactory
 from sandbox.contracts.config import load_workflow
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.layout import WorkflowRunLayout
-from sandbox.contracts.record import FileChanges, RunStatus
-from sandbox.contracts.reports import DbDiff
-from sandbox.contracts.workflow_record import StepState, WorkflowRunRecord, read_any_record
+from sandbox.contracts.workflow_record import WorkflowRunRecord
 from sandbox.run.workflowrun import WorkflowOptions, WorkflowRun, chain_of
 from sandbox.verify import history
 from sandbox.verify.check import ExpectationResult, check_all
-from sandbox.verify.evidence import (
-    MAX_FILE_BYTES,
-    Call,
-    Evidence,
-    count_lines,
-    gather,
-    read_below,
-)
+from sandbox.verify.evidence import Evidence
 from sandbox.verify.expect import Named
+from sandbox.verify.finished import FinishedChain
 from sandbox.verify.seal import seal_results
-from sandbox.verify.verdict import digest_of
+from sandbox.verify.verification import digest_of
 from sandbox.verify.verifystep import content_kept
 from sandbox.verify.workflow_expect import (
     StepPlan,
     WorkflowExpectations,
     load_workflow_expectations,
 )
-from sandbox.verify.workflow_verdict import (
+from sandbox.verify.workflow_verification import (
     ChainDigest,
     StepVerdict,
     WorkflowVerification,
     write_workflow_verification,
 )
-
-
-def fold_changes(changes: list[FileChanges]) -> FileChanges:
-    """A group folder's changes over its steps in order, against the first one's start:
-    made then changed is created, made then deleted is gone (not listed), deleted then
-    made again is changed."""
-    state: dict[str, str] = {}
-    for step in changes:
-        for path in step.created:
-            state[path] = "changed" if state.get(path) == "deleted" else "created"
-        for path in step.changed:
-            state.setdefault(path, "changed")
-        for path in step.deleted:
-            if state.get(path) == "created":
-                del state[path]
-            else:
-                state[path] = "deleted"
-    return FileChanges(
-        created=sorted(p for p, s in state.items() if s == "created"),
-        changed=sorted(p for p, s in state.items() if s == "changed"),
-        deleted=sorted(p for p, s in state.items() if s == "deleted"),
-        truncated=any(c.truncated for c in changes),
-    )
-
-
-@dataclass(frozen=True)
-class GroupFolder:
-    """One group folder as the chain left it (`files` folded over its steps)."""
-
-    group: str
-    files: FileChanges
-    root: Path | None  # the folder the group's last step left
-
-    @property
-    def files_label(self) -> str:
-        return f"the chain's records, group {self.group}"
-
-    def read_group_file(self, rel: str) -> bytes | None:
-        return read_below(self.root, rel, MAX_FILE_BYTES) if self.root is not None else None
-
-
-@dataclass
-class ChainEvidence:
-    """The chain as the checks read it: every step's calls (numbered as in the chain's
-    log), the chain's DB diff and status, and each group folder as it ended."""
-
-    groups: dict[str, GroupFolder] = field(default_factory=dict)
-    calls: list[Call] = field(default_factory=list)
-    malformed_lines: int = 0
-    log_truncated: bool = False
-    log_full: bool = False
-    db_diff: DbDiff | None = None
-    no_db: bool = False
-    status: RunStatus = RunStatus.RUNNING
-    exit_code: int | None = None
-    reason: str = ""
-
-    def files_for(self, group: str | None) -> GroupFolder | None:
-        return self.groups.get(group) if group is not None else None
-
-
-def gather_chain(
-    run_root: Path, record: WorkflowRunRecord
-) -> tuple[dict[str, Evidence], ChainEvidence]:
-    """Each step's evidence (for the steps that have a run folder) and the chain's."""
-    layout = WorkflowRunLayout(run_root.parent.parent, run_root.name)
-    steps: dict[str, Evidence] = {}
-    chain = ChainEvidence(
-        db_diff=record.db_diff,
-        no_db=record.db is None and record.db_diff is None,
-        status=record.status,
-        reason=record.reason,
-    )
-    offset = 0
-    for entry in record.steps:
-        if entry.run_id is None:
-            continue
-        root = layout.step(entry.index, entry.step_id, entry.group).root
-        try:
-            ev = gather(root)
-        except (OSError, ValueError):
-            continue  # no readable record: its expectations fail as not run
-        ev.calls = [
-            Call(c.lineno + offset, c.line, c.raw, c.outcome, in_step=entry.step_id)
-            for c in ev.calls
-        ]
-        # Only a step that ended had its lines joined onto the chain's log.
-        if entry.status not in (StepState.RUNNING, StepState.PENDING):
-            offset += count_lines(root / record.actions_log)
-        steps[entry.step_id] = ev
-        chain.calls += ev.calls
-        chain.malformed_lines += ev.malformed_lines
-        chain.log_truncated = chain.log_truncated or ev.log_truncated
-        chain.log_full = chain.log_full or ev.log_full
-    for group in dict.fromkeys(e.group for e in record.steps):
-        ran = [steps[e.step_id] for e in record.steps if e.group == group and e.step_id in steps]
-        if not ran:
-            continue
-        last = ran[-1]
-        chain.groups[group] = GroupFolder(
-            group=group,
-            files=fold_changes([ev.record.files for ev in ran]),
-            root=last.run_root / last.record.group,
-        )
-    return steps, chain
 
 
 def _not_run(named: list[Named], why: str) -> list[ExpectationResult]:
@@ -223,17 +109,15 @@ def _step_verdict(
 
 
 def judge_workflow(
-    run_root: Path,
+    run: FinishedChain,
     expectations: WorkflowExpectations,
     own: dict[str, list[Named]] | None = None,
 ) -> WorkflowVerification:
-    """The verdict over a finished chain's run folder (nothing runs again). `own`: the
-    steps' own expectations (with their implicit status), judged alone as well."""
-    record = read_any_record(run_root)
-    if not isinstance(record, WorkflowRunRecord):
-        raise ConfigError(f"{run_root} is a test run of one step, not of a workflow")
+    """The verdict over a finished chain (nothing runs again). `own`: the steps' own
+    expectations (with their implicit status), judged alone as well."""
+    record = run.record
     workflow_dir = Path(record.workflow_dir)
-    steps, chain_ev = gather_chain(run_root, record)
+    steps, chain_ev = run.steps, run.chain
     ran = {e.step_id for e in record.steps}
     verdicts = []
     for index, entry in enumerate(record.steps):
@@ -355,7 +239,7 @@ def verify_workflow(
     own = _own_expectations(wf_dir, expectations)
     record = WorkflowRun(wf_dir, options, backend=backend).execute()
     run_root = WorkflowRunLayout(wf_dir, record.id).root
-    verification = judge_workflow(run_root, expectations, own)
+    verification = judge_workflow(FinishedChain.load(run_root), expectations, own)
     write_workflow_verification(run_root, verification)
     record_history(wf_dir, verification)
     return verification

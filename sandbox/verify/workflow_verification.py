@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.contracts.record import ContentHash, Walls
 from sandbox.verify.check import ExpectationResult
-from sandbox.verify.verdict import RunDigest, read_saved_verification, write_verification
+from sandbox.verify.verification import RunDigest, write_verification
 
 SCHEMA_PATH = (
     Path(__file__).resolve().parents[1] / "contracts" / "workflow_verification.schema.json"
@@ -113,7 +113,3 @@ def workflow_verification_json_schema() -> str:
 
 def write_workflow_verification(run_root: Path, verification: WorkflowVerification) -> Path:
     return write_verification(run_root, verification)
-
-
-def read_workflow_verification(run_root: Path) -> WorkflowVerification | None:
-    return read_saved_verification(run_root, WorkflowVerification)

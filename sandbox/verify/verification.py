@@ -7,11 +7,10 @@
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from datetime import datetime
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,7 +19,6 @@ from sandbox.contracts.status import VERIFICATION_FILE
 from sandbox.verify.check import ExpectationResult
 from sandbox.verify.evidence import Evidence
 
-_Verdict = TypeVar("_Verdict", bound=BaseModel)
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "contracts" / "verification.schema.json"
 MAX_FILES_LISTED = 20
 
@@ -142,17 +140,3 @@ def write_verification(run_root: Path, verification: BaseModel) -> Path:
     path = run_root / VERIFICATION_FILE
     write_json_atomic(path, verification.model_dump_json(indent=2) + "\n")
     return path
-
-
-def read_saved_verification(run_root: Path, model: type[_Verdict]) -> _Verdict | None:
-    """The verdict saved beside a run, read without following a link (None if absent)."""
-    try:
-        fd = os.open(run_root / VERIFICATION_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    with os.fdopen(fd, encoding="utf-8") as handle:
-        return model.model_validate_json(handle.read())
-
-
-def read_verification(run_root: Path) -> Verification | None:
-    return read_saved_verification(run_root, Verification)
