@@ -222,7 +222,7 @@ def record_pages() -> list[Page]:
         (
             "verification.md",
             "The verification",
-            "sandbox.verify.verdict",
+            "sandbox.verify.verification",
             "verification_json_schema",
             "sandbox/contracts/verification.schema.json",
             "`runs/test-<id>/verification.json` and `sandbox verify --json`: the verdict over "
