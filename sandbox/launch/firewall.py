@@ -14,6 +14,14 @@ connections only to the guard's ports, each server only to its own relay's proxy
 port, and nothing else of either uid leaves or crosses loopback; replies of an
 accepted connection pass by conntrack. Unix sockets are not packets: the guard's
 are paths in folders only their server mounts, never abstract names.
+
+Transparent egress (`nat_rules`, Docker runs): before any filter rule sees them,
+every new TCP connection of any uid but the guard's to a non-loopback address is
+REDIRECTed to the guard's interception port, and every DNS query (UDP or TCP port
+53, to any address, the engine's resolver included) to the guard's DNS port. The
+nat table only rewrites where a packet goes: nothing is ACCEPTed there, uid 0 (the
+gVisor sentry) is redirected like the step, and what is not redirected (UDP, other
+protocols) still meets the REJECT rules below.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import shlex
 from dataclasses import dataclass
 
 from sandbox.contracts.layout import GUARD_UID
+from sandbox.guard.listeners import DNS_PORT, TRANSPARENT_PORT
 
 # Docker's embedded resolver lives on loopback and would resolve outside names.
 ENGINE_DNS_V4 = "127.0.0.11"
@@ -39,6 +48,40 @@ class PodPeers:
     step_uid: int
     guard_ports: tuple[int, ...]
     servers: tuple[tuple[int, int | None], ...]
+
+
+# The guard's DNS hands out addresses from this range (RFC 2544's benchmark range,
+# never a real host); a route on lo makes them reachable in a namespace with no
+# other network, and the redirect below sends every connection to one to the guard.
+SYNTHETIC_V4 = "198.18.0.0/15"
+NAT_CHAIN = "SANDBOX-STEP-OUT"
+
+
+def nat_rules(guard_uid: int = GUARD_UID) -> list[str]:
+    """iptables nat rules (own chain, jumped to first from OUTPUT): the guard's uid
+    goes where it asked; everyone else's DNS goes to the guard's DNS port and every TCP
+    connection to a non-loopback address to the guard's interception port."""
+    if guard_uid == 0:
+        raise ValueError("the firewall never exempts uid 0 (the gVisor sentry is uid 0)")
+    chain = NAT_CHAIN
+    return [
+        f"-A {chain} -m owner --uid-owner {guard_uid} -j RETURN",
+        f"-A {chain} -p udp -m udp --dport 53 -j REDIRECT --to-ports {DNS_PORT}",
+        f"-A {chain} -p tcp -m tcp --dport 53 -j REDIRECT --to-ports {DNS_PORT}",
+        f"-A {chain} ! -d 127.0.0.0/8 -p tcp -j REDIRECT --to-ports {TRANSPARENT_PORT}",
+    ]
+
+
+def _nat_lines(guard_uid: int) -> list[str]:
+    """Shell lines that add the nat rules beside the engine's own (its resolver's DNAT
+    for the guard stays: `--noflush`), then check each is in (`-C`)."""
+    table = ["*nat", f":{NAT_CHAIN} - [0:0]", f"-I OUTPUT 1 -j {NAT_CHAIN}"]
+    table += nat_rules(guard_uid)
+    lines = [f"ip route add {SYNTHETIC_V4} dev lo", "iptables-restore -w --noflush <<'NAT'"]
+    lines += [*table, "COMMIT", "NAT"]
+    lines.append(f"iptables -w -t nat -C OUTPUT -j {NAT_CHAIN}")
+    lines += [f"iptables -w -t nat -C {rule[3:]}" for rule in nat_rules(guard_uid)]
+    return lines
 
 
 ESTABLISHED = "-A OUTPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
@@ -188,6 +231,7 @@ def guard_entry_script(
     `install=False` exists only so tests can prove the preflight catches an open
     namespace; a real run always installs."""
     lines = ["set -eu", *_install_lines(guard_uid, install=install)]
+    lines += _nat_lines(guard_uid) if install else []
     lines += _checked_readback(install=install, peers=None)
     drop = [
         "setpriv",

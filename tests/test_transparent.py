@@ -1,0 +1,103 @@
+"""The pure parts of transparent egress: the firewall's nat rules, the first-bytes sniff,
+the SNI peek, and the guard's DNS answers (no engine: the engine tests are in
+tests/test_transparent_engine.py)."""
+
+from __future__ import annotations
+
+import ssl
+
+import pytest
+from dnslib import QTYPE, RCODE, DNSRecord
+
+from sandbox.guard.dns import PREFLIGHT_ZONE, DnsServer, Names, clean_name, preflight_proof
+from sandbox.guard.listeners import DNS_PORT, TRANSPARENT_PORT
+from sandbox.guard.transparent import classify, server_name
+from sandbox.launch.firewall import guard_entry_script, nat_rules
+
+
+def test_nat_redirects_everyone_but_the_guard_and_never_accepts() -> None:
+    rules = nat_rules()
+    assert rules[0] == "-A SANDBOX-STEP-OUT -m owner --uid-owner 10002 -j RETURN"
+    assert not any("ACCEPT" in rule for rule in rules)
+    assert any(
+        f"--dport 53 -j REDIRECT --to-ports {DNS_PORT}" in r and "-p udp" in r for r in rules
+    )
+    assert any(
+        f"--dport 53 -j REDIRECT --to-ports {DNS_PORT}" in r and "-p tcp" in r for r in rules
+    )
+    assert rules[-1].endswith(f"! -d 127.0.0.0/8 -p tcp -j REDIRECT --to-ports {TRANSPARENT_PORT}")
+    with pytest.raises(ValueError):
+        nat_rules(0)
+    script = guard_entry_script(["guard"])
+    assert "iptables-restore -w --noflush <<'NAT'" in script
+    assert "-I OUTPUT 1 -j SANDBOX-STEP-OUT" in script
+    assert "NAT" not in guard_entry_script(["guard"], install=False)
+
+
+def _client_hello(name: str | None) -> bytes:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_hostname=name)
+    with pytest.raises(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def test_the_first_bytes_say_what_a_connection_is() -> None:
+    assert classify(b"GET / HTTP/1.1\r\n") == "http"
+    assert classify(b"GE") is None  # still arriving
+    hello = _client_hello("outside.test")
+    assert classify(hello) == "tls"
+    assert classify(hello[:20]) is None
+    assert classify(b"SSH-2.0-OpenSSH_9.2\r\n") == "other"
+    assert classify(b"\x00\x01binary") == "other"
+    assert classify(b"AGENTWORKS-PREFLIGHT abc\n") == "probe"
+
+
+def test_sni_is_read_from_a_real_client_hello() -> None:
+    assert server_name(_client_hello("Outside.Test")) == "outside.test"
+    assert server_name(_client_hello(None)) is None
+    with pytest.raises(ValueError):
+        server_name(b"\x16\x03\x01\x00\x05\x01\x00")
+    with pytest.raises(ValueError):
+        server_name(b"GET / HTTP/1.1\r\n")
+
+
+class _NoLog:
+    def __init__(self) -> None:
+        self.lines: list[dict[str, object]] = []
+
+    async def write(self, **fields: object) -> None:
+        self.lines.append(fields)
+
+
+def _ask(server: DnsServer, name: str, qtype: str) -> DNSRecord:
+    reply, _ = server.answer(DNSRecord.question(name, qtype).pack(), "udp")
+    assert reply is not None
+    return DNSRecord.parse(reply)
+
+
+def test_every_name_gets_a_guard_address_and_nothing_else_is_answered() -> None:
+    names = Names()
+    server = DnsServer(_NoLog(), names, "k" * 32)  # type: ignore[arg-type]
+    first = _ask(server, "outside.test", "A")
+    address = str(first.rr[0].rdata)
+    assert address.startswith("198.18.") and names.name_of(address) == "outside.test"
+    assert str(_ask(server, "OUTSIDE.test.", "A").rr[0].rdata) == address  # one per name
+    secret = _ask(server, "s3cr3t.anything", "A")
+    assert names.name_of(str(secret.rr[0].rdata)) == "s3cr3t.anything"
+    assert _ask(server, "outside.test", "AAAA").rr == []
+    for qtype in ("TXT", "MX", "ANY", "NS"):
+        assert _ask(server, "s3cr3t.anything", qtype).header.rcode == RCODE.REFUSED
+    assert _ask(server, "bad!name.test", "A").header.rcode == RCODE.REFUSED
+    assert clean_name("a" * 64 + ".test") is None and clean_name("x." * 127 + "y") is None
+    assert server.answer(b"\x00\x01garbage", "udp")[0] is None
+
+
+def test_the_preflight_proof_is_answered_only_for_the_right_key() -> None:
+    server = DnsServer(_NoLog(), Names(), "the-key-0123456789")  # type: ignore[arg-type]
+    reply = _ask(server, f"nonce1.{PREFLIGHT_ZONE}", "TXT")
+    assert reply.rr[0].rtype == QTYPE.TXT
+    assert str(reply.rr[0].rdata).strip('"') == preflight_proof("the-key-0123456789", "nonce1")
+    assert preflight_proof("other", "nonce1") != preflight_proof("the-key-0123456789", "nonce1")
