@@ -27,6 +27,7 @@ import struct
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import cast
 
 from dnslib import QTYPE, RCODE, RR, TXT, A, DNSError, DNSRecord
 
@@ -170,8 +171,8 @@ class _Udp(asyncio.DatagramProtocol):
         self.tasks: set[asyncio.Task[None]] = set()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.DatagramTransport)
-        self.transport = transport
+        # uvloop's UDP transport is not an asyncio.DatagramTransport subclass
+        self.transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
         task = asyncio.get_running_loop().create_task(self._answer(data, addr))

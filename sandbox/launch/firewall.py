@@ -84,6 +84,13 @@ def _nat_lines(guard_uid: int) -> list[str]:
     return lines
 
 
+REDIRECTED = [
+    f"-A OUTPUT -d 127.0.0.1/32 -p {proto} -m conntrack --ctstate DNAT -m {proto} --dport {port}"
+    " -j ACCEPT"
+    for proto, port in (("tcp", TRANSPARENT_PORT), ("udp", DNS_PORT), ("tcp", DNS_PORT))
+]
+
+
 ESTABLISHED = "-A OUTPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
 
 
@@ -138,6 +145,10 @@ def rules(guard_uid: int = GUARD_UID, peers: PodPeers | None = None) -> dict[str
             *common_head,
             *_peer_rules(peers, "icmp-port-unreachable"),
             f"-A OUTPUT -d {ENGINE_DNS_V4}/32 -j REJECT --reject-with icmp-port-unreachable",
+            # What the nat rules redirected to the guard's ports. Not by `-o lo`: a
+            # packet first routed out of another interface keeps that one as its
+            # output device in this chain, though it now goes to loopback.
+            *REDIRECTED,
             # Loopback to the namespace's own addresses, so the kernel's own TCP resets
             # and ICMP errors for a rejected connect reach the step at once. A packet
             # forced onto lo towards any other address (SO_BINDTODEVICE) would be

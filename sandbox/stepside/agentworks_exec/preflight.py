@@ -42,6 +42,10 @@ MARK_FAILED = "AGENTWORKS_PREFLIGHT_FAILED"
 ENGINE_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock")
 ENGINE_DNS = ("127.0.0.11", 53)
 TIMEOUT_S = 0.5
+# How long a connection or datagram that the firewall let through waits for the guard's
+# proof: the guard listens at once but serves its DNS and interception a moment later
+# (after its web stack loads), so the wait ends with the answer, not the timeout.
+PROOF_TIMEOUT_S = 10.0
 PROBE = b"AGENTWORKS-PREFLIGHT "  # sandbox.guard.transparent.PREFLIGHT_PROBE
 PROBE_ZONE = "agentworks-preflight.invalid"  # sandbox.guard.dns.PREFLIGHT_ZONE
 TOKEN_ENV = "AGENTWORKS_BRIDGE_TOKEN"
@@ -60,6 +64,7 @@ def _guard_answered(reply: bytes, nonce: str) -> None:
 
 def _reply(sock: socket.socket) -> bytes:
     """What came back within the timeout (b"": nothing)."""
+    sock.settimeout(PROOF_TIMEOUT_S)
     try:
         return sock.recv(4096)
     except TimeoutError:
