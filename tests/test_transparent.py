@@ -4,11 +4,18 @@ tests/test_transparent_engine.py)."""
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import ssl
+from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from dnslib import QTYPE, RCODE, DNSRecord
 
+from sandbox.collect.actionsummary import read
+from sandbox.contracts.record import RunStatus, TestRunRecord
+from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.dns import PREFLIGHT_ZONE, DnsServer, Names, clean_name, preflight_proof
 from sandbox.guard.listeners import DNS_PORT, TRANSPARENT_PORT
 from sandbox.guard.transparent import classify, server_name
@@ -101,3 +108,69 @@ def test_the_preflight_proof_is_answered_only_for_the_right_key() -> None:
     assert reply.rr[0].rtype == QTYPE.TXT
     assert str(reply.rr[0].rdata).strip('"') == preflight_proof("the-key-0123456789", "nonce1")
     assert preflight_proof("other", "nonce1") != preflight_proof("the-key-0123456789", "nonce1")
+
+
+def test_the_record_counts_every_lookup_and_how_each_host_was_reached(tmp_path: Path) -> None:
+    """The guard's DNS lines and its egress lines (written by the real action log) become
+    the record's DNS list and the per-host direct/proxy counts; a long name is cut and
+    hashed, and a repeated (name, type) is listed once."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    log = ActionLog(str(path), secrets=(), fsync_each=False)
+    server = DnsServer(log, Names(), "k" * 32)
+    long_name = ".".join(["a" * 60] * 3) + ".test"
+
+    async def step() -> None:
+        for name, qtype in (
+            ("outside.test", "A"),
+            ("outside.test", "A"),
+            ("outside.test", "AAAA"),
+            ("s3cr3t.anything", "TXT"),
+            (long_name, "A"),
+        ):
+            await server.handle(DNSRecord.question(name, qtype).pack(), "udp")
+        for via in ("direct", "direct", "proxy"):
+            await log.write(
+                session="egress",
+                tool="http",
+                decision="allow",
+                reason="a read",
+                category="egress",
+                arguments={"method": "GET"},
+                duration_ms=1.0,
+                detail={"host": "outside.test", "via": via},
+            )
+
+    asyncio.run(step())
+    log.close()
+    summary = read(path)
+    assert summary.egress["outside.test"].direct == 2
+    assert summary.egress["outside.test"].proxy == 1
+    dns = summary.dns
+    assert (dns.queries, dns.refused, dns.names_not_listed) == (5, 1, 0)
+    listed = [(q.name, q.type, q.count) for q in dns.names]
+    assert listed[:3] == [
+        ("outside.test", "A", 2),
+        ("outside.test", "AAAA", 1),
+        ("s3cr3t.anything", "TXT", 1),
+    ]
+    assert dns.names[0].answer.startswith("198.18.") and dns.names[1].answer == "no records"
+    assert dns.names[2].answer.startswith("REFUSED")
+    cut = dns.names[3].name
+    assert len(cut) < len(long_name) + 90 and long_name not in cut
+    assert hashlib.sha256(long_name.encode()).hexdigest() in cut
+    record = TestRunRecord(
+        id="test-x",
+        workflow_dir="/wf",
+        workflow_name="wf",
+        step_id="s",
+        group="g",
+        command="c",
+        status=RunStatus.PASSED,
+        started_at=datetime.now(UTC),
+        egress=summary.egress,
+        dns=dns,
+    )
+    text = "\n".join(record.summary_lines())
+    assert "egress outside.test: 3 passed, 0 stubbed, 0 refused (2 direct, 1 through" in text
+    assert "dns: 5 queries answered by the guard, 1 refused: outside.test A -> 198.18." in text

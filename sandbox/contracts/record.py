@@ -198,11 +198,41 @@ class McpServerReport(BaseModel):
 
 
 class EgressCounts(BaseModel):
-    """Egress requests of one host: passed (allowed), stubbed, refused."""
+    """Egress requests of one host: passed (allowed), stubbed, refused; and how the step
+    reached the guard with them: `proxy` (it used the proxy variables) or `direct` (the
+    firewall redirected a connection it opened itself)."""
 
     passed: int = 0
     stubbed: int = 0
     refused: int = 0
+    direct: int = 0
+    proxy: int = 0
+
+
+DNS_MAX_LISTED = 200
+DNS_MAX_NAME_CHARS = 120
+
+
+class DnsQuery(BaseModel):
+    """One distinct (name, type) the step asked the guard's DNS, with its first answer
+    and how many times it was asked. A name past `DNS_MAX_NAME_CHARS` is cut, with the
+    SHA-256 of the whole name, as action-log arguments are."""
+
+    name: str
+    type: str
+    answer: str = ""
+    count: int = 0
+
+
+class DnsQueries(BaseModel):
+    """Every DNS query of the step: all answered by the guard's own DNS (none leaves the
+    run). `queries` counts them, `refused` those refused; `names` lists the first
+    `DNS_MAX_LISTED` distinct (name, type) pairs, `names_not_listed` how many more there were."""
+
+    queries: int = 0
+    refused: int = 0
+    names: list[DnsQuery] = Field(default_factory=list)
+    names_not_listed: int = 0
 
 
 class ContentHash(BaseModel):
@@ -261,6 +291,7 @@ class TestRunRecord(BaseModel):
     outcome_unknown: list[UnfinishedCall] = Field(default_factory=empty_list)
     mcp_servers: dict[str, McpServerReport] = Field(default_factory=dict)
     egress: dict[str, EgressCounts] = Field(default_factory=dict)
+    dns: DnsQueries = Field(default_factory=DnsQueries)
     actions_log: str = ACTIONS_FILE
     runner: RunnerInfo | None = None
     images: dict[str, str] = Field(default_factory=dict)
@@ -310,6 +341,14 @@ class TestRunRecord(BaseModel):
         for host, n in sorted(self.egress.items()):
             lines.append(
                 f"egress {host or '?'}: {n.passed} passed, {n.stubbed} stubbed, {n.refused} refused"
+                f" ({n.direct} direct, {n.proxy} through the proxy)"
+            )
+        if self.dns.queries:
+            shown = [f"{q.name} {q.type} -> {q.answer}" for q in self.dns.names[:5]]
+            more = len(self.dns.names) - len(shown) + self.dns.names_not_listed
+            lines.append(
+                f"dns: {self.dns.queries} queries answered by the guard, {self.dns.refused} "
+                "refused: " + "; ".join(shown) + (f"; {more} more name(s)" if more else "")
             )
         if self.reason:
             lines.append(f"reason: {self.reason}")

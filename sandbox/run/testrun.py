@@ -793,6 +793,7 @@ class TestRun:
         record.stubbed = actions.stubbed
         record.actions = actions.counts
         record.egress = actions.egress
+        record.dns = actions.dns
         record.outcome_unknown = actions.outcome_unknown
         return Collected(
             guard_running=guard_state.running,
