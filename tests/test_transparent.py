@@ -25,6 +25,14 @@ from sandbox.launch.firewall import guard_entry_script, nat_rules
 def test_nat_redirects_everyone_but_the_guard_and_never_accepts() -> None:
     rules = nat_rules()
     assert rules[0] == "-A SANDBOX-STEP-OUT -m owner --uid-owner 10002 -j RETURN"
+    # Under runc root's sockets are the engine's (its resolver forwarding a name it does
+    # not know): left to the filter, which never lets root out. Under gVisor the step's
+    # sockets are the sentry's, root's: redirected like the step's.
+    assert rules[1] == "-A SANDBOX-STEP-OUT -m owner --uid-owner 0 -j RETURN"
+    gvisor = nat_rules(redirect_root=True)
+    assert gvisor == [rules[0], *rules[2:]]
+    assert "--uid-owner 0 -j RETURN" in guard_entry_script(["guard"])
+    assert "--uid-owner 0 " not in guard_entry_script(["guard"], redirect_root=True)
     assert not any("ACCEPT" in rule for rule in rules)
     assert any(
         f"--dport 53 -j REDIRECT --to-ports {DNS_PORT}" in r and "-p udp" in r for r in rules

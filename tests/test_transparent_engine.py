@@ -69,6 +69,27 @@ req.on("error", e => console.log(JSON.stringify([0, String(e)])));
 if (method === "POST") req.write("secret-post-body");
 req.end();
 '''
+def wget(method, url):
+    done = subprocess.run(["wget", "-O", "-", "--no-proxy", "--content-on-error",
+                           "--server-response", "--tries=1", "--timeout=10",
+                           *(["--post-data=secret-post-body"] if method == "POST" else []), url],
+                          capture_output=True, text=True, timeout=30)
+    codes = [int(w.split()[1]) for w in done.stderr.splitlines() if w.strip().startswith("HTTP/")]
+    return [codes[-1] if codes else 0, done.stdout]
+AIOHTTP = '''
+import asyncio, json, sys
+import aiohttp
+async def main(method, url):
+    async with aiohttp.ClientSession() as session:  # trust_env off: the proxy is not used
+        data = b"secret-post-body" if method == "POST" else None
+        async with session.request(method, url, data=data) as r:
+            print(json.dumps([r.status, await r.text()]))
+asyncio.run(main(*sys.argv[1:]))
+'''
+def aiohttp_(method, url):
+    done = subprocess.run(["python3", "-c", AIOHTTP, method, url], capture_output=True,
+                          text=True, timeout=30)
+    return json.loads(done.stdout) if done.stdout.strip() else [0, done.stderr[-200:]]
 def node(script, method, url):
     text = run("node", "-e", script, method, url).strip()
     return json.loads(text) if text else [0, "no output"]
@@ -77,6 +98,8 @@ clients = {
     "urllib": urllib_,
     "node_fetch": lambda m, u: node(NODE_FETCH, m, u),
     "node_http": lambda m, u: node(NODE_HTTP, m, u),
+    "wget": wget,
+    "aiohttp": aiohttp_,
 }
 for name, fetch in clients.items():
     out[name] = {
@@ -93,7 +116,7 @@ def test_clients_that_ignore_the_proxy_read_through_the_guard(
 ) -> None:
     record, out, lines = run_step(make_workflow, outside, CLIENTS, EGRESS_TOML, timeout_s=120)
     assert record.status is RunStatus.PASSED, record.stderr.text
-    names = ("curl", "urllib", "node_fetch", "node_http")
+    names = ("curl", "urllib", "node_fetch", "node_http", "wget", "aiohttp")
     for name in names:
         got = out[name]
         assert got["get"] == [200, f"hello from outside /page-{name}"], (name, got)

@@ -19,9 +19,10 @@ Transparent egress (`nat_rules`, Docker runs): before any filter rule sees them,
 every new TCP connection of any uid but the guard's to a non-loopback address is
 REDIRECTed to the guard's interception port, and every DNS query (UDP or TCP port
 53, to any address, the engine's resolver included) to the guard's DNS port. The
-nat table only rewrites where a packet goes: nothing is ACCEPTed there, uid 0 (the
-gVisor sentry) is redirected like the step, and what is not redirected (UDP, other
-protocols) still meets the REJECT rules below.
+nat table only rewrites where a packet goes: nothing is ACCEPTed there; uid 0 is
+redirected like the step when the step runs under gVisor (its sentry is uid 0), and
+left to the filter rules under runc (see `nat_rules`); what is not redirected (UDP,
+other protocols, root under runc) still meets the REJECT rules below.
 """
 
 from __future__ import annotations
@@ -57,30 +58,39 @@ SYNTHETIC_V4 = "198.18.0.0/15"
 NAT_CHAIN = "SANDBOX-STEP-OUT"
 
 
-def nat_rules(guard_uid: int = GUARD_UID) -> list[str]:
+def nat_rules(guard_uid: int = GUARD_UID, *, redirect_root: bool = False) -> list[str]:
     """iptables nat rules (own chain, jumped to first from OUTPUT): the guard's uid
     goes where it asked; everyone else's DNS goes to the guard's DNS port and every TCP
-    connection to a non-loopback address to the guard's interception port."""
+    connection to a non-loopback address to the guard's interception port.
+
+    Root's sockets are redirected only with `redirect_root` (the step under gVisor,
+    whose sentry is root). Under runc no process of the step is root; root's sockets
+    in the namespace are the engine's own, above all its resolver forwarding a name it
+    does not know (the guard's lookup of an upstream): redirected, that would come back
+    with the guard's own synthetic answer and be recorded as the step's query. Not
+    redirected, root meets the filter rules, which never let it out."""
     if guard_uid == 0:
         raise ValueError("the firewall never exempts uid 0 (the gVisor sentry is uid 0)")
     chain = NAT_CHAIN
     return [
         f"-A {chain} -m owner --uid-owner {guard_uid} -j RETURN",
+        *([] if redirect_root else [f"-A {chain} -m owner --uid-owner 0 -j RETURN"]),
         f"-A {chain} -p udp -m udp --dport 53 -j REDIRECT --to-ports {DNS_PORT}",
         f"-A {chain} -p tcp -m tcp --dport 53 -j REDIRECT --to-ports {DNS_PORT}",
         f"-A {chain} ! -d 127.0.0.0/8 -p tcp -j REDIRECT --to-ports {TRANSPARENT_PORT}",
     ]
 
 
-def _nat_lines(guard_uid: int) -> list[str]:
+def _nat_lines(guard_uid: int, *, redirect_root: bool) -> list[str]:
     """Shell lines that add the nat rules beside the engine's own (its resolver's DNAT
     for the guard stays: `--noflush`), then check each is in (`-C`)."""
     table = ["*nat", f":{NAT_CHAIN} - [0:0]", f"-I OUTPUT 1 -j {NAT_CHAIN}"]
-    table += nat_rules(guard_uid)
+    table += nat_rules(guard_uid, redirect_root=redirect_root)
     lines = [f"ip route add {SYNTHETIC_V4} dev lo", "iptables-restore -w --noflush <<'NAT'"]
     lines += [*table, "COMMIT", "NAT"]
     lines.append(f"iptables -w -t nat -C OUTPUT -j {NAT_CHAIN}")
-    lines += [f"iptables -w -t nat -C {rule[3:]}" for rule in nat_rules(guard_uid)]
+    checks = nat_rules(guard_uid, redirect_root=redirect_root)
+    lines += [f"iptables -w -t nat -C {rule[3:]}" for rule in checks]
     return lines
 
 
@@ -227,7 +237,11 @@ def _install_lines(guard_uid: int, *, install: bool, peers: PodPeers | None = No
 
 
 def guard_entry_script(
-    guard_command: list[str], guard_uid: int = GUARD_UID, *, install: bool = True
+    guard_command: list[str],
+    guard_uid: int = GUARD_UID,
+    *,
+    install: bool = True,
+    redirect_root: bool = False,
 ) -> str:
     """Shell the guard container starts with, as root holding NET_ADMIN for a moment.
 
@@ -240,9 +254,9 @@ def guard_entry_script(
     after the drop, reaping orphans.
 
     `install=False` exists only so tests can prove the preflight catches an open
-    namespace; a real run always installs."""
+    namespace; a real run always installs. `redirect_root`: see `nat_rules`."""
     lines = ["set -eu", *_install_lines(guard_uid, install=install)]
-    lines += _nat_lines(guard_uid) if install else []
+    lines += _nat_lines(guard_uid, redirect_root=redirect_root) if install else []
     lines += _checked_readback(install=install, peers=None)
     drop = [
         "setpriv",
