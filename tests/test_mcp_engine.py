@@ -573,7 +573,7 @@ def wait_for(name):
 
 def direct(host):
     # A plain GET straight to the server: whoever takes the connection answers it.
-    request = b"GET /state HTTP/1.1\r\nHost: %s:3000\r\nConnection: close\r\n\r\n"
+    request = b"GET /state HTTP/1.1\\r\\nHost: %s:3000\\r\\nConnection: close\\r\\n\\r\\n"
     try:
         with socket.create_connection((host, 3000), timeout=10) as conn:
             conn.sendall(request % host.encode())
