@@ -9,17 +9,21 @@ import hashlib
 import ssl
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from dnslib import QTYPE, RCODE, DNSRecord
 
 from sandbox.collect.actionsummary import read
 from sandbox.contracts.record import RunStatus, TestRunRecord
+from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.dns import PREFLIGHT_ZONE, DnsServer, Names, clean_name, preflight_proof
 from sandbox.guard.listeners import DNS_PORT, TRANSPARENT_PORT
 from sandbox.guard.transparent import classify, server_name
 from sandbox.launch.firewall import guard_entry_script, nat_rules
+from sandbox.verify import html
+from sandbox.verify.evidence import Call
 
 
 def test_nat_redirects_everyone_but_the_guard_and_never_accepts() -> None:
@@ -182,3 +186,41 @@ def test_the_record_counts_every_lookup_and_how_each_host_was_reached(tmp_path: 
     text = "\n".join(record.summary_lines())
     assert "egress outside.test: 3 passed, 0 stubbed, 0 refused (2 direct, 1 through" in text
     assert "dns: 5 queries answered by the guard, 1 refused: outside.test A -> 198.18." in text
+
+
+def test_the_html_report_shows_how_each_request_came_and_every_lookup() -> None:
+    def call(n: int, **fields: Any) -> Call:
+        line = ActionLine.model_validate(
+            {"time": "2026-01-01T00:00:00Z", "session": "egress", "reason": "r", **fields}
+        )
+        return Call(n, line, line.model_dump_json())
+
+    table = html._egress(
+        [
+            call(
+                1,
+                tool="http",
+                decision="stub",
+                arguments={"method": "GET", "url": "u1"},
+                detail={"host": "h1", "via": "direct"},
+            ),
+            call(
+                2,
+                tool="http",
+                decision="allow",
+                arguments={"method": "GET", "url": "u2"},
+                detail={"host": "h2", "via": "proxy"},
+            ),
+            call(
+                3,
+                tool="dns",
+                decision="allow",
+                arguments={"name": "s3cr3t.x", "type": "A"},
+                detail={"answer": "198.18.0.7", "via": "direct"},
+            ),
+        ]
+    )
+    rows = table.split("<tr>")[2:]
+    assert len(rows) == 3
+    assert "direct" in rows[0] and "proxy" in rows[1]
+    assert "s3cr3t.x A" in rows[2] and "198.18.0.7" in rows[2] and "DNS" in rows[2]
