@@ -193,6 +193,7 @@ def bench_egress(b: Bench) -> list[Row]:
                 }
                 for container_id in counted.values():
                     wait_quiet(b, container_id)
+                guard_name = str(b.client.containers.get(held.guard_id).name)
                 for r in range(s.egress_rounds):
                     order = TARGETS[r % len(TARGETS) :] + TARGETS[: r % len(TARGETS)]
                     for name in order:
@@ -236,7 +237,8 @@ def bench_egress(b: Bench) -> list[Row]:
                     )
                     for who, user, name in (
                         ("guard", STEP_UID, "bench-lookup.example"),
-                        ("engine", GUARD_UID, str(server.name)),
+                        # the guard's own name: one the engine answers without forwarding
+                        ("engine", GUARD_UID, guard_name),
                     ):
                         dns_cfg = {"name": name, "n": s.egress_small_n, "warmup": SMALL_WARMUP}
                         out = b.helper(
@@ -356,7 +358,7 @@ def bench_egress(b: Bench) -> list[Row]:
         " recovers the destination and serves it through the proxy's own code path. DNS: A"
         " queries over UDP to 127.0.0.11:53 one at a time, as the step's uid (redirected to"
         " the guard's own DNS, which writes a line for each) and as the guard's uid (the"
-        " engine's resolver, for a container name it knows)."
+        " engine's resolver, for the guard container's own name)."
     )
     dns_ours, dns_engine = detail.dns["guard"], detail.dns["engine"]
     rows = [

@@ -16,7 +16,10 @@ for i in range(cfg["warmup"] + cfg["n"]):
     query = struct.pack("!HHHHHH", i & 0xFFFF, 0x0100, 1, 0, 0, 0) + qname + b"\0\1\0\1"
     t = time.perf_counter()
     sock.sendto(query, ("127.0.0.11", 53))
-    reply = sock.recv(4096)
+    try:
+        reply = sock.recv(4096)
+    except TimeoutError:
+        raise SystemExit(f"query {i} for {cfg['name']}: no answer in 10 s") from None
     took = round((time.perf_counter() - t) * 1e6)
     if reply[:2] != query[:2] or reply[3] & 0xF or not struct.unpack("!H", reply[6:8])[0]:
         raise SystemExit(f"query {i}: no answer (rcode {reply[3] & 0xF})")
