@@ -281,3 +281,55 @@ def test_other_protocols_are_refused_recorded_and_closed(
     assert refused[0].arguments["first_sha256"] == out["sha"]
     assert refused[0].detail["destination"] == f"{outside.ipv4}:8082"
     assert outside.raw() == []
+
+
+GIT_SERVER = r"""
+set -eu
+export HOME=/tmp GIT_AUTHOR_NAME=a GIT_AUTHOR_EMAIL=a@b GIT_COMMITTER_NAME=a GIT_COMMITTER_EMAIL=a@b
+git init -q /tmp/work && cd /tmp/work
+echo hello-from-git > README
+git add README && git commit -qm init
+mkdir /tmp/srv && git clone -q --bare /tmp/work /tmp/srv/repo.git
+cd /tmp/srv/repo.git && git update-server-info
+cd /tmp/srv && exec python3 -u -m http.server 8000
+"""
+
+GIT_STEP = r"""
+import json, os, subprocess
+env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+env["HOME"] = "/tmp"
+done = subprocess.run(["git", "clone", "-q", "http://GIT_HOST:8000/repo.git", "/tmp/clone"],
+                      capture_output=True, text=True, env=env, timeout=60)
+readme = open("/tmp/clone/README").read() if done.returncode == 0 else done.stderr[-300:]
+print(json.dumps({"rc": done.returncode, "readme": readme}))
+"""
+
+
+def test_git_clone_reads_through_the_guard(
+    engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
+) -> None:
+    """git (libcurl, the proxy variables removed) clones an allow-listed repository over
+    the dumb HTTP protocol, GETs only, each one intercepted and recorded."""
+    name = f"sandbox-fake-git-{secrets.token_hex(4)}"
+    server = engine.containers.run(
+        STEP_IMAGE,
+        ["sh", "-c", GIT_SERVER],
+        name=name,
+        user="10001:10001",
+        labels={"sandbox.fake": "1"},
+        network=outside.network,
+        detach=True,
+    )
+    try:
+        wait_for(lambda: b"Serving HTTP" in server.logs(), 60, "the fake git server")
+        toml = f'[egress]\nallow = [{{ host = "{name}", port = 8000 }}]\n'
+        source = GIT_STEP.replace("GIT_HOST", name)
+        record, out, lines = run_step(make_workflow, outside, source, toml, timeout_s=120)
+    finally:
+        server.remove(force=True)
+    assert record.status is RunStatus.PASSED, record.stderr.text
+    assert out == {"rc": 0, "readme": "hello-from-git\n"}, out
+    http = [ln for ln in lines if ln.tool == "http"]
+    assert http and all(ln.detail["via"] == "direct" for ln in http)
+    assert all(ln.arguments["method"] == "GET" and ln.decision == "allow" for ln in http)
+    assert record.egress[name].direct == len(http) and record.egress[name].proxy == 0
