@@ -99,6 +99,7 @@ POST_CLIENT = program("post_client.py")
 
 
 GET_CLIENT = program("get_client.py")
+DNS_CLIENT = program("dns_client.py")
 
 
 MCP_SDK_CLIENT = program("mcp_sdk_client.py")

@@ -15,6 +15,7 @@ from docker.types import Mount as DockerMount
 from bench import peers
 from bench.common import (
     BENCH_LABEL,
+    DNS_CLIENT,
     GET_CLIENT,
     MIB,
     Bench,
@@ -35,7 +36,9 @@ from sandbox.contracts.record import RunStatus
 from sandbox.guard.config import EGRESS_PORT
 from sandbox.run.testrun import RunOptions, TestRun
 
-TARGETS = ("guard", "direct", "squid", "tinyproxy")
+# "transparent": the step's uid GETs the server's address itself, no proxy; the firewall
+# redirects the connection to the guard's interception port.
+TARGETS = ("guard", "transparent", "direct", "squid", "tinyproxy")
 MODES = ("new", "keep")  # a new connection per GET; one kept-alive connection for all
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 # Big GETs per target and round, each timed: one ~0.1 s transfer is too short a sample on
@@ -138,6 +141,7 @@ def bench_egress(b: Bench) -> list[Row]:
     # (its warm-up ones too: they go through the proxy as well) over its cgroup's count
     small_cpu_ms: dict[str, list[float]] = {}
     sync_us: list[int] = []
+    dns_lat: dict[str, list[int]] = {}  # "guard", "engine": one A query's answer, us
     # the guard's 100 MiB rate over direct's, each round's GETs alone: the two are taken
     # minutes apart at most, so the spread shows how much the host moved the ratio
     round_ratios: list[float] = []
@@ -177,16 +181,19 @@ def bench_egress(b: Bench) -> list[Row]:
                 }
                 proxies: dict[str, tuple[int, list[object] | None]] = {
                     "guard": (STEP_UID, ["127.0.0.1", EGRESS_PORT]),
+                    "transparent": (STEP_UID, None),
                     "direct": (GUARD_UID, None),
                     **{name: (GUARD_UID, [a, port]) for name, (a, port) in peer_at.items()},
                 }
                 # whose CPU a big GET through each proxy is counted in
                 counted = {
                     "guard": held.guard_id,
+                    "transparent": held.guard_id,
                     **{name: _container_at(b, network, a) for name, (a, _) in peer_at.items()},
                 }
                 for container_id in counted.values():
                     wait_quiet(b, container_id)
+                guard_name = str(b.client.containers.get(held.guard_id).name)
                 for r in range(s.egress_rounds):
                     order = TARGETS[r % len(TARGETS) :] + TARGETS[: r % len(TARGETS)]
                     for name in order:
@@ -228,6 +235,16 @@ def bench_egress(b: Bench) -> list[Row]:
                     sync_us += log_sync_alone(
                         held.run_root.parent, b.sizes.guard_sync_n, SYNC_GAP_S
                     )
+                    for who, user, name in (
+                        ("guard", STEP_UID, "bench-lookup.example"),
+                        # the guard's own name: one the engine answers without forwarding
+                        ("engine", GUARD_UID, guard_name),
+                    ):
+                        dns_cfg = {"name": name, "n": s.egress_small_n, "warmup": SMALL_WARMUP}
+                        out = b.helper(
+                            netns_of=held.guard_id, user=user, script=DNS_CLIENT, cfg=dns_cfg
+                        )
+                        dns_lat.setdefault(who, []).extend(out["lat_us"])
                     b.say(f"egress: round {r + 1}/{s.egress_rounds}")
         finally:
             with contextlib.suppress(docker.errors.NotFound):
@@ -238,6 +255,7 @@ def bench_egress(b: Bench) -> list[Row]:
         raise BenchError(f"egress bench run did not pass: {why}")
     detail.small = {key: LatencyStats.from_us(samples) for key, samples in lat.items()}
     detail.mb_s = mb_s
+    detail.dns = {key: LatencyStats.from_us(samples) for key, samples in dns_lat.items()}
     detail.big_cpu_ms = cpu_ms
     detail.small_cpu_ms = small_cpu_ms
     sync_alone = detail.log_sync_alone = LatencyStats.from_us(sync_us)
@@ -322,7 +340,45 @@ def bench_egress(b: Bench) -> list[Row]:
             note=f"tinyproxy {extra:.2f} ms" if extra is not None else "",
         )
 
+    def transparent(mode: str, peer: str, name: str) -> Row:
+        what = "new connection" if mode == "new" else "keep-alive"
+        ours, theirs = small[f"transparent/{mode}"], small.get(f"{peer}/{mode}")
+        return make_row(
+            f"egress_{mode}_transparent_{name}",
+            f"egress: small GET, {what}, direct (redirected to the guard), median",
+            "ms",
+            ours.median_ms,
+            theirs.median_ms if theirs else None,
+            baseline_name=name,
+            note=f"{p99(f'transparent/{mode}')} vs {p99(f'{peer}/{mode}')}",
+        )
+
+    b.note(
+        "egress, transparent: the same small GETs as the step's uid straight to the server's"
+        " address, no proxy: the firewall redirects each connection to the guard, which"
+        " recovers the destination and serves it through the proxy's own code path. DNS: A"
+        " queries over UDP to 127.0.0.11:53 one at a time, as the step's uid (redirected to"
+        " the guard's own DNS, which writes a line for each) and as the guard's uid (the"
+        " engine's resolver, for the guard container's own name)."
+    )
+    dns_ours, dns_engine = detail.dns["guard"], detail.dns["engine"]
+    rows = [
+        transparent("new", "guard", "explicit proxy"),
+        transparent("new", "squid", "squid"),
+        transparent("keep", "guard", "explicit proxy"),
+        transparent("keep", "squid", "squid"),
+        make_row(
+            "dns_answer",
+            "dns: one A query answered, median",
+            "ms",
+            dns_ours.median_ms,
+            dns_engine.median_ms,
+            baseline_name="engine resolver",
+            note=f"p99 {dns_ours.p99_ms:.2f} ms vs {dns_engine.p99_ms:.2f} ms",
+        ),
+    ]
     return [
+        *rows,
         make_row(
             "egress_rate",
             f"egress: {s.egress_big_mib} MiB GET",

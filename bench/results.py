@@ -353,6 +353,9 @@ class EgressDetail(BaseModel):
     # CPU the proxy's container used per small GET, ms, by "target/mode" (one per round)
     small_cpu_ms: dict[str, list[float]] = Field(default_factory=dict)
     log_sync_alone: LatencyStats | None = None  # one line's write + fdatasync, same disk
+    # one A query's answer from 127.0.0.11:53: "guard" (the step's uid, redirected to the
+    # guard's own DNS), "engine" (the guard's uid, the engine's resolver)
+    dns: dict[str, LatencyStats] = Field(default_factory=dict)
 
 
 class HostInfo(BaseModel):

@@ -6,6 +6,7 @@ import hashlib
 import json
 import textwrap
 from collections.abc import Iterator
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,8 @@ from docker import DockerClient
 
 from sandbox.contracts.record import RunStatus, TestRunRecord
 from sandbox.contracts.wire import ActionLine
+from sandbox.guard.dns import SYNTHETIC_V4 as SYNTHETIC
+from sandbox.guard.transparent import FIRST_READ_S
 from sandbox.policy import stub_reply
 from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import WorkflowFactory, call_lines, tree_digest
@@ -151,14 +154,24 @@ def test_proxy_passes_reads_and_stubs_everything_else(
 
 
 DIRECT = """
-import json, socket, subprocess, errno
+import hashlib, json, socket, subprocess, errno, time
 out = {}
 def attempt(name, fn):
     try:
         out[name] = "OPEN: " + str(fn())
     except OSError as exc:
         out[name] = type(exc).__name__ + ":" + (errno.errorcode.get(exc.errno, "") if exc.errno else "")
-attempt("tcp4", lambda: socket.create_connection(("OUTSIDE_V4", 8080), timeout=5))
+def tcp_other(family, host):
+    # Not HTTP, not TLS: whoever takes the connection must close it at once.
+    started = time.monotonic()
+    with socket.create_connection((host, 8080), timeout=10) as s:
+        s.sendall(b"step-direct-bytes")
+        try:
+            got = "closed: %d bytes" % len(s.recv(100))
+        except ConnectionResetError:
+            got = "closed: reset"
+    return {"answer": got, "seconds": round(time.monotonic() - started, 3)}
+out["tcp4"] = tcp_other(socket.AF_INET, "OUTSIDE_V4")
 attempt("tcp6", lambda: socket.create_connection(("OUTSIDE_V6", 8080), timeout=5))
 def udp(family, host):
     s = socket.socket(family, socket.SOCK_DGRAM)
@@ -168,9 +181,12 @@ attempt("udp4", lambda: udp(socket.AF_INET, "OUTSIDE_V4"))
 attempt("udp6", lambda: udp(socket.AF_INET6, "OUTSIDE_V6"))
 attempt("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
 attempt("icmp_dgram", lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP))
-attempt("dns", lambda: socket.getaddrinfo("outside.test", 8080))
-out["curl_noproxy"] = subprocess.run(["curl", "-sS", "--noproxy", "*", "--max-time", "5",
-    "http://OUTSIDE_V4:8080/direct"], capture_output=True, text=True).stderr.strip()[:80]
+out["dns"] = sorted({i[4][0] for i in socket.getaddrinfo("outside.test", 8080, socket.AF_INET)})
+done = subprocess.run(["curl", "-sS", "--noproxy", "*", "--max-time", "10", "-w", "\\n%{http_code}",
+    "http://OUTSIDE_V4:8080/direct"], capture_output=True, text=True)
+body, _, code = done.stdout.rpartition("\\n")
+out["curl_noproxy"] = [code, body]
+out["sha"] = hashlib.sha256(b"step-direct-bytes").hexdigest()
 out["iptables"] = subprocess.run(["iptables", "-F"], capture_output=True, text=True).returncode
 out["guard_procs"] = sorted({l.split()[0] for l in subprocess.run(["ps", "-eo", "user"],
     capture_output=True, text=True).stdout.split()[1:]})
@@ -178,12 +194,23 @@ print(json.dumps(out))
 """
 
 
-def test_direct_connections_fail_at_once_and_reach_nothing(
+def test_direct_connections_are_answered_by_the_guard_and_reach_nothing(
     engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
 ) -> None:
-    record, out, _ = run_step(make_workflow, outside, DIRECT, EGRESS_TOML)
+    """A step that ignores the proxy reaches the guard, never the outside: its direct TCP
+    is taken by the guard (judged, recorded with `via: direct`, closed at once when it is
+    not HTTP or TLS), its lookups are answered by the guard's DNS, the rest is refused."""
+    record, out, lines = run_step(make_workflow, outside, DIRECT, EGRESS_TOML)
     assert record.status is RunStatus.PASSED, record.stderr.text
-    assert out["tcp4"] == "ConnectionRefusedError:ECONNREFUSED"
+    # Neither HTTP nor TLS: refused, recorded and closed well before the guard's
+    # first-read wait would have run out (it was not left to hang).
+    assert out["tcp4"]["answer"] in ("closed: 0 bytes", "closed: reset"), out["tcp4"]
+    assert out["tcp4"]["seconds"] < FIRST_READ_S, out["tcp4"]
+    other = [ln for ln in lines if ln.tool == "http" and ln.arguments.get("method") == "TCP"]
+    assert len(other) == 1 and other[0].decision == "refuse", other
+    assert other[0].detail["via"] == "direct"
+    assert other[0].detail["destination"] == f"{outside.ipv4}:8080"
+    assert other[0].arguments["first_sha256"] == out["sha"]
     assert out["tcp6"] == "ConnectionRefusedError:ECONNREFUSED"
     assert (
         out["udp4"].startswith(("ConnectionRefusedError", "PermissionError"))
@@ -195,12 +222,23 @@ def test_direct_connections_fail_at_once_and_reach_nothing(
     assert out["icmp_dgram"].startswith("PermissionError") or (
         gvisor and out["icmp_dgram"] == "OSError:EAFNOSUPPORT"
     )
-    assert out["dns"].startswith("gaierror")
-    assert "Failed to connect" in out["curl_noproxy"] or "Couldn't connect" in out["curl_noproxy"]
+    # The guard's DNS answered the lookup with one of its own addresses, and said so.
+    assert out["dns"] and all(ip_address(a) in SYNTHETIC for a in out["dns"]), out["dns"]
+    lookups = [ln for ln in lines if ln.tool == "dns" and ln.arguments["name"] == ALIAS]
+    assert [ln.detail["answer"] for ln in lookups if ln.arguments["type"] == "A"] == out["dns"]
+    # curl straight to the server's address: an HTTP request to a host not on the allow
+    # list (the address is not the allow-listed name), stubbed by the guard.
+    assert out["curl_noproxy"][0] == "403", out["curl_noproxy"]
+    assert "not on the egress allow list" in out["curl_noproxy"][1]
+    curl = [ln for ln in lines if ln.tool == "http" and ln.arguments.get("method") == "GET"]
+    assert [(ln.decision, ln.detail["via"], ln.detail["host"]) for ln in curl] == [
+        ("stub", "direct", outside.ipv4)
+    ]
     assert out["iptables"] != 0
     assert "guard" not in out["guard_procs"] and "10002" not in out["guard_procs"]
     # Whatever the step sent directly, the outside world saw none of it.
     assert outside.seen() == []
+    assert outside.raw() == []
     assert record.duration_s is not None and record.duration_s < 60
 
 

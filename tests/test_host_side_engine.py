@@ -29,8 +29,10 @@ from sandbox.collect import dbdiff
 from sandbox.contracts.names import LABEL_RUN_ID
 from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
 from sandbox.contracts.reports import DbDiff
+from sandbox.contracts.status import ACTIONS_FILE
+from sandbox.guard.transparent import FIRST_READ_S
 from sandbox.run.testrun import TestRun
-from tests.conftest import ThreadedRun, WorkflowFactory, tree_digest
+from tests.conftest import ThreadedRun, WorkflowFactory, call_lines, tree_digest
 from tests.fakes.harness import outside_server
 
 pytestmark = pytest.mark.engine
@@ -426,9 +428,12 @@ def test_an_oom_kill_says_the_memory_limit(
     assert "memory limit of 96 MB reached" in record.reason, record.reason
 
 
-def test_a_connect_forced_onto_lo_is_reset_at_once(
+def test_a_connect_forced_onto_lo_lands_on_the_guard_and_is_closed_at_once(
     engine: DockerClient, make_workflow: WorkflowFactory
 ) -> None:
+    """A socket bound to lo (SO_BINDTODEVICE) towards an outside address is redirected to
+    the guard like any other connection: bytes that are neither HTTP nor TLS are refused,
+    recorded and the connection closed at once (it neither hangs nor gets out)."""
     with outside_server(engine) as outside:
         wf = make_workflow(command=STEP_CMD, db_sql=None)
         write_step(
@@ -441,16 +446,22 @@ def test_a_connect_forced_onto_lo_is_reset_at_once(
             t0 = time.monotonic()
             try:
                 s.connect(({outside.ipv4!r}, 9))
-                print("CONNECTED")
+                s.sendall(b"forced-onto-lo")
+                print("CLOSED", len(s.recv(100)), round(time.monotonic() - t0, 2))
             except OSError as exc:
                 print("ERR", type(exc).__name__, round(time.monotonic() - t0, 2))
             """,
         )
         record = TestRun(wf, "step1").execute()
+        assert outside.seen() == [] and outside.raw() == []
     assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text)
     words = record.stdout.text.split()
-    assert words[:2] == ["ERR", "ConnectionRefusedError"], record.stdout.text
-    assert float(words[2]) < 1.0
+    assert words[:2] in (["CLOSED", "0"], ["ERR", "ConnectionResetError"]), record.stdout.text
+    assert float(words[-1]) < FIRST_READ_S  # closed before the guard's first-read wait ended
+    lines = call_lines(Path(record.workflow_dir) / "runs" / record.id / ACTIONS_FILE)
+    (line,) = [ln for ln in lines if ln.tool == "http"]
+    assert line.decision == "refuse" and line.detail["via"] == "direct"
+    assert line.detail["destination"] == f"{outside.ipv4}:9"
 
 
 def test_the_cli_prints_what_the_step_chose_terminal_safe(

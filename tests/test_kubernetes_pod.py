@@ -128,6 +128,29 @@ def test_the_init_container_installs_and_checks_the_firewall(tmp_path: Path) -> 
     assert init["command"] == ["/bin/sh", "-c"] and init["image"] == names.GUARD_IMAGE
 
 
+def test_the_pods_firewall_redirects_nothing_and_lets_no_one_but_the_guard_out(
+    tmp_path: Path,
+) -> None:
+    """No transparent egress on a Pod (README): no nat rule, so the filter rules alone
+    decide, and each ACCEPT they hold for another uid than the guard's stays on loopback
+    (or is a reply, or neighbour discovery, which no uid can send)."""
+    p = plan(tmp_path)
+    script = containers(build(p, SETTINGS)[0])["firewall"]["args"][0]
+    assert "*nat" not in script and "REDIRECT" not in script and "-t nat" not in script
+    served = firewall.PodPeers(step_uid=10001, guard_ports=(8790, 8792), servers=((10101, 3129),))
+    for peers in (None, served):
+        for args in firewall.rules(peers=peers).values():
+            for rule in args:
+                if not rule.endswith("-j ACCEPT") or f"--uid-owner {GUARD_UID} -j" in rule:
+                    continue
+                assert (
+                    "-o lo " in rule
+                    or "-d 127.0.0.1/32 " in rule
+                    or rule == firewall.ESTABLISHED
+                    or "--icmpv6-type 13" in rule
+                ), rule
+
+
 def test_the_step_is_the_docker_backends_step(tmp_path: Path) -> None:
     p = plan(tmp_path)
     pod = build(p, SETTINGS)[0]

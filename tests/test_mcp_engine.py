@@ -572,9 +572,13 @@ def wait_for(name):
         time.sleep(0.05)
 
 def direct(host):
+    # A plain GET straight to the server: whoever takes the connection answers it.
+    request = b"GET /state HTTP/1.1\\r\\nHost: %s:3000\\r\\nConnection: close\\r\\n\\r\\n"
     try:
-        socket.create_connection((host, 3000), timeout=5).close()
-        return "connected"
+        with socket.create_connection((host, 3000), timeout=10) as conn:
+            conn.sendall(request % host.encode())
+            conn.settimeout(10)
+            return conn.recv(4096).decode(errors="replace")
     except OSError as exc:
         return type(exc).__name__ + ": " + str(exc)
 
@@ -638,9 +642,17 @@ def test_http_server_tool_added_between_calls_is_judged_at_the_second_call(
     out = json.loads((wf / "runs" / record.id / "g" / "out.json").read_text())
     lines = [ln for ln in _lines(record) if ln.category == "mcp" and ln.event != "outcome"]
 
-    # The step cannot reach the HTTP server's address, only the guard's endpoint.
-    assert "ConnectionRefusedError" in out["direct_ip"], out["direct_ip"]
-    assert out["direct_name"] != "connected"
+    # The step cannot reach the HTTP server, by address or by name, only the guard's
+    # endpoint: its direct GETs land on the guard, which stubs them (the server is an MCP
+    # server, not on the egress allow list) and records them.
+    for key in ("direct_ip", "direct_name"):
+        assert out[key].startswith("HTTP/1.1 403 "), out[key]
+        assert "not on the egress allow list" in out[key], out[key]
+    direct = [ln for ln in _lines(record) if ln.tool == "http"]
+    assert [(ln.decision, ln.detail["via"], ln.detail["host"]) for ln in direct] == [
+        ("stub", "direct", address),
+        ("stub", "direct", JOBS_API),
+    ]
 
     assert out["tools1"] == ["get-health"]
     assert out["tools2"] == ["get-health", "get-state", "submit-proposal"]

@@ -12,6 +12,7 @@ counted, and every distinct tool is listed or counted as cut.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -22,7 +23,11 @@ from pydantic import ValidationError
 
 from sandbox.collect.stubgroups import StubGrouper
 from sandbox.contracts.record import (
+    DNS_MAX_LISTED,
+    DNS_MAX_NAME_CHARS,
     ActionCounts,
+    DnsQueries,
+    DnsQuery,
     EgressCounts,
     StubbedAction,
     StubbedCut,
@@ -44,6 +49,8 @@ class ActionSummary:
     fails_step: str = ""
     egress: dict[str, EgressCounts] = field(default_factory=dict)
     outcome_unknown: list[UnfinishedCall] = field(default_factory=list)
+    dns: DnsQueries = field(default_factory=DnsQueries)
+    _dns_seen: dict[tuple[str, str], DnsQuery] = field(default_factory=dict)
 
 
 def _detail(line: ActionLine) -> str:
@@ -127,6 +134,12 @@ def _count(summary: ActionSummary, line: ActionLine) -> None:
             counts.stubbed += 1
         else:
             counts.refused += 1
+        if line.detail.get("via") == "direct":
+            counts.direct += 1
+        else:
+            counts.proxy += 1
+    if line.tool == "dns" and line.session == "egress":
+        _count_dns(summary, line)
     if line.detail.get("fails_step") and not summary.fails_step:
         summary.fails_step = f"{line.tool} was refused in test mode: {line.reason}"
 
@@ -138,3 +151,33 @@ def _writes(line: ActionLine) -> bool:
 
     sql = line.arguments.get("sql")
     return not isinstance(sql, str) or classify_sql(sql) is not SqlKind.READ
+
+
+def _short(value: object) -> str:
+    """A name or answer from the log, cut past DNS_MAX_NAME_CHARS with the whole value's
+    SHA-256 (the log is read as untrusted input: nothing long goes into the record)."""
+    text = value if isinstance(value, str) else json.dumps(value)
+    if len(text) <= DNS_MAX_NAME_CHARS:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    cut = len(text) - DNS_MAX_NAME_CHARS
+    return f"{text[:DNS_MAX_NAME_CHARS]}[... {cut} chars cut; sha256 {digest}]"
+
+
+def _count_dns(summary: ActionSummary, line: ActionLine) -> None:
+    """One query of the step to the guard's DNS: counted, and its (name, type) listed
+    once, up to DNS_MAX_LISTED."""
+    dns = summary.dns
+    dns.queries += 1
+    dns.refused += line.decision == "refuse"
+    key = (_short(line.arguments.get("name", "")), _short(line.arguments.get("type", "")))
+    known = summary._dns_seen.get(key)
+    if known is None:
+        if len(dns.names) >= DNS_MAX_LISTED:
+            dns.names_not_listed += 1
+            summary._dns_seen[key] = DnsQuery(name=key[0], type=key[1])  # counted once
+            return
+        known = DnsQuery(name=key[0], type=key[1], answer=_short(line.detail.get("answer", "")))
+        summary._dns_seen[key] = known
+        dns.names.append(known)
+    known.count += 1

@@ -377,11 +377,47 @@ class McpServerReport(BaseModel):
 
 
 class EgressCounts(BaseModel):
-    """Egress requests of one host: passed (allowed), stubbed, refused."""
+    """Egress requests of one host: passed (allowed), stubbed, refused; and how the step
+    reached the guard with them: `proxy` (it used the proxy variables) or `direct` (the
+    firewall redirected a connection it opened itself)."""
 
     passed: int = Field(default=0, description="Requests allowed and forwarded.")
     stubbed: int = Field(default=0, description="Requests stubbed (they never left).")
     refused: int = Field(default=0, description="Requests refused.")
+    direct: int = Field(
+        default=0, description="Requests that reached the guard straight (redirected)."
+    )
+    proxy: int = Field(default=0, description="Requests that came through the explicit proxy.")
+
+
+DNS_MAX_LISTED = 200
+DNS_MAX_NAME_CHARS = 120
+
+
+class DnsQuery(BaseModel):
+    """One distinct (name, type) the step asked the guard's DNS, with its first answer
+    and how many times it was asked. A name past `DNS_MAX_NAME_CHARS` is cut, with the
+    SHA-256 of the whole name, as action-log arguments are."""
+
+    name: str = Field(description="The name asked (cut past 120 characters, with its SHA-256).")
+    type: str = Field(description="The record type asked (A, AAAA, TXT, ...).")
+    answer: str = Field(default="", description="The guard's first answer to it.")
+    count: int = Field(default=0, description="How many times it was asked.")
+
+
+class DnsQueries(BaseModel):
+    """Every DNS query of the step: all answered by the guard's own DNS (none leaves the
+    run). `queries` counts them, `refused` those refused; `names` lists the first
+    `DNS_MAX_LISTED` distinct (name, type) pairs, `names_not_listed` how many more there were."""
+
+    queries: int = Field(default=0, description="Every query the step made.")
+    refused: int = Field(default=0, description="Queries refused.")
+    names: list[DnsQuery] = Field(
+        default_factory=list, description="The first 200 distinct (name, type) pairs asked."
+    )
+    names_not_listed: int = Field(
+        default=0, description="Distinct (name, type) pairs past the listed ones."
+    )
 
 
 class ContentHash(BaseModel):
@@ -507,6 +543,10 @@ class TestRunRecord(BaseModel):
     egress: dict[str, EgressCounts] = Field(
         default_factory=dict, description="Egress requests per host."
     )
+    dns: DnsQueries = Field(
+        default_factory=DnsQueries,
+        description="The step's DNS queries, all answered by the guard's own DNS.",
+    )
     actions_log: str = Field(
         default=ACTIONS_FILE, description="The action log's file name in the run folder."
     )
@@ -572,6 +612,14 @@ class TestRunRecord(BaseModel):
         for host, n in sorted(self.egress.items()):
             lines.append(
                 f"egress {host or '?'}: {n.passed} passed, {n.stubbed} stubbed, {n.refused} refused"
+                f" ({n.direct} direct, {n.proxy} through the proxy)"
+            )
+        if self.dns.queries:
+            shown = [f"{q.name} {q.type} -> {q.answer}" for q in self.dns.names[:5]]
+            more = len(self.dns.names) - len(shown) + self.dns.names_not_listed
+            lines.append(
+                f"dns: {self.dns.queries} queries answered by the guard, {self.dns.refused} "
+                "refused: " + "; ".join(shown) + (f"; {more} more name(s)" if more else "")
             )
         if self.reason:
             lines.append(f"reason: {self.reason}")

@@ -16,8 +16,11 @@ import sys
 from sandbox.guard.listeners import (
     BRIDGE_PORT,
     CONFIG_FILE_ENV,
+    DNS_PORT,
     EGRESS_PORT,
+    TRANSPARENT_PORT,
     bind_loopback,
+    bind_udp_loopback,
     bind_unix,
     make_undumpable,
 )
@@ -87,6 +90,12 @@ def main() -> int:
     try:
         # Egress first: the bridge port listening is what the step waits for.
         egress = bind_loopback(_port(document, "egress_port", EGRESS_PORT))
+        # The firewall redirects the step's direct connections and DNS queries here.
+        direct = (
+            bind_loopback(TRANSPARENT_PORT),
+            bind_udp_loopback(DNS_PORT),
+            bind_loopback(DNS_PORT),
+        )
         bridge = bind_loopback(_port(document, "bridge_port", BRIDGE_PORT))
         mcp, mcp_egress = _mcp_sockets(document)
     except OSError as exc:
@@ -99,7 +108,7 @@ def main() -> int:
         return 2
     from sandbox.guard.serve import serve  # the web stack: after the ports listen
 
-    return serve(raw, bridge=bridge, egress=egress, mcp=mcp, mcp_egress=mcp_egress)
+    return serve(raw, bridge=bridge, egress=egress, mcp=mcp, mcp_egress=mcp_egress, direct=direct)
 
 
 if __name__ == "__main__":

@@ -633,6 +633,7 @@ def build_app(
     *,
     mcp_listeners: dict[str, socket.socket] | None = None,
     mcp_egress_listeners: dict[str, socket.socket] | None = None,
+    direct_listeners: tuple[socket.socket, socket.socket, socket.socket] | None = None,
 ) -> BridgeFront:
     """The bridge, the MCP proxy (under /mcp) and the egress proxy's lifetime, in one app.
 
@@ -642,8 +643,9 @@ def build_app(
 
     `egress_listener`: the egress port, already listening (the guard binds its ports
     first thing); None binds it here. `mcp_listeners` / `mcp_egress_listeners`: each
-    stdio MCP server's sockets, likewise."""
-    from sandbox.guard import egress
+    stdio MCP server's sockets, likewise. `direct_listeners`: where the firewall sends
+    the step's direct connections and DNS queries (`sandbox.guard.transparent`)."""
+    from sandbox.guard import egress, transparent
 
     mcp: McpSurface
     if guard.config.mcp_servers:
@@ -666,7 +668,8 @@ def build_app(
             egress.running(guard.config, guard.log, guard.active_calls, egress_listener) as proxy,
         ):
             guard.egress = proxy
-            yield
+            async with transparent.serving(proxy, guard.config.bridge_token, direct_listeners):
+                yield
         await guard.close()
 
     app = Starlette(

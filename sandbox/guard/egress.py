@@ -190,6 +190,26 @@ class _Seen:
     connection: int = 0  # which of the step's connections to this proxy carried it
     forwarded: bool = False  # its start line is written and its bytes went out
     aliases: dict[str, Any] = field(default_factory=dict)  # `sandbox.guard.aliases`
+    via: str = "proxy"  # how the step reached the guard: "proxy" | "direct" (redirected)
+    destination: str = ""  # a redirected connection's original address:port
+
+
+@dataclass(frozen=True)
+class Direct:
+    """A connection the firewall redirected to the guard (`sandbox.guard.transparent`):
+    the name it was for (the one the guard's DNS handed out for `address`, else the
+    address itself) and its original port. A request on it names no host in its target:
+    its Host header must name exactly `name` and `port`."""
+
+    name: str
+    port: int
+    address: str
+
+    def target(self, raw: bytes) -> http1.Target:
+        text = raw.decode("ascii")
+        if not text.startswith("/") or "#" in text:
+            raise Refused(400, "a request sent straight to a host needs a path target (/...)")
+        return http1.Target(self.name, self.port, text)
 
 
 class _Client:
@@ -205,6 +225,7 @@ class _Client:
         self.tls = False
         self.replying = False  # a reply head went out: no error reply can follow it
         self.denied = False  # the last answer was a denial: linger before closing
+        self.direct: Direct | None = None  # redirected by the firewall, not through the proxy
         # Every write waits until the kernel has all of it: nothing stays queued in
         # Python, so a reply body can always be spliced straight after its head.
         writer.transport.set_write_buffer_limits(high=0)
@@ -407,14 +428,23 @@ class EgressProxy:
 
     # -- one client connection -------------------------------------------------
 
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def handle(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        direct: Direct | None = None,
+        tunnel: tuple[str, int, EgressEntry] | None = None,
+    ) -> None:
+        """Serve one connection of the step: through the proxy, or `direct` (redirected
+        by the firewall; `tunnel`: its TLS, terminated already, to that host)."""
         self._connections += 1
         client = _Client(reader, writer, self._connections)
+        client.direct, client.tls = direct, tunnel is not None
         self.open_connections += 1
         try:
             keep = True
             while keep:
-                keep = await self._one_request(client, tunnel=None)
+                keep = await self._one_request(client, tunnel=tunnel)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError, ssl.SSLError):
             pass
         finally:
@@ -431,6 +461,9 @@ class EgressProxy:
         """Read, judge and answer one request; whether the connection carries another."""
         started = time.perf_counter()
         seen = _Seen(tls="inspected" if tunnel else "", connection=client.number)
+        if client.direct is not None:
+            direct = client.direct
+            seen.via, seen.destination = "direct", f"{direct.address}:{direct.port}"
         incoming: _Incoming | None = None
         try:
             incoming = await self._next_request(client)
@@ -526,7 +559,8 @@ class EgressProxy:
     ) -> bool:
         request = incoming.request
         seen.url = request.target.decode("ascii")
-        target = http1.absolute_target(request.target)
+        direct = client.direct
+        target = direct.target(request.target) if direct else http1.absolute_target(request.target)
         seen.url, seen.host = target.url("http"), target.host
         await self._note_aliases(seen)
         http1.check_host(request, incoming.fields, target.host, target.port, 80)
@@ -799,7 +833,8 @@ class EgressProxy:
             seen.forwarded = True
             outcome: dict[str, Any] = {}
             try:
-                await client.write(ESTABLISHED)
+                if client.direct is None:  # a redirected connection asked for no tunnel
+                    await client.write(ESTABLISHED)
                 client.replying = True
                 early, client.buffer = bytes(client.buffer), bytearray()
                 await upstream.send(early)
@@ -1033,6 +1068,9 @@ class EgressProxy:
         arguments.update(extra_arguments or {})
         detail: dict[str, Any] = {**self.label, "host": seen.host, "connection": seen.connection}
         detail.update(seen.aliases)
+        detail["via"] = seen.via
+        if seen.destination:
+            detail["destination"] = seen.destination
         if status is not None:
             detail["status"] = status
         if seen.tls:

@@ -19,11 +19,27 @@ import socket
 
 BRIDGE_PORT = 8790
 EGRESS_PORT = 8792
+# Where the firewall redirects the step's direct TCP connections and its DNS queries
+# (unprivileged ports: the guard holds no capability to bind port 53).
+TRANSPARENT_PORT = 8793
+DNS_PORT = 8753
 EXEC_PORT = 8799  # the step executor's, inside the step; listed so the ports stay apart
 BACKLOG = 512
 CONFIG_FILE_ENV = "SANDBOX_GUARD_CONFIG_FILE"
 CONFIG_FILE_NAME = "config.json"  # in the guard's folder (DATA_DIR), 0600, guard uid
 READY_MARK = "GUARD-READY"  # on stdout once the guard serves (not just listens)
+
+
+def bind_udp_loopback(port: int) -> socket.socket:
+    """A UDP socket bound to 127.0.0.1:`port` (the guard's DNS server)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        sock.bind(("127.0.0.1", port))
+    except BaseException:
+        sock.close()
+        raise
+    sock.set_inheritable(False)
+    return sock
 
 
 def bind_loopback(port: int) -> socket.socket:

@@ -329,10 +329,12 @@ def serve(
     egress: socket.socket,
     mcp: dict[str, socket.socket] | None = None,
     mcp_egress: dict[str, socket.socket] | None = None,
+    direct: tuple[socket.socket, socket.socket, socket.socket] | None = None,
 ) -> int:
     """Serve until stopped, on sockets that already listen; the exit status.
 
-    `mcp` / `mcp_egress`: each stdio MCP server's socket and egress socket."""
+    `mcp` / `mcp_egress`: each stdio MCP server's socket and egress socket. `direct`:
+    the interception listener and the DNS server's UDP and TCP sockets."""
     config = GuardConfig.model_validate_json(raw_config)
     log = ActionLog(
         config.actions_path,
@@ -342,7 +344,11 @@ def serve(
     )
     guard = Guard(config, log)
     app = build_app(
-        guard, egress_listener=egress, mcp_listeners=mcp or {}, mcp_egress_listeners=mcp_egress
+        guard,
+        egress_listener=egress,
+        mcp_listeners=mcp or {},
+        mcp_egress_listeners=mcp_egress,
+        direct_listeners=direct,
     )
     server = GuardServer(
         uvicorn.Config(

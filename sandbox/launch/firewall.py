@@ -14,6 +14,15 @@ connections only to the guard's ports, each server only to its own relay's proxy
 port, and nothing else of either uid leaves or crosses loopback; replies of an
 accepted connection pass by conntrack. Unix sockets are not packets: the guard's
 are paths in folders only their server mounts, never abstract names.
+
+Transparent egress (`nat_rules`, Docker runs): before any filter rule sees them,
+every new TCP connection of any uid but the guard's to a non-loopback address is
+REDIRECTed to the guard's interception port, and every DNS query (UDP or TCP port
+53, to any address, the engine's resolver included) to the guard's DNS port. The
+nat table only rewrites where a packet goes: nothing is ACCEPTed there; uid 0 is
+redirected like the step when the step runs under gVisor (its sentry is uid 0), and
+left to the filter rules under runc (see `nat_rules`); what is not redirected (UDP,
+other protocols, root under runc) still meets the REJECT rules below.
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import shlex
 from dataclasses import dataclass
 
 from sandbox.contracts.layout import GUARD_UID
+from sandbox.guard.listeners import DNS_PORT, TRANSPARENT_PORT
 
 # Docker's embedded resolver lives on loopback and would resolve outside names.
 ENGINE_DNS_V4 = "127.0.0.11"
@@ -39,6 +49,56 @@ class PodPeers:
     step_uid: int
     guard_ports: tuple[int, ...]
     servers: tuple[tuple[int, int | None], ...]
+
+
+# The guard's DNS hands out addresses from this range (RFC 2544's benchmark range,
+# never a real host); a route on lo makes them reachable in a namespace with no
+# other network, and the redirect below sends every connection to one to the guard.
+SYNTHETIC_V4 = "198.18.0.0/15"
+NAT_CHAIN = "SANDBOX-STEP-OUT"
+
+
+def nat_rules(guard_uid: int = GUARD_UID, *, redirect_root: bool = False) -> list[str]:
+    """iptables nat rules (own chain, jumped to first from OUTPUT): the guard's uid
+    goes where it asked; everyone else's DNS goes to the guard's DNS port and every TCP
+    connection to a non-loopback address to the guard's interception port.
+
+    Root's sockets are redirected only with `redirect_root` (the step under gVisor,
+    whose sentry is root). Under runc no process of the step is root; root's sockets
+    in the namespace are the engine's own, above all its resolver forwarding a name it
+    does not know (the guard's lookup of an upstream): redirected, that would come back
+    with the guard's own synthetic answer and be recorded as the step's query. Not
+    redirected, root meets the filter rules, which never let it out."""
+    if guard_uid == 0:
+        raise ValueError("the firewall never exempts uid 0 (the gVisor sentry is uid 0)")
+    chain = NAT_CHAIN
+    return [
+        f"-A {chain} -m owner --uid-owner {guard_uid} -j RETURN",
+        *([] if redirect_root else [f"-A {chain} -m owner --uid-owner 0 -j RETURN"]),
+        f"-A {chain} -p udp -m udp --dport 53 -j REDIRECT --to-ports {DNS_PORT}",
+        f"-A {chain} -p tcp -m tcp --dport 53 -j REDIRECT --to-ports {DNS_PORT}",
+        f"-A {chain} ! -d 127.0.0.0/8 -p tcp -j REDIRECT --to-ports {TRANSPARENT_PORT}",
+    ]
+
+
+def _nat_lines(guard_uid: int, *, redirect_root: bool) -> list[str]:
+    """Shell lines that add the nat rules beside the engine's own (its resolver's DNAT
+    for the guard stays: `--noflush`), then check each is in (`-C`)."""
+    table = ["*nat", f":{NAT_CHAIN} - [0:0]", f"-I OUTPUT 1 -j {NAT_CHAIN}"]
+    table += nat_rules(guard_uid, redirect_root=redirect_root)
+    lines = [f"ip route add {SYNTHETIC_V4} dev lo", "iptables-restore -w --noflush <<'NAT'"]
+    lines += [*table, "COMMIT", "NAT"]
+    lines.append(f"iptables -w -t nat -C OUTPUT -j {NAT_CHAIN}")
+    checks = nat_rules(guard_uid, redirect_root=redirect_root)
+    lines += [f"iptables -w -t nat -C {rule[3:]}" for rule in checks]
+    return lines
+
+
+REDIRECTED = [
+    f"-A OUTPUT -d 127.0.0.1/32 -p {proto} -m conntrack --ctstate DNAT -m {proto} --dport {port}"
+    " -j ACCEPT"
+    for proto, port in (("tcp", TRANSPARENT_PORT), ("udp", DNS_PORT), ("tcp", DNS_PORT))
+]
 
 
 ESTABLISHED = "-A OUTPUT -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT"
@@ -95,6 +155,10 @@ def rules(guard_uid: int = GUARD_UID, peers: PodPeers | None = None) -> dict[str
             *common_head,
             *_peer_rules(peers, "icmp-port-unreachable"),
             f"-A OUTPUT -d {ENGINE_DNS_V4}/32 -j REJECT --reject-with icmp-port-unreachable",
+            # What the nat rules redirected to the guard's ports. Not by `-o lo`: a
+            # packet first routed out of another interface keeps that one as its
+            # output device in this chain, though it now goes to loopback.
+            *REDIRECTED,
             # Loopback to the namespace's own addresses, so the kernel's own TCP resets
             # and ICMP errors for a rejected connect reach the step at once. A packet
             # forced onto lo towards any other address (SO_BINDTODEVICE) would be
@@ -173,7 +237,11 @@ def _install_lines(guard_uid: int, *, install: bool, peers: PodPeers | None = No
 
 
 def guard_entry_script(
-    guard_command: list[str], guard_uid: int = GUARD_UID, *, install: bool = True
+    guard_command: list[str],
+    guard_uid: int = GUARD_UID,
+    *,
+    install: bool = True,
+    redirect_root: bool = False,
 ) -> str:
     """Shell the guard container starts with, as root holding NET_ADMIN for a moment.
 
@@ -186,8 +254,9 @@ def guard_entry_script(
     after the drop, reaping orphans.
 
     `install=False` exists only so tests can prove the preflight catches an open
-    namespace; a real run always installs."""
+    namespace; a real run always installs. `redirect_root`: see `nat_rules`."""
     lines = ["set -eu", *_install_lines(guard_uid, install=install)]
+    lines += _nat_lines(guard_uid, redirect_root=redirect_root) if install else []
     lines += _checked_readback(install=install, peers=None)
     drop = [
         "setpriv",

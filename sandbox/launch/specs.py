@@ -210,7 +210,12 @@ def guard_spec(plan: RunPlan) -> ContainerSpec:
     runs as the guard uid with no capability in any set (see firewall.guard_entry_script).
     """
     layout = plan.layout
-    script = firewall.guard_entry_script(GUARD_COMMAND, GUARD_UID, install=plan.install_firewall)
+    script = firewall.guard_entry_script(
+        GUARD_COMMAND,
+        GUARD_UID,
+        install=plan.install_firewall,
+        redirect_root=plan.step_runtime == "runsc",  # the sentry's sockets are root's
+    )
     mcp = [Mount(source=str(layout.mcp_dir), target=MCP_DIR, read_only=False)]
     return ContainerSpec(
         name=f"sandbox-{layout.run_id}-guard",

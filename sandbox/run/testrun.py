@@ -814,6 +814,7 @@ class TestRun:
         record.stubbed, record.stubbed_cut = actions.stubbed, actions.stubbed_cut
         record.actions = actions.counts
         record.egress = actions.egress
+        record.dns = actions.dns
         record.outcome_unknown = actions.outcome_unknown
         return Collected(
             guard_running=guard_state.running,

@@ -217,19 +217,36 @@ def _files(record: TestRunRecord) -> str:
 
 
 def _egress(calls: list[Call]) -> str:
-    rows = [
-        [
-            _e(c.method),
-            f'<span class="mono">{_e(c.line.arguments.get("url", ""))}</span>',
-            _e(c.host),
-            _e(c.line.decision),
-            _e((c.outcome.detail if c.outcome else c.line.detail).get("status", "")),
-            _e(c.line.reason),
-        ]
-        for c in calls
-        if c.line.tool == "http" and c.line.session == "egress"
-    ]
-    return _table(["method", "url", "host", "decision", "status", "reason"], rows)
+    """Every request and DNS query of the step, with how it reached the guard (`proxy`,
+    or `direct`: redirected by the firewall); a query's answer stands in its status."""
+    rows = []
+    for c in calls:
+        line = c.line
+        if line.session != "egress" or line.tool not in ("http", "dns"):
+            continue
+        if line.tool == "dns":
+            what = f"{line.arguments.get('name', '')} {line.arguments.get('type', '')}"
+            method, host, status = (
+                "DNS",
+                str(line.arguments.get("name", "")),
+                line.detail.get("answer", ""),
+            )
+        else:
+            what = str(line.arguments.get("url", ""))
+            method, host = c.method, c.host
+            status = (c.outcome.detail if c.outcome else line.detail).get("status", "")
+        rows.append(
+            [
+                _e(method),
+                f'<span class="mono">{_e(what)}</span>',
+                _e(host),
+                _e(line.detail.get("via", "proxy")),
+                _e(line.decision),
+                _e(status),
+                _e(line.reason),
+            ]
+        )
+    return _table(["method", "url or name", "host", "via", "decision", "status", "reason"], rows)
 
 
 def _preflight(record: TestRunRecord) -> str:

@@ -10,14 +10,24 @@ the guard starts, which the executor waits for; the runner compares them too,
 the first check in the record)
 and anything the canary does not stand for (it proves one address is
 unreachable, not all).
+
+The firewall hands every TCP connection and every DNS query of the step to the
+guard, so "closed" means: refused, or answered by this run's guard, which proves
+it with HMAC-SHA256(bridge token, a fresh nonce) that nothing outside the run can
+compute (`sandbox.guard.transparent`, `sandbox.guard.dns`). An answer without
+the proof is a way out.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import socket
+import struct
 import time
 
 # Not `typing.TYPE_CHECKING`: `typing` alone costs the executor's start-up ~10 ms.
@@ -32,6 +42,40 @@ MARK_FAILED = "AGENTWORKS_PREFLIGHT_FAILED"
 ENGINE_SOCKETS = ("/var/run/docker.sock", "/run/docker.sock", "/run/containerd/containerd.sock")
 ENGINE_DNS = ("127.0.0.11", 53)
 TIMEOUT_S = 0.5
+# How long a connection or datagram that the firewall let through waits for the guard's
+# proof: the guard listens at once but serves its DNS and interception a moment later
+# (after its web stack loads), so the wait ends with the answer, not the timeout. That
+# moment took over 10 s on a loaded shared host (a queued datagram answered just after a
+# 10 s wait); the wait costs nothing when the answer comes sooner.
+PROOF_TIMEOUT_S = 30.0
+PROBE = b"AGENTWORKS-PREFLIGHT "  # sandbox.guard.transparent.PREFLIGHT_PROBE
+PROBE_ZONE = "agentworks-preflight.invalid"  # sandbox.guard.dns.PREFLIGHT_ZONE
+TOKEN_ENV = "AGENTWORKS_BRIDGE_TOKEN"
+
+
+def _proof(nonce: str) -> bytes:
+    key = os.environ.get(TOKEN_ENV, "").encode()
+    return hmac.new(key, nonce.encode(), hashlib.sha256).hexdigest().encode()
+
+
+def _guard_answered(reply: bytes, nonce: str) -> None:
+    """Raise (a refusal: the run's guard took it) when `reply` carries the guard's proof."""
+    if os.environ.get(TOKEN_ENV) and _proof(nonce) in reply:
+        raise OSError(errno.ECONNREFUSED, "answered by the run's guard")
+
+
+def _reply(sock: socket.socket) -> bytes:
+    """What came back within the timeout (b"": nothing)."""
+    sock.settimeout(PROOF_TIMEOUT_S)
+    try:
+        return sock.recv(4096)
+    except TimeoutError:
+        return b""
+
+
+def _dns_query(nonce: str) -> bytes:
+    labels = b"".join(bytes([len(p)]) + p.encode() for p in [nonce, *PROBE_ZONE.split(".")])
+    return struct.pack("!HHHHHH", 0x5A5A, 0x0100, 1, 0, 0, 0) + labels + b"\0\0\x10\0\x01"
 
 
 def _refused(check: Any) -> str | None:
@@ -58,15 +102,25 @@ def _packet() -> str:
     return "packet socket created"
 
 
-def _udp(host: str, port: int, family: int = socket.AF_INET) -> str:
+def _udp(host: str, port: int, family: int = socket.AF_INET, *, dns: bool = False) -> str:
+    nonce = secrets.token_hex(8)
     with socket.socket(family, socket.SOCK_DGRAM) as sock:
         sock.settimeout(TIMEOUT_S)
-        sock.sendto(b"preflight", (host, port))
+        sock.sendto(_dns_query(nonce) if dns else b"preflight", (host, port))
+        if dns:
+            _guard_answered(_reply(sock), nonce)
     return f"UDP datagram to {host}:{port} left"
 
 
-def _tcp(host: str, port: int) -> str:
-    with socket.create_connection((host, port), timeout=TIMEOUT_S):
+def _tcp(host: str, port: int, *, dns: bool = False) -> str:
+    nonce = secrets.token_hex(8)
+    with socket.create_connection((host, port), timeout=TIMEOUT_S) as sock:
+        if dns:
+            query = _dns_query(nonce)
+            sock.sendall(struct.pack("!H", len(query)) + query)
+        else:
+            sock.sendall(PROBE + nonce.encode() + b"\n")
+        _guard_answered(_reply(sock), nonce)
         return f"TCP connection to {host}:{port} opened"
 
 
@@ -119,8 +173,8 @@ def _local_checks() -> list[tuple[str, Any]]:
 def _network_checks(config: dict[str, Any]) -> list[tuple[str, Any]]:
     """What the firewall closes: these run once the guard listens (its rules are in)."""
     checks: list[tuple[str, Any]] = [
-        ("UDP to the engine's DNS", lambda: _udp(*ENGINE_DNS)),
-        ("TCP to the engine's DNS", lambda: _tcp(*ENGINE_DNS)),
+        ("UDP to the engine's DNS", lambda: _udp(*ENGINE_DNS, dns=True)),
+        ("TCP to the engine's DNS", lambda: _tcp(*ENGINE_DNS, dns=True)),
     ]
     for key, family in (("canary", socket.AF_INET), ("canary6", socket.AF_INET6)):
         address = config.get(key)
