@@ -20,7 +20,7 @@ from typing import Any
 import docker.errors
 import requests
 import urllib3
-from docker import DockerClient
+from docker import APIClient, DockerClient
 from docker.models.containers import Container
 from docker.types import CancellableStream, LogConfig
 from docker.types import Mount as DockerMount
@@ -187,23 +187,31 @@ def remove(container: Container) -> None:
     An engine too loaded to answer within the client's timeout is asked again (and a
     removal it already has in progress is waited for) until the container is gone or
     REMOVE_DEADLINE_S passed."""
+    if container.client is not None:  # always, for a container the engine listed
+        remove_id(container.client.api, str(container.id))
+
+
+def remove_id(api: APIClient, container_id: str) -> bool:
+    """`remove` by id, for callers that hold only the engine's listing (`sandbox gc`, where
+    another runner or gc may be removing the same container at the same moment): True
+    when the container is gone (removed here, by that other remover, or already)."""
     deadline = time.monotonic() + REMOVE_DEADLINE_S
     while True:
         try:
-            container.remove(force=True, v=True)
-            return
+            api.remove_container(container_id, force=True, v=True)
+            return True
         except docker.errors.NotFound:
-            return
+            return True
         except docker.errors.APIError as exc:
             if exc.status_code != 409 or "in progress" not in str(exc):
-                return
+                return False
         except requests.exceptions.ReadTimeout:
             pass
         except requests.exceptions.ConnectionError as exc:
             if not _is_read_timeout(exc):
-                return
+                return False
         if time.monotonic() >= deadline:
-            return
+            return False
         time.sleep(REMOVE_POLL_S)
 
 

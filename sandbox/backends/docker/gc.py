@@ -25,6 +25,7 @@ import psutil
 from docker import DockerClient
 from pydantic import BaseModel
 
+from sandbox.backends.docker.containers import remove_id
 from sandbox.contracts.layout import (
     DISK_MOUNT,
     STEPS_DIR,
@@ -195,8 +196,7 @@ def collect(
         if not orphaned(labels):
             continue
         name = ((container.get("Names") or [""])[0]).lstrip("/") or container["Id"]
-        with contextlib.suppress(docker.errors.NotFound):
-            client.api.remove_container(container["Id"], force=True, v=True)
+        if remove_id(client.api, container["Id"]):
             report.containers_removed.append(name)
         if LABEL_RUN_ROOT in labels:
             roots.add(Path(labels[LABEL_RUN_ROOT]))
