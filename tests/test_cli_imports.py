@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import cli
+from sandbox.cli.main import _COMMANDS, build_parser
 
 # Never needed by a Docker test run: the cluster client, terminal rendering, the MCP SDK
 # (only the guard speaks MCP), the X.509 library (only a run that inspects TLS makes a
@@ -46,7 +46,7 @@ NOT_FOR_A_RUN = (
 
 # Not needed to parse the command line (nor by `sandbox show`/`list`): the engine's SDK;
 # nor pydantic: the models are built once the command runs, inside the start-up's
-# collector policy (`sandbox.cli._StartGc`).
+# collector policy (`sandbox.cli.main._StartGc`).
 NOT_FOR_THE_CLI_MODULE = (
     *NOT_FOR_A_RUN,
     "docker",
@@ -184,9 +184,9 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 
 def test_a_parser_built_for_one_command_parses_and_helps_as_the_whole_one() -> None:
-    whole = _subcommands(cli.build_parser())
-    assert set(whole) == cli._COMMANDS
-    for name in sorted(cli._COMMANDS):
-        only = cli.build_parser(name)
-        assert only.format_help() == cli.build_parser().format_help()
+    whole = _subcommands(build_parser())
+    assert set(whole) == _COMMANDS
+    for name in sorted(_COMMANDS):
+        only = build_parser(name)
+        assert only.format_help() == build_parser().format_help()
         assert _subcommands(only)[name].format_help() == whole[name].format_help(), name

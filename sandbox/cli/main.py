@@ -442,7 +442,7 @@ def _bench_main() -> Callable[[list[str]], int]:
     The benchmarks are not part of the installed package (they need the checkout's
     fake upstreams and write its `bench/results.json`), so outside a checkout this is
     a ConfigError that says where to run them."""
-    checkout = Path(__file__).resolve().parents[1]
+    checkout = Path(__file__).resolve().parents[2]
     if not (checkout / "bench" / "__init__.py").is_file():
         raise ConfigError(
             "`sandbox bench` runs from a source checkout (the benchmarks are not installed "
