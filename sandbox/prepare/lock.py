@@ -121,6 +121,13 @@ class WorkflowLock:
     def held(self) -> bool:
         return self._fd is not None
 
+    def fileno(self) -> int:
+        """The locked descriptor, for a child that must hold the lock as long as it runs
+        (`sandbox lock`): the lock lasts while any process has it open."""
+        if self._fd is None:
+            raise ValueError("the lock was released")
+        return self._fd
+
     def release(self) -> None:
         """Remove this holder's sidecar, then drop the lock. Safe to call more than once."""
         fd, self._fd = self._fd, None
