@@ -242,7 +242,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         )
         lck.add_argument("--owner", default="", help="who holds it, as a refused run names it")
         _json(lck, "an error as one JSON object on stderr (stdout is the command's)")
-        lck.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD [ARG ...]")
+        lck.add_argument("cmd", nargs="*", metavar="-- CMD [ARG ...]")
         lck.set_defaults(func=lock_cmd.cmd_lock)
 
     comp = sub.add_parser("completion", help="print a shell completion script")

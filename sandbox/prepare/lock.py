@@ -1,10 +1,11 @@
 """Per-workflow run exclusivity: normal runs share the lock, a test run holds it alone.
 
-Guarantees: the lock is a non-blocking ``flock`` on ``<workflow>/.sandbox.lock`` (opened
-``O_NOFOLLOW``; a symlink is refused) that the kernel drops when its holder dies, and a refusal
-names the holders (pid, command, start time, mode, owner) from ``/proc/locks`` and the sidecars
-in ``<workflow>/.sandbox.lock.d/``. Not guaranteed: exclusion against programs that ignore this
-lock, file systems without ``flock``, and full holder details without ``/proc/locks``.
+Guarantees: the lock is a non-blocking ``flock`` on ``.sandbox.lock`` in the workflow's lock
+home, outside the workflow folder (opened ``O_NOFOLLOW``; a symlink is refused), that the kernel
+drops when its holder dies, and a refusal names the holders (pid, command, start time, mode,
+owner) from ``/proc/locks`` and the sidecars in ``.sandbox.lock.d/``. Not guaranteed: exclusion
+against programs that ignore this lock, file systems without ``flock``, and full holder details
+without ``/proc/locks``. The protocol, for a program in any language: ``lock.spec.md``.
 """
 
 from __future__ import annotations
