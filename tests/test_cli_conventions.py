@@ -4,6 +4,7 @@ from the parser, and `sandbox lock` running a command with the workflow's lock."
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import shutil
@@ -37,7 +38,7 @@ def sandbox(*args: str) -> subprocess.CompletedProcess[str]:
 def test_each_exit_code_has_one_meaning_and_the_readme_shows_the_table() -> None:
     assert set(EXIT_CODES) == set(ExitCode)
     assert len({c.value for c in ExitCode}) == len(ExitCode)
-    assert ExitCode.INTERRUPTED == 130
+    assert ExitCode.INTERRUPTED.value == 130
     text = README.read_text()
     shown = re.search(r"<!-- exit-codes:begin -->\n(.*?)<!-- exit-codes:end -->", text, re.S)
     assert shown is not None and shown.group(1) == markdown_table()
@@ -60,7 +61,7 @@ def test_each_error_kind_exits_with_its_own_code() -> None:
 
 def test_every_command_but_completion_takes_json() -> None:
     parser = build_parser()
-    sub = next(a for a in parser._actions if a.dest == "command")
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     for name in sorted(COMMANDS - {"completion"}):
         options = {o for a in sub.choices[name]._actions for o in a.option_strings}
         assert "--json" in options, name

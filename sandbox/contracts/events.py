@@ -36,21 +36,25 @@ class RunEvent(BaseModel):
     )
     time: datetime = Field(description="When the runner saw it (UTC)")
     run_id: str = Field(description="The test run (the chain's run for a chain)")
-    step_id: str = Field("", description="The step it belongs to; empty for a chain's own events")
-    index: int | None = Field(None, description="The step's place in a chain (1-based)")
-    total: int | None = Field(None, description="How many steps the chain runs")
+    step_id: str = Field(
+        default="", description="The step it belongs to; empty for a chain's own events"
+    )
+    index: int | None = Field(default=None, description="The step's place in a chain (1-based)")
+    total: int | None = Field(default=None, description="How many steps the chain runs")
     decision: str = Field(
-        "", description="action: the guard's decision: allow, stub, redirect or refuse"
+        default="", description="action: the guard's decision: allow, stub, redirect or refuse"
     )
     tool: str = Field(
-        "",
+        default="",
         description="action: the tool, host or server called (from inside "
         "the sandbox: print it terminal-safe)",
     )
-    reason: str = Field("", description=f"action: why, cut to {REASON_CHARS} characters")
-    status: str = Field("", description="step_end, workflow_end: the run status it ended with")
+    reason: str = Field(default="", description=f"action: why, cut to {REASON_CHARS} characters")
+    status: str = Field(
+        default="", description="step_end, workflow_end: the run status it ended with"
+    )
     duration_s: float | None = Field(
-        None, description="step_end, workflow_end: how long it took (seconds)"
+        default=None, description="step_end, workflow_end: how long it took (seconds)"
     )
 
 
