@@ -83,6 +83,21 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _chain_arguments(parser: argparse.ArgumentParser) -> None:
+    """A chain's range and its choice on a failed step, then the run options."""
+    parser.add_argument("--from", dest="from_step", default=None, help="start at this step")
+    parser.add_argument("--to", dest="to_step", default=None, help="stop after this step")
+    parser.add_argument(
+        "--keep-going", action="store_true", help="run the later steps after a step fails"
+    )
+    _run_arguments(parser)
+
+
+def _verdict_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--junit", default="", help="also write the verdict as JUnit XML here")
+    parser.add_argument("--html", default="", help="also write the run's HTML report here")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; with `only`, only that command's own arguments are
     added (every command is still listed, with its help). Adding an argument costs
@@ -106,12 +121,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     chain = sub.add_parser("run-workflow", help="run a whole workflow's steps once in test mode")
     if _wanted(only, "run-workflow"):
         chain.add_argument("workflow_dir")
-        chain.add_argument("--from", dest="from_step", default=None, help="start at this step")
-        chain.add_argument("--to", dest="to_step", default=None, help="stop after this step")
-        chain.add_argument(
-            "--keep-going", action="store_true", help="run the later steps after a step fails"
-        )
-        _run_arguments(chain)
+        _chain_arguments(chain)
         chain.set_defaults(func=run_cmd.cmd_run_workflow)
 
     ver = sub.add_parser("verify", help="run one step once and check its expectations")
@@ -119,8 +129,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         ver.add_argument("workflow_dir")
         ver.add_argument("step_id")
         _run_arguments(ver)
-        ver.add_argument("--junit", default="", help="also write the verdict as JUnit XML here")
-        ver.add_argument("--html", default="", help="also write the run's HTML report here")
+        _verdict_arguments(ver)
         ver.set_defaults(func=run_cmd.cmd_verify)
 
     vwf = sub.add_parser(
@@ -129,14 +138,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     if _wanted(only, "verify-workflow"):
         vwf.add_argument("workflow_dir")
         vwf.add_argument("expectations", help="the workflow's expectations file (TOML)")
-        vwf.add_argument("--from", dest="from_step", default=None, help="start at this step")
-        vwf.add_argument("--to", dest="to_step", default=None, help="stop after this step")
-        vwf.add_argument(
-            "--keep-going", action="store_true", help="run the later steps after a step fails"
-        )
-        _run_arguments(vwf)
-        vwf.add_argument("--junit", default="", help="also write the verdict as JUnit XML here")
-        vwf.add_argument("--html", default="", help="also write the run's HTML report here")
+        _chain_arguments(vwf)
+        _verdict_arguments(vwf)
         vwf.set_defaults(func=run_cmd.cmd_verify_workflow)
 
     gat = sub.add_parser(

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from sandbox.cli.startup import StartGc
     from sandbox.progress import FollowPrinter
     from sandbox.run.testrun import RunOptions
+    from sandbox.run.workflowrun import WorkflowOptions
     from sandbox.verify.verdict import Verification
     from sandbox.verify.workflow_verdict import WorkflowVerification
 
@@ -86,6 +87,17 @@ def _run_options(args: argparse.Namespace, printer: FollowPrinter | None) -> Run
     )
 
 
+def _workflow_options(args: argparse.Namespace, printer: FollowPrinter | None) -> WorkflowOptions:
+    from sandbox.run.workflowrun import WorkflowOptions
+
+    return WorkflowOptions(
+        from_step=args.from_step,
+        to_step=args.to_step,
+        keep_going=args.keep_going,
+        step=_run_options(args, printer),
+    )
+
+
 def _backend(args: argparse.Namespace) -> BackendFactory | None:
     """The backend `--backend`/`--host-config` name; None leaves it to the host's config
     (the run's default factory), unless start-up waits for the connection."""
@@ -135,16 +147,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_run_workflow(args: argparse.Namespace) -> int:
-    from sandbox.run.workflowrun import WorkflowOptions, WorkflowRun
+    from sandbox.run.workflowrun import WorkflowRun
 
     _stop_on_signals()
     with _follow(args) as printer:
-        options = WorkflowOptions(
-            from_step=args.from_step,
-            to_step=args.to_step,
-            keep_going=args.keep_going,
-            step=_run_options(args, printer),
-        )
+        options = _workflow_options(args, printer)
         record = WorkflowRun(Path(args.workflow_dir), options, backend=_backend(args)).execute()
     print_record(record, args.json)
     return EXIT_BY_STATUS[record.status]
@@ -168,18 +175,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_verify_workflow(args: argparse.Namespace) -> int:
-    from sandbox.run.workflowrun import WorkflowOptions
     from sandbox.verify.junit import write_workflow_junit
     from sandbox.verify.verifyworkflow import verify_workflow
 
     _stop_on_signals()
     with _follow(args) as printer:
-        options = WorkflowOptions(
-            from_step=args.from_step,
-            to_step=args.to_step,
-            keep_going=args.keep_going,
-            step=_run_options(args, printer),
-        )
+        options = _workflow_options(args, printer)
         verification = verify_workflow(
             Path(args.workflow_dir), args.expectations, options, backend=_backend(args)
         )
