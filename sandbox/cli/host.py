@@ -63,9 +63,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
             emit(check)
             continue
         mark = "FAIL" if not check.ok else ("warn" if check.warn else "ok  ")
-        say_line(f"[{mark}] {check.name}: {check.detail}")
+        # A detail's own lines (its weakness, its fix) are indented under it.
+        say(f"[{mark}] {check.name}: {check.detail}")
         if not check.ok and check.fix:
-            say_line(f"       fix: {check.fix}")
+            say(f"       fix: {check.fix}")
     return ExitCode.OK if all(c.ok for c in checks) else ExitCode.FAILED
 
 
