@@ -56,6 +56,8 @@ def _stop_on_signals() -> None:
     from sandbox import stopsignals
     from sandbox.run.testrun import RunInterrupted
 
+    _stopped.clear()  # a caller of `main([...])` may run several commands
+
     def raising(signum: int, exc: Callable[[], BaseException]) -> Callable[[], BaseException]:
         def stop() -> BaseException:
             _stopped.append(signum)
