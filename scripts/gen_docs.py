@@ -424,57 +424,24 @@ def environment_page() -> Page:
 
 # --------------------------------------------------------------------------- exit codes
 
-# The CLI's exit codes as `sandbox/cli` gives them today. When the package has its own
-# table (an IntEnum `ExitCode` in one of EXIT_CODE_MODULES), the page is made from it.
-FALLBACK_EXIT_CODES: tuple[tuple[int, str, str], ...] = (
-    (0, "OK", "the step (every step, for `run-workflow`) passed; verified; the gate holds"),
-    (
-        1,
-        "FAILED",
-        "the step failed, timed out, reached its disk quota or was killed; a verification "
-        "did not hold; the gate is blocked; interrupted (^C)",
-    ),
-    (
-        2,
-        "ERROR",
-        "usage, configuration or environment error, an internal error (one line on stderr, "
-        "never a traceback), or a `sandbox doctor` check failed",
-    ),
-    (3, "REFUSED", "refused: another run holds the workflow's lock"),
-)
-EXIT_CODE_MODULES = ("sandbox.contracts.exitcodes", "sandbox.exitcodes", "sandbox.cli.exitcodes")
-
-
-def exit_code_table() -> tuple[list[tuple[int, str, str]], str]:
-    for name in EXIT_CODE_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ImportError:
-            continue
-        enum = getattr(module, "ExitCode", None)
-        if enum is None:
-            continue
-        rows = []
-        for member in enum:
-            doc = getattr(module, "DESCRIPTIONS", {}).get(member) or (member.__doc__ or "")
-            if doc == enum.__doc__:
-                doc = ""
-            rows.append((int(member), member.name, doc))
-        return rows, f"`{name}.ExitCode`"
-    return [(c, n, d) for c, n, d in FALLBACK_EXIT_CODES], "the table in `scripts/gen_docs.py`"
-
 
 def exit_codes_page() -> Page:
-    rows, source = exit_code_table()
+    from sandbox.contracts.exitcodes import EXIT_CODES, markdown_table
+
     out = [GENERATED, "", "# Exit codes", ""]
     out += [
-        f"The `sandbox` command's exit codes, the same for every command (from {source}).",
+        "The `sandbox` command's exit codes, the same for every command "
+        "(`sandbox/contracts/exitcodes.py`; `sandbox lock` exits with its command's own "
+        "code once that command has started). In JSON mode an error's `kind` is the "
+        "code's kind.",
         "",
-        "| code | name | meaning |",
-        "|---|---|---|",
+        markdown_table().rstrip(),
     ]
-    out += [f"| {code} | `{name}` | {_cell(what)} |" for code, name, what in rows]
-    missing = [f"exit codes: {name} has no description" for _, name, what in rows if not what]
+    missing = [
+        f"exit codes: {code.name} has no description"
+        for code, what in EXIT_CODES.items()
+        if not what
+    ]
     return Page("exit-codes.md", "\n".join(out).rstrip() + "\n", missing)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from sandbox import cli
+from sandbox.cli.parser import COMMANDS, build_parser
 
 # Never needed by a Docker test run: the cluster client, terminal rendering, the MCP SDK
 # (only the guard speaks MCP), the X.509 library (only a run that inspects TLS makes a
@@ -46,7 +46,7 @@ NOT_FOR_A_RUN = (
 
 # Not needed to parse the command line (nor by `sandbox show`/`list`): the engine's SDK;
 # nor pydantic: the models are built once the command runs, inside the start-up's
-# collector policy (`sandbox.cli._StartGc`).
+# collector policy (`sandbox.cli.startup.StartGc`).
 NOT_FOR_THE_CLI_MODULE = (
     *NOT_FOR_A_RUN,
     "docker",
@@ -126,7 +126,7 @@ def after_main(argv: list[str] | None, sys_argv: list[str]) -> dict[str, object]
 
 def test_main_with_an_argv_leaves_the_callers_collector_alone(tmp_path: Path) -> None:
     state = after_main(["run", f"{tmp_path}/missing", "step1"], ["pytest"])
-    assert state["exit_code"] == 2
+    assert state["exit_code"] == 4  # a configuration error
     assert state["enabled"] is True and state["frozen"] == 0
 
 
@@ -134,14 +134,14 @@ def test_a_run_that_fails_before_the_engine_still_ends_with_the_collector_on(
     tmp_path: Path,
 ) -> None:
     state = after_main(None, ["sandbox", "run", f"{tmp_path}/missing", "step1"])
-    assert state["exit_code"] == 2
+    assert state["exit_code"] == 4  # a configuration error
     assert state["enabled"] is True
     assert isinstance(state["frozen"], int) and state["frozen"] > 10_000
 
 
 def console_exit(tmp_path: Path, before: str) -> subprocess.CompletedProcess[str]:
     """In a new interpreter with a buffered stdout: `before`, then `console()` on a run
-    that fails before the engine (exit 2)."""
+    that fails before the engine (exit 4, a configuration error)."""
     code = textwrap.dedent(
         f"""
         import atexit, sys, threading
@@ -161,7 +161,7 @@ def test_the_console_exit_keeps_the_code_the_exit_callbacks_and_the_buffered_out
     tmp_path: Path,
 ) -> None:
     done = console_exit(tmp_path, "atexit.register(print, 'at exit'); print('buffered')")
-    assert done.returncode == 2
+    assert done.returncode == 4  # a configuration error
     assert done.stdout.splitlines() == ["buffered", "at exit"]
     assert done.stderr.startswith("sandbox: error: workflow folder not found")
 
@@ -174,7 +174,7 @@ def test_the_console_exit_waits_for_a_thread_that_is_still_running(tmp_path: Pat
         ".start()"
     )
     done = console_exit(tmp_path, later)
-    assert done.returncode == 2
+    assert done.returncode == 4  # a configuration error
     assert done.stdout.splitlines() == ["thread done"]
 
 
@@ -184,9 +184,9 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 
 
 def test_a_parser_built_for_one_command_parses_and_helps_as_the_whole_one() -> None:
-    whole = _subcommands(cli.build_parser())
-    assert set(whole) == cli._COMMANDS
-    for name in sorted(cli._COMMANDS):
-        only = cli.build_parser(name)
-        assert only.format_help() == cli.build_parser().format_help()
+    whole = _subcommands(build_parser())
+    assert set(whole) == COMMANDS
+    for name in sorted(COMMANDS):
+        only = build_parser(name)
+        assert only.format_help() == build_parser().format_help()
         assert _subcommands(only)[name].format_help() == whole[name].format_help(), name

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 from docker import DockerClient
 
-from sandbox import cli
 from sandbox.backends.docker import prefetch
 from sandbox.backends.docker.backend import DockerBackend
 from sandbox.backends.docker.client import connect
+from sandbox.cli.parser import build_parser
+from sandbox.cli.startup import runs_on_docker
 from sandbox.contracts import hostpath
 from sandbox.contracts.errors import EngineError
 
@@ -171,7 +172,7 @@ def test_the_cli_asks_only_when_docker_runs_without_a_host_config(
         config.write_text(f'[backend]\nkind = "{host_config}"\n', encoding="utf-8")
         monkeypatch.setenv("SANDBOX_HOST_CONFIG", str(config))
     monkeypatch.setattr(hostpath, "DEFAULT_PATH", tmp_path / "absent.toml")
-    assert cli._runs_on_docker(cli.build_parser().parse_args(argv)) is asked
+    assert runs_on_docker(build_parser().parse_args(argv)) is asked
 
 
 def serve_in_turn(path: Path, answers: list[bytes], asked: list[bytes]) -> threading.Thread:

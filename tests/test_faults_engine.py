@@ -304,7 +304,7 @@ def test_runner_sigkilled_mid_run_gc_and_the_next_run_recover(
     (run_dir,) = run_dirs(wf)
     assert read_record(run_dir).status is RunStatus.RUNNING
 
-    gc = sandbox_cli("gc", str(wf))
+    gc = sandbox_cli("gc", str(wf), "--json")
     assert gc.returncode == 0, gc.stderr
     report = json.loads(gc.stdout)
     # gc also removes any other dead runner's leftovers on this engine; these are ours.
@@ -320,7 +320,7 @@ def test_runner_sigkilled_mid_run_gc_and_the_next_run_recover(
     assert_nothing_of_the_run_left(engine, run_id, cids)
     assert_lock_free(wf)
     assert tree_digest(wf) == before
-    second = sandbox_cli("gc", str(wf))
+    second = sandbox_cli("gc", str(wf), "--json")
     assert second.returncode == 0 and second.stdout, (second.returncode, second.stderr[-2000:])
     again = json.loads(second.stdout)
     assert again == {

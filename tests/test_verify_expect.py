@@ -92,8 +92,8 @@ def test_a_misspelt_field_names_line_and_field_and_suggests_the_right_one(
         f"{wf / 'workflow.toml'} line 19: steps[step1].expect[1].cuont: "
         "unknown field (did you mean 'count'?)"
     )
-    # The CLI says the same, as a usage error (exit 2), and runs nothing.
-    assert main(["verify", str(wf), "step1"]) == 2
+    # The CLI says the same, as a configuration error (exit 4), and runs nothing.
+    assert main(["verify", str(wf), "step1"]) == 4
     assert not (wf / "runs").exists()
 
 

@@ -146,16 +146,16 @@ def test_what_a_chain_file_cannot_say(tmp_path: Path, chain_toml: str, message: 
     assert message in error_of(wf)
 
 
-def test_verify_workflow_with_a_bad_file_is_a_usage_error_before_any_run(
+def test_verify_workflow_with_a_bad_file_is_a_configuration_error_before_any_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     wf = workflow_with(tmp_path, '[[expect]]\nkind = "call"\ntool = "t"\ncuont = 1\n')
-    assert main(["verify-workflow", str(wf), "chain.toml"]) == 2
+    assert main(["verify-workflow", str(wf), "chain.toml"]) == 4
     assert "expect[0].cuont: unknown field" in capsys.readouterr().err
     assert not (wf / "runs").exists()  # nothing ran
     # A step the file names outside --from/--to: the same, before any run.
     (wf / "chain.toml").write_text('[[steps]]\nid = "pick"\nown = true\n')
-    assert main(["verify-workflow", str(wf), "chain.toml", "--from", "submit"]) == 2
+    assert main(["verify-workflow", str(wf), "chain.toml", "--from", "submit"]) == 4
     assert "step(s) pick not in the chain (submit)" in capsys.readouterr().err
     assert not (wf / "runs").exists()
 

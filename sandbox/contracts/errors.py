@@ -1,22 +1,31 @@
 """One error hierarchy for everything a user of `sandbox` can act on.
 
-Every error carries the exit code the CLI returns for it, so the CLI never has
-to guess: 2 for usage, configuration and environment problems, 3 for a refusal
-(the workflow is busy, or the run was refused by policy). Messages are one line
-and say what to do next; no traceback reaches the user.
+Every error carries the exit code the CLI returns for it (`sandbox.contracts.exitcodes`),
+so the CLI never has to guess. Messages are one line and say what to do next; no
+traceback reaches the user.
 """
 
 from __future__ import annotations
+
+from sandbox.contracts.exitcodes import ExitCode
 
 
 class SandboxError(Exception):
     """Base of every error the runner raises on purpose."""
 
-    exit_code = 2
+    exit_code = ExitCode.ENVIRONMENT
+
+
+class UsageError(SandboxError):
+    """The command line is wrong: an unknown option, a missing or conflicting argument."""
+
+    exit_code = ExitCode.USAGE
 
 
 class ConfigError(SandboxError):
-    """The workflow folder, its workflow.toml or a CLI argument is wrong."""
+    """The workflow folder, its workflow.toml, the host's config or a named file is wrong."""
+
+    exit_code = ExitCode.CONFIG
 
 
 class EngineError(SandboxError):
@@ -38,4 +47,4 @@ class LaunchError(SandboxError):
 class RefusedError(SandboxError):
     """The test run may not start now (the workflow is busy, or policy refuses it)."""
 
-    exit_code = 3
+    exit_code = ExitCode.REFUSED

@@ -1,10 +1,11 @@
 """Per-workflow run exclusivity: normal runs share the lock, a test run holds it alone.
 
-Guarantees: the lock is a non-blocking ``flock`` on ``<workflow>/.sandbox.lock`` (opened
-``O_NOFOLLOW``; a symlink is refused) that the kernel drops when its holder dies, and a refusal
-names the holders (pid, command, start time, mode, owner) from ``/proc/locks`` and the sidecars
-in ``<workflow>/.sandbox.lock.d/``. Not guaranteed: exclusion against programs that ignore this
-lock, file systems without ``flock``, and full holder details without ``/proc/locks``.
+Guarantees: the lock is a non-blocking ``flock`` on ``.sandbox.lock`` in the workflow's lock
+home, outside the workflow folder (opened ``O_NOFOLLOW``; a symlink is refused), that the kernel
+drops when its holder dies, and a refusal names the holders (pid, command, start time, mode,
+owner) from ``/proc/locks`` and the sidecars in ``.sandbox.lock.d/``. Not guaranteed: exclusion
+against programs that ignore this lock, file systems without ``flock``, and full holder details
+without ``/proc/locks``. The protocol, for a program in any language: ``lock.spec.md``.
 """
 
 from __future__ import annotations
@@ -120,6 +121,13 @@ class WorkflowLock:
     @property
     def held(self) -> bool:
         return self._fd is not None
+
+    def fileno(self) -> int:
+        """The locked descriptor, for a child that must hold the lock as long as it runs
+        (`sandbox lock`): the lock lasts while any process has it open."""
+        if self._fd is None:
+            raise ValueError("the lock was released")
+        return self._fd
 
     def release(self) -> None:
         """Remove this holder's sidecar, then drop the lock. Safe to call more than once."""

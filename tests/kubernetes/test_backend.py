@@ -312,7 +312,7 @@ def test_a_killed_runner_leaves_a_valid_record_and_gc_removes_the_pod(
     assert pod.metadata.name == manifests.object_name(run_root.name)
 
     done = subprocess.run(
-        [*cli, "gc", str(wf), "--host-config", str(host_config)],
+        [*cli, "gc", str(wf), "--host-config", str(host_config), "--json"],
         env=env,
         capture_output=True,
         text=True,

@@ -1,0 +1,5 @@
+"""`python -m sandbox.cli`: the console script."""
+
+from sandbox.cli.main import console
+
+console()

@@ -1,0 +1,222 @@
+"""`run`, `run-workflow`, `verify`, `verify-workflow`: the commands that run steps.
+
+Each ends with the exit code of what happened (`sandbox.contracts.exitcodes`): a run by
+its record's status, a verification by its verdict, except that a refused run (3), a
+run that ended `error` (7) and a stopped runner (130) say so the same way whether it
+was `run` or `verify`. With `--follow --json` stdout is JSON lines: the events
+(`sandbox.contracts.events`), then the record or verdict, one object per line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sandbox.cli.output import emit, print_record, say_line
+from sandbox.contracts.exitcodes import ExitCode
+from sandbox.contracts.status import RunStatus
+
+if TYPE_CHECKING:
+    from sandbox.backends import BackendFactory
+    from sandbox.cli.startup import StartGc
+    from sandbox.progress import FollowPrinter
+    from sandbox.run.testrun import RunOptions
+    from sandbox.run.workflowrun import WorkflowOptions
+    from sandbox.verify.verification import Verification
+    from sandbox.verify.workflow_verification import WorkflowVerification
+
+
+EXIT_BY_STATUS = {
+    RunStatus.PASSED: ExitCode.OK,
+    RunStatus.FAILED: ExitCode.FAILED,
+    RunStatus.TIMEOUT: ExitCode.FAILED,
+    RunStatus.KILLED: ExitCode.FAILED,
+    RunStatus.QUOTA: ExitCode.FAILED,
+    RunStatus.ERROR: ExitCode.RUN_ERROR,
+    RunStatus.REFUSED: ExitCode.REFUSED,
+    RunStatus.RUNNING: ExitCode.FAILED,
+}
+
+_stopped: list[int] = []  # the stop signals this process acted on
+
+
+def stopped() -> bool:
+    """Whether a stop signal (SIGINT, SIGTERM) was acted on: the command exits 130."""
+    return bool(_stopped)
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM ends the run as `killed` (RunInterrupted), SIGINT as Python's ^C does; both
+    held back where a container is being created or counted (`sandbox.stopsignals`)."""
+    from sandbox import stopsignals
+    from sandbox.run.testrun import RunInterrupted
+
+    _stopped.clear()  # a caller of `main([...])` may run several commands
+
+    def raising(signum: int, exc: Callable[[], BaseException]) -> Callable[[], BaseException]:
+        def stop() -> BaseException:
+            _stopped.append(signum)
+            return exc()
+
+        return stop
+
+    stopsignals.on_stop(signal.SIGTERM, raising(signal.SIGTERM, RunInterrupted))
+    stopsignals.on_stop(signal.SIGINT, raising(signal.SIGINT, KeyboardInterrupt))
+
+
+def _run_options(args: argparse.Namespace, printer: FollowPrinter | None) -> RunOptions:
+    from sandbox.run.testrun import RunOptions
+
+    durability = None  # the run reads the host's config itself
+    if getattr(args, "host_config", None) is not None:
+        from sandbox.contracts.hostconfig import load_host_config
+
+        durability = load_host_config(args.host_config).durability
+    return RunOptions(
+        durability=durability,
+        timeout_s=args.timeout,
+        upstream_bridge=args.upstream_bridge,
+        upstream_networks=tuple(args.upstream_network),
+        allow_hosts=tuple(args.allow_host),
+        canary=args.canary,
+        step_runtime=args.step_runtime,
+        on_event=printer,
+    )
+
+
+def _workflow_options(args: argparse.Namespace, printer: FollowPrinter | None) -> WorkflowOptions:
+    from sandbox.run.workflowrun import WorkflowOptions
+
+    return WorkflowOptions(
+        from_step=args.from_step,
+        to_step=args.to_step,
+        keep_going=args.keep_going,
+        step=_run_options(args, printer),
+    )
+
+
+def _backend(args: argparse.Namespace) -> BackendFactory | None:
+    """The backend `--backend`/`--host-config` name; None leaves it to the host's config
+    (the run's default factory), unless start-up waits for the connection."""
+    start: StartGc | None = getattr(args, "start_gc", None)
+    if args.backend is None and args.host_config is None:
+        if start is None:
+            return None
+        from sandbox.run.testrun import host_backend
+
+        return start.after_connect(host_backend)
+    from sandbox.backends.choose import connect_backend
+    from sandbox.contracts.hostconfig import load_host_config
+
+    config = load_host_config(args.host_config).backend
+    if args.backend is not None:
+        config = config.model_copy(update={"kind": args.backend})
+    factory: BackendFactory = lambda: connect_backend(config)  # noqa: E731
+    return factory if start is None else start.after_connect(factory)
+
+
+@contextlib.contextmanager
+def _follow(args: argparse.Namespace) -> Iterator[FollowPrinter | None]:
+    """`--follow`: the printer the run reports to, closed before the record prints."""
+    if not args.follow:
+        yield None
+        return
+    from sandbox.progress import FollowPrinter
+
+    printer = FollowPrinter.for_stream(sys.stdout, as_json=args.json)
+    try:
+        yield printer
+    finally:
+        printer.close()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from sandbox.run.testrun import TestRun
+
+    _stop_on_signals()
+    with _follow(args) as printer:
+        options = _run_options(args, printer)
+        record = TestRun(
+            Path(args.workflow_dir), args.step_id, options, backend=_backend(args)
+        ).execute()
+    print_record(record, args.json)
+    return EXIT_BY_STATUS[record.status]
+
+
+def cmd_run_workflow(args: argparse.Namespace) -> int:
+    from sandbox.run.workflowrun import WorkflowRun
+
+    _stop_on_signals()
+    with _follow(args) as printer:
+        options = _workflow_options(args, printer)
+        record = WorkflowRun(Path(args.workflow_dir), options, backend=_backend(args)).execute()
+    print_record(record, args.json)
+    return EXIT_BY_STATUS[record.status]
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from sandbox.verify.junit import write_junit
+    from sandbox.verify.verifystep import verify_step
+
+    _stop_on_signals()
+    with _follow(args) as printer:
+        verification = verify_step(
+            Path(args.workflow_dir),
+            args.step_id,
+            _run_options(args, printer),
+            backend=_backend(args),
+        )
+    if args.junit:
+        write_junit(Path(args.junit), verification)
+    return _report_verification(args, verification)
+
+
+def cmd_verify_workflow(args: argparse.Namespace) -> int:
+    from sandbox.verify.junit import write_workflow_junit
+    from sandbox.verify.verifyworkflow import verify_workflow
+
+    _stop_on_signals()
+    with _follow(args) as printer:
+        options = _workflow_options(args, printer)
+        verification = verify_workflow(
+            Path(args.workflow_dir), args.expectations, options, backend=_backend(args)
+        )
+    if args.junit:
+        write_workflow_junit(Path(args.junit), verification)
+    return _report_verification(args, verification)
+
+
+def _report_verification(
+    args: argparse.Namespace, verification: Verification | WorkflowVerification
+) -> int:
+    """What `verify` and `verify-workflow` both do with a verdict: the HTML report, the
+    verdict printed (a JSON line or terminal-safe lines), and the exit code."""
+    if args.html:
+        from sandbox.verify.finished import load_run
+        from sandbox.verify.html import write_report
+
+        run_root = Path(args.workflow_dir) / "runs" / verification.run_id
+        write_report(load_run(run_root), Path(args.html))
+    if args.json:
+        emit(verification)
+    else:
+        for line in verification.lines():
+            say_line(line)
+    return verdict_exit(verification.passed, verification.digest.status)
+
+
+def verdict_exit(passed: bool, status: str) -> ExitCode:
+    """A verdict's exit code: 0 when it held; a refused run or one that ended `error` as
+    `run` says it; else 1 (not verified)."""
+    if passed:
+        return ExitCode.OK
+    try:
+        by_status = EXIT_BY_STATUS[RunStatus(status)]
+    except ValueError:
+        return ExitCode.FAILED
+    return by_status if by_status in (ExitCode.REFUSED, ExitCode.RUN_ERROR) else ExitCode.FAILED

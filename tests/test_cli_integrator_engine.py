@@ -1,0 +1,170 @@
+"""The CLI as a controller in another language drives it: a process per command,
+`--json`, every stdout line parsed as one JSON object, the exit codes of the table, an
+error as one JSON object on stderr, and `sandbox lock --shared` keeping test runs out
+while a normal run's command runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from docker import DockerClient
+
+from sandbox.contracts.events import SCHEMA_PATH as EVENTS_SCHEMA
+from sandbox.contracts.exitcodes import ExitCode
+from tests.conftest import WorkflowFactory
+
+pytestmark = pytest.mark.engine
+
+STEP = (
+    "import agentworks_bridge as b\n"
+    'b.call("upwork_submit_proposal", {"job_id": 42, "text": "hire me"})\n'
+    'print("submitted")\n'
+)
+EXPECT = '[[steps.expect]]\nkind = "status"\nexit_code = 0\n'
+
+
+def sandbox(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sandbox.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        input=stdin,
+        env=dict(os.environ),
+    )
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """Every line one JSON object, the last too; nothing else on the stream."""
+    assert text.endswith("\n"), text[-200:]
+    out = []
+    for line in text.splitlines():
+        value = json.loads(line)
+        assert isinstance(value, dict), line
+        out.append(value)
+    return out
+
+
+def the_error(done: subprocess.CompletedProcess[str], code: ExitCode) -> str:
+    """An error in JSON mode: the exit code, nothing on stdout, one object on stderr."""
+    assert done.returncode == code, done.stdout + done.stderr
+    assert done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    body = json.loads(line)
+    assert set(body) == {"error"} and body["error"]["kind"] == code.kind
+    message: str = body["error"]["message"]
+    return message
+
+
+@pytest.fixture
+def workflow(make_workflow: WorkflowFactory) -> Path:
+    wf = make_workflow(command="python3 /workflow/code/submit.py", extra_toml=EXPECT)
+    (wf / "code" / "submit.py").write_text(STEP)
+    return wf
+
+
+def test_follow_json_is_events_then_the_record_one_object_per_line(
+    engine: DockerClient, workflow: Path
+) -> None:
+    schema = json.loads(EVENTS_SCHEMA.read_text())
+    for command in ("run", "verify"):
+        done = sandbox(command, str(workflow), "step1", "--follow", "--json")
+        assert done.returncode == ExitCode.OK, done.stdout + done.stderr
+        *events, last = json_lines(done.stdout)
+        for event in events:
+            jsonschema.validate(event, schema)
+        kinds = [e["kind"] for e in events]
+        assert kinds[0] == "step_start" and kinds[-1] == "step_end", kinds
+        stubbed = [e for e in events if e["kind"] == "action" and e["decision"] == "stub"]
+        assert [e["tool"] for e in stubbed] == ["upwork_submit_proposal"]
+        if command == "run":
+            assert last["status"] == "passed" and last["step_id"] == "step1"
+        else:
+            assert last["passed"] is True and last["digest"]["status"] == "passed"
+
+    gate = sandbox("gate", str(workflow), "step1", "--json")
+    assert gate.returncode == ExitCode.OK, gate.stdout + gate.stderr
+    (answer,) = json_lines(gate.stdout)
+    assert answer["ok"] is True and answer["reason"]
+    listed = json_lines(sandbox("list", str(workflow), "--json").stdout)
+    assert [e["kind"] for e in listed].count("test_run") == 2
+    assert [e["status"] for e in listed if e["kind"] == "test_run"] == ["passed", "passed"]
+    assert [e["kind"] for e in listed][-1] == "verification"
+    run_dir = workflow / "runs" / listed[0]["run_id"]
+    (shown,) = json_lines(sandbox("show", str(run_dir), "--json").stdout)
+    assert shown["id"] == listed[0]["run_id"]
+
+
+def test_errors_in_json_mode_are_one_object_on_stderr_with_the_tables_code(
+    engine: DockerClient, workflow: Path, tmp_path: Path
+) -> None:
+    missing = str(tmp_path / "no-such-workflow")
+    assert "workflow folder not found" in the_error(
+        sandbox("run", missing, "step1", "--json"), ExitCode.CONFIG
+    )
+    assert "unknown step 'nope'" in the_error(
+        sandbox("verify", str(workflow), "nope", "--json"), ExitCode.CONFIG
+    )
+    assert "required" in the_error(sandbox("run", "--json"), ExitCode.USAGE)
+    assert "invalid choice" in the_error(sandbox("nope", "--json"), ExitCode.USAGE)
+    assert "give a step to gate" in the_error(
+        sandbox("gate", str(workflow), "--json"), ExitCode.USAGE
+    )
+    assert "no test_mode.json" in the_error(
+        sandbox("show", str(tmp_path), "--json"), ExitCode.CONFIG
+    )
+    # Without --json the same error is one line of text.
+    text = sandbox("run", missing, "step1")
+    assert text.returncode == ExitCode.CONFIG
+    assert text.stderr.startswith("sandbox: error: workflow folder not found")
+
+
+def test_a_normal_run_under_sandbox_lock_keeps_test_runs_out(
+    engine: DockerClient, workflow: Path
+) -> None:
+    # The normal run: a command that says it started, then waits for its stdin to close.
+    normal = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sandbox.cli",
+            "lock",
+            "--shared",
+            str(workflow),
+            "--owner",
+            "controller run 17",
+            "--",
+            sys.executable,
+            "-c",
+            "import sys; print('started', flush=True); sys.stdin.read(); sys.exit(5)",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert normal.stdout is not None and normal.stdout.readline() == "started\n"
+        for command in ("run", "verify"):
+            refused = sandbox(command, str(workflow), "step1", "--json")
+            assert refused.returncode == ExitCode.REFUSED, refused.stdout + refused.stderr
+            (last,) = json_lines(refused.stdout)
+            status = last["status"] if command == "run" else last["digest"]["status"]
+            assert status == "refused"
+        # Normal runs share the lock.
+        shared = sandbox("lock", "--shared", str(workflow), "--", "true")
+        assert shared.returncode == 0, shared.stderr
+        # A second holder that wants the workflow alone is refused, as JSON when asked.
+        alone = sandbox("lock", "--exclusive", str(workflow), "--json", "--", "true")
+        assert "controller run 17" in the_error(alone, ExitCode.REFUSED)
+    finally:
+        _, err = normal.communicate("", timeout=60)
+    assert normal.returncode == 5, err  # the command's own exit code
+    assert sandbox("run", str(workflow), "step1").returncode == ExitCode.OK
