@@ -6,10 +6,10 @@ from pathlib import Path
 
 from sandbox.contracts import names
 from sandbox.contracts.config import Workflow
+from sandbox.contracts.guardconfig import CONFIG_FILE_ENV, DATA_DIR
 from sandbox.contracts.layout import C_DB_PATH, GUARD_UID, MCP_UID_BASE, RunLayout
 from sandbox.contracts.record import RunnerInfo
 from sandbox.guard import caps
-from sandbox.guard.config import CONFIG_FILE_ENV, DATA_DIR
 from sandbox.launch import specs as launch
 
 

@@ -33,10 +33,10 @@ from starlette.routing import Route as HttpRoute
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbox import policy
+from sandbox.contracts.guardconfig import MCP_PATH, GuardConfig
 from sandbox.guard import bindings, caps
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.bridge_client import BridgeClient
-from sandbox.guard.config import MCP_PATH, GuardConfig
 from sandbox.guard.gate import BAD_TOKEN, bearer_ok, reject_and_log
 from sandbox.guard.upstream import Reply, ReplyTooLarge, UpstreamError
 from sandbox.stepside.agentworks_exec.pathsafety import check_tool_path

@@ -17,13 +17,11 @@ import ctypes
 import os
 import socket
 
-BRIDGE_PORT = 8790
-EGRESS_PORT = 8792
-EXEC_PORT = 8799  # the step executor's, inside the step; listed so the ports stay apart
+from sandbox.contracts.guardprocess import BRIDGE_PORT as BRIDGE_PORT
+from sandbox.contracts.guardprocess import CONFIG_FILE_ENV as CONFIG_FILE_ENV
+from sandbox.contracts.guardprocess import EGRESS_PORT as EGRESS_PORT
+
 BACKLOG = 512
-CONFIG_FILE_ENV = "SANDBOX_GUARD_CONFIG_FILE"
-CONFIG_FILE_NAME = "config.json"  # in the guard's folder (DATA_DIR), 0600, guard uid
-READY_MARK = "GUARD-READY"  # on stdout once the guard serves (not just listens)
 
 
 def bind_loopback(port: int) -> socket.socket:

@@ -24,6 +24,7 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from sandbox.contracts.guardconfig import READY_MARK, GuardConfig
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.bridge import Guard, build_app, json_bytes
 from sandbox.guard.caps import (
@@ -33,7 +34,6 @@ from sandbox.guard.caps import (
     mib,
     read_capped,
 )
-from sandbox.guard.config import READY_MARK, GuardConfig
 from sandbox.guard.front import Answer, BridgeFront
 
 HEAD_TOO_LARGE = f"request head larger than {mib(TRANSPORT_MAX_HEAD_BYTES)} (the guard's cap)"

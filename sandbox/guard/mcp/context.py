@@ -12,9 +12,9 @@ from typing import Any
 
 import anyio
 
+from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.guard import caps
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.config import GuardConfig
 
 
 class SlotTimeout(Exception):
