@@ -34,7 +34,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbox import policy
 from sandbox.contracts.guardconfig import MCP_PATH, GuardConfig
-from sandbox.guard import bindings, caps
+from sandbox.guard import bindings, limits
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.bridge_client import BridgeClient
 from sandbox.guard.gate import BAD_TOKEN, bearer_ok, reject_and_log
@@ -88,14 +88,14 @@ class Guard:
         # Bridge calls in flight, so an egress line can name the tool call active then.
         self._inflight: dict[int, str] = {}
         self.egress: EgressProxy | None = None  # set while the app runs
-        # Forwarded calls whose reply may be held in memory at once (see caps).
-        self.forward_slots = asyncio.Semaphore(caps.FORWARD_SLOTS)
+        # Forwarded calls whose reply may be held in memory at once (see limits).
+        self.forward_slots = asyncio.Semaphore(limits.FORWARD_SLOTS)
         self._next_call = 0
         self._upstream = BridgeClient(config.upstream) if config.upstream else None
         # The same client as the upstream's: kept alive, a request in one write, no
         # Nagle (a call is one round trip; see tests/test_exec_route.py).
         self._executor = BridgeClient(
-            f"http://127.0.0.1:{config.exec_port}", max_body=caps.MAX_EXEC_REPLY_BYTES
+            f"http://127.0.0.1:{config.exec_port}", max_body=limits.MAX_EXEC_REPLY_BYTES
         )
         self._exec_headers = {
             "Authorization": f"Bearer {config.exec_token}",
@@ -129,12 +129,12 @@ class Guard:
     async def _body(self, request: Request) -> bytes | None:
         """The body, or None when it is larger than a bridge request may be."""
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > caps.MAX_REQUEST_BYTES:
+        if declared is not None and declared.isdigit() and int(declared) > limits.MAX_REQUEST_BYTES:
             return None
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
-            if len(body) > caps.MAX_REQUEST_BYTES:
+            if len(body) > limits.MAX_REQUEST_BYTES:
                 return None
         return bytes(body)
 
@@ -356,11 +356,11 @@ class Guard:
         except TimeoutError:
             return ToolResult(text=f"{tool} did not finish within {timeout:g} s", is_error=True)
         except ReplyTooLarge:
-            cap = caps.MAX_EXEC_REPLY_BYTES
+            cap = limits.MAX_EXEC_REPLY_BYTES
             outcome["reply_bytes"] = f"more than {cap}"
             return ToolResult(
                 text=f"{tool}: the step's tool executor replied with more than "
-                f"{caps.mib(cap)} (the guard's cap); the reply was dropped",
+                f"{limits.mib(cap)} (the guard's cap); the reply was dropped",
                 is_error=True,
             )
         except UpstreamError as exc:
@@ -422,10 +422,10 @@ class Guard:
                 is_error=True,
             )
         except ReplyTooLarge:
-            cap = caps.MAX_UPSTREAM_REPLY_BYTES
+            cap = limits.MAX_UPSTREAM_REPLY_BYTES
             detail["reply_bytes"] = f"more than {cap}"
             return ToolResult(
-                text=f"{tool}: the upstream bridge's reply was larger than {caps.mib(cap)} "
+                text=f"{tool}: the upstream bridge's reply was larger than {limits.mib(cap)} "
                 "(the guard's cap); it was dropped",
                 is_error=True,
             )
@@ -471,19 +471,19 @@ def json_bytes(content: Any) -> bytes:
 
 
 def too_large_request() -> str:
-    return f"request larger than {caps.mib(caps.MAX_REQUEST_BYTES)} (the guard's cap)"
+    return f"request larger than {limits.mib(limits.MAX_REQUEST_BYTES)} (the guard's cap)"
 
 
 def refused_head(headers: list[tuple[bytes, bytes]]) -> tuple[int, str] | None:
     """Why a request is refused on its head alone, or None: 431 for header lines past
     the cap, 413 for a declared body past it (the first Content-Length). The raw front
     and `CappedRequests` both ask here, so both refuse the same heads alike."""
-    if sum(len(k) + len(v) + 4 for k, v in headers) > caps.MAX_HEADER_BYTES:
+    if sum(len(k) + len(v) + 4 for k, v in headers) > limits.MAX_HEADER_BYTES:
         return 431, (
-            f"request headers larger than {caps.mib(caps.MAX_HEADER_BYTES)} (the guard's cap)"
+            f"request headers larger than {limits.mib(limits.MAX_HEADER_BYTES)} (the guard's cap)"
         )
     declared = next((v for k, v in headers if k == b"content-length"), b"")
-    if declared.isdigit() and int(declared) > caps.MAX_REQUEST_BYTES:
+    if declared.isdigit() and int(declared) > limits.MAX_REQUEST_BYTES:
         return 413, too_large_request()
     return None
 
@@ -543,7 +543,7 @@ class CappedRequests:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > caps.MAX_REQUEST_BYTES:
+                if seen > limits.MAX_REQUEST_BYTES:
                     over = True
                     return {"type": "http.disconnect"}
             return message

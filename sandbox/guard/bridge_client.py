@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from sandbox.guard.caps import MAX_UPSTREAM_REPLY_BYTES
+from sandbox.guard.limits import MAX_UPSTREAM_REPLY_BYTES
 from sandbox.guard.upstream import Reply, ReplyTooLarge, UpstreamError
 
 MAX_HEAD_BYTES = 64 * 1024

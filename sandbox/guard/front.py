@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sandbox.guard import caps
+from sandbox.guard import limits
 from sandbox.guard.bridge import (
     Guard,
     json_bytes,
@@ -73,8 +73,8 @@ class BridgeFront:
             await self.rest(scope, receive, send)
             return
 
-        async def body() -> caps.CappedBody:
-            return await caps.read_capped_body(receive, caps.MAX_REQUEST_BYTES)
+        async def body() -> limits.CappedBody:
+            return await limits.read_capped_body(receive, limits.MAX_REQUEST_BYTES)
 
         answer = await self.answer(scope["path"], scope["method"], scope["headers"], body)
         if answer is None:  # the client hung up before its body was in: no one to answer
@@ -89,7 +89,7 @@ class BridgeFront:
         path: str,
         method: str,
         headers: list[tuple[bytes, bytes]],
-        read_body: Callable[[], Awaitable[caps.CappedBody]],
+        read_body: Callable[[], Awaitable[limits.CappedBody]],
     ) -> Answer | None:
         """One request for a path this front `serves`: its answer (its line, if any,
         on disk first), or None when the client left before its body was in.
