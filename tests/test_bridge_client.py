@@ -12,7 +12,7 @@ from typing import TypeVar
 import pytest
 import uvloop
 
-from sandbox.guard.bridge_client import MAX_BODY_BYTES, MAX_HEAD_BYTES, BridgeClient
+from sandbox.guard.bridge.client import MAX_BODY_BYTES, MAX_HEAD_BYTES, BridgeClient
 from sandbox.guard.limits import MAX_UPSTREAM_REPLY_BYTES
 from sandbox.guard.upstream import Reply, ReplyTooLarge, UpstreamError
 from tests.test_bridge_forward import Upstream, ok, oversized_reply

@@ -21,7 +21,7 @@ import pytest
 
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.bridge import Guard, build_app
+from sandbox.guard.bridge.routes import Guard, build_app
 from sandbox.guard.limits import MAX_UPSTREAM_REPLY_BYTES
 from sandbox.guard.upstream import Reply
 from tests.conftest import BRIDGE_TOKEN, call_lines, guard_config

@@ -30,7 +30,7 @@ import pytest
 from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.contracts.wire import ToolResult
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.bridge import Guard, build_app
+from sandbox.guard.bridge.routes import Guard, build_app
 from sandbox.guard.limits import MAX_EXEC_REPLY_BYTES
 from tests.conftest import BRIDGE_TOKEN, guard_config
 from tests.polling import wait_for

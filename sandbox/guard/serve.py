@@ -26,8 +26,8 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from sandbox.contracts.guardconfig import READY_MARK, GuardConfig
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.bridge import Guard, build_app, json_bytes
-from sandbox.guard.front import Answer, BridgeFront
+from sandbox.guard.bridge.front import Answer, BridgeFront
+from sandbox.guard.bridge.routes import Guard, build_app, json_bytes
 from sandbox.guard.limits import (
     MAX_REQUEST_BYTES,
     TRANSPORT_MAX_HEAD_BYTES,

@@ -1,7 +1,7 @@
 """The bridge API the step calls: every tool call is checked, logged, then answered.
 
 Flow of one call: authenticate -> parse -> policy decision (on the arguments
-the step controls) -> bind the tool's identity paths (`sandbox.guard.bindings`) ->
+the step controls) -> bind the tool's identity paths (`sandbox.guard.bridge.bindings`) ->
 execute by route (stub, refuse, upstream, executor, session) -> action-log
 line(s) -> reply. A call answered here (stub, refusal, session) is one line
 before the reply; a forwarded one (upstream, executor) gets its `start` line
@@ -34,17 +34,18 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sandbox import policy
 from sandbox.contracts.guardconfig import MCP_PATH, GuardConfig
-from sandbox.guard import bindings, limits
+from sandbox.guard import limits
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
-from sandbox.guard.bridge_client import BridgeClient
+from sandbox.guard.bridge import bindings
+from sandbox.guard.bridge.client import BridgeClient
 from sandbox.guard.gate import BAD_TOKEN, bearer_ok, reject_and_log
 from sandbox.guard.upstream import Reply, ReplyTooLarge, UpstreamError
 from sandbox.stepside.agentworks_exec.pathsafety import check_tool_path
 from sandbox.stepside.agentworks_exec.toolargs import executor_deadline_s
 
 if TYPE_CHECKING:
+    from sandbox.guard.bridge.front import BridgeFront
     from sandbox.guard.egress import EgressProxy
-    from sandbox.guard.front import BridgeFront
 from sandbox.contracts.wire import (
     RUN_KIND_HEADER,
     ExecRequest,
@@ -117,7 +118,7 @@ class Guard:
 
     # -- HTTP handlers -----------------------------------------------------------
     # Each entry has a core that knows nothing of the HTTP framework (bytes in, status
-    # and body bytes out), shared by the raw front (`sandbox.guard.front`) and the
+    # and body bytes out), shared by the raw front (`sandbox.guard.bridge.front`) and the
     # framework routes behind it, so both give the same answer and the same line.
 
     def authorized(self, authorization: str | bytes) -> bool:
@@ -678,6 +679,6 @@ def build_app(
         ],
         lifespan=lifespan,
     )
-    from sandbox.guard.front import BridgeFront
+    from sandbox.guard.bridge.front import BridgeFront
 
     return BridgeFront(guard, CappedRequests(app, guard.log), framework=app)

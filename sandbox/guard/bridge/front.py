@@ -28,7 +28,7 @@ from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandbox.guard import limits
-from sandbox.guard.bridge import (
+from sandbox.guard.bridge.routes import (
     Guard,
     json_bytes,
     log_request_refusal,
