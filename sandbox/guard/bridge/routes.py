@@ -94,7 +94,7 @@ class Guard:
         self._next_call = 0
         self._upstream = BridgeClient(config.upstream) if config.upstream else None
         # The same client as the upstream's: kept alive, a request in one write, no
-        # Nagle (a call is one round trip; see tests/test_exec_route.py).
+        # Nagle (a call is one round trip; see tests/guard/bridge/test_executor.py).
         self._executor = BridgeClient(
             f"http://127.0.0.1:{config.exec_port}", max_body=limits.MAX_EXEC_REPLY_BYTES
         )

@@ -36,7 +36,7 @@ from tests.conftest import BRIDGE_TOKEN, guard_config
 from tests.polling import wait_for
 from tests.ports import free_ports
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 AUTH = {"Authorization": f"Bearer {BRIDGE_TOKEN}"}
 CALLS = 6  # of each tool
 

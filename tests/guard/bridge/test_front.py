@@ -16,7 +16,7 @@ import pytest
 from sandbox.contracts.wire import MAX_REQUEST_BYTES, ActionLine
 from sandbox.guard.bridge.front import BridgeFront
 from sandbox.guard.bridge.routes import build_app
-from tests.test_bridge_forward import AUTH, TOKEN, Upstream, make_guard, ok
+from tests.guard.bridge.test_routes import AUTH, TOKEN, Upstream, make_guard, ok
 
 # (method, path, headers, body): every kind of request the step can make on the bridge.
 # A header given as a list is sent once per value, in that order.
