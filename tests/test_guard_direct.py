@@ -22,7 +22,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from sandbox.contracts.wire import ActionLine
-from sandbox.guard.bridge.routes import build_app
+from sandbox.guard.app import build_app
 from sandbox.guard.limits import MAX_REQUEST_BYTES
 from sandbox.guard.serve import BridgeCycle, HeadCappedProtocol
 from tests.guard.bridge.test_front import REQUESTS, _call, _normal, _session_blind

@@ -26,8 +26,9 @@ from uvicorn.protocols.http.httptools_impl import (
 
 from sandbox.contracts.guardconfig import READY_MARK, GuardConfig
 from sandbox.guard.actionlog import ActionLog
+from sandbox.guard.app import build_app
 from sandbox.guard.bridge.front import Answer, BridgeFront
-from sandbox.guard.bridge.routes import Guard, build_app, json_bytes
+from sandbox.guard.bridge.routes import Guard
 from sandbox.guard.limits import (
     MAX_REQUEST_BYTES,
     TRANSPORT_MAX_HEAD_BYTES,
@@ -35,6 +36,7 @@ from sandbox.guard.limits import (
     mib,
     read_capped,
 )
+from sandbox.guard.requestcaps import json_bytes
 
 HEAD_TOO_LARGE = f"request head larger than {mib(TRANSPORT_MAX_HEAD_BYTES)} (the guard's cap)"
 

@@ -24,18 +24,17 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandbox.guard import limits
-from sandbox.guard.bridge.routes import (
-    Guard,
+from sandbox.guard.bridge.routes import Guard
+from sandbox.guard.gate import BAD_TOKEN
+from sandbox.guard.requestcaps import (
     json_bytes,
     log_request_refusal,
     refused_head,
     too_large_request,
 )
-from sandbox.guard.gate import BAD_TOKEN
 
 TOOLS_CALL = "/v1/tools/call"
 SESSIONS = "/v1/sessions"
@@ -48,11 +47,9 @@ class BridgeFront:
     """ASGI app: `/v1/tools/call`, `/v1/sessions`, `/v1/health` here, the rest (MCP,
     lifespan, unknown paths) to `rest`, unchanged."""
 
-    def __init__(self, guard: Guard, rest: ASGIApp, *, framework: Starlette | None = None) -> None:
+    def __init__(self, guard: Guard, rest: ASGIApp) -> None:
         self.guard = guard
-        self.rest = rest  # the caps wrapper around the framework app
-        # The framework app itself (its router, for code and tests that look routes up).
-        self.framework = framework
+        self.rest = rest  # the framework app behind, inside the port's request caps
         self._methods: dict[str, frozenset[str]] = {
             TOOLS_CALL: frozenset({"POST"}),
             SESSIONS: frozenset({"POST"}),

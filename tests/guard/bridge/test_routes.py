@@ -21,7 +21,8 @@ import pytest
 
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.bridge.routes import Guard, build_app
+from sandbox.guard.app import build_app
+from sandbox.guard.bridge.routes import Guard
 from sandbox.guard.limits import MAX_UPSTREAM_REPLY_BYTES
 from sandbox.guard.upstream import Reply
 from tests.conftest import BRIDGE_TOKEN, call_lines, guard_config
@@ -355,9 +356,9 @@ def test_the_guard_waits_as_long_as_the_executor_may_run_the_command(
         seen.append(timeout)
         return Reply(200, b'{"text": "ran"}')
 
-    guard._exec_post = record  # type: ignore[method-assign]
+    guard.executor._post = record  # type: ignore[method-assign]
     arguments = {"command": "sleep 1"} if asked is None else {"command": "x", "timeout_s": asked}
-    asyncio.run(guard._execute_in_step("execute_shell_command", arguments, {}))
+    asyncio.run(guard.executor.run("execute_shell_command", arguments, {}))
     try:
         executor_s = shell_timeout_s(asked)
     except ValueError:

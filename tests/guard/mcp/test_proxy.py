@@ -15,7 +15,8 @@ from starlette.testclient import TestClient
 from sandbox.contracts.config import McpServer
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard import limits
-from sandbox.guard.bridge.routes import Guard, build_app
+from sandbox.guard.app import build_app
+from sandbox.guard.bridge.routes import Guard
 from sandbox.guard.listeners import bind_unix
 from sandbox.stepside import agentworks_mcp as mcp_client
 from tests.conftest import BRIDGE_TOKEN, in_process_guard
