@@ -1,21 +1,10 @@
-"""The bridge's front: its three paths on raw ASGI, everything else to the app behind.
+"""The bridge's one HTTP path: its three paths on raw ASGI, everything else to the
+app behind.
 
-Every tool call a step makes crosses this code, so it is kept to what a call needs:
-one dict look-up for the route, the caps, the token, the body, then the guard's own
-core (`Guard.answer_call`), which is the same code the framework routes behind run.
-The framework's request and response objects, router and middleware cost more per
-call than the rest of the guard's own work without the log's syncs, so they are not
-on this path. Same caps (`CappedRequests`' head and body caps, with the same lines
-and answers), same policy, lines and error shapes as the routes behind; two
-differences, both fail closed and logged: a wrong method is a 405 with its line
-(the framework answers it with none), and a bridge path with a trailing slash is a
-404 with its line (the framework redirects it).
-
-In the guard's own server the three paths do not even come through ASGI: the HTTP
-protocol runs `BridgeFront.answer` itself and writes its `Answer` in one write
-(`sandbox.guard.serve.BridgeCycle`: no message dicts, no app call stack per call).
-`__call__` is the same answer for any other ASGI server (and the tests'), and the
-protocol's path is checked against it byte for byte (tests/test_guard_direct.py).
+Every tool call a step makes crosses this code, so it holds only what a call needs
+(the route, the caps, the token, the body) before the guard's core
+(`Guard.answer_call`); a framework's request objects, router and middleware are not
+on this path. See bridge.spec.md.
 """
 
 from __future__ import annotations
