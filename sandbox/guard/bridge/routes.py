@@ -199,14 +199,7 @@ class Guard:
                 data={"session": child, "parent": session, "test_mode": True},
             )
             detail["child_session"] = child
-            reply = ToolReply(
-                ok=True,
-                tool=call.tool,
-                session=session,
-                decision=decision,  # type: ignore[arg-type]
-                reason=verdict.reason,
-                result=result,
-            )
+            reply = _answered(call.tool, session, decision, verdict.reason, result)
             return reply, detail, verdict.category, False
         if route not in (policy.Route.LOCAL, policy.Route.DB, policy.Route.UPSTREAM):
             # a route the guard does not know: fail closed
@@ -236,14 +229,7 @@ class Guard:
             else:
                 result = await self.executor.run(call.tool, arguments, outcome)
         await self._outcome(logged, result, outcome)
-        reply = ToolReply(
-            ok=not result.is_error,
-            tool=call.tool,
-            session=session,
-            decision=decision,  # type: ignore[arg-type]
-            reason=verdict.reason,
-            result=result,
-        )
+        reply = _answered(call.tool, session, decision, verdict.reason, result)
         return reply, detail, verdict.category, True
 
     def _identity(self, session: str) -> dict[bindings.Bound, str]:
@@ -261,6 +247,18 @@ class Guard:
         if "reply_bytes" not in detail:  # the forward counted the reply's bytes already
             detail["reply_bytes"] = len(result.text) + len(json.dumps(result.data))
         await self.log.outcome(logged, ok=not result.is_error, detail=detail)
+
+
+def _answered(tool: str, session: str, decision: str, reason: str, result: ToolResult) -> ToolReply:
+    """An allowed or redirected call's reply: ok unless its result is an error."""
+    return ToolReply(
+        ok=not result.is_error,
+        tool=tool,
+        session=session,
+        decision=decision,  # type: ignore[arg-type]
+        reason=reason,
+        result=result,
+    )
 
 
 def _stub(tool: str, session: str, reason: str) -> ToolReply:
