@@ -30,10 +30,10 @@ from bench.common import (
     wait_for,
 )
 from bench.results import EgressDetail, Goal, LatencyStats, Row, make_row
+from sandbox.contracts.guardconfig import EGRESS_PORT
 from sandbox.contracts.layout import GUARD_UID, STEP_UID
 from sandbox.contracts.names import STEP_IMAGE
 from sandbox.contracts.record import RunStatus
-from sandbox.guard.config import EGRESS_PORT
 from sandbox.run.testrun import RunOptions, TestRun
 
 # "transparent": the step's uid GETs the server's address itself, no proxy; the firewall

@@ -23,10 +23,10 @@ from bench.common import (
     upstream_server,
 )
 from bench.results import Goal, GuardDetail, GuardSession, LatencyStats, Row, make_row
+from sandbox.contracts.guardconfig import BRIDGE_PORT
 from sandbox.contracts.layout import GUARD_UID, STEP_UID
 from sandbox.contracts.record import RunStatus
 from sandbox.contracts.wire import RUN_KIND_HEADER, ActionLine
-from sandbox.guard.config import BRIDGE_PORT
 from sandbox.run.testrun import RunOptions, TestRun
 
 GUARD_DESIGN = (

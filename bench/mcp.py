@@ -9,10 +9,10 @@ from typing import Any
 from bench import mcp_peer
 from bench.common import MCP_SDK_CLIENT, Bench, BenchError, held_run, hold_workflow
 from bench.results import Goal, LatencyStats, McpDetail, Row, make_row
+from sandbox.contracts.guardconfig import BRIDGE_PORT, MCP_PATH
 from sandbox.contracts.layout import GUARD_UID, STEP_UID
 from sandbox.contracts.names import MCP_IMAGE
 from sandbox.contracts.record import RunStatus
-from sandbox.guard.config import BRIDGE_PORT, MCP_PATH
 from sandbox.launch.specs import MCP_SERVER_PATH
 from sandbox.run.testrun import TestRun
 

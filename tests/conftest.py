@@ -29,13 +29,13 @@ from sandbox.backends.docker import images
 from sandbox.backends.docker.gc import orphaned
 from sandbox.contracts import names
 from sandbox.contracts.config import load_workflow
+from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.contracts.hostconfig import Durability
 from sandbox.contracts.layout import TEST_RUN_PREFIX, RunLayout
 from sandbox.contracts.names import LABEL_MANAGED, LABEL_RUN_ROOT, LABEL_RUNNER_PID
 from sandbox.contracts.record import TestRunRecord
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.config import GuardConfig
 from sandbox.run.testrun import RunOptions, TestRun
 
 # Second engines (runsc runtimes, userns-remap) for the tests of the second walls.

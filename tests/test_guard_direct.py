@@ -22,11 +22,11 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from sandbox.contracts.wire import ActionLine
-from sandbox.guard.bridge import build_app
-from sandbox.guard.caps import MAX_REQUEST_BYTES
+from sandbox.guard.app import build_app
+from sandbox.guard.limits import MAX_REQUEST_BYTES
 from sandbox.guard.serve import BridgeCycle, HeadCappedProtocol
-from tests.test_bridge_forward import AUTH, Upstream, make_guard, ok
-from tests.test_bridge_front import REQUESTS, _call, _normal, _session_blind
+from tests.guard.bridge.test_front import REQUESTS, _call, _normal, _session_blind
+from tests.guard.bridge.test_routes import AUTH, Upstream, make_guard, ok
 
 DEADLINE_S = 20.0
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from sandbox.contracts.guardconfig import CONFIG_FILE_ENV, READY_MARK
 from sandbox.contracts.wire import ActionLine
-from sandbox.guard.caps import MAX_HEADER_BYTES, TRANSPORT_MAX_HEAD_BYTES
-from sandbox.guard.config import CONFIG_FILE_ENV, READY_MARK
+from sandbox.guard.limits import MAX_HEADER_BYTES, TRANSPORT_MAX_HEAD_BYTES
 from sandbox.guard.serve import HEAD_TOO_LARGE
 from tests.conftest import BRIDGE_TOKEN as TOKEN
 from tests.conftest import guard_config

@@ -14,10 +14,10 @@ from sandbox.backends.kubernetes import pod as manifests
 from sandbox.contracts import names
 from sandbox.contracts.config import Workflow
 from sandbox.contracts.errors import ConfigError
+from sandbox.contracts.guardconfig import CONFIG_FILE_ENV
 from sandbox.contracts.hostconfig import BackendConfig, load_host_config
 from sandbox.contracts.layout import GUARD_UID, RunLayout
 from sandbox.contracts.record import RunnerInfo
-from sandbox.guard.config import CONFIG_FILE_ENV
 from sandbox.launch import firewall
 from sandbox.launch import specs as launch
 

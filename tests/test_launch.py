@@ -6,10 +6,10 @@ from pathlib import Path
 
 from sandbox.contracts import names
 from sandbox.contracts.config import Workflow
+from sandbox.contracts.guardconfig import CONFIG_FILE_ENV, DATA_DIR
 from sandbox.contracts.layout import C_DB_PATH, GUARD_UID, MCP_UID_BASE, RunLayout
 from sandbox.contracts.record import RunnerInfo
-from sandbox.guard import caps
-from sandbox.guard.config import CONFIG_FILE_ENV, DATA_DIR
+from sandbox.guard import limits
 from sandbox.launch import specs as launch
 
 
@@ -224,6 +224,6 @@ def test_the_guard_memory_limit_follows_the_caps_not_the_servers(tmp_path: Path)
         _with_servers(tmp_path, [{"name": f"s{n}", "command": ["x"]} for n in range(8)])
     )
     none = launch.guard_spec(plan(tmp_path))
-    assert one.memory_bytes == many.memory_bytes == none.memory_bytes == caps.GUARD_MEMORY_BYTES
+    assert one.memory_bytes == many.memory_bytes == none.memory_bytes == limits.GUARD_MEMORY_BYTES
     assert one.pids == many.pids == none.pids
     assert "/guard/mcp" not in {m.target for m in none.mounts}

@@ -80,10 +80,10 @@ from typing import TYPE_CHECKING, Any
 import h11
 
 from sandbox.contracts.config import Egress, EgressEntry
+from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.guard import http1, splice
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.aliases import HostAliases
-from sandbox.guard.config import GuardConfig
 from sandbox.guard.http1 import Refused
 from sandbox.policy import stub_reply
 

@@ -17,17 +17,13 @@ import ctypes
 import os
 import socket
 
-BRIDGE_PORT = 8790
-EGRESS_PORT = 8792
-# Where the firewall redirects the step's direct TCP connections and its DNS queries
-# (unprivileged ports: the guard holds no capability to bind port 53).
-TRANSPARENT_PORT = 8793
-DNS_PORT = 8753
-EXEC_PORT = 8799  # the step executor's, inside the step; listed so the ports stay apart
+from sandbox.contracts.guardprocess import BRIDGE_PORT as BRIDGE_PORT
+from sandbox.contracts.guardprocess import CONFIG_FILE_ENV as CONFIG_FILE_ENV
+from sandbox.contracts.guardprocess import DNS_PORT as DNS_PORT
+from sandbox.contracts.guardprocess import EGRESS_PORT as EGRESS_PORT
+from sandbox.contracts.guardprocess import TRANSPARENT_PORT as TRANSPARENT_PORT
+
 BACKLOG = 512
-CONFIG_FILE_ENV = "SANDBOX_GUARD_CONFIG_FILE"
-CONFIG_FILE_NAME = "config.json"  # in the guard's folder (DATA_DIR), 0600, guard uid
-READY_MARK = "GUARD-READY"  # on stdout once the guard serves (not just listens)
 
 
 def bind_udp_loopback(port: int) -> socket.socket:

@@ -24,17 +24,19 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
+from sandbox.contracts.guardconfig import READY_MARK, GuardConfig
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.bridge import Guard, build_app, json_bytes
-from sandbox.guard.caps import (
+from sandbox.guard.app import build_app
+from sandbox.guard.bridge.front import Answer, BridgeFront
+from sandbox.guard.bridge.routes import Guard
+from sandbox.guard.limits import (
     MAX_REQUEST_BYTES,
     TRANSPORT_MAX_HEAD_BYTES,
     CappedBody,
     mib,
     read_capped,
 )
-from sandbox.guard.config import READY_MARK, GuardConfig
-from sandbox.guard.front import Answer, BridgeFront
+from sandbox.guard.requestcaps import json_bytes
 
 HEAD_TOO_LARGE = f"request head larger than {mib(TRANSPORT_MAX_HEAD_BYTES)} (the guard's cap)"
 
@@ -158,7 +160,7 @@ class BridgeCycle(RequestResponseCycle):
 
     async def _read_body(self) -> CappedBody:
         """The request's body, never more than MAX_REQUEST_BYTES (and one read) held:
-        `caps.read_capped` over what uvicorn's `receive` reads, without the messages."""
+        `limits.read_capped` over what uvicorn's `receive` reads, without the messages."""
         return await read_capped(self._next_chunk, MAX_REQUEST_BYTES)
 
     async def _next_chunk(self) -> tuple[bytes, bool] | None:

@@ -30,8 +30,8 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from sandbox.contracts.guardprocess import DNS_PORT, TRANSPARENT_PORT
 from sandbox.contracts.layout import GUARD_UID
-from sandbox.guard.listeners import DNS_PORT, TRANSPARENT_PORT
 
 # Docker's embedded resolver lives on loopback and would resolve outside names.
 ENGINE_DNS_V4 = "127.0.0.11"

@@ -3,7 +3,7 @@
 Under runsc the step talks to gVisor's sentry, a user-space kernel, instead of the
 host's: a kernel bug the step could reach is the sentry's, and only the sentry's own
 narrow set of host calls reaches the host. What that changes for a test run, and how
-each is handled here (measured in `/work/shared/facts/gvisor-and-userns.md`):
+each is handled here, as measured on a runsc engine:
 
 - Network: the engine must register runsc with `--network=host` (passthrough). The
   step joins the guard's network namespace, and the sentry uses the host kernel's

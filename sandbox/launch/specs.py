@@ -17,6 +17,18 @@ from pathlib import Path
 
 from sandbox.contracts import names
 from sandbox.contracts.config import Egress, EgressEntry, McpServer, Step, StepRuntime, Workflow
+from sandbox.contracts.guardconfig import (
+    ACTIONS_PATH,
+    BRIDGE_PORT,
+    CONFIG_FILE_ENV,
+    CONFIG_FILE_NAME,
+    DATA_DIR,
+    EGRESS_PORT,
+    EXEC_PORT,
+    MCP_DIR,
+    MCP_PATH,
+    GuardConfig,
+)
 from sandbox.contracts.hostconfig import DEFAULT_DURABILITY, Durability
 from sandbox.contracts.ids import NO_REMAP, IdMap
 from sandbox.contracts.layout import (
@@ -45,19 +57,7 @@ from sandbox.contracts.names import (
 )
 from sandbox.contracts.record import RunnerInfo
 from sandbox.contracts.spec import ContainerSpec, Mount
-from sandbox.guard.caps import GUARD_MEMORY_BYTES
-from sandbox.guard.config import (
-    ACTIONS_PATH,
-    BRIDGE_PORT,
-    CONFIG_FILE_ENV,
-    CONFIG_FILE_NAME,
-    DATA_DIR,
-    EGRESS_PORT,
-    EXEC_PORT,
-    MCP_DIR,
-    MCP_PATH,
-    GuardConfig,
-)
+from sandbox.guard.limits import GUARD_MEMORY_BYTES
 from sandbox.launch import firewall, runtime
 from sandbox.launch.mounts import step_mounts, workflow_mounts
 from sandbox.stepside.agentworks_exec.interface import GUARD_WAIT_ENV, LANDLOCK_ENV
@@ -234,7 +234,7 @@ def guard_spec(plan: RunPlan) -> ContainerSpec:
         ],
         tmpfs={"/tmp": "rw,nosuid,nodev,noexec,size=16m"},
         labels=labels(plan, "guard"),
-        # The guard's own code only: what its caps let it hold (sandbox.guard.caps).
+        # The guard's own code only: what its caps let it hold (sandbox.guard.limits).
         memory_bytes=GUARD_MEMORY_BYTES,
         pids=128,
         cpus=1.0,

@@ -49,6 +49,7 @@ from sandbox.contracts.config import (
 )
 from sandbox.contracts.errors import ConfigError, LaunchError, PrepareError, SandboxError
 from sandbox.contracts.events import REASON_CHARS, EventCallback, EventKind, RunEvent
+from sandbox.contracts.guardconfig import CONFIG_FILE_NAME, GuardConfig
 from sandbox.contracts.hostconfig import Durability, load_host_config
 from sandbox.contracts.ids import NO_REMAP, IdMap
 from sandbox.contracts.layout import (
@@ -69,7 +70,6 @@ from sandbox.contracts.record import (
 from sandbox.contracts.reports import DbDiff
 from sandbox.contracts.version import runner_version
 from sandbox.contracts.wire import ActionLine
-from sandbox.guard.config import CONFIG_FILE_NAME, GuardConfig
 from sandbox.hostfs import fdtree
 from sandbox.hostfs.fdcopy import copy_fd
 from sandbox.hostfs.procstart import process_start, start_identity
@@ -284,7 +284,7 @@ MCP_STDERR_CAP_BYTES = 2 * launch.MCP_LOG_BYTES  # the engine keeps about MCP_LO
 
 
 def write_guard_config(layout: RunLayout, config: GuardConfig, ids: IdMap = NO_REMAP) -> None:
-    """The guard's config, in its own folder (never its environment; see guard.config),
+    """The guard's config, in its own folder (never its environment; see contracts.guardconfig),
     readable by the guard's uid only (the host uid it has under the engine's `ids`)."""
     path = layout.guard_dir / CONFIG_FILE_NAME
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

@@ -40,13 +40,13 @@ from sandbox.backends import ContainerState, RunContainer
 from sandbox.contracts import names
 from sandbox.contracts.config import StepRuntime
 from sandbox.contracts.errors import ConfigError, EngineError, LaunchError
+from sandbox.contracts.guardconfig import CONFIG_FILE_NAME, DATA_DIR
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.ids import NO_REMAP, IdMap
 from sandbox.contracts.layout import MCP_UID_BASE
 from sandbox.contracts.names import LABEL_ROLE
 from sandbox.contracts.record import OutputTail, PeakMemorySource
 from sandbox.contracts.spec import ContainerSpec
-from sandbox.guard.config import CONFIG_FILE_NAME, DATA_DIR
 
 from . import pod as manifests
 from .podrun import ENGINE_ERRORS, PodRun, PodView, connect

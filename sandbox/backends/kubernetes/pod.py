@@ -59,6 +59,12 @@ from typing import Any
 
 from sandbox.contracts import names
 from sandbox.contracts.errors import ConfigError
+from sandbox.contracts.guardconfig import (
+    BRIDGE_PORT,
+    CONFIG_FILE_ENV,
+    CONFIG_FILE_NAME,
+    EGRESS_PORT,
+)
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.layout import GUARD_UID, MCP_UID_BASE
 from sandbox.contracts.names import (
@@ -72,7 +78,6 @@ from sandbox.contracts.names import (
     LABEL_RUNNER_TICKS,
 )
 from sandbox.contracts.spec import ContainerSpec, Mount
-from sandbox.guard.config import BRIDGE_PORT, CONFIG_FILE_ENV, CONFIG_FILE_NAME, EGRESS_PORT
 from sandbox.launch import firewall
 from sandbox.launch import specs as launch
 from sandbox.stepside.agentworks_exec.interface import LANDLOCK_ENV

@@ -1,6 +1,6 @@
 """What every MCP handler of the guard shares: the run's config, its action log and the
 guard's forward slots (shared with the bridge, so a flood of MCP calls cannot hold
-more than the guard's memory cap allows; see `caps`)."""
+more than the guard's memory cap allows; see `limits`)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from typing import Any
 
 import anyio
 
-from sandbox.guard import caps
+from sandbox.contracts.guardconfig import GuardConfig
+from sandbox.guard import limits
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.config import GuardConfig
 
 
 class SlotTimeout(Exception):
@@ -27,7 +27,7 @@ class McpContext:
     ) -> None:
         self.config = config
         self.log = log
-        self._slots = slots or asyncio.Semaphore(caps.FORWARD_SLOTS)
+        self._slots = slots or asyncio.Semaphore(limits.FORWARD_SLOTS)
 
     @contextlib.asynccontextmanager
     async def forward_slot(self, budget_s: float) -> AsyncIterator[None]:

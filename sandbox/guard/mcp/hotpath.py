@@ -25,7 +25,7 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from pydantic import ValidationError
 from starlette.types import Message, Receive, Scope, Send
 
-from sandbox.guard import caps
+from sandbox.guard import limits
 from sandbox.guard.mcp.context import McpContext
 
 # Open step-side sessions per server (the SDK answers 503 past it). Sessions have no
@@ -98,7 +98,7 @@ class HotPath:
         if session is None or version is None:
             await self._to_sdk(scope, receive, send, opening=session is None)
             return
-        body, complete, _ = await caps.read_capped_body(
+        body, complete, _ = await limits.read_capped_body(
             receive, self.endpoint.manager.max_request_body_size
         )
         try:

@@ -20,8 +20,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
+from sandbox.contracts.guardconfig import MCP_PATH, GuardConfig
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.config import MCP_PATH, GuardConfig
 from sandbox.guard.gate import BAD_TOKEN, bearer_ok, reject_and_log
 from sandbox.guard.listeners import bind_unix
 from sandbox.guard.mcp.context import McpContext

@@ -21,7 +21,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sandbox.contracts.config import McpServer
-from sandbox.guard import caps
+from sandbox.guard import limits
 from sandbox.guard.mcp.sockets import (
     REPLY_TOO_LARGE,
     MalformedReply,
@@ -279,8 +279,8 @@ class Upstream:
                 more = isinstance(cursor, str) and bool(cursor)
                 if more or page_number:  # one page is capped by its message; many add up
                     listed_bytes += len(json.dumps(listed))
-                    if listed_bytes > caps.MAX_MCP_LISTING_BYTES:
-                        cap = caps.mib(caps.MAX_MCP_LISTING_BYTES)
+                    if listed_bytes > limits.MAX_MCP_LISTING_BYTES:
+                        cap = limits.mib(limits.MAX_MCP_LISTING_BYTES)
                         raise McpReplyTooLarge(f"tools/list pages together are {CAP_MARK} of {cap}")
                 tools.extend(t for t in listed if isinstance(t, dict))
                 if not more:

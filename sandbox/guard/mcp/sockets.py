@@ -24,7 +24,7 @@ import pydantic_core
 from mcp.shared.exceptions import MCPError
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, LATEST_HANDSHAKE_VERSION
 
-from sandbox.guard.caps import MAX_MCP_MESSAGE_BYTES, mib
+from sandbox.guard.limits import MAX_MCP_MESSAGE_BYTES, mib
 
 # A guard-defined error code (the implementation-defined band of MCP error codes).
 REPLY_TOO_LARGE = -32010

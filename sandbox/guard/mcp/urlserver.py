@@ -13,7 +13,7 @@ import httpx2
 from mcp.client._transport import TransportStreams
 from mcp.client.streamable_http import streamable_http_client
 
-from sandbox.guard import caps
+from sandbox.guard import limits
 
 CAP_MARK = "larger than the guard's cap"  # in every error that says a reply was too large
 
@@ -33,7 +33,7 @@ class _CappedStream(httpx2.AsyncByteStream):
             seen += len(chunk)
             if seen > self._cap:
                 raise _ReplyCapExceeded(
-                    f"the MCP server's reply was {CAP_MARK} of {caps.mib(self._cap)}; "
+                    f"the MCP server's reply was {CAP_MARK} of {limits.mib(self._cap)}; "
                     "it was dropped"
                 )
             yield chunk
@@ -51,7 +51,7 @@ class _CappedTransport(httpx2.AsyncHTTPTransport):
         if response.headers.get("content-type", "").startswith("application/json"):
             stream = response.stream
             assert isinstance(stream, httpx2.AsyncByteStream)
-            response.stream = _CappedStream(stream, caps.MAX_MCP_MESSAGE_BYTES)
+            response.stream = _CappedStream(stream, limits.MAX_MCP_MESSAGE_BYTES)
         return response
 
 
@@ -71,7 +71,7 @@ async def http_transport(url: str) -> AsyncIterator[TransportStreams]:
     async with (
         client,
         streamable_http_client(
-            url, http_client=client, max_sse_event_size=caps.MAX_MCP_MESSAGE_BYTES
+            url, http_client=client, max_sse_event_size=limits.MAX_MCP_MESSAGE_BYTES
         ) as streams,
     ):
         yield streams

@@ -2,7 +2,7 @@
 
 A reply leaves in one write on a socket without Nagle: written as a head and then a
 body, Nagle held the body back until the guard acknowledged the head, which its
-delayed ACK put off by ~40 ms a call (tests/test_exec_route.py counts the segments).
+delayed ACK put off by ~40 ms a call (tests/guard/bridge/test_executor.py counts the segments).
 """
 
 from __future__ import annotations

@@ -14,8 +14,9 @@ from starlette.testclient import TestClient
 
 from sandbox.contracts.config import McpServer
 from sandbox.contracts.wire import ActionLine
-from sandbox.guard import caps
-from sandbox.guard.bridge import Guard, build_app
+from sandbox.guard import limits
+from sandbox.guard.app import build_app
+from sandbox.guard.bridge.routes import Guard
 from sandbox.guard.listeners import bind_unix
 from sandbox.stepside import agentworks_mcp as mcp_client
 from tests.conftest import BRIDGE_TOKEN, in_process_guard
@@ -108,7 +109,7 @@ def test_oversized_requests_get_an_http_error_and_a_line(tmp_path: Path) -> None
     the guard goes on serving."""
     app, actions = _app(tmp_path, [McpServer(name="files", command=["gone"])])
     auth = {"Authorization": "Bearer " + "b" * 24}
-    big = b"x" * (caps.MAX_REQUEST_BYTES + 1)
+    big = b"x" * (limits.MAX_REQUEST_BYTES + 1)
 
     def streamed() -> Iterator[bytes]:
         for start in range(0, len(big), 65536):
@@ -121,7 +122,7 @@ def test_oversized_requests_get_an_http_error_and_a_line(tmp_path: Path) -> None
         mcp_headers = {**auth, "Accept": "application/json, text/event-stream"}
         chunked = client.post("/mcp/files", content=streamed(), headers=mcp_headers)
         assert chunked.status_code == 413
-        headers = {**auth, "X-Filler": "f" * (caps.MAX_HEADER_BYTES + 1)}
+        headers = {**auth, "X-Filler": "f" * (limits.MAX_HEADER_BYTES + 1)}
         assert client.post("/v1/tools/call", json={"tool": "x"}, headers=headers).status_code == 431
         ok = client.post("/v1/tools/call", json={"tool": "notify_user"}, headers=auth)
         assert ok.status_code == 200 and ok.json()["decision"] == "stub"
@@ -195,7 +196,7 @@ class _HugeReplies(JsonMcpServer):
             tool = {"name": "huge", "inputSchema": {"type": "object"}}
             return {"result": {"tools": [{**tool, "annotations": {"readOnlyHint": True}}]}}
         if method == "tools/call":
-            text = "h" * (caps.MAX_MCP_MESSAGE_BYTES + 1024)
+            text = "h" * (limits.MAX_MCP_MESSAGE_BYTES + 1024)
             return {"result": {"content": [{"type": "text", "text": text}]}}
         return super().answer(method, params)
 

@@ -21,8 +21,9 @@ import pytest
 
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.bridge import Guard, build_app
-from sandbox.guard.caps import MAX_UPSTREAM_REPLY_BYTES
+from sandbox.guard.app import build_app
+from sandbox.guard.bridge.routes import Guard
+from sandbox.guard.limits import MAX_UPSTREAM_REPLY_BYTES
 from sandbox.guard.upstream import Reply
 from tests.conftest import BRIDGE_TOKEN, call_lines, guard_config
 
@@ -167,7 +168,7 @@ def test_a_call_whose_bytes_were_written_is_never_sent_again(
 
 
 def oversized_reply(framing: str) -> bytes:
-    """A reply past caps.MAX_UPSTREAM_REPLY_BYTES: its length declared one byte over
+    """A reply past limits.MAX_UPSTREAM_REPLY_BYTES: its length declared one byte over
     (`declared`, only the first MiB sent), or chunked with no length (`chunked`)."""
     cap = MAX_UPSTREAM_REPLY_BYTES
     piece = b"x" * (1024 * 1024)
@@ -182,7 +183,7 @@ def oversized_reply(framing: str) -> bytes:
 def test_an_upstream_reply_past_its_cap_is_a_tool_error_and_the_guard_goes_on(
     guard_at: Callable[[str | None], tuple[Guard, Path]], framing: str
 ) -> None:
-    """A reply larger than caps.MAX_UPSTREAM_REPLY_BYTES (declared up front, or chunked
+    """A reply larger than limits.MAX_UPSTREAM_REPLY_BYTES (declared up front, or chunked
     with no length) is dropped: the step gets an error naming the cap, the call's outcome
     line says so, it is not sent again, and the next call is answered."""
     big = oversized_reply(framing)
@@ -355,9 +356,9 @@ def test_the_guard_waits_as_long_as_the_executor_may_run_the_command(
         seen.append(timeout)
         return Reply(200, b'{"text": "ran"}')
 
-    guard._exec_post = record  # type: ignore[method-assign]
+    guard.executor._post = record  # type: ignore[method-assign]
     arguments = {"command": "sleep 1"} if asked is None else {"command": "x", "timeout_s": asked}
-    asyncio.run(guard._execute_in_step("execute_shell_command", arguments, {}))
+    asyncio.run(guard.executor.run("execute_shell_command", arguments, {}))
     try:
         executor_s = shell_timeout_s(asked)
     except ValueError:

@@ -12,13 +12,13 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.contracts.config import Egress, McpServer
+from sandbox.contracts.guardprocess import BRIDGE_PORT as BRIDGE_PORT
+from sandbox.contracts.guardprocess import CONFIG_FILE_ENV as CONFIG_FILE_ENV
+from sandbox.contracts.guardprocess import CONFIG_FILE_NAME as CONFIG_FILE_NAME
+from sandbox.contracts.guardprocess import EGRESS_PORT as EGRESS_PORT
+from sandbox.contracts.guardprocess import EXEC_PORT as EXEC_PORT
+from sandbox.contracts.guardprocess import READY_MARK as READY_MARK
 from sandbox.contracts.hostconfig import DEFAULT_DURABILITY, Durability
-from sandbox.guard.listeners import BRIDGE_PORT as BRIDGE_PORT
-from sandbox.guard.listeners import CONFIG_FILE_ENV as CONFIG_FILE_ENV
-from sandbox.guard.listeners import CONFIG_FILE_NAME as CONFIG_FILE_NAME
-from sandbox.guard.listeners import EGRESS_PORT as EGRESS_PORT
-from sandbox.guard.listeners import EXEC_PORT as EXEC_PORT
-from sandbox.guard.listeners import READY_MARK as READY_MARK
 
 ACTIONS_PATH = "/guard/actions.jsonl"
 DATA_DIR = "/guard/data"  # the guard's own folder in the run root (0700, guard uid)

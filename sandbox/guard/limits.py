@@ -1,15 +1,7 @@
 """Every size the guard accepts, in one place, and the memory limit they add up to.
 
-Whatever the step or a server sends past a cap is dropped, never buffered
-whole: the step gets a tool error (or an HTTP 413/431 on the bridge and MCP
-port) that names the cap, the call's line is written, and the guard lives.
-The guard holds at most `FORWARD_SLOTS` replies at once (further forwarded
-calls wait for a slot, inside their own time budget), so its memory is bounded
-by the caps, not by what the step or a server chooses to send; the guard
-container's memory limit (`GUARD_MEMORY_BYTES`) is that bound with room to
-spare. The egress proxy streams replies without holding them (its request
-head cap is `sandbox.guard.http1.MAX_HEAD_BYTES`), and the action log has its
-own caps (`sandbox.guard.actionlog`).
+Past a cap, what the step or a server sends is dropped, never held whole, so the
+guard's memory is bounded by these numbers (see guard.spec.md, Limits).
 """
 
 from __future__ import annotations

@@ -12,10 +12,10 @@ from typing import TypeVar
 import pytest
 import uvloop
 
-from sandbox.guard.bridge_client import MAX_BODY_BYTES, MAX_HEAD_BYTES, BridgeClient
-from sandbox.guard.caps import MAX_UPSTREAM_REPLY_BYTES
+from sandbox.guard.bridge.client import MAX_BODY_BYTES, MAX_HEAD_BYTES, BridgeClient
+from sandbox.guard.limits import MAX_UPSTREAM_REPLY_BYTES
 from sandbox.guard.upstream import Reply, ReplyTooLarge, UpstreamError
-from tests.test_bridge_forward import Upstream, ok, oversized_reply
+from tests.guard.bridge.test_routes import Upstream, ok, oversized_reply
 
 T = TypeVar("T")
 DEADLINE_S = 20.0

@@ -1,21 +1,9 @@
-"""The guard's client for the real bridge: HTTP/1.1 on an asyncio protocol, parsed by
-httptools (llhttp, the parser of the bridge port), no retries.
+"""The guard's client for the real bridge and the step's executor: HTTP/1.1 on an
+asyncio protocol, parsed by httptools (llhttp, the bridge port's parser), no retries.
 
-The contract is `sandbox.guard.upstream`'s. It replaced an h11 client on asyncio
-streams, at a ninth of its CPU per call on loopback (14 us against 120: the bytes
-go to llhttp in C from the protocol's own callback, with no stream reader
-between). A forwarded call's bytes are written at most once. A kept-alive
-connection is reused only when its last reply ended cleanly with keep-alive and,
-just before the request goes out, the socket shows no sign of the server's close
-(a non-blocking poll: EOF or stray bytes retire it). Once a request is written,
-any failure (reset, close, malformed reply, time-out) is that call's error with
-`sent=True`, never a reason to send it again: the upstream may have run it. Only
-a connection that could not be made is `sent=False`.
-Limits: a reply head past MAX_HEAD_BYTES (its header lines, or the bytes read while
-it is incomplete) is malformed; a body over
-the client's `max_body` (declared, or counted as it arrives) is `ReplyTooLarge`,
-never held whole; at most MAX_IDLE idle connections; no
-redirects, no proxies from the environment; 1xx replies are skipped.
+The bytes go to llhttp from the protocol's own callback, with no stream reader
+between, which keeps a forwarded call's CPU small. A call's bytes are written at
+most once; its contract is `sandbox.guard.upstream`'s (see bridge.spec.md).
 """
 
 from __future__ import annotations
@@ -29,7 +17,7 @@ from urllib.parse import urlsplit
 
 import httptools
 
-from sandbox.guard.caps import MAX_UPSTREAM_REPLY_BYTES
+from sandbox.guard.limits import MAX_UPSTREAM_REPLY_BYTES
 from sandbox.guard.upstream import Reply, ReplyTooLarge, UpstreamError
 
 MAX_HEAD_BYTES = 64 * 1024

@@ -1,21 +1,10 @@
-"""The bridge's front: its three paths on raw ASGI, everything else to the app behind.
+"""The bridge's one HTTP path: its three paths on raw ASGI, everything else to the
+app behind.
 
-Every tool call a step makes crosses this code, so it is kept to what a call needs:
-one dict look-up for the route, the caps, the token, the body, then the guard's own
-core (`Guard.answer_call`), which is the same code the framework routes behind run.
-The framework's request and response objects, router and middleware cost more per
-call than the rest of the guard's own work without the log's syncs, so they are not
-on this path. Same caps (`CappedRequests`' head and body caps, with the same lines
-and answers), same policy, lines and error shapes as the routes behind; two
-differences, both fail closed and logged: a wrong method is a 405 with its line
-(the framework answers it with none), and a bridge path with a trailing slash is a
-404 with its line (the framework redirects it).
-
-In the guard's own server the three paths do not even come through ASGI: the HTTP
-protocol runs `BridgeFront.answer` itself and writes its `Answer` in one write
-(`sandbox.guard.serve.BridgeCycle`: no message dicts, no app call stack per call).
-`__call__` is the same answer for any other ASGI server (and the tests'), and the
-protocol's path is checked against it byte for byte (tests/test_guard_direct.py).
+Every tool call a step makes crosses this code, so it holds only what a call needs
+(the route, the caps, the token, the body) before the guard's core
+(`Guard.answer_call`); a framework's request objects, router and middleware are not
+on this path. See bridge.spec.md.
 """
 
 from __future__ import annotations
@@ -24,18 +13,17 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
-from starlette.applications import Starlette
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sandbox.guard import caps
-from sandbox.guard.bridge import (
-    Guard,
+from sandbox.guard import limits
+from sandbox.guard.bridge.routes import Guard
+from sandbox.guard.gate import BAD_TOKEN
+from sandbox.guard.requestcaps import (
     json_bytes,
     log_request_refusal,
     refused_head,
     too_large_request,
 )
-from sandbox.guard.gate import BAD_TOKEN
 
 TOOLS_CALL = "/v1/tools/call"
 SESSIONS = "/v1/sessions"
@@ -48,11 +36,9 @@ class BridgeFront:
     """ASGI app: `/v1/tools/call`, `/v1/sessions`, `/v1/health` here, the rest (MCP,
     lifespan, unknown paths) to `rest`, unchanged."""
 
-    def __init__(self, guard: Guard, rest: ASGIApp, *, framework: Starlette | None = None) -> None:
+    def __init__(self, guard: Guard, rest: ASGIApp) -> None:
         self.guard = guard
-        self.rest = rest  # the caps wrapper around the framework app
-        # The framework app itself (its router, for code and tests that look routes up).
-        self.framework = framework
+        self.rest = rest  # the framework app behind, inside the port's request caps
         self._methods: dict[str, frozenset[str]] = {
             TOOLS_CALL: frozenset({"POST"}),
             SESSIONS: frozenset({"POST"}),
@@ -73,8 +59,8 @@ class BridgeFront:
             await self.rest(scope, receive, send)
             return
 
-        async def body() -> caps.CappedBody:
-            return await caps.read_capped_body(receive, caps.MAX_REQUEST_BYTES)
+        async def body() -> limits.CappedBody:
+            return await limits.read_capped_body(receive, limits.MAX_REQUEST_BYTES)
 
         answer = await self.answer(scope["path"], scope["method"], scope["headers"], body)
         if answer is None:  # the client hung up before its body was in: no one to answer
@@ -89,7 +75,7 @@ class BridgeFront:
         path: str,
         method: str,
         headers: list[tuple[bytes, bytes]],
-        read_body: Callable[[], Awaitable[caps.CappedBody]],
+        read_body: Callable[[], Awaitable[limits.CappedBody]],
     ) -> Answer | None:
         """One request for a path this front `serves`: its answer (its line, if any,
         on disk first), or None when the client left before its body was in.

@@ -27,16 +27,17 @@ from typing import Any
 import httpx
 import pytest
 
+from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.contracts.wire import ToolResult
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.bridge import Guard, build_app
-from sandbox.guard.caps import MAX_EXEC_REPLY_BYTES
-from sandbox.guard.config import GuardConfig
+from sandbox.guard.app import build_app
+from sandbox.guard.bridge.routes import Guard
+from sandbox.guard.limits import MAX_EXEC_REPLY_BYTES
 from tests.conftest import BRIDGE_TOKEN, guard_config
 from tests.polling import wait_for
 from tests.ports import free_ports
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 AUTH = {"Authorization": f"Bearer {BRIDGE_TOKEN}"}
 CALLS = 6  # of each tool
 
@@ -202,7 +203,7 @@ def test_a_reply_over_the_executors_cap_is_dropped_not_held(tmp_path: Path, decl
 
     async def main() -> ToolResult:
         try:
-            return await guard._execute_in_step("read_file", {"path": "big"}, outcome)
+            return await guard.executor.run("read_file", {"path": "big"}, outcome)
         finally:
             await guard.close()
 

@@ -1,6 +1,6 @@
-"""The bridge's raw front against the framework routes behind it: the same calls, the
-same answers and the same lines, malformed and oversized ones included (in-process
-guard; the forwarded calls go to a real upstream server on loopback)."""
+"""The bridge's front (its one HTTP path): every kind of request the step can make,
+its answer and its line, malformed and oversized ones included (in-process guard;
+the forwarded calls go to a real upstream server on loopback)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from sandbox.contracts.wire import MAX_REQUEST_BYTES, ActionLine
-from sandbox.guard.bridge import build_app
-from sandbox.guard.front import BridgeFront
-from tests.test_bridge_forward import AUTH, TOKEN, Upstream, make_guard, ok
+from sandbox.guard.app import build_app
+from sandbox.guard.bridge.front import BridgeFront
+from tests.guard.bridge.test_routes import AUTH, TOKEN, Upstream, make_guard, ok
 
 # (method, path, headers, body): every kind of request the step can make on the bridge.
 # A header given as a list is sent once per value, in that order.
@@ -62,7 +62,7 @@ REQUESTS: list[Request] = [
     ("POST", "/v1/sessions", AUTH, b"{"),
     ("POST", "/v1/sessions", {}, b"{}"),
     ("POST", "/v1/sessions", AUTH, _past_the_cap),
-    ("GET", "/v1/nope", AUTH, b""),  # not a bridge path: the app behind answers both ways
+    ("GET", "/v1/nope", AUTH, b""),  # not a bridge path: the app behind answers
     ("GET", "/mcp", AUTH, b""),
     ("GET", "/mcp", {}, b""),
 ]
@@ -126,54 +126,78 @@ def _session_blind(body: bytes) -> bytes:
     return text.encode()
 
 
-def test_the_front_and_the_routes_behind_answer_and_log_alike(
-    tmp_path: Path, upstream: Upstream
-) -> None:
-    front_guard, front_actions = make_guard(tmp_path, "front", upstream.url)
-    behind_guard, behind_actions = make_guard(tmp_path, "behind", upstream.url)
+# What each of REQUESTS gets: its status, and the line (tool, decision, category) each
+# answer from the guard's own code writes first, in order.
+STATUSES = [
+    200, 200, 200, 200, 200, 200, 401, 401, 401, 400, 401, 400, 400, 400, 400,
+    400, 413, 413, 431, 431, 200, 200, 200, 400, 400, 401, 413, 404, 200, 401,
+]  # fmt: skip
+REFUSED = ("?", "refuse", "request")
+LINES = [
+    ("notify_user", "stub", "messaging"),
+    ("generate_text_llm", "allow", "model"),  # its start line
+    ("generate_text_llm", "allow", "model"),  # its outcome line
+    ("read_file", "allow", "local"),
+    ("read_file", "allow", "local"),
+    ("no_such_tool_anywhere", "stub", "unknown"),
+    ("notify_user", "refuse", "session"),
+    *[REFUSED] * 10,
+    ("/v1/tools/call", "refuse", "request"),
+    ("/v1/tools/call", "refuse", "request"),
+    ("/v1/tools/call", "refuse", "request"),
+    ("/v1/health", "refuse", "request"),
+    ("session.create", "allow", "session"),
+    ("session.create", "allow", "session"),
+    ("session.create", "allow", "session"),
+    *[REFUSED] * 3,
+    ("/v1/sessions", "refuse", "request"),
+    ("mcp", "refuse", "request"),
+]
 
-    async def main() -> tuple[list[Any], list[Any]]:
-        front = build_app(front_guard)
-        behind = build_app(behind_guard)
-        assert isinstance(front, BridgeFront) and front.framework is not None
-        through_front = await _send(front, REQUESTS)
-        through_routes = await _send(behind.rest, REQUESTS)  # the framework app, as before
-        await front_guard.close()
-        await behind_guard.close()
-        return through_front, through_routes
 
-    through_front, through_routes = asyncio.run(main())
-    for request, a, b in zip(REQUESTS, through_front, through_routes, strict=True):
+def test_every_request_gets_its_answer_and_its_line(tmp_path: Path, upstream: Upstream) -> None:
+    """The front is the bridge's one HTTP path: every kind of request, malformed and
+    oversized ones included, gets its status and a JSON body, and every refusal from
+    the guard's own code has its line."""
+    guard, actions = make_guard(tmp_path, "front", upstream.url)
+
+    async def main() -> list[Any]:
+        front = build_app(guard)
+        assert isinstance(front, BridgeFront)
+        answers = await _send(front, REQUESTS)
+        await guard.close()
+        return answers
+
+    answers = asyncio.run(main())
+    assert [a[0] for a in answers] == STATUSES
+    for request, (status, media, connection, body) in zip(REQUESTS, answers, strict=True):
         where = f"{request[0]} {request[1]} {request[3]!r:.60}"
-        assert a[:3] == b[:3], where
-        assert _session_blind(a[3]) == _session_blind(b[3]), where
-    statuses = [a[0] for a in through_front]
+        if request[1] == "/v1/nope":  # not a bridge path: the app behind answers
+            continue
+        assert media == "application/json", where
+        assert connection == ("close" if status in (413, 431) else None), where
+        reply = json.loads(body)
+        assert (set(reply) == {"error"}) == (status >= 400), where
+    statuses = [a[0] for a in answers]
     assert statuses.count(401) == 6 and statuses.count(413) == 3 and statuses.count(431) == 2
     assert statuses.count(400) >= 7
-    front_lines = [
-        ActionLine.model_validate_json(x) for x in front_actions.read_text().split("\n")[:-1]
-    ]
-    behind_lines = [
-        ActionLine.model_validate_json(x) for x in behind_actions.read_text().split("\n")[:-1]
-    ]
-    assert [_normal(x) for x in front_lines] == [_normal(x) for x in behind_lines]
+    lines = [ActionLine.model_validate_json(x) for x in actions.read_text().split("\n")[:-1]]
+    assert [(x.tool, x.decision, x.category) for x in lines] == LINES
     # Every refused request has its line: one per 4xx from the guard's own code.
-    refused = [x for x in front_lines if x.category == "request"]
+    refused = [x for x in lines if x.category == "request"]
     guard_4xx = [
-        a
-        for req, a in zip(REQUESTS, through_front, strict=True)
-        if a[0] >= 400 and req[1] != "/v1/nope"
+        a for req, a in zip(REQUESTS, answers, strict=True) if a[0] >= 400 and req[1] != "/v1/nope"
     ]
     assert len(refused) == len(guard_4xx)
-    # The forwarded call went out exactly once from each side.
-    assert len(upstream.requests) == 2
+    # The forwarded call went out exactly once.
+    assert len(upstream.requests) == 1
 
 
 def test_a_wrong_method_or_a_trailing_slash_is_refused_with_its_line(
     tmp_path: Path, upstream: Upstream
 ) -> None:
-    """Where the front differs from the routes behind (a bare 405 with no line, a
-    redirect): it refuses, and says so on disk, and nothing is forwarded."""
+    """A wrong method or a bridge path with a trailing slash is refused (not a bare
+    405 with no line, not a redirect), the refusal is on disk, and nothing is forwarded."""
     guard, actions = make_guard(tmp_path, "front", upstream.url)
     requests: list[Request] = [
         ("GET", "/v1/tools/call", AUTH, b""),

@@ -1,0 +1,16 @@
+"""What the runner and the guard's process agree on before any config is read.
+
+The ports, the config file and the ready line. Standard library only: the guard
+imports this before it binds its ports, and the step waits for those.
+"""
+
+BRIDGE_PORT = 8790
+EGRESS_PORT = 8792
+# Where the firewall redirects the step's direct TCP connections and its DNS queries
+# (unprivileged ports: the guard holds no capability to bind port 53).
+TRANSPARENT_PORT = 8793
+DNS_PORT = 8753
+EXEC_PORT = 8799  # the step executor's, inside the step; listed so the ports stay apart
+CONFIG_FILE_ENV = "SANDBOX_GUARD_CONFIG_FILE"
+CONFIG_FILE_NAME = "config.json"  # in the guard's folder (DATA_DIR), 0600, guard uid
+READY_MARK = "GUARD-READY"  # on stdout once the guard serves (not just listens)

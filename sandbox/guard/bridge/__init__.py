@@ -1,0 +1,1 @@
+"""The bridge API the step calls: its routes, the upstream client, the identity bindings."""
