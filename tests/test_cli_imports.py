@@ -32,7 +32,8 @@ NOT_FOR_A_RUN = (
     "sandbox.backends.docker.gc",
     "sandbox.collect.dbdiff",
     "sandbox.guard.tls",
-    "sandbox.policy",  # the guard judges calls; the runner only hashes the file
+    "sandbox.policy",  # the guard judges calls; the runner only hashes the files
+    "sandbox.policy_sql",
     "sandbox.stepside.agentworks_exec.server",
     "sandbox.stepside.agentworks_exec.supervisor",
     # Its find_library runs `ldconfig -p` as a new process (the mounts use the

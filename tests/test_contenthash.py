@@ -3,12 +3,18 @@ but its data, and says so when it could not cover everything."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import pkgutil
+from importlib.machinery import ModuleSpec
 from pathlib import Path
 
+import pytest
+
+import sandbox
 from sandbox.contracts.config import load_workflow
 from sandbox.contracts.record import ContentHash
-from sandbox.prepare import treehash
+from sandbox.prepare import contenthash, treehash
 from sandbox.prepare.contenthash import changed_parts, content_hash, policy_version
 from tests.conftest import write_workflow
 
@@ -177,3 +183,34 @@ def test_what_cannot_be_hashed_makes_the_hash_incomplete(tmp_path: Path) -> None
     content = _content(wf)
     assert not content.complete
     assert content.not_covered == ["code/pipe: a fifo (its content cannot be hashed)"]
+
+
+def test_a_change_to_the_sql_classifier_is_a_new_policy_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SQL classifier decides verdicts as much as the table does: a verification of
+    the old classifier must not count for a new one."""
+    real = importlib.util.find_spec
+    origin = real("sandbox.policy_sql").origin  # type: ignore[union-attr]
+    assert origin is not None
+    changed = tmp_path / "policy_sql.py"
+    text = Path(origin).read_text(encoding="utf-8")
+    changed.write_text(text.replace('"SELECT", "VALUES"', '"SELECT", "VALUES", "PRAGMA"'))
+    assert changed.read_text(encoding="utf-8") != text
+
+    def find_spec(name: str, package: str | None = None) -> ModuleSpec | None:
+        if name == "sandbox.policy_sql":
+            return ModuleSpec(name, None, origin=str(changed))
+        return real(name, package)
+
+    before = policy_version()
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    assert policy_version() != before
+
+
+def test_every_module_of_the_policy_is_in_its_version() -> None:
+    package = Path(sandbox.__file__).parent
+    policy_modules = {f"sandbox.{m.name}" for m in pkgutil.iter_modules([str(package)])}
+    assert {m for m in policy_modules if m.startswith("sandbox.policy")} == set(
+        contenthash.POLICY_MODULES
+    )

@@ -50,7 +50,7 @@ import psutil
 import pytest
 from docker import DockerClient
 
-import sandbox.run.testrun as run_module
+import sandbox.prepare.rundir as rundir_module
 from sandbox.backends.docker.gc import orphaned
 from sandbox.contracts.layout import RunLayout
 from sandbox.contracts.names import (
@@ -474,7 +474,9 @@ def test_db_locked_by_a_writer_during_the_copy(
     """dbcopy guarantees a copy consistent at one instant (committed rows in, the pending
     write out) or, when a conflicting lock outlasts the copy timeout, an `error` record
     and nothing half-made. The timeout is lowered from 30 s to keep the test short."""
-    monkeypatch.setattr(run_module, "copy_db", functools.partial(copy_db, timeout_s=COPY_TIMEOUT_S))
+    monkeypatch.setattr(
+        rundir_module, "copy_db", functools.partial(copy_db, timeout_s=COPY_TIMEOUT_S)
+    )
     wf = make_workflow(command="true", earlier_files={"in.txt": "x"})
     db = wf / "db" / "db.sqlite"
     if wal:

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 from docker import DockerClient
 
+from sandbox.collect import stepreports
 from sandbox.collect.actionsummary import ActionSummary
 from sandbox.contracts.record import Landlock, RunStatus
-from sandbox.run import verdict
+from sandbox.record import outcome
 from sandbox.run.testrun import TestRun
 from sandbox.stepside import landlock
 from sandbox.stepside.agentworks_exec.interface import LANDLOCK_MARK, LANDLOCK_REFUSED_EXIT
@@ -151,7 +152,7 @@ def test_an_abi_without_scopes_scopes_nothing() -> None:
 def _verdict(exit_code: int, wall: Landlock) -> tuple[RunStatus, str]:
     """The run's verdict for a step that exited so behind that wall (its guard up,
     nothing else amiss)."""
-    return verdict.verdict(
+    return outcome.status_and_reason(
         exit_code,
         60,
         True,
@@ -199,7 +200,7 @@ def test_the_executor_walls_the_step_in_before_it_starts(tmp_path: Path, beyond_
     assert "Permission denied" in done.stderr
     assert (tmp_path / "group" / "in.txt").read_text() == "in\n"
     assert outside.read_text() == ""
-    wall = verdict.landlock_from(done.stderr)
+    wall = stepreports.landlock_from(done.stderr)
     assert (wall.required, wall.applied, wall.abi) == (True, True, ABI)
 
 
@@ -209,7 +210,7 @@ def test_a_wall_the_executor_cannot_make_stops_the_step(tmp_path: Path) -> None:
     assert done.returncode == LANDLOCK_REFUSED_EXIT
     assert not (tmp_path / "group" / "ran.txt").exists()
     assert done.stderr.startswith(LANDLOCK_MARK)
-    wall = verdict.landlock_from(done.stderr)
+    wall = stepreports.landlock_from(done.stderr)
     assert wall.required and not wall.applied and "neither" in wall.reason
     status, reason = _verdict(done.returncode, wall)
     assert status is RunStatus.ERROR and "never started" in reason and "requir" in reason
@@ -242,7 +243,7 @@ def test_beside_stdio_servers_a_wall_that_cannot_scope_stops_the_step(tmp_path: 
         check=False,
     )
     assert done.returncode == LANDLOCK_REFUSED_EXIT, done.stderr
-    wall = verdict.landlock_from(done.stderr)
+    wall = stepreports.landlock_from(done.stderr)
     assert wall.required and wall.applied and wall.abi == 5
     assert "abstract_unix_socket" in wall.reason and "signal" in wall.reason
     status, reason = _verdict(done.returncode, wall)
@@ -250,7 +251,7 @@ def test_beside_stdio_servers_a_wall_that_cannot_scope_stops_the_step(tmp_path: 
     # With this kernel's own ABI (6 or later) the same mode walls the step in and runs it.
     ran = _executor(tmp_path, "require-scoped", "echo ran")
     assert ran.returncode == 0 and "ran" in ran.stdout, ran.stderr
-    assert verdict.landlock_from(ran.stderr).scoped == ["abstract_unix_socket", "signal"]
+    assert stepreports.landlock_from(ran.stderr).scoped == ["abstract_unix_socket", "signal"]
 
 
 STEP = (

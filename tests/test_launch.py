@@ -11,6 +11,7 @@ from sandbox.contracts.layout import C_DB_PATH, GUARD_UID, MCP_UID_BASE, RunLayo
 from sandbox.contracts.record import RunnerInfo
 from sandbox.guard import limits
 from sandbox.launch import specs as launch
+from sandbox.prepare import plan as plan_module
 
 
 def plan(tmp_path: Path, **overrides: object) -> launch.RunPlan:
@@ -194,15 +195,15 @@ def test_a_server_whose_egress_is_inspected_trusts_the_run_ca(tmp_path: Path) ->
     step_only = Workflow.model_validate(
         {"name": "wf", "steps": [{"id": "s", "group": "g", "command": "true"}]}
     )
-    assert not launch.needs_egress_ca(step_only, step_only.egress)
+    assert not plan_module.needs_egress_ca(step_only, step_only.egress)
     # A server's own inspected list needs the run's CA even when the step's list is empty.
-    assert launch.needs_egress_ca(p.workflow, step_only.egress)
+    assert plan_module.needs_egress_ca(p.workflow, step_only.egress)
     p = plan(
         tmp_path,
         workflow=p.workflow,
         step=p.step,
         egress=p.egress,
-        egress_ca=launch.EgressCA(cert_pem="CERT", key_pem="KEY-secret"),
+        egress_ca=plan_module.EgressCA(cert_pem="CERT", key_pem="KEY-secret"),
     )
     files, api, pinned = (
         launch.mcp_server_spec(p, i, s) for i, s in launch.stdio_servers(p.workflow)

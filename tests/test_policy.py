@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sandbox import policy
+from sandbox import policy, policy_sql
 from sandbox.policy import (
     BROWSER_ALLOWED_COMMANDS,
     EFFECTS_TABLE,
@@ -698,7 +698,7 @@ def test_sql_classified_read_only_reads_in_real_sqlite(sql: str) -> None:
     for action, arg1 in actions:
         if action == sqlite3.SQLITE_PRAGMA:
             assert arg1 is not None
-            assert arg1.lower() in policy._READ_PRAGMAS | policy._READ_PRAGMAS_WITH_ARG
+            assert arg1.lower() in policy_sql._READ_PRAGMAS | policy_sql._READ_PRAGMAS_WITH_ARG
         elif action == sqlite3.SQLITE_UPDATE and arg1 == "sqlite_master":
             assert "pragma_" in sql.lower()
         else:

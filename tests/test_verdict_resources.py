@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from sandbox.collect.stepreports import resources
 from sandbox.contracts.record import PeakMemorySource
-from sandbox.run.verdict import resources
 from sandbox.stepside.agentworks_exec.interface import USAGE_MARK
 
 MIB = 1 << 20

@@ -48,3 +48,9 @@ class RefusedError(SandboxError):
     """The test run may not start now (the workflow is busy, or policy refuses it)."""
 
     exit_code = ExitCode.REFUSED
+
+
+def internal_reason(phase: str, exc: BaseException) -> str:
+    """One line for a record whose run ended on an error nobody planned for."""
+    text = str(exc).splitlines()[0][:300] if str(exc) else ""
+    return f"internal error during {phase}: {type(exc).__name__}" + (f": {text}" if text else "")

@@ -9,10 +9,11 @@ and start time.
 
 from __future__ import annotations
 
-import os
 from typing import Final
 
-IMAGE_TAG: Final = os.environ.get("SANDBOX_IMAGE_TAG", "current")
+from sandbox.contracts.settings import runner_settings
+
+IMAGE_TAG: Final = runner_settings().image_tag
 STEP_IMAGE: Final = f"sandbox-step:{IMAGE_TAG}"
 GUARD_IMAGE: Final = f"sandbox-guard:{IMAGE_TAG}"
 MCP_IMAGE: Final = f"sandbox-mcp:{IMAGE_TAG}"

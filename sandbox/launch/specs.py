@@ -3,20 +3,17 @@
 Pure: this module decides users, mounts, environment, limits and networks from
 a `RunPlan` and makes no engine calls (it only borrows the engine layer's
 image and label names); `sandbox.backends.docker` turns the specs into API calls and
-`sandbox.run.testrun` decides when. Reading it top to bottom answers "what does the
+`sandbox.run.testrun` decides when. The plan itself is `sandbox.prepare.plan`'s
+(its names are re-exported here). Reading it top to bottom answers "what does the
 step see, what does the guard hold, and what does an MCP server get?".
 """
 
 from __future__ import annotations
 
 import json
-import os
-import secrets
-from dataclasses import dataclass, field
-from pathlib import Path
 
 from sandbox.contracts import names
-from sandbox.contracts.config import Egress, EgressEntry, McpServer, Step, StepRuntime, Workflow
+from sandbox.contracts.config import McpServer
 from sandbox.contracts.guardconfig import (
     ACTIONS_PATH,
     BRIDGE_PORT,
@@ -29,8 +26,6 @@ from sandbox.contracts.guardconfig import (
     MCP_PATH,
     GuardConfig,
 )
-from sandbox.contracts.hostconfig import DEFAULT_DURABILITY, Durability
-from sandbox.contracts.ids import NO_REMAP, IdMap
 from sandbox.contracts.layout import (
     C_CA_BUNDLE,
     C_DB_PATH,
@@ -40,8 +35,6 @@ from sandbox.contracts.layout import (
     GUARD_UID,
     MCP_EGRESS_SOCKET,
     MCP_SOCKET,
-    STEP_UID,
-    RunLayout,
     mcp_proxy_port,
     mcp_uid,
 )
@@ -60,6 +53,9 @@ from sandbox.contracts.spec import ContainerSpec, Mount
 from sandbox.guard.limits import GUARD_MEMORY_BYTES
 from sandbox.launch import firewall, runtime
 from sandbox.launch.mounts import step_mounts, workflow_mounts
+from sandbox.prepare.plan import RunPlan as RunPlan
+from sandbox.prepare.plan import stdio_servers as stdio_servers
+from sandbox.prepare.plan import step_user as step_user
 from sandbox.stepside.agentworks_exec.interface import GUARD_WAIT_ENV, LANDLOCK_ENV
 from sandbox.stepside.agentworks_exec.preflight import ENV as PREFLIGHT_ENV
 
@@ -73,77 +69,9 @@ CA_BUNDLE_VARIABLES = (
 )
 
 
-@dataclass(frozen=True)
-class Tokens:
-    """Per-run secrets: the step's bridge token and the guard's executor token."""
-
-    bridge: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    exec: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-
-
-@dataclass(frozen=True)
-class EgressCA:
-    """The run's TLS-inspection CA as PEM text (made by the runner; see sandbox.guard.tls)."""
-
-    cert_pem: str
-    key_pem: str = field(repr=False)
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """Everything the specs depend on, resolved before any container exists."""
-
-    workflow_dir: Path
-    workflow: Workflow
-    step: Step
-    layout: RunLayout
-    runner: RunnerInfo
-    crew: dict[str, Path]
-    has_db: bool
-    has_prompt: bool
-    seccomp_profile: str
-    upstream: str | None
-    networks: list[str]
-    egress: Egress
-    trusted_ca_pem: str
-    mcp_host_env: dict[str, dict[str, str]]
-    canary: str | None = None
-    canary6: str | None = None
-    install_firewall: bool = True
-    durability: Durability = DEFAULT_DURABILITY  # the action log's (host.toml)
-    tokens: Tokens = field(default_factory=Tokens)
-    egress_ca: EgressCA | None = None  # set when some allow-list entry is inspected
-    ids: IdMap = NO_REMAP  # the engine's remapping: what host ids the runner chowns to
-    step_runtime: StepRuntime = "runc"  # runsc: the step under gVisor (see launch.runtime)
-    # The test run the step belongs to: a whole-workflow run's id for each step of a
-    # chain, else the step's own run id ("": the step's own).
-    test_run_id: str = ""
-
-
-def egress_for_run(workflow: Workflow, extra_hosts: tuple[str, ...]) -> Egress:
-    """The workflow's allow list plus the hosts added for this run only."""
-    extra = [EgressEntry(host=host) for host in extra_hosts]
-    return workflow.egress.model_copy(update={"allow": [*workflow.egress.allow, *extra]})
-
-
-def needs_egress_ca(workflow: Workflow, egress: Egress) -> bool:
-    """Whether the run needs its TLS-inspection CA: the step's list (`egress`) or a
-    stdio server's own list has an entry whose TLS the guard opens."""
-    return egress.needs_ca() or any(
-        server.own_egress().needs_ca() for _, server in stdio_servers(workflow)
-    )
-
-
 def mcp_trusts_run_ca(plan: RunPlan, server: McpServer) -> bool:
     """The server's own egress is inspected somewhere, so it must trust the run's CA."""
     return plan.egress_ca is not None and server.own_egress().needs_ca()
-
-
-def step_user() -> tuple[int, int]:
-    """A root runner hands the step a fixed unprivileged uid; others run it as themselves."""
-    if os.geteuid() == 0:
-        return STEP_UID, STEP_UID
-    return os.getuid(), os.getgid()
 
 
 def labels(plan: RunPlan, role: str) -> dict[str, str]:
@@ -166,11 +94,6 @@ def runner_labels(runner: RunnerInfo) -> dict[str, str]:
         labels[LABEL_RUNNER_TICKS] = str(runner.start_ticks)
         labels[LABEL_RUNNER_BOOT] = runner.boot_id
     return labels
-
-
-def stdio_servers(workflow: Workflow) -> list[tuple[int, McpServer]]:
-    """The workflow's stdio MCP servers with their index (which names their uid)."""
-    return [(i, s) for i, s in enumerate(workflow.mcp_servers) if s.command is not None]
 
 
 def guard_config(plan: RunPlan) -> GuardConfig:

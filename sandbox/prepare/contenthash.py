@@ -57,17 +57,23 @@ def _sha_json(value: object) -> str:
     return _sha(json.dumps(value, sort_keys=True, default=str).encode())
 
 
-POLICY_MODULE: Final = "sandbox.policy"
+# Every module that decides a verdict, in a fixed order: the effects table and the SQL
+# classifier it puts `sql` arguments to. A change to any of them is a new policy.
+POLICY_MODULES: Final = ("sandbox.policy", "sandbox.policy_sql")
 
 
-def policy_version() -> str:
-    """The policy table's version: the hash of the module that is its one source (found,
-    not imported: the runner never evaluates the table itself)."""
-    spec = importlib.util.find_spec(POLICY_MODULE)
-    if spec is None or spec.origin is None:
-        raise ConfigError(f"{POLICY_MODULE} is not installed beside this package")
-    with open(spec.origin, "rb") as handle:
-        return _sha(handle.read())
+def policy_version(modules: tuple[str, ...] = POLICY_MODULES) -> str:
+    """The policy's version: one hash over the files of the modules that decide a
+    verdict, each named, in order (found, not imported: the runner never evaluates the
+    table itself)."""
+    digest = hashlib.sha256()
+    for name in modules:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ConfigError(f"{name} is not installed beside this package")
+        with open(spec.origin, "rb") as handle:
+            digest.update(f"{name}\0{_sha(handle.read())}\n".encode())
+    return digest.hexdigest()
 
 
 def data_matcher(workflow: Workflow) -> Any:

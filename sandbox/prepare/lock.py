@@ -28,6 +28,7 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict
 
 from sandbox.contracts.errors import ConfigError, RefusedError
+from sandbox.contracts.settings import runner_settings
 from sandbox.hostfs.procstart import process_start, same_process, start_identity
 
 __all__ = [
@@ -177,8 +178,8 @@ def lock_home(workflow_dir: Path) -> Path:
     st = os.stat(workflow_dir)
     if not stat.S_ISDIR(st.st_mode):
         raise LockError(f"{workflow_dir} is not a directory")
-    base = os.environ.get("SANDBOX_LOCK_DIR")
-    candidates = [Path(base)] if base else [Path("/run/lock/sandbox"), _user_lock_base()]
+    base = runner_settings().lock_dir
+    candidates = [base] if base else [Path("/run/lock/sandbox"), _user_lock_base()]
     for root in candidates:
         try:
             root.mkdir(mode=0o755, parents=True, exist_ok=True)

@@ -632,12 +632,19 @@ class OutputCounter:
         return out, err
 
     def close(self) -> None:
+        # The SDK ties the response and its socket in a reference cycle (it sets
+        # `_response` on the socket), so the connection would stay open until the cycle
+        # collector ran: its socket is closed here, once the reader is done with it.
+        sock = getattr(self._socket, "_sock", None)
         with contextlib.suppress(Exception):
             self._socket.shutdown(socket.SHUT_RDWR)
         self._thread.join(timeout=5)
         with contextlib.suppress(Exception):
             self._response.raw._fp.fp.close()
             self._response.close()
+        if sock is not None:
+            with contextlib.suppress(Exception):
+                sock.close()
 
 
 def run_once(client: DockerClient, spec: ContainerSpec, timeout_s: float) -> tuple[int | None, str]:

@@ -1,7 +1,7 @@
 """What the runner and the executor agree on: an environment variable the runner sets
 and a report line the executor writes on stderr.
 
-Constants only, so the runner (`sandbox.launch.specs`, `sandbox.run.verdict`) names
+Constants only, so the runner (`sandbox.launch.specs`, `sandbox.collect.stepreports`) names
 them without loading the executor's server, tools and their imports.
 """
 

@@ -1,7 +1,8 @@
-"""What the collected facts of a run mean: its status and reason, and the executor's reports.
+"""The executor's reports in the step's stderr: its preflight, its Landlock wall and its
+resource use, read into the record's fields and taken out of the step's own output.
 
-Pure: these read what the collect phase gathered (exit code, output tails, the
-action summary) and touch no engine, file or container.
+Pure: each reads an output tail the engine kept; a report that does not parse is
+said so in its field, never trusted.
 """
 
 from __future__ import annotations
@@ -9,22 +10,15 @@ from __future__ import annotations
 import json
 
 from sandbox.backends import UsageWatcher
-from sandbox.collect.actionsummary import ActionSummary
 from sandbox.contracts.record import (
     Landlock,
     OutputTail,
     PeakMemorySource,
     Preflight,
     Resources,
-    RunStatus,
     Walls,
 )
-from sandbox.stepside.agentworks_exec.interface import (
-    LANDLOCK_MARK,
-    LANDLOCK_REFUSED_EXIT,
-    USAGE_MARK,
-)
-from sandbox.stepside.agentworks_exec.preflight import FAILED_EXIT as PREFLIGHT_FAILED_EXIT
+from sandbox.stepside.agentworks_exec.interface import LANDLOCK_MARK, USAGE_MARK
 from sandbox.stepside.agentworks_exec.preflight import MARK_FAILED as PREFLIGHT_FAILED
 from sandbox.stepside.agentworks_exec.preflight import MARK_OK as PREFLIGHT_OK
 
@@ -111,59 +105,3 @@ def without_reports(tail: OutputTail) -> OutputTail:
     markers = (PREFLIGHT_OK, PREFLIGHT_FAILED, LANDLOCK_MARK, USAGE_MARK)
     kept = [ln for ln in tail.text.splitlines(keepends=True) if not ln.startswith(markers)]
     return tail.model_copy(update={"text": "".join(kept)})
-
-
-def verdict(
-    exit_code: int | None,
-    timeout_s: float,
-    guard_running: bool,
-    guard_exit: int | None,
-    actions: ActionSummary,
-    *,
-    preflight: Preflight | None,
-    quota_mb: int | None,
-    oom_mb: int | None = None,
-    landlock: Landlock | None = None,
-) -> tuple[RunStatus, str]:
-    """The run's status, most telling cause first: a step that never started, a fence it
-    hit, a dead guard, a refused Crew call, and only then its own exit code."""
-    if preflight is not None and not preflight.ok:
-        opened = "; ".join(preflight.open)
-        return (
-            RunStatus.ERROR,
-            f"preflight found a way out open, so the step never started: {opened}",
-        )
-    if preflight is None and exit_code == PREFLIGHT_FAILED_EXIT:
-        return RunStatus.ERROR, "the preflight failed without a report"
-    # A required wall refused: not made, or made without what it had to hold (reason).
-    refused = (
-        landlock is not None and landlock.required and (not landlock.applied or landlock.reason)
-    )
-    if exit_code == LANDLOCK_REFUSED_EXIT and landlock is not None and refused:
-        return RunStatus.ERROR, (
-            f"the step's Landlock wall is required and could not be made as needed "
-            f"({landlock.reason or 'no reason given'}), so the step never started; "
-            "[backend] run_without_landlock = true in the host config accepts that"
-        )
-    if quota_mb is not None:
-        return RunStatus.QUOTA, (
-            f"the step's disk (group folder, DB copy and /tmp) reached its disk quota of "
-            f"{quota_mb} MB; the step was stopped"
-        )
-    if exit_code is None:
-        return RunStatus.TIMEOUT, f"step exceeded its timeout of {timeout_s:g} s"
-    if not guard_running:
-        return RunStatus.ERROR, (
-            f"the guard stopped during the run (exit {guard_exit}); "
-            "the step's calls after that failed closed"
-        )
-    if actions.fails_step:
-        return RunStatus.FAILED, actions.fails_step
-    if oom_mb is not None:
-        return RunStatus.FAILED, (
-            f"memory limit of {oom_mb} MB reached: the kernel killed the step "
-            f"(exit code {exit_code})"
-        )
-    if exit_code != 0:
-        return RunStatus.FAILED, f"step exited with code {exit_code}"
-    return RunStatus.PASSED, ""

@@ -1,0 +1,187 @@
+"""The collect phase: everything the run left, read in the order that keeps it true.
+
+The engine's view of the containers before they go, the action log sealed once the
+guard is gone, the servers' output saved by the host, the step's disk read once
+nothing writes it, then the DB diff and the action summary. A run that ends early
+still keeps what its servers said and what its step left (`collect_mcp_early`,
+`close_files`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+
+from sandbox.backends import Backend, RunContainer
+from sandbox.collect import actionsummary, logseal, stepreports
+from sandbox.collect.guarding import Guarded
+from sandbox.contracts.errors import internal_reason
+from sandbox.contracts.layout import RunLayout
+from sandbox.contracts.record import McpServerReport, TestRunRecord, write_record
+from sandbox.contracts.reports import DbDiff
+from sandbox.hostfs import fdtree
+from sandbox.launch import specs as launch
+from sandbox.launch.start import Launched, McpJobs
+from sandbox.prepare.rundir import Prepared
+from sandbox.stepfs import lifecycle as stepfs
+
+MCP_STDERR_CAP_BYTES = 2 * launch.MCP_LOG_BYTES  # the engine keeps about MCP_LOG_BYTES
+
+
+@dataclass(frozen=True)
+class Collected:
+    """What the record's verdict is drawn from, every container gone."""
+
+    guard_running: bool
+    guard_exit: int | None
+    oom_killed: bool
+    disk_full: bool
+    actions: actionsummary.ActionSummary
+
+
+def collect(
+    backend: Backend,
+    prepared: Prepared,
+    launched: Launched,
+    guarded: Guarded,
+    record: TestRunRecord,
+) -> Collected:
+    """Read everything the run left, in the order that keeps it true: the engine's
+    view of the containers before they go, the step's disk once nothing writes it."""
+    plan, files, layout = prepared.plan, prepared.files, prepared.plan.layout
+    guarded.exit_watch.cancel()
+    guard_state = launched.guard.state()
+    step_state = launched.step.state()
+    launched.guard.stop()
+    if guarded.follower is not None:
+        guarded.follower.stop()  # the guard is gone: every line it wrote is read
+    # The seal: nothing writes the log any more; synced by the runner whatever the
+    # guard did (a failure leaves the record unsealed: it then verifies nothing).
+    with contextlib.suppress(OSError):
+        record.log_synced_at = logseal.seal_log(layout.root, layout.actions.name)
+    record.guard_log = launched.guard.output_tails()[1]
+    record.stdout, record.stderr = launched.step.output_tails()
+    record.preflight = stepreports.preflight_from(record.stderr.text, plan.install_firewall)
+    record.landlock = stepreports.landlock_from(record.stderr.text)
+    record.walls = stepreports.judge_walls(record.walls, record.preflight, record.landlock)
+    guarded.usage.finish()
+    record.resources = stepreports.resources(
+        guarded.usage, record.stderr.text, executor_sees_memory=plan.step_runtime == "runc"
+    )
+    record.stderr = stepreports.without_reports(record.stderr)
+    # What the servers said is read from the engine before their containers go.
+    record.mcp_servers = collect_mcp(layout, launched.mcp)
+    # The step is dead: nothing writes its disk any more. Its folders move off the
+    # disk into the run folder, then the disk goes.
+    record.node = backend.node()
+    backend.remove_all()
+    collected = files.collect(has_db=not record.no_db)
+    files.close()
+    record.disk_used_bytes = collected.peak_bytes
+    record.files = collected.files
+    record.export_report = collected.export
+    record.db_diff = db_diff(layout, record)
+    actions = actionsummary.read(layout.actions)
+    record.stubbed, record.stubbed_cut = actions.stubbed, actions.stubbed_cut
+    record.actions = actions.counts
+    record.egress = actions.egress
+    record.dns = actions.dns
+    record.outcome_unknown = actions.outcome_unknown
+    return Collected(
+        guard_running=guard_state.running,
+        guard_exit=guard_state.exit_code,
+        oom_killed=step_state.oom_killed,
+        disk_full=collected.full,
+        actions=actions,
+    )
+
+
+def collect_mcp(layout: RunLayout, mcp: dict[str, RunContainer]) -> dict[str, McpServerReport]:
+    """Each server's exit and its output, saved by the host into mcp-stderr/ (root
+    only, a folder no container sees): the folder is opened once without following a
+    link, and each file is made in it with O_EXCL | O_NOFOLLOW, never through a path."""
+    reports: dict[str, McpServerReport] = {}
+    try:
+        folder_fd: int | None = fdtree.open_root(layout.mcp_stderr_dir)
+    except OSError:
+        folder_fd = None
+    try:
+        for name, container in sorted(mcp.items()):
+            state = container.state()
+            user = container.user.partition(":")[0]
+            report = McpServerReport(
+                uid=int(user) if user.isdigit() else -1,
+                exit_code=None if state.running else state.exit_code,
+            )
+            reports[name] = report
+            if folder_fd is None:
+                continue
+            try:
+                fd = os.open(
+                    f"{name}.log",
+                    os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o600,
+                    dir_fd=folder_fd,
+                )
+            except OSError:
+                continue
+            try:
+                size, cut = container.save_output(fd, MCP_STDERR_CAP_BYTES)
+            finally:
+                os.close(fd)
+            reports[name] = report.model_copy(
+                update={
+                    "stderr_file": f"{layout.mcp_stderr_dir.name}/{name}.log",
+                    "stderr_bytes": size,
+                    "stderr_truncated": cut,
+                }
+            )
+    finally:
+        if folder_fd is not None:
+            os.close(folder_fd)
+    return reports
+
+
+def db_diff(layout: RunLayout, record: TestRunRecord) -> DbDiff | None:
+    """dbdiff reads both files into private copies (holes kept, size-capped) without
+    following links. (Imported here: a run without a DB never loads it.)"""
+    if record.no_db:
+        return None
+    from sandbox.collect import dbdiff
+
+    # Its private copies live in the run root: on the workflow's disk, gone after.
+    return dbdiff.diff_databases(layout.baseline_db, layout.db_path, work_dir=layout.root)
+
+
+def collect_mcp_early(layout: RunLayout, record: TestRunRecord, jobs: McpJobs) -> None:
+    """A run that ended before its collect phase keeps what its servers said (best
+    effort: the clean-up after it must run whatever the engine says)."""
+    if record.mcp_servers:
+        return
+    started = {
+        name: job.result() for name, job in jobs.items() if job.done() and job.exception() is None
+    }
+    if started:
+        with contextlib.suppress(Exception):
+            record.mcp_servers = collect_mcp(layout, started)
+            write_record(layout.root, record)
+
+
+def close_files(
+    layout: RunLayout, record: TestRunRecord, files: stepfs.StepFs, step_started: bool
+) -> None:
+    """Unmount the run's disk and view; a failure to is said in the record.
+
+    A run that ended early after its step started still gets what the step left
+    copied into the run folder first (best effort: the copy is capped and link-safe
+    whatever state the step left the disk in)."""
+    try:
+        if step_started and files.disk is not None and not files.collected:
+            with contextlib.suppress(Exception):
+                record.export_report = files.collect(has_db=not record.no_db).export
+                write_record(layout.root, record)
+        files.close()
+    except Exception as exc:
+        record.reason += ("; " if record.reason else "") + internal_reason("clean-up", exc)
+        write_record(layout.root, record)

@@ -1,0 +1,39 @@
+"""What a caller may ask of one test run beyond its workflow: `RunOptions`.
+
+Every phase reads these (the plan, the guard phase's timeout and live progress), so
+they sit below all of them; `sandbox.run.testrun` re-exports them as the public name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sandbox.contracts.config import StepRuntime
+from sandbox.contracts.events import EventCallback
+from sandbox.contracts.hostconfig import Durability
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """One run's options; the defaults are a plain run of the workflow as written."""
+
+    timeout_s: float | None = None
+    upstream_bridge: str | None = None
+    upstream_networks: tuple[str, ...] = ()
+    allow_hosts: tuple[str, ...] = ()  # egress allow-list additions for this run only
+    # Addresses ("host:port") the preflight must find unreachable from the step.
+    canary: str | None = None
+    canary6: str | None = None
+    # TEST ONLY: False leaves the run's firewall out, for the tests that prove the
+    # preflight catches an open namespace. Such a run's record says its walls are not
+    # full (`Walls.lacking`), so it can never verify.
+    install_firewall: bool = True
+    # How the guard syncs the action log: "group" (group commit, the runner syncs at
+    # the seal) or "per-call" (each line synced before its call goes on). None: what
+    # the host's config says (`durability` in host.toml; "group" without one).
+    durability: Durability | None = None
+    # Live progress (`--follow`): the step's start and end, and each guarded call as
+    # the guard logs it. Called on the runner's threads; what it raises is ignored.
+    on_event: EventCallback | None = None
+    # "runsc": the step under gVisor (`--step-runtime`); see `step_runtime_for`.
+    step_runtime: StepRuntime | None = None
