@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from sandbox.contracts.workflow_record import AnyRecord
     from sandbox.progress import FollowPrinter
     from sandbox.run.testrun import RunOptions
+    from sandbox.verify.against import VerifiedAgainst
     from sandbox.verify.verification import Verification
     from sandbox.verify.workflow_verification import WorkflowVerification
 
@@ -220,6 +221,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from sandbox.verify.junit import write_junit
     from sandbox.verify.verifystep import verify_step
 
+    if args.against:
+        from sandbox.verify.against import check_named, verify_against
+
+        check_named(Path(args.workflow_dir), args.against)
     _stop_on_signals()
     with _follow(args) as printer:
         verification = verify_step(
@@ -230,6 +235,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
     if args.junit:
         write_junit(Path(args.junit), verification)
+    if args.against:
+        return _report_verification(
+            args, verify_against(Path(args.workflow_dir), verification, args.against)
+        )
     return _report_verification(args, verification)
 
 
@@ -255,7 +264,7 @@ def cmd_verify_workflow(args: argparse.Namespace) -> int:
 
 
 def _report_verification(
-    args: argparse.Namespace, verification: Verification | WorkflowVerification
+    args: argparse.Namespace, verification: Verification | WorkflowVerification | VerifiedAgainst
 ) -> int:
     """What `verify` and `verify-workflow` both do with a verdict: the HTML report, the
     verdict printed (JSON or terminal-safe lines), and the exit code (0 only if it held)."""
@@ -264,7 +273,8 @@ def _report_verification(
         from sandbox.verify.html import write_report
 
         run_root = Path(args.workflow_dir) / "runs" / verification.run_id
-        write_report(load_run(run_root), Path(args.html))
+        against = getattr(verification, "comparison", None)
+        write_report(load_run(run_root), Path(args.html), against)
     if args.json:
         say(verification.model_dump_json(indent=2))
     else:
@@ -315,7 +325,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     if why := unsealed(run.record):
         raise ConfigError(f"{run_dir}: {why}; no report written")
     out = Path(args.html) if args.html else run_dir / REPORT_FILE
-    write_report(run, out)
+    if args.against:
+        from sandbox.verify.compare import compare
+
+        write_report(run, out, compare(Path(args.against), run))
+    else:
+        write_report(run, out)
     say(f"report: {out}")
     return 0
 
@@ -342,7 +357,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     """0: no difference, 1: the runs differ (as diff(1)), 2: a run cannot be compared."""
-    from sandbox.verify.diff import compare
+    from sandbox.verify.compare import compare
 
     result = compare(Path(args.run_a), Path(args.run_b))
     for line in [result.model_dump_json(indent=2)] if args.json else result.lines():
@@ -555,6 +570,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         _run_arguments(ver)
         ver.add_argument("--junit", default="", help="also write the verdict as JUnit XML here")
         ver.add_argument("--html", default="", help="also write the run's HTML report here")
+        ver.add_argument(
+            "--against",
+            default=None,
+            metavar="last-passing|RUN",
+            help="also show what changed against the last passing verification, or RUN",
+        )
         ver.set_defaults(func=cmd_verify)
 
     vwf = sub.add_parser(
@@ -602,6 +623,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     if _wanted(only, "report"):
         rep.add_argument("run_dir")
         rep.add_argument("--html", default="", help="the file to write (default RUN/report.html)")
+        rep.add_argument(
+            "--against", default=None, metavar="RUN_B", help="add what changed against RUN_B"
+        )
         rep.set_defaults(func=cmd_report)
 
     show = sub.add_parser("show", help="show a test run's record")
@@ -610,7 +634,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         show.add_argument("--json", action="store_true")
         show.set_defaults(func=cmd_show)
 
-    dif = sub.add_parser("diff", help="what a step did differently in two test runs")
+    dif = sub.add_parser(
+        "diff", help="what a step (or a chain, step by step) did differently in two test runs"
+    )
     if _wanted(only, "diff"):
         dif.add_argument("run_a")
         dif.add_argument("run_b")
