@@ -25,6 +25,7 @@ from sandbox.verify.diff import (
     RowDifference,
     RunComparison,
     compare_db,
+    compare_db_summaries,
     compare_expectations,
     compare_runs,
     expectation_lines,
@@ -192,8 +193,6 @@ def compare_chains(a: FinishedChain, b: FinishedChain) -> ChainComparison:
         )
         if va != vb
     ]
-    summary_a = ra.db_diff.summary_lines() if ra.db_diff is not None else []
-    summary_b = rb.db_diff.summary_lines() if rb.db_diff is not None else []
     return ChainComparison(
         run_a=ra.id,
         run_b=rb.id,
@@ -202,7 +201,7 @@ def compare_chains(a: FinishedChain, b: FinishedChain) -> ChainComparison:
         steps=steps,
         fields=fields,
         db=compare_db(ra.db_diff, rb.db_diff),
-        db_summary=None if summary_a == summary_b else (summary_a, summary_b),
+        db_summary=compare_db_summaries(ra.db_diff, rb.db_diff),
         expectations=(
             compare_expectations(verdicts[0].chain, verdicts[1].chain) if verdicts else []
         ),

@@ -353,6 +353,14 @@ def compare_db(a: DbDiff | None, b: DbDiff | None) -> list[RowDifference]:
     return out
 
 
+def compare_db_summaries(a: DbDiff | None, b: DbDiff | None) -> tuple[list[str], list[str]] | None:
+    """The two DB diffs' summaries when they differ (a diff that failed has no rows to
+    compare, yet says so in its summary)."""
+    summary_a = a.summary_lines() if a is not None else []
+    summary_b = b.summary_lines() if b is not None else []
+    return None if summary_a == summary_b else (summary_a, summary_b)
+
+
 def _file_kinds(record: TestRunRecord) -> dict[str, str]:
     files = record.files
     kinds = {p: "created" for p in files.created}
@@ -423,8 +431,6 @@ def compare_runs(a: FinishedStep, b: FinishedStep) -> RunComparison:
         for h in hosts
         if ra.egress.get(h, EgressCounts()) != rb.egress.get(h, EgressCounts())
     ]
-    summary_a = ra.db_diff.summary_lines() if ra.db_diff is not None else []
-    summary_b = rb.db_diff.summary_lines() if rb.db_diff is not None else []
     expectations: list[ExpectationDifference] = []
     compared = a.verification is not None and b.verification is not None
     if a.verification is not None and b.verification is not None:
@@ -440,7 +446,7 @@ def compare_runs(a: FinishedStep, b: FinishedStep) -> RunComparison:
         calls=compare_ledgers(ledger_a[:MAX_LEDGER], ledger_b[:MAX_LEDGER]),
         ledger_cut=max(len(ledger_a), len(ledger_b)) > MAX_LEDGER,
         db=compare_db(ra.db_diff, rb.db_diff),
-        db_summary=None if summary_a == summary_b else (summary_a, summary_b),
+        db_summary=compare_db_summaries(ra.db_diff, rb.db_diff),
         files=compare_files(a, b),
         files_cut=ra.files.truncated or rb.files.truncated,
         egress=egress,
