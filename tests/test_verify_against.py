@@ -40,6 +40,7 @@ def test_the_last_passing_verification_is_the_baseline(tmp_path: Path) -> None:
     now = verified(wf, "test-4", 16)
     result = verify_against(wf, now, "last-passing")
     assert result.verification == now and result.passed and result.run_id == "test-4"
+    assert result.digest == now.digest
     assert result.baseline_run == "test-2" and result.comparison is not None
     assert (result.comparison.run_a, result.comparison.run_b) == ("test-2", "test-4")
     assert result.comparison.calls[0].arguments == [ArgumentChange(path="connects", a=15, b=16)]

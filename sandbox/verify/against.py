@@ -22,7 +22,7 @@ from sandbox.verify import history
 from sandbox.verify.compare import compare_finished, load_finished
 from sandbox.verify.diff import RunComparison
 from sandbox.verify.finished import FinishedStep
-from sandbox.verify.verification import Verification
+from sandbox.verify.verification import RunDigest, Verification
 
 LAST_PASSING = "last-passing"
 
@@ -43,6 +43,10 @@ class VerifiedAgainst(BaseModel):
     @property
     def passed(self) -> bool:
         return self.verification.passed
+
+    @property
+    def digest(self) -> RunDigest:
+        return self.verification.digest
 
     def lines(self) -> list[str]:
         out = self.verification.lines()
