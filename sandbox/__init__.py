@@ -6,7 +6,8 @@ returns its `WorkflowRunRecord`; `verify_step` runs one step once and judges its
 expectations, `verify_workflow` a whole chain against a workflow's expectations
 file; `gate` (`gate_workflow`) says whether the step's (the chain's) current
 version has a passing verification; `compare` says what a step did differently in
-two finished test runs (`RunComparison`);
+two finished test runs (`RunComparison`; two whole-workflow runs step by step:
+`ChainComparison`);
 `workflow_run_lock` is the lock a controller takes (shared) for a normal run, so no
 test run starts beside it. `__version__` is the installed distribution's version.
 
@@ -34,7 +35,9 @@ if TYPE_CHECKING:
     from sandbox.prepare.lock import LockHeldError, workflow_run_lock
     from sandbox.run.testrun import RunOptions, TestRun, execute_step
     from sandbox.run.workflowrun import WorkflowOptions, WorkflowRun, execute_workflow
-    from sandbox.verify.diff import RunComparison, compare
+    from sandbox.verify.chaindiff import ChainComparison
+    from sandbox.verify.compare import compare
+    from sandbox.verify.diff import RunComparison
     from sandbox.verify.gate import gate, gate_workflow
     from sandbox.verify.verifystep import verify_step
     from sandbox.verify.verifyworkflow import verify_workflow
@@ -53,8 +56,9 @@ _WHERE = {
     "execute_step": "sandbox.run.testrun",
     "verify_step": "sandbox.verify.verifystep",
     "gate": "sandbox.verify.gate",
-    "compare": "sandbox.verify.diff",
+    "compare": "sandbox.verify.compare",
     "RunComparison": "sandbox.verify.diff",
+    "ChainComparison": "sandbox.verify.chaindiff",
     "gate_workflow": "sandbox.verify.gate",
     "verify_workflow": "sandbox.verify.verifyworkflow",
     "RunEvent": "sandbox.contracts.events",
@@ -65,6 +69,7 @@ _WHERE = {
 }
 
 __all__ = [
+    "ChainComparison",
     "ConfigError",
     "EngineError",
     "LockHeldError",

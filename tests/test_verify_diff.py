@@ -11,9 +11,11 @@ import pytest
 import sandbox
 from sandbox.cli import main
 from sandbox.contracts.errors import ConfigError
+from sandbox.contracts.exitcodes import ExitCode
 from sandbox.contracts.record import EgressCounts
 from sandbox.contracts.reports import DbDiff, RowChange, TableDiff
-from sandbox.verify.diff import ArgumentChange, RunComparison, compare
+from sandbox.verify.compare import compare as compare_any
+from sandbox.verify.diff import ArgumentChange, RunComparison
 from tests.test_verify_finished import SUBMIT, finished_run
 
 CLICK = ("agent_browser", "stub", {"command": "click #submit"})
@@ -22,6 +24,13 @@ READ = ("query_workflow_db", "allow", {"sql": "SELECT 1"})
 
 def submit(**args: Any) -> tuple[str, str, dict[str, Any]]:
     return (SUBMIT[0], SUBMIT[1], SUBMIT[2] | args)
+
+
+def compare(a: Any, b: Any) -> RunComparison:
+    """Two runs of a step compared (the typed result for one step's runs)."""
+    result = compare_any(a, b)
+    assert isinstance(result, RunComparison)
+    return result
 
 
 def two_runs(tmp_path: Path, calls_a: list[Any], calls_b: list[Any], **b_fields: Any) -> Any:
@@ -35,7 +44,7 @@ def two_runs(tmp_path: Path, calls_a: list[Any], calls_b: list[Any], **b_fields:
 def test_a_changed_argument_is_named_alone_and_first(tmp_path: Path) -> None:
     a, b = two_runs(tmp_path, [READ, submit(), CLICK], [READ, submit(connects=15), CLICK])
     result = sandbox.compare(a, b)
-    assert isinstance(result, RunComparison) and not result.same
+    assert isinstance(result, RunComparison) and not result.same and result.kind == "step"
     assert [c.change for c in result.calls] == ["changed"]
     changed = result.calls[0]
     assert (changed.tool, changed.position_a, changed.position_b) == (SUBMIT[0], 1, 1)
@@ -129,5 +138,5 @@ def test_an_unsealed_run_is_not_compared(
     a, b = two_runs(tmp_path, [submit()], [submit()], log_synced_at=None)
     with pytest.raises(ConfigError, match=r"run B .*the action log was not sealed"):
         compare(a, b)
-    assert main(["diff", str(a), str(b)]) == 2
+    assert main(["diff", str(a), str(b)]) == ExitCode.CONFIG
     assert "not sealed" in capsys.readouterr().err

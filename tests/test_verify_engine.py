@@ -537,3 +537,47 @@ def test_an_unsealed_log_is_refused_by_verify_gate_and_report(
     assert not page.exists()
     assert main(["show", str(run_root)]) == 0
     assert "warning: not verified: the action log was not sealed" in capsys.readouterr().err
+
+
+def test_verify_against_the_last_passing_verification(
+    engine: DockerClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`verify --against last-passing`: the first verification has nothing to compare
+    against (said, the verdict stands); after a fix, one object carries the verdict and
+    what the fix changed against the last passing run, and the HTML report shows it."""
+    wf = write_workflow(
+        tmp_path,
+        command=["python3", "/workflow/code/step.py"],
+        extra_toml='[[steps.expect]]\nkind = "call"\ntool = "notify_user"\ncount = 1\n',
+    )
+    step = wf / "code" / "step.py"
+    step.write_text("import agentworks_bridge as b\nb.call('notify_user', {'text': 'done'})\n")
+    args = ["verify", str(wf), "step1", "--against", "last-passing"]
+    assert main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("verdict: PASS: step step1")
+    assert out[-1] == (
+        "against last-passing: no passing verification of step1 to compare against "
+        "(nothing compared; the verdict stands)"
+    )
+    first = FinishedStep.load(RunLayout(wf, out[0].split("test run ")[1][:-1], "g").root)
+
+    step.write_text("import agentworks_bridge as b\nb.call('notify_user', {'text': 'all done'})\n")
+    page = tmp_path / "report.html"
+    assert main([*args, "--json", "--html", str(page)]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) >= {"verification", "comparison"} and data["verification"]["passed"]
+    comparison = data["comparison"]
+    assert (comparison["run_a"], comparison["run_b"]) == (
+        first.record.id,
+        data["verification"]["run_id"],
+    )
+    assert [(c["tool"], c["arguments"]) for c in comparison["calls"]] == [
+        ("notify_user", [{"path": "text", "a": "done", "b": "all done", "only_in": None}])
+    ]
+    html = page.read_text()
+    assert f"What changed against {first.record.id}" in html
+    assert "text &quot;done&quot; -&gt; &quot;all done&quot;" in html
+
+    assert main(["verify", str(wf), "step1", "--against", "test-nothing"]) == 2
+    assert "no test_mode.json" in capsys.readouterr().err

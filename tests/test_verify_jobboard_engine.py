@@ -14,7 +14,7 @@ import sandbox
 from sandbox.cli import main
 from sandbox.contracts.layout import RunLayout
 from sandbox.run.testrun import RunOptions, TestRun
-from sandbox.verify.diff import ArgumentChange
+from sandbox.verify.diff import ArgumentChange, RunComparison
 from sandbox.verify.gate import gate
 from sandbox.verify.verifystep import verify_step
 from tests.conftest import write_workflow
@@ -173,6 +173,7 @@ def test_diff_of_two_runs_around_a_fix_names_the_connects_argument_alone(
     roots = [RunLayout(jobboard, r.id, "bids").root for r in (before, after)]
 
     result = sandbox.compare(*roots)
+    assert isinstance(result, RunComparison)
     assert [(c.change, c.tool) for c in result.calls] == [("changed", "upwork_submit_proposal")]
     assert result.calls[0].arguments == [ArgumentChange(path="connects", a=15, b=16)]
     assert result.calls[0].decision_a == result.calls[0].decision_b == "stub"

@@ -15,9 +15,14 @@ import pytest
 import xmlschema
 from docker import DockerClient
 
+import sandbox
 from sandbox.cli import main
 from sandbox.contracts.layout import is_test_run
 from sandbox.contracts.wire import ActionLine
+from sandbox.run.testrun import RunOptions
+from sandbox.run.workflowrun import WorkflowOptions
+from sandbox.verify.chaindiff import ChainComparison
+from sandbox.verify.diff import ArgumentChange
 from sandbox.verify.finished import FinishedChain
 from sandbox.verify.gate import gate, gate_workflow
 from sandbox.verify.verifyworkflow import verify_workflow
@@ -257,3 +262,50 @@ def test_a_step_that_never_ran_fails_its_expectations_saying_why(
     assert chain["the chain passed (no chain status expectation given)"].happened.startswith(
         "chain status failed (step breaks failed"
     )
+
+
+def test_a_chains_diff_names_the_step_a_fix_changed(
+    engine: DockerClient,
+    fake: FakeJobBoard,
+    jobboard: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The chain verified with bid-submit spending 15 Connects (its expectation of 16
+    fails), then with the fix: the diff of the two chain runs names bid-submit alone,
+    its `connects` argument first, then the expectation the fix made hold."""
+    options = WorkflowOptions(step=RunOptions(upstream_networks=(fake.network,)))
+    code = jobboard / "code" / "bid-submit.py"
+    fixed = code.read_text()
+    assert '"connects": CONNECTS}' in fixed
+    code.write_text(fixed.replace('"connects": CONNECTS}', '"connects": CONNECTS - 1}'))
+    before = verify_workflow(jobboard, CHAIN_FILE, options)
+    code.write_text(fixed)
+    after = verify_workflow(jobboard, CHAIN_FILE, options)
+    assert not before.passed and before.failed == [
+        "bid-submit: submits the claimed job's proposal once"
+    ]
+    assert after.passed, "\n".join(after.lines())
+    roots = [jobboard / "runs" / v.run_id for v in (before, after)]
+
+    result = sandbox.compare(*roots)
+    assert isinstance(result, ChainComparison)
+    assert result.changed_steps == ["bid-submit"] and result.expectations_compared
+    (submit,) = [s.comparison for s in result.steps if s.step_id == "bid-submit"]
+    assert submit is not None
+    assert [(c.change, c.tool) for c in submit.calls] == [("changed", "upwork_submit_proposal")]
+    assert submit.calls[0].arguments == [ArgumentChange(path="connects", a=15, b=16)]
+    assert [(e.label, e.a, e.b) for e in submit.expectations] == [
+        ("submits the claimed job's proposal once", False, True)
+    ]
+    assert not (result.fields or result.db or result.db_summary or result.expectations)
+
+    assert main(["diff", *map(str, roots)]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].startswith(
+        "first divergence: step bid-submit: call changed: upwork_submit_proposal at A #"
+    )
+    assert out[2].endswith(": connects 15 -> 16") and out[3] == "2 difference(s):"
+    assert out[5] == (
+        '  step bid-submit: expectation "submits the claimed job\'s proposal once": failed -> held'
+    )
+    assert fake.state()["proposals"] == []

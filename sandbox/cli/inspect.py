@@ -35,7 +35,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     if why := unsealed(run.record):
         raise ConfigError(f"{run_dir}: {why}; no report written")
     out = Path(args.html) if args.html else run_dir / REPORT_FILE
-    write_report(run, out)
+    if args.against:
+        from sandbox.verify.compare import compare
+
+        write_report(run, out, compare(Path(args.against), run))
+    else:
+        write_report(run, out)
     if args.json:
         emit({"report": str(out)})
     else:
@@ -66,7 +71,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_diff(args: argparse.Namespace) -> int:
     """0: no difference, 1: the runs differ (as diff(1)); a run that cannot be compared is
     a configuration error."""
-    from sandbox.verify.diff import compare
+    from sandbox.verify.compare import compare
 
     result = compare(Path(args.run_a), Path(args.run_b))
     if args.json:

@@ -131,6 +131,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         ver.add_argument("step_id")
         _run_arguments(ver)
         _verdict_arguments(ver)
+        ver.add_argument(
+            "--against",
+            default=None,
+            metavar="last-passing|RUN",
+            help="also show what changed against the last passing verification, or RUN",
+        )
         ver.set_defaults(func=run_cmd.cmd_verify)
 
     vwf = sub.add_parser(
@@ -173,6 +179,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     if _wanted(only, "report"):
         rep.add_argument("run_dir")
         rep.add_argument("--html", default="", help="the file to write (default RUN/report.html)")
+        rep.add_argument(
+            "--against", default=None, metavar="RUN_B", help="add what changed against RUN_B"
+        )
         _json(rep, "print the report's path as a JSON line")
         rep.set_defaults(func=inspect_cmd.cmd_report)
 
@@ -182,7 +191,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         _json(show, "the record as one JSON line")
         show.set_defaults(func=inspect_cmd.cmd_show)
 
-    dif = sub.add_parser("diff", help="what a step did differently in two test runs")
+    dif = sub.add_parser(
+        "diff", help="what a step (or a chain, step by step) did differently in two test runs"
+    )
     if _wanted(only, "diff"):
         dif.add_argument("run_a")
         dif.add_argument("run_b")

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from sandbox.progress import FollowPrinter
     from sandbox.run.testrun import RunOptions
     from sandbox.run.workflowrun import WorkflowOptions
+    from sandbox.verify.against import VerifiedAgainst
     from sandbox.verify.verification import Verification
     from sandbox.verify.workflow_verification import WorkflowVerification
 
@@ -163,6 +164,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from sandbox.verify.junit import write_junit
     from sandbox.verify.verifystep import verify_step
 
+    if args.against:
+        from sandbox.verify.against import check_named, verify_against
+
+        check_named(Path(args.workflow_dir), args.against)
     _stop_on_signals()
     with _follow(args) as printer:
         verification = verify_step(
@@ -173,6 +178,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
         )
     if args.junit:
         write_junit(Path(args.junit), verification)
+    if args.against:
+        return _report_verification(
+            args, verify_against(Path(args.workflow_dir), verification, args.against)
+        )
     return _report_verification(args, verification)
 
 
@@ -192,7 +201,7 @@ def cmd_verify_workflow(args: argparse.Namespace) -> int:
 
 
 def _report_verification(
-    args: argparse.Namespace, verification: Verification | WorkflowVerification
+    args: argparse.Namespace, verification: Verification | WorkflowVerification | VerifiedAgainst
 ) -> int:
     """What `verify` and `verify-workflow` both do with a verdict: the HTML report, the
     verdict printed (a JSON line or terminal-safe lines), and the exit code."""
@@ -201,7 +210,8 @@ def _report_verification(
         from sandbox.verify.html import write_report
 
         run_root = Path(args.workflow_dir) / "runs" / verification.run_id
-        write_report(load_run(run_root), Path(args.html))
+        against = getattr(verification, "comparison", None)
+        write_report(load_run(run_root), Path(args.html), against)
     if args.json:
         emit(verification)
     else:

@@ -7,5 +7,7 @@ expectations against it; `verification` (`workflow_verification` for a chain) is
 the verdict and its saved file; `verifystep` runs the step once and keeps the
 verdict in the workflow's history; `gate` is the rule Pulse and CI apply to that
 history; `junit` and `html` are the verdict in the forms CI and people read;
-`diff` compares two finished runs of a step.
+`diff` compares two finished runs of a step, `chaindiff` two whole-workflow runs step
+by step, `compare` loads two run folders for the one or the other; `against` is the
+verdict with what changed since the last passing verification (or a named run).
 """

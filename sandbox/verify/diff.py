@@ -8,7 +8,8 @@ the DB diffs row by row; the group folder's file changes, by content where both 
 left the file; egress per host; status and exit code; and, when both runs were
 verified, each expectation's result. A record whose log was not sealed proves
 nothing, so it is refused here as in verify, gate and report. Whole-workflow runs
-are not compared yet (refused with a clear error).
+are compared step by step on these (`sandbox.verify.chaindiff`); `sandbox.verify.compare`
+loads two run folders and picks the one or the other.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -25,8 +25,9 @@ from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.record import EgressCounts, TestRunRecord
 from sandbox.contracts.reports import DbDiff, RowChange
 from sandbox.termsafe import clean
+from sandbox.verify.check import ExpectationResult
 from sandbox.verify.evidence import MAX_FILE_BYTES, Call, read_below
-from sandbox.verify.finished import FinishedStep, load_run
+from sandbox.verify.finished import FinishedStep
 from sandbox.verify.seal import unsealed
 
 LEDGER_DECISIONS = ("stub", "refuse", "redirect")
@@ -99,6 +100,7 @@ class ExpectationDifference(BaseModel):
 class RunComparison(BaseModel):
     """Two finished runs of a step compared; empty lists mean no difference there."""
 
+    kind: Literal["step"] = "step"
     run_a: str
     run_b: str
     step_a: str
@@ -128,26 +130,20 @@ class RunComparison(BaseModel):
             or self.expectations
         )
 
-    def lines(self) -> list[str]:
-        """For people, terminal-safe: the first divergence first, then each part."""
-        head = [
-            f"A: test run {self.run_a} of {self.step_a}" + _version(self.content_a),
-            f"B: test run {self.run_b} of {self.step_b}" + _version(self.content_b),
-        ]
-        body: list[str] = []
-        body += [f"{f.name}: {_show(f.a)} -> {_show(f.b)}" for f in self.fields]
+    def differences(self) -> list[str]:
+        """One line per difference, in the order the comparison lists them."""
+        body = field_lines(self.fields)
         body += [_call_line(c) for c in self.calls]
-        body += [_row_line(r) for r in self.db]
+        body += [row_line(r) for r in self.db]
         if self.db_summary is not None and not self.db:
-            body.append(
-                "db: " + "; ".join(self.db_summary[0] or ["no changes"]) + " -> "
-                "" + "; ".join(self.db_summary[1] or ["no changes"])
-            )
+            body.append(summary_line(self.db_summary))
         body += [_file_line(f) for f in self.files]
         body += [_host_line(h) for h in self.egress]
-        body += [
-            f"expectation {e.label!r}: {_held(e.a)} -> {_held(e.b)}" for e in self.expectations
-        ]
+        body += expectation_lines(self.expectations)
+        return body
+
+    def notes(self) -> list[str]:
+        """What was not compared, and why."""
         notes = []
         if self.ledger_cut:
             notes.append(f"note: only the first {MAX_LEDGER} ledger calls of a run are compared")
@@ -155,12 +151,41 @@ class RunComparison(BaseModel):
             notes.append("note: a run's file lists were capped; files beyond them not compared")
         if not self.expectations_compared:
             notes.append("note: expectations not compared (a run was not verified)")
-        if not body:
-            summary = ["no difference"]
-        else:
-            summary = [f"first divergence: {body[0]}", f"{len(body)} difference(s):"]
-            summary += [f"  {line}" for line in body]
-        return [clean(line, keep_newlines=False) for line in head + summary + notes]
+        return notes
+
+    def lines(self) -> list[str]:
+        """For people, terminal-safe: the first divergence first, then each part."""
+        head = [
+            f"A: test run {self.run_a} of {self.step_a}" + _version(self.content_a),
+            f"B: test run {self.run_b} of {self.step_b}" + _version(self.content_b),
+        ]
+        return summarized(head, self.differences(), self.notes())
+
+
+def summarized(head: list[str], body: list[str], notes: list[str]) -> list[str]:
+    """A comparison's text: its head, the first divergence, every difference, the notes
+    (each line terminal-safe)."""
+    if not body:
+        summary = ["no difference"]
+    else:
+        summary = [f"first divergence: {body[0]}", f"{len(body)} difference(s):"]
+        summary += [f"  {line}" for line in body]
+    return [clean(line, keep_newlines=False) for line in head + summary + notes]
+
+
+def summary_line(summaries: tuple[list[str], list[str]]) -> str:
+    return (
+        "db: " + "; ".join(summaries[0] or ["no changes"]) + " -> "
+        "" + "; ".join(summaries[1] or ["no changes"])
+    )
+
+
+def expectation_lines(expectations: list[ExpectationDifference]) -> list[str]:
+    return [f"expectation {e.label!r}: {_held(e.a)} -> {_held(e.b)}" for e in expectations]
+
+
+def field_lines(fields: list[FieldDifference]) -> list[str]:
+    return [f"{f.name}: {_show(f.a)} -> {_show(f.b)}" for f in fields]
 
 
 def _version(digest: str | None) -> str:
@@ -194,7 +219,7 @@ def _call_line(c: CallChange) -> str:
     return f"call changed: {c.tool} at A #{c.position_a} / B #{c.position_b}: " + "; ".join(what)
 
 
-def _row_line(r: RowDifference) -> str:
+def row_line(r: RowDifference) -> str:
     where = f"db {r.table} {r.kind} {_show(r.key)}"
     if r.difference == "only_a":
         return f"{where}: only in A"
@@ -328,6 +353,14 @@ def compare_db(a: DbDiff | None, b: DbDiff | None) -> list[RowDifference]:
     return out
 
 
+def compare_db_summaries(a: DbDiff | None, b: DbDiff | None) -> tuple[list[str], list[str]] | None:
+    """The two DB diffs' summaries when they differ (a diff that failed has no rows to
+    compare, yet says so in its summary)."""
+    summary_a = a.summary_lines() if a is not None else []
+    summary_b = b.summary_lines() if b is not None else []
+    return None if summary_a == summary_b else (summary_a, summary_b)
+
+
 def _file_kinds(record: TestRunRecord) -> dict[str, str]:
     files = record.files
     kinds = {p: "created" for p in files.created}
@@ -360,6 +393,21 @@ def compare_files(a: FinishedStep, b: FinishedStep) -> list[FileDifference]:
     return out
 
 
+def compare_expectations(
+    a: list[ExpectationResult], b: list[ExpectationResult]
+) -> list[ExpectationDifference]:
+    """Each expectation (by label) that held in one verdict and not in the other, or
+    that only one of them has."""
+    held_a = {r.label: r.ok for r in a}
+    held_b = {r.label: r.ok for r in b}
+    labels = list(held_a) + [k for k in held_b if k not in held_a]
+    return [
+        ExpectationDifference(label=k, a=held_a.get(k), b=held_b.get(k))
+        for k in labels
+        if held_a.get(k) != held_b.get(k)
+    ]
+
+
 def compare_runs(a: FinishedStep, b: FinishedStep) -> RunComparison:
     """Two finished runs of a step compared (both must have a sealed log)."""
     for label, run in (("A", a), ("B", b)):
@@ -383,19 +431,10 @@ def compare_runs(a: FinishedStep, b: FinishedStep) -> RunComparison:
         for h in hosts
         if ra.egress.get(h, EgressCounts()) != rb.egress.get(h, EgressCounts())
     ]
-    summary_a = ra.db_diff.summary_lines() if ra.db_diff is not None else []
-    summary_b = rb.db_diff.summary_lines() if rb.db_diff is not None else []
     expectations: list[ExpectationDifference] = []
     compared = a.verification is not None and b.verification is not None
     if a.verification is not None and b.verification is not None:
-        held_a = {r.label: r.ok for r in a.verification.results}
-        held_b = {r.label: r.ok for r in b.verification.results}
-        labels = list(held_a) + [k for k in held_b if k not in held_a]
-        expectations = [
-            ExpectationDifference(label=k, a=held_a.get(k), b=held_b.get(k))
-            for k in labels
-            if held_a.get(k) != held_b.get(k)
-        ]
+        expectations = compare_expectations(a.verification.results, b.verification.results)
     return RunComparison(
         run_a=ra.id,
         run_b=rb.id,
@@ -407,30 +446,10 @@ def compare_runs(a: FinishedStep, b: FinishedStep) -> RunComparison:
         calls=compare_ledgers(ledger_a[:MAX_LEDGER], ledger_b[:MAX_LEDGER]),
         ledger_cut=max(len(ledger_a), len(ledger_b)) > MAX_LEDGER,
         db=compare_db(ra.db_diff, rb.db_diff),
-        db_summary=None if summary_a == summary_b else (summary_a, summary_b),
+        db_summary=compare_db_summaries(ra.db_diff, rb.db_diff),
         files=compare_files(a, b),
         files_cut=ra.files.truncated or rb.files.truncated,
         egress=egress,
         expectations=expectations,
         expectations_compared=compared,
     )
-
-
-def _step_run(run_root: Path | str | FinishedStep) -> FinishedStep:
-    if isinstance(run_root, FinishedStep):
-        return run_root
-    root = Path(run_root)
-    try:
-        run = load_run(root)
-    except FileNotFoundError:
-        raise ConfigError(f"no test_mode.json in {root}") from None
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"{root}/test_mode.json unreadable: {str(exc).splitlines()[0]}") from None
-    if not isinstance(run, FinishedStep):
-        raise ConfigError(f"{root} is a whole-workflow test run; diff compares runs of one step")
-    return run
-
-
-def compare(a: Path | str | FinishedStep, b: Path | str | FinishedStep) -> RunComparison:
-    """`sandbox.compare`: two test runs of a step (run folders, or loaded runs) compared."""
-    return compare_runs(_step_run(a), _step_run(b))

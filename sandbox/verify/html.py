@@ -4,8 +4,9 @@ A whole-workflow run's report has the workflow verdict (each step's results and
 the chain's), the chain's stubbed actions, its steps, the timeline of the chain's
 action log and the chain's DB diff, under the same rules.
 
-In this order: the verdict (the verification's, else the run's status), the
-run's effects, every stubbed tool (grouped, with exact counts), the timeline of
+In this order: the verdict (the verification's, else the run's status), what
+changed against another run (`--against`, rendered from `sandbox.verify.compare`'s
+comparison), the run's effects, every stubbed tool (grouped, with exact counts), the timeline of
 guarded calls (decision, duration, session), the DB diff as tables, the files
 changed, the egress lines, then preflight and resources. One file: the style is
 inline, there is no script, no image, no link to anything, and a
@@ -26,6 +27,7 @@ from sandbox.contracts.record import StubbedAction, StubbedCut, TestRunRecord, w
 from sandbox.contracts.reports import DbDiff
 from sandbox.contracts.workflow_record import WorkflowRunRecord
 from sandbox.verify.check import ExpectationResult
+from sandbox.verify.compare import Comparison
 from sandbox.verify.effects import effect_lines
 from sandbox.verify.evidence import Call
 from sandbox.verify.finished import FinishedChain, FinishedRun, FinishedStep
@@ -271,12 +273,33 @@ def _preflight(record: TestRunRecord) -> str:
     return _table(["", ""], rows)
 
 
-def render(run: FinishedStep) -> str:
+def _against(against: Comparison | None) -> list[tuple[str, str, str]]:
+    """The section "What changed against RUN_B" (A: RUN_B, B: this run), from the
+    comparison's own lines: the first divergence first, then every difference."""
+    if against is None:
+        return []
+    body = against.differences()
+    head = "".join(f"<p>{_e(line)}</p>" for line in against.lines()[:2])
+    if not body:
+        content = head + "<p>no difference</p>"
+    else:
+        items = "".join(f'<li><span class="mono">{_e(line)}</span></li>' for line in body)
+        content = (
+            head
+            + f'<p><b>first divergence:</b> <span class="mono">{_e(body[0])}</span></p>'
+            + f"<p>{len(body)} difference(s):</p><ol>{items}</ol>"
+        )
+    content += "".join(f"<p>{_e(line)}</p>" for line in against.notes())
+    return [("against", f"What changed against {against.run_a}", content)]
+
+
+def render(run: FinishedStep, against: Comparison | None = None) -> str:
     """One step's test run (an unreadable verification is shown as the run's status
-    alone, never as a half-read verdict)."""
+    alone, never as a half-read verdict); with `against`, what changed against it."""
     ev, record, verification = run.evidence, run.record, run.verification
     sections = [
         ("verdict", "Verdict", _verdict(record, verification)),
+        *_against(against),
         ("effects", "Effects", _effects(record)),
         (
             "stubbed",
@@ -369,12 +392,14 @@ def _chain_stubbed(record: WorkflowRunRecord) -> str:
     return _stubbed(record.stubbed, record.stubbed_cut, total, chain=True)
 
 
-def render_workflow(run: FinishedChain) -> str:
-    """A whole-workflow test run: its verdict (per step and for the chain), every
-    stubbed action of the chain, its steps, the timeline, and the chain's DB diff."""
+def render_workflow(run: FinishedChain, against: Comparison | None = None) -> str:
+    """A whole-workflow test run: its verdict (per step and for the chain), what changed
+    against another run (with `against`), every stubbed action of the chain, its steps,
+    the timeline, and the chain's DB diff."""
     record, verification, chain = run.record, run.verification, run.chain
     sections = [
         ("verdict", "Verdict", _workflow_verdict(record, verification)),
+        *_against(against),
         ("stubbed", "Stubbed actions of the chain (would have run)", _chain_stubbed(record)),
         ("steps", "Steps", _chain_steps(record)),
         ("timeline", "Timeline of guarded calls (the chain's action log)", _timeline(chain.calls)),
@@ -398,7 +423,8 @@ def render_workflow(run: FinishedChain) -> str:
     )
 
 
-def write_report(run: FinishedRun, out: Path) -> None:
-    """The report of a test run: one step's, or a whole workflow's."""
-    text = render_workflow(run) if isinstance(run, FinishedChain) else render(run)
+def write_report(run: FinishedRun, out: Path, against: Comparison | None = None) -> None:
+    """The report of a test run: one step's, or a whole workflow's; with `against` (a
+    comparison whose B is this run), what changed against its A."""
+    text = render_workflow(run, against) if isinstance(run, FinishedChain) else render(run, against)
     write_json_atomic(out, text)
