@@ -21,9 +21,9 @@ from starlette.routing import Route as HttpRoute
 
 from sandbox.contracts.guardconfig import MCP_PATH
 from sandbox.guard import egress, transparent
+from sandbox.guard.auth import BAD_TOKEN, reject_and_log
 from sandbox.guard.bridge.front import BridgeFront
 from sandbox.guard.bridge.routes import Guard
-from sandbox.guard.gate import BAD_TOKEN, reject_and_log
 from sandbox.guard.requestcaps import CappedRequests
 
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from sandbox.guard import limits
+from sandbox.guard.auth import BAD_TOKEN
 from sandbox.guard.bridge.routes import Guard
-from sandbox.guard.gate import BAD_TOKEN
 from sandbox.guard.requestcaps import (
     json_bytes,
     log_request_refusal,

@@ -21,10 +21,10 @@ from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.contracts.wire import SessionReply, SessionRequest, ToolCall, ToolReply, ToolResult
 from sandbox.guard import limits
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
+from sandbox.guard.auth import bearer_ok, reject_and_log
 from sandbox.guard.bridge import bindings
 from sandbox.guard.bridge.executor import Executor
 from sandbox.guard.bridge.forward import UpstreamForward
-from sandbox.guard.gate import bearer_ok, reject_and_log
 from sandbox.guard.requestcaps import json_bytes
 
 if TYPE_CHECKING:

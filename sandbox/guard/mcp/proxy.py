@@ -22,7 +22,7 @@ from starlette.types import Receive, Scope, Send
 
 from sandbox.contracts.guardconfig import MCP_PATH, GuardConfig
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.gate import BAD_TOKEN, bearer_ok, reject_and_log
+from sandbox.guard.auth import BAD_TOKEN, bearer_ok, reject_and_log
 from sandbox.guard.listeners import bind_unix
 from sandbox.guard.mcp.context import McpContext
 from sandbox.guard.mcp.endpoint import Endpoint
