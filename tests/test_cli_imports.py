@@ -191,3 +191,38 @@ def test_a_parser_built_for_one_command_parses_and_helps_as_the_whole_one() -> N
         only = build_parser(name)
         assert only.format_help() == build_parser().format_help()
         assert _subcommands(only)[name].format_help() == whole[name].format_help(), name
+
+
+# Models a single step's run imports (a module it needs holds them) but never validates:
+# built on first use (`defer_build`), so their schema build is not CPU that every
+# `sandbox run` pays before its first container.
+NOT_BUILT_FOR_A_RUN = (
+    "sandbox.contracts.workflow_record:WorkflowRunRecord",
+    "sandbox.contracts.workflow_record:ChainStep",
+    "sandbox.contracts.workflow_record:ChainTotals",
+    "sandbox.contracts.workflow_record:ChainStubbedAction",
+)
+
+
+def test_what_sandbox_run_imports_builds_no_model_a_single_step_never_validates() -> None:
+    code = textwrap.dedent(
+        f"""
+        import importlib, json
+        for name in ["sandbox.cli", "sandbox.run.testrun", "sandbox.backends.docker.backend"]:
+            importlib.import_module(name)
+        built = []
+        for spec in {list(NOT_BUILT_FOR_A_RUN)!r}:
+            module, _, name = spec.partition(":")
+            if getattr(importlib.import_module(module), name).__pydantic_complete__:
+                built.append(spec)
+        print(json.dumps(built))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert json.loads(done.stdout) == []
+    # ...and each still builds, and validates, when it is used.
+    from sandbox.contracts.workflow_record import ChainTotals
+
+    assert ChainTotals.model_validate({"steps": 2}).steps == 2

@@ -42,6 +42,12 @@ from sandbox.contracts.reports import DbDiff
 WORKFLOW_SCHEMA_PATH = Path(__file__).parent / "test_mode_workflow.schema.json"
 
 
+# Built on first use: a single step's run imports this module (for the chain's summary
+# type) and never validates any of these; their build is CPU every `sandbox run` start
+# would pay before its first container.
+_DEFERRED = ConfigDict(defer_build=True)
+
+
 class StepState(StrEnum):
     """A chain step's state: a run status once it ran, else pending or skipped."""
 
@@ -63,6 +69,8 @@ class ChainStubbedAction(StubbedAction):
     `last_step_id` the last (`last_line`), `steps` counts the calls per step. A record
     written before the grouping holds one entry per call of one step."""
 
+    model_config = _DEFERRED
+
     step_id: str = Field(
         description=("The step that made the first call (`first_line` is in its action log).")
     )
@@ -74,6 +82,8 @@ class ChainStubbedAction(StubbedAction):
 
 class ChainStep(BaseModel):
     """One step of the chain, as its own record says (`record`, relative to the run root)."""
+
+    model_config = _DEFERRED
 
     index: int = Field(description="The step's place in the chain, from 1.")
     step_id: str = Field(description="The step.")
@@ -115,6 +125,8 @@ class ChainStep(BaseModel):
 class ChainTotals(BaseModel):
     """The chain summed up: steps by state, guarded calls by decision."""
 
+    model_config = _DEFERRED
+
     steps: int = Field(default=0, description="Steps in the chain.")
     passed: int = Field(default=0, description="Steps that passed.")
     failed: int = Field(
@@ -135,7 +147,7 @@ class ChainTotals(BaseModel):
 class WorkflowRunRecord(BaseModel):
     """`runs/test-<id>/test_mode.json` of a whole-workflow test run."""
 
-    model_config = ConfigDict(title="WorkflowRunRecord")
+    model_config = ConfigDict(title="WorkflowRunRecord", defer_build=True)
 
     schema_version: Literal[1] = Field(
         default=SCHEMA_VERSION, description="The record's schema version."
