@@ -15,6 +15,7 @@ from docker import DockerClient
 
 from sandbox.cli import main
 from sandbox.contracts.config import load_workflow
+from sandbox.contracts.exitcodes import ExitCode
 from sandbox.contracts.layout import RunLayout
 from sandbox.contracts.record import read_record, write_record
 from sandbox.run.testrun import RunOptions, TestRun
@@ -579,5 +580,5 @@ def test_verify_against_the_last_passing_verification(
     assert f"What changed against {first.record.id}" in html
     assert "text &quot;done&quot; -&gt; &quot;all done&quot;" in html
 
-    assert main(["verify", str(wf), "step1", "--against", "test-nothing"]) == 2
+    assert main(["verify", str(wf), "step1", "--against", "test-nothing"]) == ExitCode.CONFIG
     assert "no test_mode.json" in capsys.readouterr().err
