@@ -15,8 +15,8 @@ from docker import DockerClient
 
 from sandbox.contracts.record import RunStatus, TestRunRecord
 from sandbox.contracts.wire import ActionLine
-from sandbox.guard.dns import SYNTHETIC_V4 as SYNTHETIC
-from sandbox.guard.transparent import FIRST_READ_S
+from sandbox.guard.egress.dns import SYNTHETIC_V4 as SYNTHETIC
+from sandbox.guard.egress.transparent import FIRST_READ_S
 from sandbox.policy import stub_reply
 from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import WorkflowFactory, call_lines, tree_digest

@@ -5,8 +5,8 @@ from __future__ import annotations
 import h11
 import pytest
 
-from sandbox.guard import http1
-from sandbox.guard.http1 import Refused
+from sandbox.guard.egress import http1
+from sandbox.guard.egress.http1 import Refused
 
 
 def parse(head: bytes) -> h11.Request:

@@ -20,9 +20,10 @@ from starlette.routing import BaseRoute
 from starlette.routing import Route as HttpRoute
 
 from sandbox.contracts.guardconfig import MCP_PATH
-from sandbox.guard import egress, transparent
 from sandbox.guard.bridge.front import BridgeFront
 from sandbox.guard.bridge.routes import Guard
+from sandbox.guard.egress import proxy as egress
+from sandbox.guard.egress import transparent
 from sandbox.guard.gate import BAD_TOKEN, reject_and_log
 from sandbox.guard.requestcaps import CappedRequests
 
@@ -76,7 +77,7 @@ def build_app(
     `egress_listener`: the egress port, already listening (the guard binds its ports
     first thing); None binds it here. `mcp_listeners` / `mcp_egress_listeners`: each
     stdio MCP server's sockets, likewise. `direct_listeners`: where the firewall sends
-    the step's direct connections and DNS queries (`sandbox.guard.transparent`)."""
+    the step's direct connections and DNS queries (`sandbox.guard.egress.transparent`)."""
     mcp: McpSurface
     if guard.config.mcp_servers:
         from sandbox.guard.mcp.proxy import McpProxy  # the MCP SDK: only when it is needed

@@ -83,7 +83,9 @@ class McpProxy:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        from sandbox.guard import egress  # the step's proxy code, with each server's list
+        from sandbox.guard.egress import (
+            proxy as egress,
+        )  # the step's proxy code, with each server's list
 
         async with contextlib.AsyncExitStack() as stack:
             for endpoint in self.endpoints.values():

@@ -30,9 +30,10 @@ import struct
 import time
 from collections.abc import AsyncIterator
 
-from sandbox.guard import dns, egress, http1
-from sandbox.guard.dns import Names, preflight_proof
-from sandbox.guard.egress import Direct, EgressProxy, _Client, _Seen
+from sandbox.guard.egress import dns, http1
+from sandbox.guard.egress import proxy as egress
+from sandbox.guard.egress.dns import Names, preflight_proof
+from sandbox.guard.egress.proxy import Direct, EgressProxy, _Client, _Seen
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
 FIRST_READ_S = 3.0

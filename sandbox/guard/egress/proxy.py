@@ -1,6 +1,6 @@
 """The egress proxy: the step's only way to the outside, and only to read.
 
-Every request is parsed by a strict HTTP/1.1 parser (`sandbox.guard.http1`:
+Every request is parsed by a strict HTTP/1.1 parser (`sandbox.guard.egress.http1`:
 h11's grammar and rules), judged, and, when allowed, rebuilt: the real host gets the parsed method,
 an origin-form target, the proxy's own Host and framing headers and the
 client's end-to-end headers, never the bytes the step sent. GET and HEAD
@@ -23,7 +23,7 @@ that server's own allow list, and every line it writes names the server
 (`detail.mcp_server`, from `label`).
 
 HTTPS: a CONNECT to an allow-listed TLS port is inspected by default: the proxy
-terminates TLS with this run's CA (`sandbox.guard.tls`) and judges each request
+terminates TLS with this run's CA (`sandbox.guard.egress.tls`) and judges each request
 inside the same way, so a POST inside HTTPS is stubbed too. An entry marked
 `inspect = false` is a blind tunnel instead, recorded as "method not seen".
 What cannot be inspected (a protocol upgrade, HTTP/2, CONNECT to a port not on
@@ -81,14 +81,14 @@ import h11
 
 from sandbox.contracts.config import Egress, EgressEntry
 from sandbox.contracts.guardconfig import GuardConfig
-from sandbox.guard import http1, splice
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
-from sandbox.guard.aliases import HostAliases
-from sandbox.guard.http1 import Refused
+from sandbox.guard.egress import http1, splice
+from sandbox.guard.egress.aliases import HostAliases
+from sandbox.guard.egress.http1 import Refused
 from sandbox.policy import stub_reply
 
 if TYPE_CHECKING:
-    from sandbox.guard.tls import RunCA
+    from sandbox.guard.egress.tls import RunCA
 
 MAX_HASHED_BODY_BYTES = 16 * 1024 * 1024
 CHUNK = 256 * 1024
@@ -189,14 +189,14 @@ class _Seen:
     tls: str = ""  # "inspected" | "method not seen" | "" (plain HTTP)
     connection: int = 0  # which of the step's connections to this proxy carried it
     forwarded: bool = False  # its start line is written and its bytes went out
-    aliases: dict[str, Any] = field(default_factory=dict)  # `sandbox.guard.aliases`
+    aliases: dict[str, Any] = field(default_factory=dict)  # `sandbox.guard.egress.aliases`
     via: str = "proxy"  # how the step reached the guard: "proxy" | "direct" (redirected)
     destination: str = ""  # a redirected connection's original address:port
 
 
 @dataclass(frozen=True)
 class Direct:
-    """A connection the firewall redirected to the guard (`sandbox.guard.transparent`):
+    """A connection the firewall redirected to the guard (`sandbox.guard.egress.transparent`):
     the name it was for (the one the guard's DNS handed out for `address`, else the
     address itself) and its original port. A request on it names no host in its target:
     its Host header must name exactly `name` and `port`."""
@@ -919,14 +919,14 @@ class EgressProxy:
         if self._ca is None:
             if not (self.config.egress_ca_pem and self.config.egress_ca_key_pem):
                 raise Denied(403, "TLS inspection is on for this host but the run has no CA")
-            from sandbox.guard.tls import RunCA  # cryptography: on demand
+            from sandbox.guard.egress.tls import RunCA  # cryptography: on demand
 
             self._ca = RunCA.from_pem(self.config.egress_ca_pem, self.config.egress_ca_key_pem)
         return self._ca.context_for(host)
 
     def _tls_to_hosts(self) -> ssl.SSLContext:
         if self._upstream_tls is None:
-            from sandbox.guard.tls import upstream_context
+            from sandbox.guard.egress.tls import upstream_context
 
             self._upstream_tls = upstream_context(self.config.egress_trust_pem)
         return self._upstream_tls
