@@ -87,7 +87,6 @@ def build_app(
             guard.log,
             slots=guard.forward_slots,
             listeners=mcp_listeners,
-            egress_listeners=mcp_egress_listeners,
         )
     else:
         mcp = NoMcpServers(guard)
@@ -95,6 +94,7 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with (
+            egress.serving_mcp_servers(guard.config, guard.log, mcp_egress_listeners or {}),
             mcp.running(),
             egress.running(guard.config, guard.log, guard.active_calls, egress_listener) as proxy,
         ):
