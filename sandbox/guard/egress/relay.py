@@ -14,7 +14,7 @@ from typing import Any
 
 import h11
 
-from sandbox.guard.egress import http1, splice
+from sandbox.guard.egress import http1, http1_lines, splice
 from sandbox.guard.egress.connection import CHUNK, Client
 from sandbox.guard.egress.pool import Upstream
 from sandbox.guard.egress.request import Denied
@@ -39,7 +39,7 @@ def request_head(sent: Sent) -> tuple[h11.Connection | None, bytes]:
 
     A request without framing headers (every read) is written here, byte for byte as
     h11 writes it (request line, Host first, then the rest in order:
-    tests/test_http1.py pins that). Nothing in it needs h11's validation again: the
+    tests/guard/egress/test_http1.py pins that). Nothing in it needs h11's validation again: the
     method, the target's path and every client header came out of h11's grammar
     (`http1.parse_request`), and Host and Connection are the proxy's own, built from
     the judged target. A request with a body (a model call's Content-Length or
@@ -201,25 +201,25 @@ async def relay_reply(
     ended the body early). Whether the client's connection carries another request.
 
     `outgoing` None (a request without a body, written by the proxy): the reply
-    head is parsed here with h11's grammar (`http1.parse_reply`) when its first read
+    head is parsed here with h11's grammar (`http1_lines.parse_reply`) when its first read
     holds all of it; a reply with no body, or with a Content-Length body of at most
     SPLICE_MIN_BYTES past what came with the head (a small reply, read whole
     here), is relayed from there in one write. Any other reply (a head split
     across reads, a large body, chunked, to the close, informational, cut short,
     or one the grammar does not take) goes to an h11 connection that is told the
-    request and given every byte read so far, and is relayed by h11 as before."""
+    request and given every byte read so far, and is relayed by h11."""
     raw = b""
     parsed: tuple[h11.Response, bytes] | None = None
     if outgoing is None:
         # at most a head and a small body: a buffer below malloc's mmap threshold
         raw = await upstream.recv(SMALL_READ)
-        parsed = http1.parse_reply(raw)
+        parsed = http1_lines.parse_reply(raw)
     if parsed is not None:
         response, rest = parsed
         found = http1.fields(response)
         framing, length = framing_of(request.method, response.status_code, found)
         # A small body's rest (its head and body may come in two sends) is read
-        # here; a large one is relayed by h11 and splice, as before.
+        # here; a large one is relayed by h11 and splice.
         while framing == "length" and len(rest) < length <= len(rest) + SPLICE_MIN_BYTES:
             more = await upstream.recv(SMALL_READ)
             if not more:
