@@ -112,6 +112,8 @@ def parse_request(head: bytes) -> tuple[h11.Connection | None, h11.Request]:
 
 def check_request(head: bytes, request: h11.Request) -> None:
     """What h11 let through that a proxy must not: raises Refused."""
+    if request.method == b"PRI" and request.http_version == b"2.0":
+        raise Refused(505, "an HTTP/2.0 prior-knowledge preface cannot be inspected; use HTTP/1.1")
     if request.http_version not in VERSIONS:
         version = request.http_version.decode("ascii", "replace")
         raise Refused(505, f"HTTP/{version} is not HTTP/1.1; it cannot be inspected")
@@ -232,7 +234,9 @@ def check_host(
         raise Refused(400, f"the Host header ({shown}) disagrees with the request's target")
 
 
-def connection_tokens(message: h11.Request | h11.Response) -> set[bytes]:
+def connection_tokens(
+    message: h11.Request | h11.Response | h11.InformationalResponse,
+) -> set[bytes]:
     return {
         token.strip().lower()
         for name, value in message.headers.raw_items()
@@ -242,7 +246,7 @@ def connection_tokens(message: h11.Request | h11.Response) -> set[bytes]:
 
 
 def forward_headers(
-    message: h11.Request | h11.Response,
+    message: h11.Request | h11.Response | h11.InformationalResponse,
     *,
     keep: Iterable[bytes] = (),
     tokens: set[bytes] | None = None,
@@ -278,3 +282,15 @@ def wants_keep_alive(request: h11.Request) -> bool:
 
 def _clip(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def upgrade_tokens(request: h11.Request) -> list[bytes]:
+    """The protocols the request's Upgrade headers (all of them) ask for, lower-case,
+    without versions."""
+    return [
+        token.strip().split(b"/")[0].lower()
+        for name, value in request.headers.raw_items()
+        if name.lower() == b"upgrade"
+        for token in value.split(b",")
+        if token.strip()
+    ]

@@ -56,6 +56,8 @@ def facts(
         detail["status"] = status
     if seen.tls:
         detail["tls"] = seen.tls
+    if seen.upgrade:
+        detail["upgrade"] = seen.upgrade
     if seen.websocket:
         detail["websocket"] = True
     detail.update(extra_detail or {})

@@ -36,11 +36,13 @@ from sandbox.guard.egress.request import (
     Seen,
     body_facts,
     judge_read,
+    judge_websocket,
     match,
     next_request,
     read_body,
+    upgrade_asked,
 )
-from sandbox.guard.egress.tunnel import ESTABLISHED, TlsContexts, relay_both_ways
+from sandbox.guard.egress.tunnel import ESTABLISHED, TlsContexts
 
 IDLE_TIMEOUT_S = 60.0  # a kept-alive client connection with no request in it
 READ_TIMEOUT_S = 30.0  # a request head or body that stops arriving
@@ -161,13 +163,15 @@ class EgressProxy:
         seen.url, seen.host = target.url("http"), target.host
         await self._note_aliases(seen)
         http1.check_host(request, incoming.fields, target.host, target.port, 80)
-        if b"upgrade" in incoming.fields:
-            raise Denied(403, "a protocol upgrade cannot be inspected")
+        websocket = upgrade_asked(incoming, seen)
         entry = match(self.config.egress, target.host, target.port, tunnel=False)
         if entry is None:
             reason = f"{target.host}:{target.port} is not on the egress allow list"
             raise Denied(403, reason, stub=True)
-        judge_read(incoming, entry)
+        if websocket:
+            judge_websocket(incoming, entry, seen)
+        else:
+            judge_read(incoming, entry)
         upstream = self._pool.take(target.host, target.port)
         if upstream is None:
             upstream = await self._dial(target.host, target.port)
@@ -228,9 +232,10 @@ class EgressProxy:
         target = http1.tunnel_target(request.target, host, port)
         seen.url = target.url("https")
         http1.check_host(request, incoming.fields, host, port, 443)
-        if b"upgrade" in incoming.fields:
-            raise Denied(403, "a protocol upgrade inside TLS cannot be inspected")
-        judge_read(incoming, entry)
+        if upgrade_asked(incoming, seen):
+            judge_websocket(incoming, entry, seen)
+        else:
+            judge_read(incoming, entry)
         upstream = await self._dial(host, port, tls=self.tls.to_hosts(), server_hostname=host)
         return await self._forward(client, incoming, upstream, target, entry, seen, started)
 
@@ -257,11 +262,13 @@ class EgressProxy:
                 (b"Host", target.authority(default_port).encode("ascii")),
                 *http1.forward_headers(request, keep=framing),
             ]
-            if upstream.sock is None:  # TLS to the host: one connection per request
+            if seen.websocket:
+                headers += [(b"Connection", b"Upgrade"), (b"Upgrade", b"websocket")]
+            elif upstream.sock is None:  # TLS to the host: one connection per request
                 headers.append((b"Connection", b"close"))
             sent = relay.Sent(request.method, target.origin.encode("ascii"), headers)
             outgoing, head = relay.request_head(sent)
-            kind = "model call" if entry.model else "read"
+            kind = "WebSocket" if seen.websocket else "model call" if entry.model else "read"
             where = " (inspected inside TLS)" if seen.tls else ""
             # Plain TCP: the log's writer sends the head the moment its line is written,
             # before its sync (the upstream works while the disk syncs); the reply is
@@ -285,11 +292,14 @@ class EgressProxy:
                 then=send_head if upstream.sock is not None else None,
             )
             seen.forwarded = True
-            outcome: dict[str, Any] = {}
+            outcome: dict[str, Any] = {"websocket": True} if seen.websocket else {}
             try:
                 if logged.then_error is not None:
                     raise logged.then_error
                 await upstream.send(head[early[0] :])
+                if seen.websocket:
+                    await relay.relay_upgrade(client, upstream, sent, outcome)
+                    return False
                 if entry.model and b"100-continue" in incoming.fields.get(b"expect", b""):
                     await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 if outgoing is not None:  # h11 frames the body (none for a read)
@@ -333,7 +343,7 @@ class EgressProxy:
             try:
                 if client.direct is None:  # a redirected connection asked for no tunnel
                     await client.write(ESTABLISHED)
-                await relay_both_ways(client, upstream)
+                await relay.relay_both_ways(client, upstream)
             except BaseException as exc:  # a cancelled tunnel (the guard stopping) too
                 outcome["error"] = lines.failure(exc)
                 raise

@@ -8,6 +8,7 @@ close-delimited body of a plain HTTP reply moves with `splice(2)`, past Python.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from dataclasses import dataclass
 from typing import Any
@@ -286,3 +287,69 @@ async def relay_reply(
         and not after
     )
     return keep
+
+
+async def relay_both_ways(client: Client, upstream: Upstream) -> None:
+    """Relay bytes both ways until either side ends: what the client sent ahead goes
+    first. Used for a blind tunnel and an opted-in WebSocket, never judged inside."""
+    client.replying = True
+    early, client.buffer = bytes(client.buffer), bytearray()
+    await upstream.send(early)
+    await asyncio.gather(pump_up(client, upstream), pump_down(upstream, client))
+
+
+async def relay_upgrade(
+    client: Client, upstream: Upstream, sent: Sent, outcome: dict[str, Any]
+) -> None:
+    """An opted-in WebSocket: the host's 101 goes to the step and the connection becomes
+    a two-way relay; any other reply (the host declined) is relayed and ends it."""
+    conn = new_outgoing()
+    conn.send(h11.Request(method=sent.method, target=sent.origin, headers=sent.headers))
+    conn.send(h11.EndOfMessage())
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise Denied(502, f"the host sent a malformed reply: {exc}") from None
+        if event is h11.NEED_DATA:
+            conn.receive_data(await upstream.recv())
+        elif isinstance(event, h11.InformationalResponse) and event.status_code == 101:
+            break
+        elif isinstance(event, h11.InformationalResponse):
+            continue
+        elif isinstance(event, h11.Response):
+            outcome["status"] = event.status_code
+            await _relay_final(client, upstream, conn, event)
+            return
+        else:
+            raise Denied(502, "the host closed the connection without a reply")
+    outcome["status"] = 101
+    switched = http1.forward_headers(event, keep=(b"upgrade", b"connection"))
+    head = b"HTTP/1.1 101 %s\r\n" % (event.reason or b"Switching Protocols")
+    head += b"".join(name + b": " + value + b"\r\n" for name, value in switched) + b"\r\n"
+    client.replying = True
+    await client.write(head + conn.trailing_data[0])
+    await relay_both_ways(client, upstream)
+
+
+async def _relay_final(
+    client: Client, upstream: Upstream, conn: h11.Connection, response: h11.Response
+) -> None:
+    """A final reply to an upgrade request, relayed with `Connection: close`."""
+    found = http1.fields(response)
+    framing, length = framing_of(b"GET", response.status_code, found)
+    headers = http1.forward_headers(response)
+    if framing == "length":
+        headers.append((b"Content-Length", b"%d" % length))
+    elif framing == "chunked":
+        headers.append((b"Transfer-Encoding", b"chunked"))
+    headers.append((b"Connection", b"close"))
+    head = b"HTTP/1.1 %d %s\r\n" % (response.status_code, response.reason)
+    head += b"".join(name + b": " + value + b"\r\n" for name, value in headers) + b"\r\n"
+    client.replying = True
+    if framing == "chunked":
+        await relay_chunked(client, upstream, conn, head, chunked=True)
+    elif framing == "none":
+        await client.write(head)
+    else:
+        await relay_counted(client, upstream, conn, head, length if framing == "length" else None)

@@ -77,6 +77,7 @@ class Seen:
     aliases: dict[str, Any] = field(default_factory=dict)  # `sandbox.guard.egress.aliases`
     via: str = "proxy"  # how the step reached the guard: "proxy" | "direct" (redirected)
     destination: str = ""  # a redirected connection's original address:port
+    upgrade: str = ""  # the protocol an Upgrade header asked for
     websocket: bool = False  # an opted-in WebSocket: every line of its connection says so
 
 
@@ -204,3 +205,32 @@ def judge_read(incoming: Incoming, entry: EgressEntry) -> None:
         raise Denied(
             403, "a read (GET or HEAD) carries no body; one that does is not forwarded", stub=True
         )
+
+
+def upgrade_asked(incoming: Incoming, seen: Seen) -> bool:
+    """Whether the request asks for a WebSocket. HTTP/2 in cleartext (h2c) and any other
+    upgrade are refused: what follows the switch is not HTTP/1.1 and cannot be judged."""
+    tokens = http1.upgrade_tokens(incoming.request)
+    if not tokens:
+        return False
+    seen.upgrade = b", ".join(tokens).decode("ascii", "replace")[:100]
+    if b"h2c" in tokens:
+        raise Denied(403, "an h2c upgrade (HTTP/2 in cleartext) cannot be inspected; use HTTP/1.1")
+    if tokens != [b"websocket"]:
+        raise Denied(403, f"a protocol upgrade ({seen.upgrade}) cannot be inspected")
+    return True
+
+
+def judge_websocket(incoming: Incoming, entry: EgressEntry, seen: Seen) -> None:
+    """Raise unless the host's allow entry opts in to WebSockets (`websocket = true`):
+    the channel carries both ways what no method filter can judge, so it is stubbed."""
+    if not entry.websocket:
+        raise Denied(
+            403,
+            "a WebSocket is a two-way channel a method filter cannot judge;"
+            " the host's allow entry does not opt in (websocket = true)",
+            stub=True,
+        )
+    if incoming.method != b"GET" or not incoming.bodyless:
+        raise Refused(400, "a WebSocket upgrade is a GET without a body")
+    seen.websocket = True

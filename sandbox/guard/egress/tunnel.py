@@ -9,14 +9,10 @@ and judged like a plain one.
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 from typing import TYPE_CHECKING
 
 from sandbox.contracts.guardconfig import GuardConfig
-from sandbox.guard.egress.connection import Client
-from sandbox.guard.egress.pool import Upstream
-from sandbox.guard.egress.relay import pump_down, pump_up
 from sandbox.guard.egress.request import Denied
 
 if TYPE_CHECKING:
@@ -52,12 +48,3 @@ class TlsContexts:
 
             self._to_hosts = upstream_context(self._config.egress_trust_pem)
         return self._to_hosts
-
-
-async def relay_both_ways(client: Client, upstream: Upstream) -> None:
-    """Relay bytes both ways until either side ends: what the client sent ahead goes
-    first. Used for a blind tunnel and an opted-in WebSocket, never judged inside."""
-    client.replying = True
-    early, client.buffer = bytes(client.buffer), bytearray()
-    await upstream.send(early)
-    await asyncio.gather(pump_up(client, upstream), pump_down(upstream, client))
