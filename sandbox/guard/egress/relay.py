@@ -84,6 +84,15 @@ def framing_of(method: bytes, status: int, found: dict[bytes, bytes]) -> tuple[s
 
 async def reply_head(upstream: Upstream, outgoing: h11.Connection) -> h11.Response:
     """The upstream's final reply head, as h11 parses it (informational replies skipped)."""
+    event = await head_event(upstream, outgoing, switch=False)
+    assert isinstance(event, h11.Response)  # a 101 is returned only with `switch`
+    return event
+
+
+async def head_event(
+    upstream: Upstream, outgoing: h11.Connection, *, switch: bool
+) -> h11.Response | h11.InformationalResponse:
+    """The upstream's final reply head; `switch`: a 101 (an upgrade's answer) too."""
     while True:
         try:
             event = outgoing.next_event()
@@ -94,7 +103,8 @@ async def reply_head(upstream: Upstream, outgoing: h11.Connection) -> h11.Respon
         elif isinstance(event, h11.Response):
             return event
         elif isinstance(event, h11.InformationalResponse):
-            continue
+            if switch and event.status_code == 101:
+                return event
         else:
             raise Denied(502, "the host closed the connection without a reply")
 
@@ -306,23 +316,11 @@ async def relay_upgrade(
     conn = new_outgoing()
     conn.send(h11.Request(method=sent.method, target=sent.origin, headers=sent.headers))
     conn.send(h11.EndOfMessage())
-    while True:
-        try:
-            event = conn.next_event()
-        except h11.RemoteProtocolError as exc:
-            raise Denied(502, f"the host sent a malformed reply: {exc}") from None
-        if event is h11.NEED_DATA:
-            conn.receive_data(await upstream.recv())
-        elif isinstance(event, h11.InformationalResponse) and event.status_code == 101:
-            break
-        elif isinstance(event, h11.InformationalResponse):
-            continue
-        elif isinstance(event, h11.Response):
-            outcome["status"] = event.status_code
-            await _relay_final(client, upstream, conn, event)
-            return
-        else:
-            raise Denied(502, "the host closed the connection without a reply")
+    event = await head_event(upstream, conn, switch=True)
+    if isinstance(event, h11.Response):
+        outcome["status"] = event.status_code
+        await _relay_final(client, upstream, conn, event)
+        return
     outcome["status"] = 101
     switched = http1.forward_headers(event, keep=(b"upgrade", b"connection"))
     head = b"HTTP/1.1 101 %s\r\n" % (event.reason or b"Switching Protocols")

@@ -10,7 +10,7 @@ import contextlib
 import json
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,19 @@ def _head(port: int, first: str, *headers: str) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
+def _to_host(actions: Path, *payloads: Callable[[int], bytes]) -> tuple[list[bytes], list[bytes]]:
+    """Each payload (made for the host's port) on a connection of its own, through a
+    proxy whose allow list is a fake host answering OK; the proxy's answers, and what
+    the host received."""
+    host = Host(actions, OK)
+    try:
+        proxy = _proxy(actions, host.port)
+        answers = [asyncio.run(_through(proxy, payload(host.port))) for payload in payloads]
+    finally:
+        host.close()
+    return answers, host.received
+
+
 H2C = ("Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c", "HTTP2-Settings: AAMAAABkAAQAAP__")
 WEBSOCKET = (
     "Connection: Upgrade",
@@ -48,20 +61,18 @@ WEBSOCKET = (
 
 def test_an_h2c_upgrade_is_refused_and_recorded_and_never_arrives(tmp_path: Path) -> None:
     with _actions(tmp_path) as actions:
-        host = Host(actions, OK)
-        try:
-            proxy = _proxy(actions, host.port)
-            answer = asyncio.run(_through(proxy, _head(host.port, "GET {url}/h2 HTTP/1.1", *H2C)))
-        finally:
-            host.close()
+        (answer,), received = _to_host(
+            actions, lambda port: _head(port, "GET {url}/h2 HTTP/1.1", *H2C)
+        )
         assert answer.startswith(b"HTTP/1.1 403 ")
         assert b"X-Agentworks-Test-Mode: refused" in answer
-        assert host.received == []
+        assert received == []
         (line,) = _lines(actions)
         assert line["decision"] == "refuse"
         assert "h2c" in line["reason"]
         assert line["detail"]["upgrade"] == "h2c"
-        assert line["arguments"]["url"] == f"http://127.0.0.1:{host.port}/h2"
+        url = line["arguments"]["url"]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/h2")
 
 
 def test_an_http2_preface_is_refused_and_recorded(tmp_path: Path) -> None:
@@ -77,21 +88,18 @@ def test_an_http2_preface_is_refused_and_recorded(tmp_path: Path) -> None:
 
 def test_a_websocket_is_stubbed_with_its_url_unless_the_host_opts_in(tmp_path: Path) -> None:
     with _actions(tmp_path) as actions:
-        host = Host(actions, OK)
-        try:
-            proxy = _proxy(actions, host.port)
-            head = _head(host.port, "GET {url}/ws?room=1 HTTP/1.1", *WEBSOCKET)
-            answer = asyncio.run(_through(proxy, head))
-        finally:
-            host.close()
+        (answer,), received = _to_host(
+            actions, lambda port: _head(port, "GET {url}/ws?room=1 HTTP/1.1", *WEBSOCKET)
+        )
         assert answer.startswith(b"HTTP/1.1 403 ")
         assert b"X-Agentworks-Test-Mode: stubbed" in answer
-        assert host.received == []
+        assert received == []
         (line,) = _lines(actions)
         assert line["decision"] == "stub"
         assert "websocket = true" in line["reason"]
         assert line["detail"]["upgrade"] == "websocket"
-        assert line["arguments"]["url"] == f"http://127.0.0.1:{host.port}/ws?room=1"
+        url = line["arguments"]["url"]
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/ws?room=1")
 
 
 class EchoHost:
@@ -184,17 +192,15 @@ def test_expect_100_continue_on_a_stubbed_request_gets_the_stub_and_no_100(
     tmp_path: Path,
 ) -> None:
     with _actions(tmp_path) as actions:
-        host = Host(actions, OK)
-        try:
-            proxy = _proxy(actions, host.port)
-            head = _head(host.port, "POST {url}/e HTTP/1.1", "Content-Length: 5")
-            head = head.replace(b"\r\n\r\n", b"\r\nExpect: 100-continue\r\n\r\n")
-            answer = asyncio.run(_through(proxy, head))
-        finally:
-            host.close()
+        (answer,), received = _to_host(
+            actions,
+            lambda port: _head(
+                port, "POST {url}/e HTTP/1.1", "Content-Length: 5", "Expect: 100-continue"
+            ),
+        )
         assert answer.startswith(b"HTTP/1.1 403 ")  # the final answer, never a 100
         assert b" 100 " not in answer
-        assert host.received == []
+        assert received == []
         (line,) = _lines(actions)
         assert line["decision"] == "stub"
         assert line["arguments"]["body_note"] == "not sent: the client waited for 100"
@@ -204,18 +210,17 @@ def test_a_get_with_a_body_is_stubbed_and_one_with_transfer_encoding_refused(
     tmp_path: Path,
 ) -> None:
     with _actions(tmp_path) as actions:
-        host = Host(actions, OK)
-        try:
-            proxy = _proxy(actions, host.port)
-            sized = _head(host.port, "GET {url}/g HTTP/1.1", "Content-Length: 3") + b"abc"
-            stubbed = asyncio.run(_through(proxy, sized))
-            chunked = _head(host.port, "GET {url}/g HTTP/1.1", "Transfer-Encoding: chunked")
-            refused = asyncio.run(_through(proxy, chunked + b"3\r\nabc\r\n0\r\n\r\n"))
-        finally:
-            host.close()
+        (stubbed, refused), received = _to_host(
+            actions,
+            lambda port: _head(port, "GET {url}/g HTTP/1.1", "Content-Length: 3") + b"abc",
+            lambda port: (
+                _head(port, "GET {url}/g HTTP/1.1", "Transfer-Encoding: chunked")
+                + b"3\r\nabc\r\n0\r\n\r\n"
+            ),
+        )
         assert stubbed.startswith(b"HTTP/1.1 403 ")
         assert refused.startswith(b"HTTP/1.1 400 ")
-        assert host.received == []
+        assert received == []
         stub, refusal = _lines(actions)
         assert (stub["decision"], stub["arguments"]["body_bytes"]) == ("stub", 3)
         assert refusal["decision"] == "refuse"
@@ -225,22 +230,19 @@ def test_pipelined_requests_are_judged_in_order_until_a_denial_closes_the_connec
     tmp_path: Path,
 ) -> None:
     with _actions(tmp_path) as actions:
-        host = Host(actions, OK)
-        try:
-            proxy = _proxy(actions, host.port)
-            pipelined = (
-                _head(host.port, "GET {url}/one HTTP/1.1")
-                + _head(host.port, "POST {url}/two HTTP/1.1", "Content-Length: 2")
+        (answer,), received = _to_host(
+            actions,
+            lambda port: (
+                _head(port, "GET {url}/one HTTP/1.1")
+                + _head(port, "POST {url}/two HTTP/1.1", "Content-Length: 2")
                 + b"hi"
-                + _head(host.port, "GET {url}/three HTTP/1.1")
-            )
-            answer = asyncio.run(_through(proxy, pipelined))
-        finally:
-            host.close()
+                + _head(port, "GET {url}/three HTTP/1.1")
+            ),
+        )
         assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
         assert answer.count(b"HTTP/1.1 ") == 2  # the read's reply, then the stub; then closed
         assert b"HTTP/1.1 403 " in answer
-        assert [r.split(b"\r\n")[0] for r in host.received] == [b"GET /one HTTP/1.1"]
+        assert [r.split(b"\r\n")[0] for r in received] == [b"GET /one HTTP/1.1"]
         decisions = [
             (ln["decision"], ln["arguments"]["url"].rsplit("/", 1)[1])
             for ln in _lines(actions)
