@@ -31,7 +31,7 @@ NOT_FOR_A_RUN = (
     "cryptography",
     "sandbox.backends.docker.gc",
     "sandbox.collect.dbdiff",
-    "sandbox.guard.tls",
+    "sandbox.guard.egress.tls",
     "sandbox.policy",  # the guard judges calls; the runner only hashes the files
     "sandbox.policy_sql",
     "sandbox.stepside.agentworks_exec.server",

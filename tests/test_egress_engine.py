@@ -15,8 +15,8 @@ from docker import DockerClient
 
 from sandbox.contracts.record import RunStatus, TestRunRecord
 from sandbox.contracts.wire import ActionLine
-from sandbox.guard.dns import SYNTHETIC_V4 as SYNTHETIC
-from sandbox.guard.transparent import FIRST_READ_S
+from sandbox.guard.egress.dns import SYNTHETIC_V4 as SYNTHETIC
+from sandbox.guard.egress.transparent import FIRST_READ_S
 from sandbox.policy import stub_reply
 from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import WorkflowFactory, call_lines, tree_digest
@@ -145,12 +145,49 @@ def test_proxy_passes_reads_and_stubs_everything_else(
     assert connect.detail["tls"] == "method not seen"  # the host opted out of inspection
     assert "method inside TLS was not seen" in connect.reason
     counts = record.egress[ALIAS]
-    # Stubbed: 4 methods and a port not on the list; refused: an upgrade and a CONNECT
-    # to a plain-HTTP port, which cannot be inspected.
-    assert (counts.passed, counts.stubbed, counts.refused) == (3, 5, 2)
+    # Stubbed: 4 methods, a port not on the list and a WebSocket (the entry does not
+    # opt in); refused: a CONNECT to a plain-HTTP port, which cannot be inspected.
+    assert (counts.passed, counts.stubbed, counts.refused) == (3, 6, 1)
     assert record.egress["not-allowed.test"].stubbed == 1
     refusals = [ln for ln in egress if ln.decision == "refuse"]
     assert all("Continue as if" not in ln.reason for ln in refusals)
+
+
+UPGRADES = """
+import json, subprocess
+def curl(*headers):
+    args = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}"]
+    for h in headers:
+        args += ["-H", h]
+    return subprocess.run(args + ["http://outside.test:8080/ws?room=7"],
+        capture_output=True, text=True).stdout
+out = {
+    "h2c": curl("Connection: Upgrade, HTTP2-Settings", "Upgrade: h2c",
+        "HTTP2-Settings: AAMAAABkAAQAAP__"),
+    "websocket": curl("Connection: Upgrade", "Upgrade: websocket",
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==", "Sec-WebSocket-Version: 13"),
+}
+print(json.dumps(out))
+"""
+
+
+def test_h2c_and_websocket_upgrades_to_an_allowed_host_are_recorded_and_never_arrive(
+    engine: DockerClient, make_workflow: WorkflowFactory, outside: Outside
+) -> None:
+    """An allow-listed host whose entry does not opt in to WebSockets: the h2c upgrade is
+    refused, the WebSocket stubbed, both on the record with their URL, and the fake
+    outside server receives neither."""
+    record, out, lines = run_step(make_workflow, outside, UPGRADES, EGRESS_TOML)
+    assert record.status is RunStatus.PASSED, record.stderr.text
+    assert out == {"h2c": "403", "websocket": "403"}
+    assert [s for s in outside.seen() if s["proto"] == "http"] == []
+    egress = {ln.detail.get("upgrade"): ln for ln in lines if ln.tool == "http"}
+    assert egress["h2c"].decision == "refuse"
+    assert egress["websocket"].decision == "stub"
+    for line in egress.values():
+        assert line.arguments["url"] == "http://outside.test:8080/ws?room=7"
+    counts = record.egress[ALIAS]
+    assert (counts.passed, counts.stubbed, counts.refused) == (0, 1, 1)
 
 
 DIRECT = """

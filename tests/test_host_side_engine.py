@@ -30,7 +30,7 @@ from sandbox.contracts.names import LABEL_RUN_ID
 from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
 from sandbox.contracts.reports import DbDiff
 from sandbox.contracts.status import ACTIONS_FILE
-from sandbox.guard.transparent import FIRST_READ_S
+from sandbox.guard.egress.transparent import FIRST_READ_S
 from sandbox.run.testrun import TestRun
 from tests.conftest import ThreadedRun, WorkflowFactory, call_lines, tree_digest
 from tests.fakes.harness import outside_server

@@ -220,6 +220,15 @@ class EgressEntry(_Strict):
             "seen` on every line). Unset: `inspect_tls` decides."
         ),
     )
+    # A WebSocket is a two-way channel a method filter cannot judge: stubbed unless
+    # the host opts in, and then relayed unjudged with every line naming it.
+    websocket: bool = Field(
+        default=False,
+        description=(
+            "`true`: a WebSocket upgrade to this host is relayed both ways, unjudged"
+            " (every line of that connection says `websocket`); else it is stubbed."
+        ),
+    )
 
     @field_validator("host")
     @classmethod

@@ -54,7 +54,7 @@ class GuardConfig(BaseModel):
     # PEM text of CAs the guard trusts for real hosts besides the system's
     # (from the workflow's egress.trust_ca_files).
     egress_trust_pem: str = ""
-    # The run's TLS-inspection CA, made by the runner (see sandbox.guard.tls); empty
+    # The run's TLS-inspection CA, made by the runner (see sandbox.guard.egress.tls); empty
     # when no allow-list entry is inspected. The key is as secret as the tokens.
     egress_ca_pem: str = ""
     egress_ca_key_pem: str = Field(default="", repr=False)

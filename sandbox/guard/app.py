@@ -20,10 +20,11 @@ from starlette.routing import BaseRoute
 from starlette.routing import Route as HttpRoute
 
 from sandbox.contracts.guardconfig import MCP_PATH
-from sandbox.guard import egress, transparent
 from sandbox.guard.auth import BAD_TOKEN, reject_and_log
 from sandbox.guard.bridge.front import BridgeFront
 from sandbox.guard.bridge.routes import Guard
+from sandbox.guard.egress import proxy as egress
+from sandbox.guard.egress import transparent
 from sandbox.guard.requestcaps import CappedRequests
 
 
@@ -76,7 +77,7 @@ def build_app(
     `egress_listener`: the egress port, already listening (the guard binds its ports
     first thing); None binds it here. `mcp_listeners` / `mcp_egress_listeners`: each
     stdio MCP server's sockets, likewise. `direct_listeners`: where the firewall sends
-    the step's direct connections and DNS queries (`sandbox.guard.transparent`)."""
+    the step's direct connections and DNS queries (`sandbox.guard.egress.transparent`)."""
     mcp: McpSurface
     if guard.config.mcp_servers:
         from sandbox.guard.mcp.proxy import McpProxy  # the MCP SDK: only when it is needed
@@ -86,7 +87,6 @@ def build_app(
             guard.log,
             slots=guard.forward_slots,
             listeners=mcp_listeners,
-            egress_listeners=mcp_egress_listeners,
         )
     else:
         mcp = NoMcpServers(guard)
@@ -94,6 +94,7 @@ def build_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         async with (
+            egress.serving_mcp_servers(guard.config, guard.log, mcp_egress_listeners or {}),
             mcp.running(),
             egress.running(guard.config, guard.log, guard.active_calls, egress_listener) as proxy,
         ):

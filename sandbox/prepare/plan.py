@@ -33,7 +33,7 @@ class Tokens:
 
 @dataclass(frozen=True)
 class EgressCA:
-    """The run's TLS-inspection CA as PEM text (made by the runner; see sandbox.guard.tls)."""
+    """The run's TLS-inspection CA as PEM text (made by the runner; see `egress.tls`)."""
 
     cert_pem: str
     key_pem: str = field(repr=False)
@@ -108,9 +108,9 @@ def step_user() -> tuple[int, int]:
 
 
 def make_egress_ca(run_id: str) -> EgressCA:
-    """This run's TLS-inspection CA (about a millisecond; see sandbox.guard.tls). Its
+    """This run's TLS-inspection CA (about a millisecond; see sandbox.guard.egress.tls). Its
     module, and the X.509 library under it, load only for a run that inspects TLS."""
-    from sandbox.guard.tls import RunCA
+    from sandbox.guard.egress.tls import RunCA
 
     ca = RunCA.new(run_id)
     return EgressCA(cert_pem=ca.cert_pem().decode("ascii"), key_pem=ca.key_pem().decode("ascii"))

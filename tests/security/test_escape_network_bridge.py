@@ -27,7 +27,7 @@ from docker.models.containers import Container
 
 from sandbox.contracts import names
 from sandbox.contracts.wire import ActionLine
-from sandbox.guard.transparent import FIRST_READ_S
+from sandbox.guard.egress.transparent import FIRST_READ_S
 from sandbox.run.testrun import RunOptions
 from tests.polling import wait_for
 from tests.security.conftest import (

@@ -3,7 +3,7 @@ asyncio protocol, parsed by httptools (llhttp, the bridge port's parser), no ret
 
 The bytes go to llhttp from the protocol's own callback, with no stream reader
 between, which keeps a forwarded call's CPU small. A call's bytes are written at
-most once; its contract is `sandbox.guard.upstream`'s (see bridge.spec.md).
+most once; its contract is `sandbox.guard.bridge.upstream`'s (see bridge.spec.md).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from sandbox.guard.bridge.upstream import Reply, ReplyTooLarge, UpstreamError
 from sandbox.guard.limits import MAX_UPSTREAM_REPLY_BYTES
-from sandbox.guard.upstream import Reply, ReplyTooLarge, UpstreamError
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = MAX_UPSTREAM_REPLY_BYTES

@@ -16,7 +16,7 @@ from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.contracts.wire import ExecRequest, ToolResult
 from sandbox.guard import limits
 from sandbox.guard.bridge.client import BridgeClient
-from sandbox.guard.upstream import Reply, ReplyTooLarge, UpstreamError
+from sandbox.guard.bridge.upstream import Reply, ReplyTooLarge, UpstreamError
 from sandbox.stepside.agentworks_exec.pathsafety import check_tool_path
 from sandbox.stepside.agentworks_exec.toolargs import executor_deadline_s
 

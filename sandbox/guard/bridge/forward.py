@@ -18,7 +18,7 @@ from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.contracts.wire import RUN_KIND_HEADER, ToolResult, UpstreamCall
 from sandbox.guard import limits
 from sandbox.guard.bridge.client import BridgeClient
-from sandbox.guard.upstream import ReplyTooLarge, UpstreamError
+from sandbox.guard.bridge.upstream import ReplyTooLarge, UpstreamError
 
 
 class UpstreamForward:
@@ -51,7 +51,7 @@ class UpstreamForward:
         )
         try:
             # The whole exchange within the budget. A call whose bytes went out is never
-            # sent again (sandbox.guard.upstream): the upstream may have run it.
+            # sent again (sandbox.guard.bridge.upstream): the upstream may have run it.
             async with asyncio.timeout(budget), self._slots:
                 reply = await self._client.post(
                     "/v1/tools/call",

@@ -28,7 +28,7 @@ from sandbox.guard.bridge.forward import UpstreamForward
 from sandbox.guard.requestcaps import json_bytes
 
 if TYPE_CHECKING:
-    from sandbox.guard.egress import EgressProxy
+    from sandbox.guard.egress.proxy import EgressProxy
 
 ROOT_SESSION = "root"
 

@@ -48,12 +48,11 @@ class _Authorized:
 
 
 class McpProxy:
-    """Every configured server's endpoint, upstream session and (stdio, with an allow
-    list) egress proxy.
+    """Every configured server's endpoint and upstream session (a stdio server's own
+    egress proxy is started by `app.py`).
 
     `listeners`: each stdio server's socket, already listening (the guard binds them
-    first thing); a missing one is bound here. `egress_listeners`: the egress socket
-    of each stdio server with an `egress` allow list. `slots`: the guard's forward
+    first thing); a missing one is bound here. `slots`: the guard's forward
     slots (see caps), shared with the bridge."""
 
     def __init__(
@@ -63,13 +62,11 @@ class McpProxy:
         *,
         slots: asyncio.Semaphore | None = None,
         listeners: dict[str, socket.socket] | None = None,
-        egress_listeners: dict[str, socket.socket] | None = None,
     ) -> None:
         self.config = config
         self.log = log
         self.context = McpContext(config, log, slots)
         given = dict(listeners or {})
-        self._egress_listeners = dict(egress_listeners or {})
         self.upstreams: dict[str, Upstream] = {}
         for server in config.mcp_servers:
             listener = None
@@ -83,18 +80,9 @@ class McpProxy:
 
     @contextlib.asynccontextmanager
     async def running(self) -> AsyncIterator[None]:
-        from sandbox.guard import egress  # the step's proxy code, with each server's list
-
         async with contextlib.AsyncExitStack() as stack:
             for endpoint in self.endpoints.values():
                 await stack.enter_async_context(endpoint.manager.run())
-            for name, listener in self._egress_listeners.items():
-                server = self.upstreams[name].server
-                config = self.config.model_copy(update={"egress": server.own_egress()})
-                proxy = egress.EgressProxy(config, self.log, label={"mcp_server": name})
-                unix_server = await egress.listen(proxy, listener)
-                stack.callback(proxy.close)
-                stack.callback(unix_server.close)
             async with anyio.create_task_group() as tg:
                 for upstream in self.upstreams.values():
                     tg.start_soon(upstream.supervise)

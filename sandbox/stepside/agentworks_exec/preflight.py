@@ -14,7 +14,7 @@ unreachable, not all).
 The firewall hands every TCP connection and every DNS query of the step to the
 guard, so "closed" means: refused, or answered by this run's guard, which proves
 it with HMAC-SHA256(bridge token, a fresh nonce) that nothing outside the run can
-compute (`sandbox.guard.transparent`, `sandbox.guard.dns`). An answer without
+compute (`sandbox.guard.egress.transparent`, `sandbox.guard.egress.dns`). An answer without
 the proof is a way out.
 """
 
@@ -48,8 +48,8 @@ TIMEOUT_S = 0.5
 # moment took over 10 s on a loaded shared host (a queued datagram answered just after a
 # 10 s wait); the wait costs nothing when the answer comes sooner.
 PROOF_TIMEOUT_S = 30.0
-PROBE = b"AGENTWORKS-PREFLIGHT "  # sandbox.guard.transparent.PREFLIGHT_PROBE
-PROBE_ZONE = "agentworks-preflight.invalid"  # sandbox.guard.dns.PREFLIGHT_ZONE
+PROBE = b"AGENTWORKS-PREFLIGHT "  # sandbox.guard.egress.transparent.PREFLIGHT_PROBE
+PROBE_ZONE = "agentworks-preflight.invalid"  # sandbox.guard.egress.dns.PREFLIGHT_ZONE
 TOKEN_ENV = "AGENTWORKS_BRIDGE_TOKEN"
 
 

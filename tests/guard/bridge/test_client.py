@@ -13,8 +13,8 @@ import pytest
 import uvloop
 
 from sandbox.guard.bridge.client import MAX_BODY_BYTES, MAX_HEAD_BYTES, BridgeClient
+from sandbox.guard.bridge.upstream import Reply, ReplyTooLarge, UpstreamError
 from sandbox.guard.limits import MAX_UPSTREAM_REPLY_BYTES
-from sandbox.guard.upstream import Reply, ReplyTooLarge, UpstreamError
 from tests.guard.bridge.test_routes import Upstream, ok, oversized_reply
 
 T = TypeVar("T")

@@ -23,8 +23,8 @@ from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.app import build_app
 from sandbox.guard.bridge.routes import Guard
+from sandbox.guard.bridge.upstream import Reply
 from sandbox.guard.limits import MAX_UPSTREAM_REPLY_BYTES
-from sandbox.guard.upstream import Reply
 from tests.conftest import BRIDGE_TOKEN, call_lines, guard_config
 
 TOKEN = BRIDGE_TOKEN

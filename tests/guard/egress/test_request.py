@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from sandbox.contracts.config import Egress
-from sandbox.guard.egress import match
+from sandbox.guard.egress.request import match
 
 EGRESS = Egress.model_validate(
     {

@@ -1,33 +1,13 @@
-"""Strict HTTP/1.1 for the egress proxy: h11's parser, and the checks a proxy adds to it.
+"""Strict HTTP/1.1 for the egress proxy: h11's parser, and the checks a proxy adds.
 
-h11's grammar and rules parse every request and reply head the proxy handles
-(the request line, header names and values, Content-Length and chunked
-framing): a head without framing headers, and a reply head that arrived whole,
-are matched here line by line with h11's own patterns and made into h11's own
-events (:func:`parse_request`, :func:`parse_reply`), anything else goes through
-an h11 connection. h11 is lenient where a proxy must not be, so that a proxy
-and the server behind it never read one byte stream as two different
-requests (request smuggling). h11 accepts bare LF line ends, unfolds obs-fold,
-merges equal duplicate Content-Length headers, accepts Content-Length beside
-Transfer-Encoding and any `HTTP/x.y` version; here each of these is a refusal:
-
-* :func:`head_end` checks the head's bytes before h11 sees them: every line
-  ends in CRLF (no bare CR, no bare LF), no line starts with space or tab
-  (obs-fold), and the head fits :data:`MAX_HEAD_BYTES`.
-* :func:`check_request` checks the parsed request against its raw lines: one
-  Content-Length at most, in canonical digits; not both Content-Length and
-  Transfer-Encoding; HTTP/1.0 or 1.1 only.
-* :func:`absolute_target`, :func:`tunnel_target` and :func:`check_host` judge
-  where the request goes: an absolute `http://host[:port]/path` through the
-  proxy (no userinfo, no fragment), origin form (or the tunnel's own absolute
-  `https://` URL) inside a TLS tunnel, and a Host header that names exactly the
-  same host and port.
-
-What is forwarded is rebuilt, never relayed: :func:`forward_headers` keeps
-the parsed end-to-end headers (names in the client's spelling, values as h11
-read them) and drops hop-by-hop ones; the head is then written as h11 writes it
-(:func:`request_head`; h11 itself for a request with a body). Limits: one
-head is at most 64 KiB and 100 header lines; a longer head is refused with 431.
+h11 is lenient where a proxy must not be (bare LF, obs-fold, duplicate or
+conflicting Content-Length, any `HTTP/x.y`); a proxy and the server behind it must
+never read one byte stream as two requests (request smuggling), so each of these
+is refused here: `head_end` checks the raw bytes, `check_request` the parsed head,
+and `absolute_target`, `tunnel_target` and `check_host` where the request goes.
+What is forwarded is rebuilt from the parsed head (`forward_headers`,
+`request_head`), never relayed. A head without framing takes the line-matching
+path (`http1_lines`); the rules for both paths are here.
 """
 
 from __future__ import annotations
@@ -37,7 +17,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import h11
-from h11 import _readers as h11_readers
+
+from sandbox.guard.egress import http1_lines
 
 MAX_HEAD_BYTES = 64 * 1024  # one request or reply head; also h11's max_incomplete_event_size
 MAX_HEADER_LINES = 100
@@ -76,15 +57,6 @@ _AUTHORITY = re.compile(rf"{_HOST}:(?P<port>[0-9]{{1,5}})")
 _HOST_HEADER = re.compile(rf"{_HOST}{_PORT}")
 
 
-# h11's own grammar for a request line, a status line and a header field (the
-# patterns its readers match each line with), so that a head parsed here is accepted
-# exactly when h11 would accept it.
-_H11_REQUEST_LINE: re.Pattern[bytes] = h11_readers.request_line_re
-_H11_STATUS_LINE: re.Pattern[bytes] = h11_readers.status_line_re
-_H11_FIELD: re.Pattern[bytes] = h11_readers.header_field_re
-_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
-
-
 class Refused(Exception):
     """The request cannot be forwarded as HTTP: its status and the reason."""
 
@@ -113,70 +85,18 @@ def head_end(buffer: bytes | bytearray) -> int | None:
     return end + 4 if end >= 0 else None
 
 
-def _matched_lines(region: bytes, first_line: re.Pattern[bytes]) -> list[re.Match[bytes]] | None:
-    """A head's lines (`region`: the head without its closing blank line), each matched
-    by h11's own grammar: `first_line`, then its header-field rule; None as soon as one
-    line does not match (that head is h11's to read, and to refuse in its own words)."""
-    lines = region.split(b"\r\n")
-    first = first_line.fullmatch(lines[0])
-    if first is None:
-        return None
-    matches = [first]
-    for line in lines[1:]:
-        match = _H11_FIELD.fullmatch(line)
-        if match is None:
-            return None
-        matches.append(match)
-    return matches
-
-
-def _plain_head(head: bytes, first_line: re.Pattern[bytes]) -> list[re.Match[bytes]] | None:
-    """A complete head's lines matched by h11's own grammar (`_matched_lines`), when the
-    head has no framing header (Content-Length, Transfer-Encoding); None when any line
-    does not match or framing is there: such a head goes to h11 whole, which says what
-    is wrong or handles its framing."""
-    if not head.endswith(b"\r\n\r\n"):
-        return None
-    matches = _matched_lines(head[:-4], first_line)
-    if matches is None:
-        return None
-    for match in matches[1:]:
-        if match.group("field_name").lower() in _FRAMING:
-            return None
-    return matches
-
-
-def _fields_of(matches: list[re.Match[bytes]]) -> list[tuple[bytes, bytes]]:
-    return [(m.group("field_name"), m.group("field_value")) for m in matches[1:]]
-
-
 def parse_request(head: bytes) -> tuple[h11.Connection | None, h11.Request]:
     """Parse one complete head (as `head_end` delimited it); the h11 connection that
     parsed it is returned to read the body with, None for a head without framing
     headers (no body: RFC 9112 6.3).
 
-    Such a head (every read) is matched line by line with h11's own grammar and
-    made into h11's own Request the way h11's reader makes it (`_parsed`: the same
-    header normalization, the same Host rules), without a connection and its state
-    machine, which per request cost more than the rest of the parse. Anything else,
-    and anything that does not match, is parsed by h11 itself as before: the same
-    refusals, the same errors."""
-    plain = _plain_head(head, _H11_REQUEST_LINE)
-    if plain is not None:
-        try:
-            line = plain[0]
-            request = h11.Request(
-                method=line.group("method"),
-                target=line.group("target"),
-                http_version=line.group("http_version"),
-                headers=_fields_of(plain),
-                _parsed=True,
-            )
-        except h11.LocalProtocolError:
-            pass  # h11 below says so, in its words
-        else:
-            check_request(head, request)
-            return None, request
+    Such a head (every read) is made by `http1_lines`; any other, and any that does
+    not match h11's grammar there, is parsed by an h11 connection, whose refusal is
+    the one reported. Both are checked by `check_request`."""
+    request = http1_lines.plain_request(head)
+    if request is not None:
+        check_request(head, request)
+        return None, request
     conn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD_BYTES)
     conn.receive_data(head)
     try:
@@ -190,39 +110,10 @@ def parse_request(head: bytes) -> tuple[h11.Connection | None, h11.Request]:
     return conn, event
 
 
-def parse_reply(data: bytes) -> tuple[h11.Response, bytes] | None:
-    """A reply head at the start of `data`, and the bytes after it, when all of it is
-    there and every line matches h11's own grammar (its status line and header-field
-    rules), made into h11's own Response the way h11's reader makes it (`_parsed`: the
-    same Content-Length and Transfer-Encoding rules). None for anything else (a head
-    not complete yet, an informational reply, bare LF line ends, obs-fold, a line
-    the grammar refuses, framing h11 refuses): that reply is h11's to read, and to
-    refuse in its own words."""
-    end = data.find(b"\r\n\r\n")
-    if end < 0:
-        return None
-    matches = _matched_lines(data[:end], _H11_STATUS_LINE)
-    if matches is None:
-        return None
-    status = matches[0]
-    code = int(status.group("status_code"))
-    if code < 200:
-        return None
-    try:
-        response = h11.Response(
-            status_code=code,
-            reason=status.group("reason") or b"",
-            http_version=status.group("http_version") or b"1.1",
-            headers=_fields_of(matches),
-            _parsed=True,
-        )
-    except h11.LocalProtocolError:
-        return None
-    return response, data[end + 4 :]
-
-
 def check_request(head: bytes, request: h11.Request) -> None:
     """What h11 let through that a proxy must not: raises Refused."""
+    if request.method == b"PRI" and request.http_version == b"2.0":
+        raise Refused(505, "an HTTP/2.0 prior-knowledge preface cannot be inspected; use HTTP/1.1")
     if request.http_version not in VERSIONS:
         version = request.http_version.decode("ascii", "replace")
         raise Refused(505, f"HTTP/{version} is not HTTP/1.1; it cannot be inspected")
@@ -343,7 +234,9 @@ def check_host(
         raise Refused(400, f"the Host header ({shown}) disagrees with the request's target")
 
 
-def connection_tokens(message: h11.Request | h11.Response) -> set[bytes]:
+def connection_tokens(
+    message: h11.Request | h11.Response | h11.InformationalResponse,
+) -> set[bytes]:
     return {
         token.strip().lower()
         for name, value in message.headers.raw_items()
@@ -353,7 +246,7 @@ def connection_tokens(message: h11.Request | h11.Response) -> set[bytes]:
 
 
 def forward_headers(
-    message: h11.Request | h11.Response,
+    message: h11.Request | h11.Response | h11.InformationalResponse,
     *,
     keep: Iterable[bytes] = (),
     tokens: set[bytes] | None = None,
@@ -389,3 +282,15 @@ def wants_keep_alive(request: h11.Request) -> bool:
 
 def _clip(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def upgrade_tokens(request: h11.Request) -> list[bytes]:
+    """The protocols the request's Upgrade headers (all of them) ask for, lower-case,
+    without versions."""
+    return [
+        token.strip().split(b"/")[0].lower()
+        for name, value in request.headers.raw_items()
+        if name.lower() == b"upgrade"
+        for token in value.split(b",")
+        if token.strip()
+    ]

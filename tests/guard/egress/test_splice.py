@@ -17,7 +17,8 @@ import pytest
 import uvloop
 
 from sandbox.contracts.config import Egress
-from sandbox.guard import egress, splice
+from sandbox.guard.egress import proxy as egress
+from sandbox.guard.egress import splice
 from sandbox.guard.listeners import bind_loopback
 from tests.conftest import in_process_guard
 

@@ -18,9 +18,9 @@ from sandbox.collect.actionsummary import read
 from sandbox.contracts.record import RunStatus, TestRunRecord
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.dns import PREFLIGHT_ZONE, DnsServer, Names, clean_name, preflight_proof
+from sandbox.guard.egress.dns import PREFLIGHT_ZONE, DnsServer, Names, clean_name, preflight_proof
+from sandbox.guard.egress.transparent import classify, server_name
 from sandbox.guard.listeners import DNS_PORT, TRANSPARENT_PORT
-from sandbox.guard.transparent import classify, server_name
 from sandbox.launch.firewall import guard_entry_script, nat_rules
 from sandbox.verify import html
 from sandbox.verify.evidence import Call

@@ -30,9 +30,11 @@ import struct
 import time
 from collections.abc import AsyncIterator
 
-from sandbox.guard import dns, egress, http1
-from sandbox.guard.dns import Names, preflight_proof
-from sandbox.guard.egress import Direct, EgressProxy, _Client, _Seen
+from sandbox.guard.egress import dns, http1, request
+from sandbox.guard.egress.connection import Client
+from sandbox.guard.egress.dns import Names, preflight_proof
+from sandbox.guard.egress.proxy import READ_TIMEOUT_S, EgressProxy
+from sandbox.guard.egress.request import Denied, Direct, Seen
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
 FIRST_READ_S = 3.0
@@ -188,7 +190,7 @@ class Interceptor:
             reason = f"the TLS server name ({sni}) is not the destination's ({direct.name})"
             await self._refuse(seen, reason, started)
             return False
-        entry = egress.match(self.proxy.config.egress, host, direct.port, tunnel=True)
+        entry = request.match(self.proxy.config.egress, host, direct.port, tunnel=True)
         if entry is None:
             reason = f"TLS to {host}:{direct.port} is not on the egress allow list"
             await self._refuse(seen, reason, started)
@@ -197,26 +199,26 @@ class Interceptor:
         direct = Direct(host, direct.port, direct.address)
         if not self.proxy.config.egress.inspects(entry):
             reader, writer = await asyncio.open_connection(sock=sock)
-            client = _Client(reader, writer, 0)
+            client = Client(reader, writer, 0)
             client.direct = direct
             seen.method = "CONNECT"
             try:
-                await self.proxy._blind_tunnel(client, host, direct.port, entry, seen, started)
-            except egress.Denied as denied:
+                await self.proxy.blind_tunnel(client, host, direct.port, entry, seen, started)
+            except Denied as denied:
                 await self._refuse(seen, denied.reason, started)
             finally:
                 writer.close()
             return True
         try:
-            context = self.proxy._ca_for(host)
-        except egress.Denied as denied:
+            context = self.proxy.tls.for_step(host)
+        except Denied as denied:
             await self._refuse(seen, denied.reason, started)
             return False
         reader = asyncio.StreamReader(limit=http1.MAX_HEAD_BYTES)
         protocol = asyncio.StreamReaderProtocol(reader)
         try:
             transport, _ = await loop.connect_accepted_socket(
-                lambda: protocol, sock, ssl=context, ssl_handshake_timeout=egress.READ_TIMEOUT_S
+                lambda: protocol, sock, ssl=context, ssl_handshake_timeout=READ_TIMEOUT_S
             )
         except (OSError, TimeoutError) as exc:
             seen.tls = "inspected"
@@ -228,14 +230,14 @@ class Interceptor:
         await self.proxy.handle(reader, writer, direct=direct, tunnel=(host, direct.port, entry))
         return True
 
-    def _seen(self, direct: Direct, method: str) -> _Seen:
-        seen = _Seen(method=method, host=direct.name, via="direct")
+    def _seen(self, direct: Direct, method: str) -> Seen:
+        seen = Seen(method=method, host=direct.name, via="direct")
         seen.destination = f"{direct.address}:{direct.port}"
         return seen
 
-    async def _refuse(self, seen: _Seen, reason: str, started: float) -> None:
+    async def _refuse(self, seen: Seen, reason: str, started: float) -> None:
         with contextlib.suppress(Exception):
-            await self.proxy._record(seen, "refuse", reason, started, status=None)
+            await self.proxy.record(seen, "refuse", reason, started, status=None)
 
     async def _refuse_other(self, direct: Direct, first: bytes, started: float) -> None:
         seen = self._seen(direct, "TCP")
@@ -247,7 +249,7 @@ class Interceptor:
             else "neither HTTP/1.x nor TLS: other protocols are not forwarded"
         )
         with contextlib.suppress(Exception):
-            await self.proxy._record(seen, "refuse", reason, started, status=None, body=body)
+            await self.proxy.record(seen, "refuse", reason, started, status=None, body=body)
 
 
 @contextlib.asynccontextmanager

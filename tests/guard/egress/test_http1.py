@@ -5,8 +5,8 @@ from __future__ import annotations
 import h11
 import pytest
 
-from sandbox.guard import http1
-from sandbox.guard.http1 import Refused
+from sandbox.guard.egress import http1
+from sandbox.guard.egress.http1 import Refused
 
 
 def parse(head: bytes) -> h11.Request:
@@ -204,40 +204,6 @@ def test_a_request_head_is_written_byte_for_byte_as_h11_writes_it(
     assert http1.request_head(method, target, headers) == expected
 
 
-def _h11_request(head: bytes) -> h11.Request:
-    conn = h11.Connection(h11.SERVER)
-    conn.receive_data(head)
-    event = conn.next_event()
-    assert isinstance(event, h11.Request)
-    return event
-
-
-@pytest.mark.parametrize(
-    "head",
-    [
-        GOOD,
-        b"HEAD http://a.test:8080/p?q=1&r=%20 HTTP/1.1\r\nHost: a.test:8080\r\n\r\n",
-        b"GET http://a.test/ HTTP/1.0\r\n\r\n",
-        b"GET http://a.test/ HTTP/1.1\r\nhost:a.test\r\nX-Empty:\r\nX-Pad: \t v a l \t\r\n\r\n",
-        b"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nConnection: keep-alive, x-a\r\n\r\n",
-        b"CONNECT a.test:443 HTTP/1.1\r\nHost: a.test:443\r\n\r\n",
-    ],
-)
-def test_a_head_without_framing_parses_to_what_h11_parses(head: bytes) -> None:
-    """Such a head is matched with h11's own grammar, without an h11 connection: the
-    request is the one h11 makes of it, and it has no body to read."""
-    conn, request = http1.parse_request(head)
-    expected = _h11_request(head)
-    assert conn is None
-    assert (request.method, request.target, request.http_version) == (
-        expected.method,
-        expected.target,
-        expected.http_version,
-    )
-    assert list(request.headers.raw_items()) == list(expected.headers.raw_items())
-    assert list(request.headers) == list(expected.headers)
-
-
 @pytest.mark.parametrize(
     ("head", "status"),
     [
@@ -262,60 +228,3 @@ def test_a_head_with_framing_is_parsed_by_h11_and_keeps_its_connection() -> None
     assert conn is not None
     conn.receive_data(b"abc")
     assert isinstance(conn.next_event(), h11.Data)
-
-
-def _h11_reply(data: bytes, method: bytes = b"GET") -> h11.Response:
-    conn = h11.Connection(h11.CLIENT)
-    conn.send(h11.Request(method=method, target=b"/", headers=[(b"Host", b"a")]))
-    conn.send(h11.EndOfMessage())
-    conn.receive_data(data)
-    event = conn.next_event()
-    assert isinstance(event, h11.Response)
-    return event
-
-
-@pytest.mark.parametrize(
-    "data",
-    [
-        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
-        b"HTTP/1.0 404 Not Found\r\nServer: x\r\nContent-Type: text/plain\r\n\r\n",
-        b"HTTP/1.1 204 \r\nX-Pad:  a b \t\r\n\r\n",
-        b"HTTP/1.1 200\r\nContent-Length: 2, 2\r\nContent-Length: 2\r\n\r\nok",
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n",
-        b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n",  # the body still on its way
-    ],
-)
-def test_a_reply_head_parses_to_what_h11_parses(data: bytes) -> None:
-    """A complete reply head whose lines h11's grammar takes: the response h11 makes
-    of it, and the bytes after it."""
-    parsed = http1.parse_reply(data)
-    assert parsed is not None
-    response, rest = parsed
-    expected = _h11_reply(data)
-    assert (response.status_code, response.reason, response.http_version) == (
-        expected.status_code,
-        expected.reason,
-        expected.http_version,
-    )
-    assert list(response.headers.raw_items()) == list(expected.headers.raw_items())
-    assert list(response.headers) == list(expected.headers)
-    assert rest == data[data.index(b"\r\n\r\n") + 4 :]
-
-
-@pytest.mark.parametrize(
-    "data",
-    [
-        b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n",  # not complete yet
-        b"HTTP/1.1 200 OK\nContent-Length: 5\n\nhello",  # bare LF: h11's to read
-        b"HTTP/1.1 200 OK\r\nX: a\r\n b\r\n\r\n",  # obs-fold: h11's to unfold
-        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
-        b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
-        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
-        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
-        b"HTTP/1.1 200 OK\r\nBad Name: x\r\n\r\n",
-        b"HTTP/1.1 2000 OK\r\n\r\n",
-        b"SPDY/3 200 OK\r\n\r\n",
-    ],
-)
-def test_a_reply_the_grammar_does_not_take_is_left_to_h11(data: bytes) -> None:
-    assert http1.parse_reply(data) is None

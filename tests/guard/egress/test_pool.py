@@ -23,8 +23,8 @@ import requests
 from sandbox.collect.actionsummary import read
 from sandbox.contracts.config import Egress
 from sandbox.contracts.wire import ActionLine
-from sandbox.guard import http1
-from sandbox.guard.egress import EgressProxy
+from sandbox.guard.egress import http1
+from sandbox.guard.egress.proxy import EgressProxy
 from tests.conftest import in_process_guard
 from tests.fakes.keepalive_host import KeepAliveHost, big_body
 from tests.polling import wait_for

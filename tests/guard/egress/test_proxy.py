@@ -29,7 +29,7 @@ from sandbox.contracts.hostconfig import Durability
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard import actionlog
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.egress import EgressProxy
+from sandbox.guard.egress.proxy import EgressProxy
 from tests.conftest import call_lines, guard_config
 from tests.polling import wait_for
 

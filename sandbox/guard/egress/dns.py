@@ -5,7 +5,7 @@ address) here, so no query ever leaves the run: nothing is forwarded, recursed o
 cached from outside. An A query for a well-formed name gets a synthetic address
 from `SYNTHETIC_V4` that this guard maps back to the name (`Names`); the firewall
 redirects every TCP connection to the guard anyway, and the interception
-(`sandbox.guard.transparent`) judges it under that name, with the same allow list
+(`sandbox.guard.egress.transparent`) judges it under that name, with the same allow list
 as the explicit proxy (a name not on it: a plain-HTTP request is stubbed, TLS is
 refused). The guard resolves the real address itself when it dials. AAAA, HTTPS
 and SVCB get an empty answer (the client falls back to the A record); any other

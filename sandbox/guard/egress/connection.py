@@ -1,0 +1,69 @@
+"""The step's end of one connection to the egress proxy, and its lingering close.
+
+Every write waits until the kernel holds all of it, so nothing stays queued in
+Python and a reply body can be spliced straight after its head.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import ssl
+import time
+from typing import TYPE_CHECKING
+
+from sandbox.guard.egress import splice
+
+if TYPE_CHECKING:
+    from sandbox.guard.egress.request import Direct
+
+CHUNK = 256 * 1024
+LINGER_S, LINGER_IDLE_S, LINGER_BYTES = 2.0, 0.2, 1024 * 1024  # after a denial
+
+
+class Client:
+    """The step's end of one connection, with the bytes received but not yet parsed."""
+
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, number: int
+    ) -> None:
+        self.number = number
+        self.reader = reader
+        self.writer = writer
+        self.buffer = bytearray()
+        self.tls = False
+        self.replying = False  # a reply head went out: no error reply can follow it
+        self.denied = False  # the last answer was a denial: linger before closing
+        self.direct: Direct | None = None  # redirected by the firewall, not through the proxy
+        writer.transport.set_write_buffer_limits(high=0)
+
+    async def write(self, data: bytes) -> None:
+        self.writer.write(data)
+        await self.writer.drain()
+
+    def splice_socket(self) -> socket.socket | None:
+        """The socket to splice a reply into: plain TCP with nothing queued in Python."""
+        if self.tls or not splice.AVAILABLE:
+            return None
+        if self.writer.transport.get_write_buffer_size() != 0:
+            return None
+        sock: socket.socket | None = self.writer.get_extra_info("socket")
+        return sock
+
+
+async def linger(client: Client) -> None:
+    """Read what the client still sends (for a moment) before closing: closing with
+    unread bytes resets the connection, and a reset can destroy the denial the client
+    has not read yet (the lingering close of HTTP servers)."""
+    if not client.tls and client.writer.can_write_eof():
+        client.writer.write_eof()  # a client that reads to the end closes at once
+    deadline = time.monotonic() + LINGER_S
+    drained = 0
+    while drained < LINGER_BYTES and (left := deadline - time.monotonic()) > 0:
+        try:
+            data = await asyncio.wait_for(client.reader.read(CHUNK), min(left, LINGER_IDLE_S))
+        except (TimeoutError, ConnectionError, ssl.SSLError):
+            return
+        if not data:
+            return
+        drained += len(data)
