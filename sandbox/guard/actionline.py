@@ -21,10 +21,13 @@ from pydantic_core import to_json
 from sandbox.contracts.wire import ActionLine
 
 REDACTED = "[redacted]"
-_SECRET_KEY = re.compile(
-    r"(pass(word|wd)?|secret|token|api[_-]?key|auth(orization)?|cookie|credential|private[_-]?key)",
-    re.IGNORECASE,
+# The one list of words that mark a credential: in an argument's key here, in a forwarded
+# header's name in the egress log (`egress.lines`).
+SECRET_WORDS = (
+    r"pass(word|wd)?|secret|token|api[_-]?key|auth(orization)?|cookie|credential"
+    r"|private[_-]?key|signature"
 )
+_SECRET_KEY = re.compile(SECRET_WORDS, re.IGNORECASE)
 MAX_VALUE_CHARS = 2000  # one string value; past it: cut, with the whole value's SHA-256
 MAX_ITEMS = 200  # entries of one list or object
 MAX_LINE_BYTES = 64 * 1024  # one line; past it the arguments become their size and hash

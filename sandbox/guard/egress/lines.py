@@ -13,14 +13,13 @@ import hashlib
 import re
 from typing import Any
 
+from sandbox.guard.actionline import REDACTED, SECRET_WORDS
 from sandbox.guard.egress.http1 import Refused
 from sandbox.guard.egress.request import Denied, Seen
 from sandbox.policy import stub_reply
 
 # Header values never written to the log (the step's credentials for real hosts).
-SECRET_HEADER = re.compile(
-    rb"auth|cookie|token|secret|pass(word|wd)?|api[_-]?key|credential|signature", re.IGNORECASE
-)
+SECRET_HEADER = re.compile(SECRET_WORDS.encode(), re.IGNORECASE)
 REASON_PHRASES = {
     400: "Bad Request",
     403: "Forbidden",
@@ -109,6 +108,6 @@ def shown_head(head: bytes) -> list[str]:
     shown = [lines[0].decode("latin-1")]
     for line in lines[1:]:
         name, _, value = line.partition(b": ")
-        masked = b"[redacted]" if SECRET_HEADER.search(name) else value
+        masked = REDACTED.encode() if SECRET_HEADER.search(name) else value
         shown.append((name + b": " + masked).decode("latin-1"))
     return shown

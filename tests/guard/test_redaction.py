@@ -1,0 +1,24 @@
+"""One list of credential words for the whole action log: an argument's key and a
+forwarded header's name are redacted by the same words."""
+
+from __future__ import annotations
+
+import pytest
+
+from sandbox.guard.actionline import REDACTED, redact
+from sandbox.guard.egress.lines import shown_head
+
+WORDS = ["password", "X-Api-Key", "Authorization", "session_token", "private_key", "Signature"]
+
+
+@pytest.mark.parametrize("word", WORDS)
+def test_a_credential_word_is_redacted_in_arguments_and_in_forwarded_headers(word: str) -> None:
+    assert redact({word: "s3cr3t"}) == {word: REDACTED}
+    head = f"GET / HTTP/1.1\r\nHost: a.test\r\n{word}: s3cr3t\r\n\r\n".encode()
+    shown = "\n".join(shown_head(head))
+    assert "s3cr3t" not in shown and REDACTED in shown
+
+
+def test_other_words_are_kept() -> None:
+    assert redact({"job_id": 42}) == {"job_id": 42}
+    assert "a.test" in "\n".join(shown_head(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n"))
