@@ -68,6 +68,29 @@ def the_error(done: subprocess.CompletedProcess[str], code: ExitCode) -> str:
     return message
 
 
+def start_normal_run(
+    wrapper: list[str], options: list[str], env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """A normal run's command under `wrapper` (which takes the shared lock): it says it
+    started, then holds on until its stdin closes and exits 5. Returns once it started."""
+    normal = subprocess.Popen(
+        [
+            *wrapper,
+            *options,
+            sys.executable,
+            "-c",
+            "import sys; print('started', flush=True); sys.stdin.read(); sys.exit(5)",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert normal.stdout is not None and normal.stdout.readline() == "started\n"
+    return normal
+
+
 @pytest.fixture
 def workflow(make_workflow: WorkflowFactory) -> Path:
     wf = make_workflow(command="python3 /workflow/code/submit.py", extra_toml=EXPECT)
@@ -135,28 +158,11 @@ def test_a_normal_run_under_sandbox_lock_keeps_test_runs_out(
     engine: DockerClient, workflow: Path
 ) -> None:
     # The normal run: a command that says it started, then waits for its stdin to close.
-    normal = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sandbox.cli",
-            "lock",
-            "--shared",
-            str(workflow),
-            "--owner",
-            "controller run 17",
-            "--",
-            sys.executable,
-            "-c",
-            "import sys; print('started', flush=True); sys.stdin.read(); sys.exit(5)",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    normal = start_normal_run(
+        [sys.executable, "-m", "sandbox.cli", "lock", "--shared", str(workflow)],
+        ["--owner", "controller run 17", "--"],
     )
     try:
-        assert normal.stdout is not None and normal.stdout.readline() == "started\n"
         for command in ("run", "verify"):
             refused = sandbox(command, str(workflow), "step1", "--json")
             assert refused.returncode == ExitCode.REFUSED, refused.stdout + refused.stderr
@@ -226,24 +232,8 @@ def test_the_go_example_follows_a_run_branches_on_its_exit_code_and_takes_the_lo
     assert missing.stdout.startswith("result: sandbox could not run it: config: workflow folder")
 
     # A normal run of the workflow under the shared lock keeps test runs out.
-    normal = subprocess.Popen(
-        [
-            str(go_controller),
-            "normal",
-            str(workflow),
-            "--",
-            sys.executable,
-            "-c",
-            "import sys; print('started', flush=True); sys.stdin.read(); sys.exit(5)",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    normal = start_normal_run([str(go_controller), "normal", str(workflow)], ["--"], env)
     try:
-        assert normal.stdout is not None and normal.stdout.readline() == "started\n"
         refused = controller("test", str(workflow), "step1")
         assert refused.returncode == ExitCode.REFUSED, refused.stdout + refused.stderr
         *_, record_line, result = refused.stdout.splitlines()
