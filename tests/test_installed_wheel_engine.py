@@ -133,7 +133,7 @@ def test_the_installed_wheel_builds_the_images_and_runs_on_them(
     assert bench.returncode == 2 and "source checkout" in bench.stderr, bench.stderr
 
     build = _outside(
-        installed, "sandbox", "images", "build", cwd=elsewhere, timeout=BUILD_TIMEOUT_S
+        installed, "sandbox", "images", "build", "--json", cwd=elsewhere, timeout=BUILD_TIMEOUT_S
     )
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-3000:]
     built = json.loads(build.stdout)
