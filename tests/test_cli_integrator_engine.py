@@ -1,12 +1,15 @@
 """The CLI as a controller in another language drives it: a process per command,
 `--json`, every stdout line parsed as one JSON object, the exit codes of the table, an
 error as one JSON object on stderr, and `sandbox lock --shared` keeping test runs out
-while a normal run's command runs."""
+while a normal run's command runs; and the Go example (`examples/go-controller/`),
+built with the standard library only and run against a real run."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +24,8 @@ from sandbox.contracts.exitcodes import ExitCode
 from tests.conftest import WorkflowFactory
 
 pytestmark = pytest.mark.engine
+
+GO_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "go-controller"
 
 STEP = (
     "import agentworks_bridge as b\n"
@@ -61,6 +66,29 @@ def the_error(done: subprocess.CompletedProcess[str], code: ExitCode) -> str:
     assert set(body) == {"error"} and body["error"]["kind"] == code.kind
     message: str = body["error"]["message"]
     return message
+
+
+def start_normal_run(
+    wrapper: list[str], options: list[str], env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """A normal run's command under `wrapper` (which takes the shared lock): it says it
+    started, then holds on until its stdin closes and exits 5. Returns once it started."""
+    normal = subprocess.Popen(
+        [
+            *wrapper,
+            *options,
+            sys.executable,
+            "-c",
+            "import sys; print('started', flush=True); sys.stdin.read(); sys.exit(5)",
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert normal.stdout is not None and normal.stdout.readline() == "started\n"
+    return normal
 
 
 @pytest.fixture
@@ -130,28 +158,11 @@ def test_a_normal_run_under_sandbox_lock_keeps_test_runs_out(
     engine: DockerClient, workflow: Path
 ) -> None:
     # The normal run: a command that says it started, then waits for its stdin to close.
-    normal = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "sandbox.cli",
-            "lock",
-            "--shared",
-            str(workflow),
-            "--owner",
-            "controller run 17",
-            "--",
-            sys.executable,
-            "-c",
-            "import sys; print('started', flush=True); sys.stdin.read(); sys.exit(5)",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    normal = start_normal_run(
+        [sys.executable, "-m", "sandbox.cli", "lock", "--shared", str(workflow)],
+        ["--owner", "controller run 17", "--"],
     )
     try:
-        assert normal.stdout is not None and normal.stdout.readline() == "started\n"
         for command in ("run", "verify"):
             refused = sandbox(command, str(workflow), "step1", "--json")
             assert refused.returncode == ExitCode.REFUSED, refused.stdout + refused.stderr
@@ -168,3 +179,69 @@ def test_a_normal_run_under_sandbox_lock_keeps_test_runs_out(
         _, err = normal.communicate("", timeout=60)
     assert normal.returncode == 5, err  # the command's own exit code
     assert sandbox("run", str(workflow), "step1").returncode == ExitCode.OK
+
+
+@pytest.fixture(scope="module")
+def go_controller(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The Go example, built offline (standard library only) into a temp folder."""
+    go = shutil.which("go")
+    if go is None:
+        pytest.skip("Go is not installed (Debian: apt-get install golang-go)")
+    out = tmp_path_factory.mktemp("go-controller")
+    env = {
+        **os.environ,
+        "GOCACHE": str(out / "cache"),
+        "GOPATH": str(out / "gopath"),
+        "GOPROXY": "off",
+        "GOFLAGS": "-mod=mod",
+        "CGO_ENABLED": "0",
+    }
+    built = subprocess.run(
+        [go, "build", "-o", str(out / "go-controller"), "."],
+        cwd=GO_EXAMPLE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert built.returncode == 0, built.stderr
+    return out / "go-controller"
+
+
+def test_the_go_example_follows_a_run_branches_on_its_exit_code_and_takes_the_lock(
+    engine: DockerClient, workflow: Path, go_controller: Path, tmp_path: Path
+) -> None:
+    env = {**os.environ, "SANDBOX": str(Path(sys.executable).parent / "sandbox")}
+
+    def controller(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(go_controller), *args], capture_output=True, text=True, env=env, timeout=300
+        )
+
+    done = controller("test", str(workflow), "step1")
+    assert done.returncode == ExitCode.OK, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "event step_start step1"
+    assert 'event action stub "upwork_submit_proposal"' in lines
+    assert lines[-3] == "event step_end step1 passed"
+    assert re.fullmatch(r"record test-\S+: passed", lines[-2]), lines[-2]
+    assert lines[-1] == "result: step1 passed: the change can go on"
+
+    missing = controller("test", str(tmp_path / "no-such-workflow"), "step1")
+    assert missing.returncode == ExitCode.CONFIG, missing.stdout + missing.stderr
+    assert missing.stdout.startswith("result: sandbox could not run it: config: workflow folder")
+
+    # A normal run of the workflow under the shared lock keeps test runs out.
+    normal = start_normal_run([str(go_controller), "normal", str(workflow)], ["--"], env)
+    try:
+        refused = controller("test", str(workflow), "step1")
+        assert refused.returncode == ExitCode.REFUSED, refused.stdout + refused.stderr
+        *_, record_line, result = refused.stdout.splitlines()
+        assert record_line.endswith(": refused")
+        assert result == "result: refused: a run holds the workflow; try again later"
+        shared = controller("normal", str(workflow), "--", "true")
+        assert shared.returncode == 0 and shared.stdout == "normal run exited 0\n", shared.stderr
+    finally:
+        out, err = normal.communicate("", timeout=60)
+    assert normal.returncode == 5, err
+    assert out == "normal run exited 5\n"

@@ -11,7 +11,7 @@ import pytest
 from docker import DockerClient
 
 from sandbox.cli import main
-from sandbox.run.testrun import RunOptions
+from sandbox.contracts.testknobs import weakened_for_tests
 from sandbox.verify import history
 from sandbox.verify.gate import gate
 from sandbox.verify.verifystep import verify_step
@@ -67,11 +67,13 @@ def test_verify_then_a_change_outside_code_blocks_the_gate(
 def test_a_verification_run_without_its_firewall_is_refused_by_the_gate(
     engine: DockerClient, make_workflow: WorkflowFactory
 ) -> None:
-    """The public RunOptions can turn the firewall off; the record says so and such a run
-    never verifies the step (here the preflight catches the open namespace too; a passing
-    history line with weaker walls is refused as well: tests/test_gate_version.py)."""
+    """A run planned without its firewall (only the project's tests can: the public
+    RunOptions has no such knob) says so in its record, and never verifies the step (here
+    the preflight catches the open namespace too; a passing history line with weaker walls
+    is refused as well: tests/test_gate_version.py)."""
     wf = _workflow(make_workflow)
-    verification = verify_step(wf, "step1", RunOptions(install_firewall=False))
+    with weakened_for_tests(install_firewall=False):
+        verification = verify_step(wf, "step1")
     walls = verification.walls
     assert walls is not None and not walls.firewall and not walls.full
     assert "no firewall (it was turned off for this run)" in walls.lacking

@@ -10,6 +10,7 @@ import pytest
 from docker import DockerClient
 
 from sandbox.contracts.record import RunStatus
+from sandbox.contracts.testknobs import weakened_for_tests
 from sandbox.run.testrun import RunOptions, TestRun
 from sandbox.stepside.agentworks_exec import preflight
 from tests.conftest import WorkflowFactory, tree_digest
@@ -58,12 +59,9 @@ def test_open_namespace_stops_the_step_before_it_starts(
 ) -> None:
     wf = make_workflow(command="echo ran > ran.txt", db_sql=None)
     before = tree_digest(wf)
-    options = RunOptions(
-        upstream_networks=(outside.network,),
-        canary=f"{outside.ipv4}:8080",
-        install_firewall=False,  # test-only: prove the preflight sees the hole
-    )
-    record = TestRun(wf, "step1", options).execute()
+    options = RunOptions(upstream_networks=(outside.network,), canary=f"{outside.ipv4}:8080")
+    with weakened_for_tests(install_firewall=False):  # prove the preflight sees the hole
+        record = TestRun(wf, "step1", options).execute()
     assert record.status is RunStatus.ERROR
     assert "preflight found a way out open" in record.reason
     assert f"TCP to the canary {outside.ipv4}:8080" in record.reason

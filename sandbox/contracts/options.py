@@ -2,6 +2,9 @@
 
 Every phase reads these (the plan, the guard phase's timeout and live progress), so
 they sit below all of them; `sandbox.run.testrun` re-exports them as the public name.
+Nothing here can take a wall away (the knobs the project's own tests use for that are
+in `sandbox.contracts.testknobs`); what widens a run (hosts, upstream networks) is
+written into its record's walls, and the gate refuses such a run.
 """
 
 from __future__ import annotations
@@ -24,10 +27,6 @@ class RunOptions:
     # Addresses ("host:port") the preflight must find unreachable from the step.
     canary: str | None = None
     canary6: str | None = None
-    # TEST ONLY: False leaves the run's firewall out, for the tests that prove the
-    # preflight catches an open namespace. Such a run's record says its walls are not
-    # full (`Walls.lacking`), so it can never verify.
-    install_firewall: bool = True
     # How the guard syncs the action log: "group" (group commit, the runner syncs at
     # the seal) or "per-call" (each line synced before its call goes on). None: what
     # the host's config says (`durability` in host.toml; "group" without one).

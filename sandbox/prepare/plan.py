@@ -20,6 +20,7 @@ from sandbox.contracts.layout import STEP_UID, RunLayout
 from sandbox.contracts.options import RunOptions
 from sandbox.contracts.record import RunnerInfo, Walls
 from sandbox.contracts.settings import RunnerSettings, runner_settings
+from sandbox.contracts.testknobs import current as test_knobs
 from sandbox.prepare.inputs import StepInputs
 
 
@@ -124,7 +125,7 @@ def walls_for(
         step_runtime=step_runtime,
         userns_remap=ids.remapped,
         host_uid_base=ids.uid_base if ids.remapped else None,
-        firewall=options.install_firewall,  # else the launch fails on its readback
+        firewall=test_knobs().install_firewall,  # else the launch fails on its readback
         seccomp=bool(inputs.seccomp_text),
         egress_additions=list(options.allow_hosts),
         upstream_overrides=[
@@ -149,6 +150,7 @@ def plan_run(
     """The plan of one step's run from what was read and what the caller asked."""
     workflow = inputs.workflow
     egress = egress_for_run(workflow, options.allow_hosts)
+    knobs = test_knobs()
     return RunPlan(
         workflow_dir=workflow_dir,
         workflow=workflow,
@@ -167,7 +169,7 @@ def plan_run(
         mcp_host_env=inputs.mcp_host_env,
         canary=options.canary,
         canary6=options.canary6,
-        install_firewall=options.install_firewall,
+        install_firewall=knobs.install_firewall,
         durability=options.durability or load_host_config().durability,
         ids=ids,
         step_runtime=step_runtime,

@@ -54,6 +54,7 @@ from sandbox.prepare.lock import LockHeldError, workflow_run_lock
 from sandbox.prepare.plan import RunPlan, plan_run, stdio_servers, step_runtime_for, walls_for
 from sandbox.record import finish
 from sandbox.record.finish import runner_info
+from sandbox.run.cancel import Cancel, RunInterrupted
 from sandbox.stepfs import lifecycle as stepfs
 from sandbox.stopsignals import HeldPool
 
@@ -71,10 +72,6 @@ __all__ = [
     "runner_info",
     "step_runtime_for",
 ]
-
-
-class RunInterrupted(BaseException):
-    """The runner was told to stop (SIGTERM/SIGINT): the record says `killed`."""
 
 
 @dataclass
@@ -110,16 +107,27 @@ class TestRun:
         self.step_id = step_id
         self.options = options or RunOptions()
         self._connect: BackendFactory = backend or host_backend
+        # Shared with the chain's other steps when a `WorkflowRun` runs this one.
+        self.stop = Cancel()
 
     # -- the whole flow ------------------------------------------------------
 
     def execute(self) -> TestRunRecord:
         """Run it. Raises SandboxError only before a run folder exists."""
-        inputs = self.read_inputs()
+        return self.execute_read(self.read_inputs())
+
+    def execute_read(self, inputs: StepInputs) -> TestRunRecord:
+        """`execute` with the inputs already read (`read_inputs`)."""
         # One backend per run, closed with it: its connections and threads must not
         # outlive the run (a caller running many runs in one process would pile them up).
         with contextlib.closing(self._connect()) as backend:
             return self._execute(backend, inputs)
+
+    def cancel(self) -> None:
+        """Stop the run from any thread: it ends `killed`, its record written and every
+        container removed (`sandbox.run.cancel`). Returns once its step, if running, is
+        killed; the run ends in its own thread (a run not yet started, as it starts)."""
+        self.stop.request()
 
     def read_inputs(self) -> StepInputs:
         """Everything read from the workflow folder; a missing credential fails here,
@@ -223,39 +231,51 @@ class TestRun:
             # the guard's and the step's start; the run waits for them only once the step runs.
             mcp_pool = cleanup.enter_context(HeldPool(max_workers=max(1, len(servers))))
             try:
-                with _phase(progress, record, "prepare", "prepare_s"):
+                with self._phase(progress, record, "prepare", "prepare_s"):
                     prepared = rundir.prepare(plan, files, seed, prompt, record)
-                with _phase(progress, record, "launch", "container_start_s"):
+                with self._phase(progress, record, "launch", "container_start_s"):
                     start.start_mcp_servers(backend, plan, mcp_pool, progress.mcp_jobs)
                     guard, step = start.start_guard(backend, plan)
                     progress.step_started = True
+                    self.stop.on_request(step.kill)  # a cancel ends the step's wait
                     mcp = start.started_mcp(progress.mcp_jobs)
                     launched = start.Launched(guard=guard, step=step, mcp=mcp)
-                with _phase(progress, record, "the step", "step_s"):
+                with self._phase(progress, record, "the step", "step_s"):
                     timeout_s = self.options.timeout_s or plan.step.timeout_s
                     on_action = None if self.options.on_event is None else self._on_action(record)
                     guarded = run_guarded(prepared, launched, cleanup, timeout_s, on_action)
                     record.exit_code = guarded.exit_code
-                with _phase(progress, record, "collect", "collect_s"):
+                with self._phase(progress, record, "collect", "collect_s"):
                     collected = harvest.collect(backend, prepared, launched, guarded, record)
+                self.stop.check()
                 status, reason = finish.judged(record, plan, guarded, collected)
                 return self._finish(layout, record, status, reason)
-            except SandboxError as exc:
-                progress.discard = not progress.step_started
-                return self._finish(layout, record, RunStatus.ERROR, str(exc))
-            except backend.engine_errors as exc:
-                # The engine went away (stopped, restarted) mid-run: a record, never a traceback.
-                detail = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
-                reason = f"the {backend.engine_label} failed during the run: {detail}"
-                return self._finish(layout, record, RunStatus.ERROR, reason)
             except (RunInterrupted, KeyboardInterrupt):
-                return self._finish(layout, record, RunStatus.KILLED, "the runner was stopped")
+                return self._finish(layout, record, RunStatus.KILLED, self._stopped_reason())
             except Exception as exc:
-                # Whatever went wrong, the record ends with the phase and the error.
-                progress.discard = not progress.step_started
-                return self._finish(
-                    layout, record, RunStatus.ERROR, internal_reason(progress.phase, exc)
+                if self.stop.requested:  # what the cancel's kill made fail is the cancel
+                    return self._finish(layout, record, RunStatus.KILLED, self._stopped_reason())
+                engine_failed = isinstance(exc, backend.engine_errors) and not isinstance(
+                    exc, SandboxError
                 )
+                progress.discard = not progress.step_started and not engine_failed
+                reason = _error_reason(backend, progress, exc)
+                return self._finish(layout, record, RunStatus.ERROR, reason)
+
+    @contextlib.contextmanager
+    def _phase(
+        self, progress: _Progress, record: TestRunRecord, name: str, timing: str
+    ) -> Iterator[None]:
+        """Name the phase (for an unplanned error's reason) and time it into the record;
+        a cancel asked by then stops the run before the phase starts."""
+        self.stop.check()
+        progress.phase = name
+        t0 = time.monotonic()
+        yield
+        setattr(record.phases, timing, time.monotonic() - t0)
+
+    def _stopped_reason(self) -> str:
+        return "the run was cancelled" if self.stop.requested else "the runner was stopped"
 
     def _finish(
         self, layout: RunLayout, record: TestRunRecord, status: RunStatus, reason: str
@@ -292,13 +312,16 @@ class TestRun:
         return on_line
 
 
-@contextlib.contextmanager
-def _phase(progress: _Progress, record: TestRunRecord, name: str, timing: str) -> Iterator[None]:
-    """Name the phase (for an unplanned error's reason) and time it into the record."""
-    progress.phase = name
-    t0 = time.monotonic()
-    yield
-    setattr(record.phases, timing, time.monotonic() - t0)
+def _error_reason(backend: Backend, progress: _Progress, exc: Exception) -> str:
+    """Why an error ended the run: its own words, the engine's, or the phase it hit."""
+    if isinstance(exc, backend.engine_errors) and not isinstance(exc, SandboxError):
+        # The engine went away (stopped, restarted) mid-run: a record, never a traceback.
+        detail = str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
+        return f"the {backend.engine_label} failed during the run: {detail}"
+    if isinstance(exc, SandboxError):
+        return str(exc)
+    # Whatever went wrong, the record ends with the phase and the error.
+    return internal_reason(progress.phase, exc)
 
 
 def _discard_unstarted(layout: RunLayout, record: TestRunRecord, progress: _Progress) -> None:

@@ -50,8 +50,8 @@ from sandbox.contracts.workflow_record import (
 from sandbox.prepare.copytree import newest_real_run
 from sandbox.prepare.dbcopy import find_workflow_db
 from sandbox.prepare.lock import LockHeldError, workflow_run_lock
+from sandbox.run.cancel import Cancel, RunInterrupted
 from sandbox.run.testrun import (
-    RunInterrupted,
     RunOptions,
     Seed,
     StepInputs,
@@ -85,6 +85,16 @@ class WorkflowOptions:
     step: RunOptions = field(default_factory=RunOptions)
 
 
+@dataclass(frozen=True)
+class ChainInputs:
+    """What a chain reads before any folder exists (`WorkflowRun.read_inputs`)."""
+
+    workflow: Workflow
+    chain: list[Step]
+    runs: list[TestRun]
+    inputs: list[StepInputs]
+
+
 def chain_of(workflow: Workflow, from_step: str | None, to_step: str | None) -> list[Step]:
     """The steps a run takes: the workflow's order, from `from_step` to `to_step`
     (both included). An unknown name, or a `to_step` before `from_step`, is a
@@ -113,19 +123,36 @@ class WorkflowRun:
         self.workflow_dir = Path(workflow_dir).absolute()
         self.options = options or WorkflowOptions()
         self._connect: BackendFactory = backend or host_backend
+        self.stop = Cancel()  # every step's too
 
     def execute(self) -> WorkflowRunRecord:
         """Run the chain. Raises SandboxError only before a run folder exists (a bad
         config, an unknown step, a missing credential)."""
+        return self.execute_read(self.read_inputs())
+
+    def read_inputs(self) -> ChainInputs:
+        """The workflow, its chain and each step's inputs; a bad config, an unknown step
+        or a missing credential fails here, before any folder exists."""
         workflow = load_workflow(self.workflow_dir)
         chain = chain_of(workflow, self.options.from_step, self.options.to_step)
         runs = [
             TestRun(self.workflow_dir, s.id, self._step_options(i, len(chain)))
             for i, s in enumerate(chain, 1)
         ]
-        inputs = [run.read_inputs() for run in runs]
+        for run in runs:
+            run.stop = self.stop
+        return ChainInputs(workflow, chain, runs, [run.read_inputs() for run in runs])
+
+    def execute_read(self, read: ChainInputs) -> WorkflowRunRecord:
+        """`execute` with the inputs already read (`read_inputs`)."""
         with contextlib.closing(self._connect()) as backend:
-            return self._execute(backend, workflow, chain, runs, inputs)
+            return self._execute(backend, read.workflow, read.chain, read.runs, read.inputs)
+
+    def cancel(self) -> None:
+        """Stop the chain from any thread: the step it is in ends `killed` (its
+        containers removed), the rest are skipped, and the chain's record says
+        `killed` (`TestRun.cancel`)."""
+        self.stop.request()
 
     def _step_options(self, index: int, total: int) -> RunOptions:
         """Each step's options: its events carry its place in the chain."""
@@ -177,7 +204,8 @@ class WorkflowRun:
             try:
                 return self._run_chain(backend, layout, record, chain, runs, inputs)
             except (RunInterrupted, KeyboardInterrupt):
-                return self._end_early(layout, record, RunStatus.KILLED, "the runner was stopped")
+                why = "the run was cancelled" if self.stop.requested else "the runner was stopped"
+                return self._end_early(layout, record, RunStatus.KILLED, why)
             except SandboxError as exc:
                 return self._end_early(layout, record, RunStatus.ERROR, str(exc))
             except Exception as exc:
@@ -222,6 +250,7 @@ class WorkflowRun:
             if stopped:
                 entry.status, entry.reason = StepState.SKIPPED, stopped
                 continue
+            self.stop.check()
             step_layout = layout.step(index, step.id, step.group)
             if step.group not in carried_groups:
                 carried_groups[step.group] = newest_real_run(self.workflow_dir, step.group)

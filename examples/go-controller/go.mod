@@ -1,0 +1,3 @@
+module example.com/go-controller
+
+go 1.19
