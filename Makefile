@@ -41,9 +41,10 @@ test: images lint
 # battery with the audit shapes (tests/security), egress, whole runs, the MCP
 # servers (hostile stdio servers, real stdio and HTTP servers) and the job-board run,
 # once per wall.
-WALL_TESTS := tests/security tests/test_egress_engine.py tests/test_run_engine.py \
-	tests/test_mcp_isolation_engine.py tests/test_mcp_engine.py \
-	tests/test_guard_engine.py::test_job_board_steps_pass_and_change_nothing_outside
+WALL_TESTS := tests/security tests/scenarios/test_egress_engine.py \
+	tests/scenarios/test_run_engine.py tests/scenarios/test_mcp_isolation_engine.py \
+	tests/scenarios/test_mcp_engine.py \
+	tests/scenarios/test_guard_engine.py::test_job_board_steps_pass_and_change_nothing_outside
 test-walls: images
 	bash scripts/ensure-runsc.sh >/dev/null
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m second_engine tests/engines
@@ -58,7 +59,7 @@ test-kubernetes: images
 	$(BIN)/python -m pytest -q -p no:cacheprovider -m kubernetes tests/kubernetes
 
 # The docs site is built strictly here, so a broken link or a missing page fails
-# `make test` (tests/test_docs.py checks the generated references and the paths).
+# `make test` (tests/repo/test_docs.py checks the generated references and the paths).
 DOCS_PY := scripts/gen_docs.py docs/hooks/bench_tables.py
 lint: venv
 	$(BIN)/ruff check sandbox bench tests examples $(DOCS_PY)

@@ -1,6 +1,6 @@
 """The bench's results: pydantic models, the ratio and goal math, and the table.
 
-Pure (no Docker); `tests/test_bench.py` tests it."""
+Pure (no Docker); `tests/bench/test_results.py` tests it."""
 
 from __future__ import annotations
 

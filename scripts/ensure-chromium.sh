@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The HTML report's browser test drives Debian's headless chromium (tests/test_report_browser.py).
+# The HTML report's browser test drives Debian's headless chromium (tests/verify/test_html_engine.py).
 # Install it when it is missing; nothing else is downloaded (the Python driver comes from PyPI
 # with the dev dependencies and uses this browser, never a browser build of its own).
 set -euo pipefail

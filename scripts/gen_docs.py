@@ -6,7 +6,7 @@ models, the CLI from its argparse parser, the policy from the effects table, the
 environment variables from the constants that read them, the exit codes from the
 exit-code table. `python scripts/gen_docs.py` rewrites the pages; `--check` writes
 nothing and exits 1 when a committed page differs from what the code gives, or when a
-field has no description (tests/test_docs.py runs it, so `make test` catches drift).
+field has no description (tests/repo/test_docs.py runs it, so `make test` catches drift).
 """
 
 from __future__ import annotations

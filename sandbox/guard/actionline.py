@@ -137,7 +137,7 @@ def encode_line(now: datetime, step: str, fields: dict[str, Any]) -> bytes:
     `to_json`, NaN and infinity as null as the model writes them): the same bytes
     as `ActionLine(...).model_dump_json()`, in half its time (building the model
     was most of it). A line the checks refuse goes through the model, which raises
-    what it would have raised (tests/test_actionlog.py checks every kind of line
+    what it would have raised (tests/guard/test_actionlog.py checks every kind of line
     against the model)."""
     event = fields.get("event", "call")
     call_id = fields.get("call_id")

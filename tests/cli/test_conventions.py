@@ -24,8 +24,9 @@ from sandbox.contracts.errors import (
 )
 from sandbox.contracts.exitcodes import EXIT_CODES, ExitCode, markdown_table
 from sandbox.prepare.lock import LockHeldError, workflow_run_lock
+from tests import paths
 
-EXIT_CODES_PAGE = Path(__file__).resolve().parents[1] / "docs" / "reference" / "exit-codes.md"
+EXIT_CODES_PAGE = paths.REPO / "docs" / "reference" / "exit-codes.md"
 
 
 def sandbox(*args: str) -> subprocess.CompletedProcess[str]:

@@ -36,8 +36,9 @@ from sandbox.contracts.config import load_workflow
 from sandbox.contracts.wire import RUN_KIND_HEADER, ToolReply, ToolResult, UpstreamCall
 from sandbox.policy import Decision, Route, decide, stub_reply
 from sandbox.stepside.agentworks_exec.executor import Executor
+from tests import paths
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 EXAMPLE = REPO / "examples" / "job-board"
 SERVER = EXAMPLE / "fake_api" / "server.py"
 REAL_RUN = EXAMPLE / "runs" / "run-20261120T0800"

@@ -25,12 +25,13 @@ from sandbox.contracts.guardconfig import CONFIG_FILE_ENV, READY_MARK
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.limits import MAX_HEADER_BYTES, TRANSPORT_MAX_HEAD_BYTES
 from sandbox.guard.serve import HEAD_TOO_LARGE
+from tests import paths
 from tests.conftest import BRIDGE_TOKEN as TOKEN
 from tests.conftest import guard_config
 from tests.polling import wait_for
 from tests.ports import free_ports
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = paths.REPO
 DEADLINE_S = 20.0
 
 

@@ -3,7 +3,7 @@ goes out as one write (its head with its body), and nothing else changes: the or
 of the bytes and of the close, a HEAD's head, a chunked stream's head at once.
 
 uvicorn's own cycle, driven as uvicorn drives it, on a transport that records what
-it is asked to do (the process-level tests in tests/test_guard_process.py cover the
+it is asked to do (the process-level tests in tests/guard/test_process.py cover the
 same replies over real sockets)."""
 
 from __future__ import annotations

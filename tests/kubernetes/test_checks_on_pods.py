@@ -4,10 +4,10 @@ The step programs are the Docker suite's own: the file, mount, /proc, privilege 
 device battery of `tests/security/test_escape_filesystem_process.py` (with a few
 attempts only a Pod offers: a service-account token, the kubelet's files in the
 container, the node's containerd socket, the kubelet's port), and the egress step of
-`tests/test_egress_engine.py` with the fake outside server (`tests/fakes/outside_server.py`)
+`tests/scenarios/test_egress_engine.py` with the fake outside server (`tests/fakes/outside_server.py`)
 in a Pod of its own, named by its address (a Pod has no Docker network alias). The
 battery and the egress run run at once, in one namespace of this module. The guard
-killed in the middle of a forwarded call (`tests/test_mcp_isolation_engine.py`'s
+killed in the middle of a forwarded call (`tests/scenarios/test_mcp_isolation_engine.py`'s
 check, here for a bridge call held by a slow upstream Pod) fails the call closed,
 and the record says so.
 
@@ -55,6 +55,7 @@ from tests.kubernetes.pods import (
     server_pod,
     start_server,
 )
+from tests.scenarios.test_egress_engine import EGRESS_TOML, THROUGH_PROXY, assert_proxy_step_answers
 from tests.security import test_escape_filesystem_process as fs_battery
 from tests.security.conftest import (
     Battery,
@@ -64,7 +65,6 @@ from tests.security.conftest import (
     check,
     parse_attempts,
 )
-from tests.test_egress_engine import EGRESS_TOML, THROUGH_PROXY, assert_proxy_step_answers
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
 

@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import paths
+
+ROOT = paths.REPO
 SECCOMP = ROOT / "seccomp"
 DEFAULT = SECCOMP / "default.json"
 STEP = SECCOMP / "step.json"

@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 from sandbox.cli import build_parser
+from tests import paths
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = paths.REPO
 README_BUDGET = 150
 # A repository path starts with one of the repository's own top-level entries.
 TOP_LEVEL = ("sandbox/", "tests/", "bench/", "examples/", "scripts/", "docs/", ".ci/")

@@ -20,7 +20,9 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import sync_playwright
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import paths
+
+ROOT = paths.REPO
 PAGES = ("", "guides/verifying/", "reference/workflow-toml/")
 
 

@@ -13,7 +13,6 @@ import importlib.metadata
 import re
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
@@ -26,8 +25,9 @@ from sandbox.contracts.record import TestRunRecord
 from sandbox.contracts.version import runner_version
 from sandbox.contracts.workflow_record import WorkflowRunRecord
 from sandbox.resources import images_dir
+from tests import paths
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = paths.REPO
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 RUNTIME = [Requirement(r) for r in PROJECT["dependencies"]]
 OPTIONAL = [Requirement(r) for r in PROJECT["optional-dependencies"]["kubernetes"]]

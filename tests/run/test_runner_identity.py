@@ -20,8 +20,8 @@ from sandbox.hostfs import procstart
 from sandbox.launch import specs
 from sandbox.prepare import lock
 from sandbox.run.testrun import runner_info
+from tests.launch.test_specs import plan
 from tests.polling import wait_for
-from tests.test_launch import plan
 
 STEP_S = 3600.0  # the clock stepped by an hour since the runner recorded its start
 

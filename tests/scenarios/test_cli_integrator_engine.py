@@ -21,11 +21,12 @@ from docker import DockerClient
 
 from sandbox.contracts.events import SCHEMA_PATH as EVENTS_SCHEMA
 from sandbox.contracts.exitcodes import ExitCode
+from tests import paths
 from tests.conftest import WorkflowFactory
 
 pytestmark = pytest.mark.engine
 
-GO_EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "go-controller"
+GO_EXAMPLE = paths.REPO / "examples" / "go-controller"
 
 STEP = (
     "import agentworks_bridge as b\n"

@@ -5,8 +5,8 @@ says what happened, nothing of the run is left (no container, network, process o
 mount), the workflow's lock is free, and the real workflow folder is byte-identical.
 
 - the runner SIGKILLed mid-run: `sandbox gc` and the next run recover (this goes
-  further than tests/test_cli_engine.py's version: processes, networks, the lock);
-- the guard killed: tests/test_guard_engine.py::
+  further than tests/scenarios/test_cli_engine.py's version: processes, networks, the lock);
+- the guard killed: tests/scenarios/test_guard_engine.py::
   test_killing_the_guard_fails_closed_and_records_error (not repeated here);
 - the step container killed from outside (`docker kill`);
 - the workflow DB locked by a writer during the copy (dbcopy's guarantee: a
@@ -64,6 +64,7 @@ from sandbox.contracts.record import RECORD_FILE, RunStatus, TestRunRecord, read
 from sandbox.prepare.dbcopy import copy_db
 from sandbox.prepare.lock import INFO_DIR_NAME, holders, lock_home, workflow_run_lock
 from sandbox.run.testrun import TestRun
+from tests import paths
 from tests.conftest import WorkflowFactory, tree_digest
 from tests.polling import wait_for
 
@@ -75,7 +76,7 @@ pytestmark = pytest.mark.engine
 pytest_plugins = [__name__]
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 DOCKERD_LOG = "/var/log/sandbox-dockerd.log"
 HEX64 = re.compile(r"\b[0-9a-f]{64}\b")
 SOAK_DEFAULT_RUNS = 30
@@ -340,7 +341,7 @@ def test_runner_sigkilled_mid_run_gc_and_the_next_run_recover(
     assert next_run.returncode == 0, next_run.stdout + next_run.stderr
 
 
-# -- the guard killed: tests/test_guard_engine.py::test_killing_the_guard_fails_closed_and_
+# -- the guard killed: tests/scenarios/test_guard_engine.py::test_killing_the_guard_fails_closed_and_
 # records_error kills the guard between two bridge calls of a live step and asserts the
 # second call fails closed and the record says `error` ("the guard stopped").
 

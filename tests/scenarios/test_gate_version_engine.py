@@ -70,7 +70,7 @@ def test_a_verification_run_without_its_firewall_is_refused_by_the_gate(
     """A run planned without its firewall (only the project's tests can: the public
     RunOptions has no such knob) says so in its record, and never verifies the step (here
     the preflight catches the open namespace too; a passing history line with weaker walls
-    is refused as well: tests/test_gate_version.py)."""
+    is refused as well: tests/verify/test_gate.py)."""
     wf = _workflow(make_workflow)
     with weakened_for_tests(install_firewall=False):
         verification = verify_step(wf, "step1")

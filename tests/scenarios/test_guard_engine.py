@@ -20,14 +20,15 @@ from sandbox.contracts.record import RunStatus, TestRunRecord
 from sandbox.contracts.wire import ActionLine
 from sandbox.policy import stub_reply
 from sandbox.run.testrun import RunOptions, TestRun
+from tests import paths
 from tests.conftest import ThreadedRun, WorkflowFactory, call_lines, tree_digest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "job-board" / "fake_api"))
+sys.path.insert(0, str(paths.REPO / "examples" / "job-board" / "fake_api"))
 from harness import FakeJobBoard, fake_jobboard
 
 pytestmark = pytest.mark.engine
 
-JOBBOARD = Path(__file__).resolve().parents[1] / "examples" / "job-board"
+JOBBOARD = paths.REPO / "examples" / "job-board"
 
 CALLS_STEP = """
 import json, sys, agentworks_bridge

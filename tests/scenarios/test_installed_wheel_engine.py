@@ -27,11 +27,12 @@ from docker import DockerClient
 
 from sandbox.backends.docker import images
 from sandbox.contracts import names
+from tests import paths
 from tests.conftest import WorkflowFactory
 
 pytestmark = pytest.mark.engine
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 PIP_TIMEOUT_S = 600
 BUILD_TIMEOUT_S = 900
 # Its own tag: the images built from the wheel never replace the ones the suite runs.

@@ -15,14 +15,15 @@ from sandbox.contracts.record import RunStatus, read_record
 from sandbox.contracts.workflow_record import StepState
 from sandbox.run.testrun import RunOptions
 from sandbox.run.workflowrun import WorkflowOptions, WorkflowRun
+from tests import paths
 from tests.conftest import tree_digest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "job-board" / "fake_api"))
+sys.path.insert(0, str(paths.REPO / "examples" / "job-board" / "fake_api"))
 from harness import FakeJobBoard, fake_jobboard
 
 pytestmark = pytest.mark.engine
 
-JOBBOARD = Path(__file__).resolve().parents[1] / "examples" / "job-board"
+JOBBOARD = paths.REPO / "examples" / "job-board"
 CHAIN = ["bid-pick-job", "bid-submit", "outreach"]
 
 

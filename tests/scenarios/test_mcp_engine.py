@@ -36,9 +36,10 @@ from sandbox.contracts.wire import ActionLine
 from sandbox.launch.specs import MCP_SERVER_PATH
 from sandbox.policy import stub_reply
 from sandbox.run.testrun import RunOptions, TestRun
+from tests import paths
 from tests.conftest import ThreadedRun, WorkflowFactory, tree_digest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "job-board" / "fake_api"))
+sys.path.insert(0, str(paths.REPO / "examples" / "job-board" / "fake_api"))
 from harness import FAKE_LABEL, FakeJobBoard, fake_jobboard
 
 pytestmark = pytest.mark.engine

@@ -23,12 +23,13 @@ from docker.models.containers import Container
 from sandbox.contracts.record import RunStatus, TestRunRecord
 from sandbox.contracts.wire import ActionLine
 from sandbox.run.testrun import RunOptions, TestRun
+from tests import paths
 from tests.conftest import ThreadedRun, WorkflowFactory, call_lines
 from tests.fakes.harness import outside_server
 
 pytestmark = pytest.mark.engine
 
-HOSTILE = Path(__file__).parent / "fakes" / "hostile_mcp.py"
+HOSTILE = paths.TESTS / "fakes" / "hostile_mcp.py"
 GUARD_UID, STEP_UID = 10002, 10001
 
 

@@ -19,7 +19,7 @@ from sandbox.policy import stub_reply
 from tests.conftest import WorkflowFactory
 from tests.fakes.harness import ALIAS, Outside, outside_server
 from tests.polling import wait_for
-from tests.test_egress_engine import run_step
+from tests.scenarios.test_egress_engine import run_step
 
 pytestmark = pytest.mark.engine
 

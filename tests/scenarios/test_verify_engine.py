@@ -24,12 +24,13 @@ from sandbox.verify.expect import load_expectations
 from sandbox.verify.finished import FinishedStep
 from sandbox.verify.verification import Verification
 from sandbox.verify.verifystep import judge, with_implicit_status
+from tests import paths
 from tests.conftest import write_workflow
 from tests.fakes.harness import outside_server
 
 pytestmark = pytest.mark.engine
 
-JUNIT_XSD = Path(__file__).resolve().parent / "data" / "junit.xsd"
+JUNIT_XSD = paths.TESTS / "data" / "junit.xsd"
 
 STEP = """
 import json, pathlib, urllib.error, urllib.request

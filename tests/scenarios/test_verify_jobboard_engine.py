@@ -17,9 +17,10 @@ from sandbox.run.testrun import RunOptions, TestRun
 from sandbox.verify.diff import ArgumentChange, RunComparison
 from sandbox.verify.gate import gate
 from sandbox.verify.verifystep import verify_step
+from tests import paths
 from tests.conftest import write_workflow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 JOBBOARD = REPO / "examples" / "job-board"
 sys.path.insert(0, str(JOBBOARD / "fake_api"))
 sys.path.insert(0, str(REPO / "examples"))

@@ -27,11 +27,12 @@ from sandbox.verify.finished import FinishedChain
 from sandbox.verify.gate import gate, gate_workflow
 from sandbox.verify.verifyworkflow import verify_workflow
 from sandbox.verify.workflow_verification import SCHEMA_PATH, WorkflowVerification
+from tests import paths
 from tests.conftest import tree_digest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 JOBBOARD = REPO / "examples" / "job-board"
-JUNIT_XSD = Path(__file__).resolve().parent / "data" / "junit.xsd"
+JUNIT_XSD = paths.TESTS / "data" / "junit.xsd"
 sys.path.insert(0, str(JOBBOARD / "fake_api"))
 sys.path.insert(0, str(REPO / "examples"))
 from harness import FakeJobBoard, fake_jobboard  # noqa: E402

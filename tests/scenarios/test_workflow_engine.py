@@ -34,11 +34,12 @@ from sandbox.contracts.workflow_record import (
 from sandbox.prepare.lock import LockHeldError, workflow_run_lock
 from sandbox.run.testrun import RunOptions
 from sandbox.run.workflowrun import WorkflowOptions, WorkflowRun, execute_workflow
+from tests import paths
 from tests.conftest import containers_of, tree_digest
 
 pytestmark = pytest.mark.engine
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 T = TypeVar("T")
 
 # Every step checks that it is in test mode, by its environment and by its prompt.

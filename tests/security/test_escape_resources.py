@@ -243,7 +243,7 @@ def test_memory_stayed_under_the_limit(battery: Battery) -> None:
 
 def test_shm_filled_below_its_cap(battery: Battery) -> None:
     # /tmp is a folder of the step's disk: filling it is a quota run
-    # (tests/test_host_side_engine.py writes past the quota through it).
+    # (tests/scenarios/test_host_side_engine.py writes past the quota through it).
     shm = battery.outcome("fill /dev/shm").data["mib"]
     assert 0 < shm <= SHM_MB, f"/dev/shm took {shm} MiB"
 

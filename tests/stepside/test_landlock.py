@@ -23,6 +23,7 @@ from sandbox.record import outcome
 from sandbox.run.testrun import TestRun
 from sandbox.stepside import landlock
 from sandbox.stepside.agentworks_exec.interface import LANDLOCK_MARK, LANDLOCK_REFUSED_EXIT
+from tests import paths
 from tests.conftest import WorkflowFactory
 
 DEADLINE_S = 30.0
@@ -172,7 +173,7 @@ def _executor(tmp_path: Path, mode: str, command: str) -> subprocess.CompletedPr
     return subprocess.run(
         [sys.executable, "-m", "sandbox.stepside.agentworks_exec", "--", "sh", "-c", command],
         cwd=root,
-        env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
+        env={**env, "PYTHONPATH": str(paths.REPO)},
         capture_output=True,
         text=True,
         timeout=DEADLINE_S,
@@ -232,7 +233,7 @@ def test_beside_stdio_servers_a_wall_that_cannot_scope_stops_the_step(tmp_path: 
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "AGENTWORKS_LANDLOCK": "require-scoped",
-        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "PYTHONPATH": str(paths.REPO),
     }
     done = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path)],

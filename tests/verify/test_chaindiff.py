@@ -24,7 +24,7 @@ from sandbox.contracts.workflow_record import (
 from sandbox.verify.chaindiff import ChainComparison
 from sandbox.verify.compare import compare
 from sandbox.verify.diff import ArgumentChange
-from tests.test_verify_finished import SUBMIT, finished_run
+from tests.verify.test_finished import SUBMIT, finished_run
 
 PICK = ("query_workflow_db", "redirect", {"sql": "UPDATE jobs SET claimed = 1"})
 CLICK = ("agent_browser", "stub", {"command": "click #submit"})

@@ -20,8 +20,9 @@ from sandbox.verify.expect import (
     parse_json_path,
 )
 from sandbox.verify.match import json_equal, json_subset, matches, select
+from tests import paths
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 
 HEAD = """\
 name = "wf"

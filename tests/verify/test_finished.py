@@ -25,7 +25,7 @@ from sandbox.verify.finished import FinishedStep, load_run
 from sandbox.verify.junit import junit_xml
 from sandbox.verify.verification import write_verification
 from sandbox.verify.verifystep import judge, with_implicit_status
-from tests.test_stub_summary import _write_log
+from tests.collect.test_stubgroups import _write_log
 
 SUBMIT = ("upwork_submit_proposal", "stub", {"job_id": 42, "connects": 16})
 

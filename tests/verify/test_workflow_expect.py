@@ -21,8 +21,9 @@ from sandbox.verify.workflow_expect import (
 )
 from sandbox.verify.workflow_verification import SCHEMA_PATH as VERDICT_SCHEMA_PATH
 from sandbox.verify.workflow_verification import workflow_verification_json_schema
+from tests import paths
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = paths.REPO
 JOBBOARD = REPO / "examples" / "job-board"
 
 WORKFLOW = """\

@@ -1,6 +1,6 @@
 """The pure parts of transparent egress: the firewall's nat rules, the first-bytes sniff,
 the SNI peek, and the guard's DNS answers (no engine: the engine tests are in
-tests/test_transparent_engine.py)."""
+tests/scenarios/test_transparent_engine.py)."""
 
 from __future__ import annotations
 

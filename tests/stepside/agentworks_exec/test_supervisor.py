@@ -25,9 +25,10 @@ from typing import Any
 
 import pytest
 
+from tests import paths
 from tests.polling import wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = paths.REPO
 TOKEN = "t0k3n-for-tests-0123456789abcdef"
 DEADLINE_S = 15.0
 

@@ -1,0 +1,8 @@
+"""Where the suite's files are, named once so a test file can move without its paths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
