@@ -1,7 +1,8 @@
 """Shared fixtures: the real Docker engine, and workflow folders made to order.
 
 Tests marked `engine` talk to the real engine (never a mock); they fail, not
-skip, when it is missing, because `make test` installs and starts it.
+skip, when it is missing, because `make test` installs and starts it. The mark is
+given here to every test that uses the `engine` fixture and to `tests/scenarios/`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,17 @@ from tests.engines.fixtures import (  # noqa: F401
     userns_engine,
     wall_engine,
 )
+
+SCENARIOS = Path(__file__).resolve().parent / "scenarios"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark `engine` every test that asks for the real engine, however indirectly, and
+    every whole-run scenario, so `-m engine` / `-m "not engine"` split the suite by what
+    it needs without each file having to say so."""
+    for item in items:
+        if "engine" in getattr(item, "fixturenames", ()) or item.path.is_relative_to(SCENARIOS):
+            item.add_marker(pytest.mark.engine)
 
 
 @pytest.fixture(scope="session")
