@@ -57,31 +57,39 @@ _AUTHORITY = re.compile(rf"{_HOST}:(?P<port>[0-9]{{1,5}})")
 _HOST_HEADER = re.compile(rf"{_HOST}{_PORT}")
 
 
-class Refused(Exception):
-    """The request cannot be forwarded as HTTP: its status and the reason."""
+class Denied(Exception):
+    """A request that is not forwarded, answered with a status and the reason: the parser
+    refuses what cannot be forwarded as HTTP, the policy what it may not do. `stub`: a
+    would-be effect, answered with the stub reply; otherwise a refusal, answered with an
+    error. `unlogged`: the action log is full and has counted it already, so no line is
+    tried."""
 
-    def __init__(self, status: int, reason: str) -> None:
+    def __init__(
+        self, status: int, reason: str, *, stub: bool = False, unlogged: bool = False
+    ) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.stub = stub
+        self.unlogged = unlogged
 
 
 def head_end(buffer: bytes | bytearray) -> int | None:
     """Where the head in `buffer` ends (just past its blank line), or None when it is
-    not complete yet. Raises Refused as soon as what has arrived is ambiguous."""
+    not complete yet. Raises Denied as soon as what has arrived is ambiguous."""
     end = buffer.find(b"\r\n\r\n")
     region = bytes(buffer[: end + 4] if end >= 0 else buffer)
     if _BARE_LF.search(region):
-        raise Refused(400, "a line of the request head ends in a bare LF")
+        raise Denied(400, "a line of the request head ends in a bare LF")
     # An incomplete head may end in the CR of a CRLF still to come.
     if _BARE_CR.search(region if end >= 0 else region.removesuffix(b"\r")):
-        raise Refused(400, "the request head holds a bare CR")
+        raise Denied(400, "the request head holds a bare CR")
     if _FOLDED.search(region):
-        raise Refused(400, "a header line starts with whitespace (obs-fold)")
+        raise Denied(400, "a header line starts with whitespace (obs-fold)")
     if len(region) > MAX_HEAD_BYTES or (end < 0 and len(buffer) > MAX_HEAD_BYTES):
-        raise Refused(431, f"the request head is larger than {MAX_HEAD_BYTES} bytes")
+        raise Denied(431, f"the request head is larger than {MAX_HEAD_BYTES} bytes")
     if region.count(b"\r\n") > MAX_HEADER_LINES + 2:
-        raise Refused(431, f"the request head has more than {MAX_HEADER_LINES} header lines")
+        raise Denied(431, f"the request head has more than {MAX_HEADER_LINES} header lines")
     return end + 4 if end >= 0 else None
 
 
@@ -103,20 +111,20 @@ def parse_request(head: bytes) -> tuple[h11.Connection | None, h11.Request]:
         event = conn.next_event()
     except h11.RemoteProtocolError as exc:
         status = exc.error_status_hint if exc.error_status_hint in (400, 431, 505) else 400
-        raise Refused(status, f"malformed request head: {_clip(str(exc))}") from None
+        raise Denied(status, f"malformed request head: {_clip(str(exc))}") from None
     if not isinstance(event, h11.Request):  # pragma: no cover - a complete head is a Request
-        raise Refused(400, "malformed request head")
+        raise Denied(400, "malformed request head")
     check_request(head, event)
     return conn, event
 
 
 def check_request(head: bytes, request: h11.Request) -> None:
-    """What h11 let through that a proxy must not: raises Refused."""
+    """What h11 let through that a proxy must not: raises Denied."""
     if request.method == b"PRI" and request.http_version == b"2.0":
-        raise Refused(505, "an HTTP/2.0 prior-knowledge preface cannot be inspected; use HTTP/1.1")
+        raise Denied(505, "an HTTP/2.0 prior-knowledge preface cannot be inspected; use HTTP/1.1")
     if request.http_version not in VERSIONS:
         version = request.http_version.decode("ascii", "replace")
-        raise Refused(505, f"HTTP/{version} is not HTTP/1.1; it cannot be inspected")
+        raise Denied(505, f"HTTP/{version} is not HTTP/1.1; it cannot be inspected")
     lengths: list[bytes] = []
     encodings = 0
     for line in head.split(b"\r\n")[1:]:
@@ -127,13 +135,13 @@ def check_request(head: bytes, request: h11.Request) -> None:
         elif name == b"transfer-encoding":
             encodings += 1
     if len(lengths) > 1:
-        raise Refused(400, "the request has more than one Content-Length header")
+        raise Denied(400, "the request has more than one Content-Length header")
     if lengths and not _CANONICAL_LENGTH.fullmatch(lengths[0]):
-        raise Refused(400, "the request's Content-Length is not a plain decimal number")
+        raise Denied(400, "the request's Content-Length is not a plain decimal number")
     if lengths and encodings:
-        raise Refused(400, "the request has both Content-Length and Transfer-Encoding")
+        raise Denied(400, "the request has both Content-Length and Transfer-Encoding")
     if encodings > 1:
-        raise Refused(400, "the request has more than one Transfer-Encoding header")
+        raise Denied(400, "the request has more than one Transfer-Encoding header")
 
 
 def fields(message: h11.Request | h11.Response) -> dict[bytes, bytes]:
@@ -176,7 +184,7 @@ def _host_port(match: re.Match[str], default_port: int) -> tuple[str, int]:
     host = match.group("host").lower().strip("[]")
     port = int(match.group("port") or default_port)
     if not 0 < port < 65536:
-        raise Refused(400, f"port {port} is out of range")
+        raise Denied(400, f"port {port} is out of range")
     return host.rstrip("."), port
 
 
@@ -187,8 +195,8 @@ def absolute_target(target: bytes) -> Target:
     if match is None:
         authority = text.partition("://")[2].partition("/")[0]
         if "@" in authority:
-            raise Refused(400, "the request target carries userinfo (user@host)")
-        raise Refused(400, "a proxy request needs an absolute http://host/path target")
+            raise Denied(400, "the request target carries userinfo (user@host)")
+        raise Denied(400, "a proxy request needs an absolute http://host/path target")
     host, port = _host_port(match, 80)
     return Target(host, port, match.group("origin") or "/")
 
@@ -199,14 +207,14 @@ def tunnel_target(target: bytes, host: str, port: int) -> Target:
     text = target.decode("ascii")
     if text.startswith("/"):
         if "#" in text:
-            raise Refused(400, "the request target carries a fragment")
+            raise Denied(400, "the request target carries a fragment")
         return Target(host, port, text)
     match = _ABSOLUTE_HTTPS.fullmatch(text)
     if match is None:
-        raise Refused(400, "inside a tunnel the request target must be a path (/...)")
+        raise Denied(400, "inside a tunnel the request target must be a path (/...)")
     named = _host_port(match, 443)
     if named != (host, port):
-        raise Refused(400, f"the request target names {named[0]}:{named[1]}, not the tunnel's host")
+        raise Denied(400, f"the request target names {named[0]}:{named[1]}, not the tunnel's host")
     return Target(host, port, match.group("origin") or "/")
 
 
@@ -214,7 +222,7 @@ def connect_target(target: bytes) -> tuple[str, int]:
     """A CONNECT's target: exactly `host:port`."""
     match = _AUTHORITY.fullmatch(target.decode("ascii"))
     if match is None:
-        raise Refused(400, "CONNECT needs a host:port target")
+        raise Denied(400, "CONNECT needs a host:port target")
     return _host_port(match, 0)
 
 
@@ -226,12 +234,12 @@ def check_host(
     value = found.get(b"host")
     if value is None:
         if request.http_version == b"1.1":  # h11 requires it already
-            raise Refused(400, "an HTTP/1.1 request needs a Host header")
+            raise Denied(400, "an HTTP/1.1 request needs a Host header")
         return
     match = _HOST_HEADER.fullmatch(value.decode("latin-1"))
     if match is None or _host_port(match, default_port) != (host, port):
         shown = _clip(value.decode("latin-1"), 100)
-        raise Refused(400, f"the Host header ({shown}) disagrees with the request's target")
+        raise Denied(400, f"the Host header ({shown}) disagrees with the request's target")
 
 
 def connection_tokens(

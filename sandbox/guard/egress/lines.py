@@ -14,8 +14,8 @@ import re
 from typing import Any
 
 from sandbox.guard.actionline import REDACTED, SECRET_WORDS
-from sandbox.guard.egress.http1 import Refused
-from sandbox.guard.egress.request import Denied, Seen
+from sandbox.guard.egress.http1 import Denied
+from sandbox.guard.egress.request import Seen
 from sandbox.policy import stub_reply
 
 # Header values never written to the log (the step's credentials for real hosts).
@@ -93,7 +93,7 @@ def error_reply(denied: Denied, seen: Seen) -> bytes:
 
 def failure(exc: BaseException) -> str:
     """How a forwarded exchange failed, for its outcome line."""
-    if isinstance(exc, Denied | Refused):
+    if isinstance(exc, Denied):
         return exc.reason
     return f"{type(exc).__name__}: {exc}"[:300]
 

@@ -20,7 +20,7 @@ import ssl
 import time
 
 from sandbox.guard.egress.connection import CHUNK
-from sandbox.guard.egress.request import Denied
+from sandbox.guard.egress.http1 import Denied
 
 CONNECT_TIMEOUT_S = 10.0
 REPLY_TIMEOUT_S = 300.0  # the upstream's reply head, and each read of its body

@@ -27,10 +27,9 @@ from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.egress import http1, lines, relay, splice
 from sandbox.guard.egress.aliases import HostAliases
 from sandbox.guard.egress.connection import CHUNK, Client, linger
-from sandbox.guard.egress.http1 import Refused
+from sandbox.guard.egress.http1 import Denied
 from sandbox.guard.egress.pool import Pool, Upstream, dial
 from sandbox.guard.egress.request import (
-    Denied,
     Direct,
     Incoming,
     Seen,
@@ -124,11 +123,6 @@ class EgressProxy:
             if incoming.method == b"CONNECT":
                 return await self._connect(client, incoming, seen, started)
             return await self._plain(client, incoming, seen, started)
-        except Refused as refused:
-            await self._deny(
-                client, incoming, seen, Denied(refused.status, refused.reason), started
-            )
-            return False
         except Denied as denied:
             await self._deny(client, incoming, seen, denied, started)
             return False
@@ -187,7 +181,7 @@ class EgressProxy:
         await self._note_aliases(seen)
         http1.check_host(request, incoming.fields, host, port, port)
         if incoming.fields.get(b"content-length") or incoming.fields.get(b"transfer-encoding"):
-            raise Refused(400, "a CONNECT carries no body")
+            raise Denied(400, "a CONNECT carries no body")
         entry = match(self.config.egress, host, port, tunnel=True)
         if entry is None:
             raise Denied(403, f"CONNECT to {host}:{port} is not on the egress allow list")
@@ -197,7 +191,7 @@ class EgressProxy:
             await self.blind_tunnel(client, host, port, entry, seen, started)
             return False
         if client.buffer:
-            raise Refused(400, "bytes arrived before the tunnel was open")
+            raise Denied(400, "bytes arrived before the tunnel was open")
         context = self.tls.for_step(host)
         await client.write(ESTABLISHED)
         client.replying = True

@@ -17,8 +17,8 @@ import h11
 
 from sandbox.guard.egress import http1, http1_lines, splice
 from sandbox.guard.egress.connection import CHUNK, Client
+from sandbox.guard.egress.http1 import Denied
 from sandbox.guard.egress.pool import Upstream
-from sandbox.guard.egress.request import Denied
 
 SMALL_READ = 64 * 1024  # a reply head's read (a head is at most 64 KiB too)
 SPLICE_MIN_BYTES = 64 * 1024  # a smaller rest of a body is cheaper to copy than to splice

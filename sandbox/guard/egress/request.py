@@ -18,7 +18,7 @@ import h11
 from sandbox.contracts.config import Egress, EgressEntry
 from sandbox.guard.egress import http1
 from sandbox.guard.egress.connection import Client
-from sandbox.guard.egress.http1 import Refused
+from sandbox.guard.egress.http1 import Denied
 
 MAX_HASHED_BODY_BYTES = 16 * 1024 * 1024
 READ_METHODS = frozenset({b"GET", b"HEAD"})
@@ -47,21 +47,6 @@ def match(egress: Egress, host: str, port: int, *, tunnel: bool) -> EgressEntry 
         elif entry.port == port and entry.tls == tunnel:
             return entry
     return None
-
-
-class Denied(Exception):
-    """A request that is not forwarded. `stub`: a would-be effect, answered with the stub
-    reply; otherwise a refusal, answered with an error. `unlogged`: the action log is
-    full and has counted it already, so no line is tried."""
-
-    def __init__(
-        self, status: int, reason: str, *, stub: bool = False, unlogged: bool = False
-    ) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.stub = stub
-        self.unlogged = unlogged
 
 
 @dataclass
@@ -95,7 +80,7 @@ class Direct:
     def target(self, raw: bytes) -> http1.Target:
         text = raw.decode("ascii")
         if not text.startswith("/") or "#" in text:
-            raise Refused(400, "a request sent straight to a host needs a path target (/...)")
+            raise Denied(400, "a request sent straight to a host needs a path target (/...)")
         return http1.Target(self.name, self.port, text)
 
 
@@ -134,10 +119,10 @@ async def next_request(client: Client, fill: Fill) -> Incoming | None:
         except TimeoutError:
             if idle:
                 return None
-            raise Refused(408, "the request head stopped arriving") from None
+            raise Denied(408, "the request head stopped arriving") from None
         if not data:
             if client.buffer:
-                raise Refused(400, "the connection closed in the middle of a request head")
+                raise Denied(400, "the connection closed in the middle of a request head")
             return None
         client.buffer += data
     head = bytes(client.buffer[:end])
@@ -160,7 +145,7 @@ async def read_body(client: Client, incoming: Incoming, fill: Fill) -> AsyncIter
         try:
             event = conn.next_event()
         except h11.RemoteProtocolError as exc:
-            raise Refused(400, f"malformed request body: {exc}") from None
+            raise Denied(400, f"malformed request body: {exc}") from None
         if event is h11.NEED_DATA:
             conn.receive_data(await fill(client, idle=False))
         elif isinstance(event, h11.Data):
@@ -168,7 +153,7 @@ async def read_body(client: Client, incoming: Incoming, fill: Fill) -> AsyncIter
         elif isinstance(event, h11.EndOfMessage):
             break
         else:
-            raise Refused(400, "the request body ended early")
+            raise Denied(400, "the request body ended early")
     client.buffer += conn.trailing_data[0]
 
 
@@ -186,7 +171,7 @@ async def body_facts(client: Client, incoming: Incoming | None, fill: Fill) -> d
             size += len(chunk)
             if size > MAX_HASHED_BODY_BYTES:
                 return {"body_bytes": size, "body_sha256": None, "body_truncated": True}
-    except (Refused, TimeoutError, ConnectionError):
+    except (Denied, TimeoutError, ConnectionError):
         return {"body_bytes": size, "body_sha256": None, "body_truncated": True}
     return {"body_bytes": size, "body_sha256": digest.hexdigest()}
 
@@ -200,7 +185,7 @@ def judge_read(incoming: Incoming, entry: EgressEntry) -> None:
     if incoming.method not in READ_METHODS:
         raise Denied(403, f"HTTP {method} can have effects; only GET and HEAD pass", stub=True)
     if b"transfer-encoding" in incoming.fields:
-        raise Refused(400, "Transfer-Encoding on a read is ambiguous; it is not forwarded")
+        raise Denied(400, "Transfer-Encoding on a read is ambiguous; it is not forwarded")
     if http1.body_length(incoming.fields):
         raise Denied(
             403, "a read (GET or HEAD) carries no body; one that does is not forwarded", stub=True
@@ -232,5 +217,5 @@ def judge_websocket(incoming: Incoming, entry: EgressEntry, seen: Seen) -> None:
             stub=True,
         )
     if incoming.method != b"GET" or not incoming.bodyless:
-        raise Refused(400, "a WebSocket upgrade is a GET without a body")
+        raise Denied(400, "a WebSocket upgrade is a GET without a body")
     seen.websocket = True

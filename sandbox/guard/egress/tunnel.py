@@ -13,7 +13,7 @@ import ssl
 from typing import TYPE_CHECKING
 
 from sandbox.contracts.guardconfig import GuardConfig
-from sandbox.guard.egress.request import Denied
+from sandbox.guard.egress.http1 import Denied
 
 if TYPE_CHECKING:
     from sandbox.guard.egress.tls import RunCA

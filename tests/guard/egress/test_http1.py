@@ -6,7 +6,7 @@ import h11
 import pytest
 
 from sandbox.guard.egress import http1
-from sandbox.guard.egress.http1 import Refused
+from sandbox.guard.egress.http1 import Denied
 
 
 def parse(head: bytes) -> h11.Request:
@@ -15,8 +15,8 @@ def parse(head: bytes) -> h11.Request:
     return http1.parse_request(head)[1]
 
 
-def refused(head: bytes) -> Refused:
-    with pytest.raises(Refused) as info:
+def refused(head: bytes) -> Denied:
+    with pytest.raises(Denied) as info:
         end = http1.head_end(head)
         assert end is not None, "incomplete"
         http1.parse_request(head[:end])
@@ -73,9 +73,9 @@ def test_ambiguous_heads_are_refused(head: bytes, status: int, words: str) -> No
 
 def test_an_incomplete_head_waits_but_a_bare_lf_is_refused_at_once() -> None:
     assert http1.head_end(b"GET / HTTP/1.1\r\nHost: a\r") is None
-    with pytest.raises(Refused):
+    with pytest.raises(Denied):
         http1.head_end(b"GET / HTTP/1.1\nHost")  # no terminator yet: refused anyway
-    with pytest.raises(Refused) as info:
+    with pytest.raises(Denied) as info:
         http1.head_end(b"G" * (http1.MAX_HEAD_BYTES + 1))
     assert info.value.status == 431
 
@@ -105,7 +105,7 @@ def test_absolute_targets(target: bytes, host: str, port: int, origin: str) -> N
     ],
 )
 def test_bad_absolute_targets(target: bytes, words: str) -> None:
-    with pytest.raises(Refused) as info:
+    with pytest.raises(Denied) as info:
         http1.absolute_target(target)
     assert words in info.value.reason
 
@@ -129,7 +129,7 @@ def test_targets_inside_a_tunnel_stay_on_its_host(target: bytes, ok: bool) -> No
     if ok:
         assert http1.tunnel_target(target, "a.test", 443).host == "a.test"
     else:
-        with pytest.raises(Refused):
+        with pytest.raises(Denied):
             http1.tunnel_target(target, "a.test", 443)
 
 
@@ -149,7 +149,7 @@ def test_the_host_header_must_name_the_target(value: bytes, ok: bool) -> None:
     if ok:
         http1.check_host(request, http1.fields(request), "a.test", 80, 80)
     else:
-        with pytest.raises(Refused):
+        with pytest.raises(Denied):
             http1.check_host(request, http1.fields(request), "a.test", 80, 80)
 
 
@@ -217,7 +217,7 @@ def test_a_request_head_is_written_byte_for_byte_as_h11_writes_it(
     ],
 )
 def test_a_head_the_grammar_refuses_is_refused_as_h11_refuses_it(head: bytes, status: int) -> None:
-    with pytest.raises(Refused) as info:
+    with pytest.raises(Denied) as info:
         http1.parse_request(head)
     assert info.value.status == status
 
