@@ -33,6 +33,8 @@ import socket
 import threading
 from dataclasses import dataclass, field
 
+from tests.fakes.loopback import LoopbackServer
+
 
 def big_body(size: int) -> bytes:
     """`size` bytes of a pattern that shows where a byte was lost or added."""
@@ -52,24 +54,14 @@ class KeepAliveHost:
     def __init__(self) -> None:
         self.seen = Seen()
         self._lock = threading.Lock()
-        self._srv = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._srv.getsockname()[1]
         self._conns: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._srv.accept()
-            except OSError:
-                return
-            with self._lock:
-                self.seen.connections += 1
-                number = self.seen.connections
-                self._conns.append(conn)
-            threading.Thread(target=self._serve, args=(conn, number), daemon=True).start()
+        self._server = LoopbackServer(self._serve)
+        self.port = self._server.port
 
     def _serve(self, conn: socket.socket, number: int) -> None:
+        with self._lock:
+            self.seen.connections += 1
+            self._conns.append(conn)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         buffer = b""
         owed = b""  # a /lateextra/ reply's stray bytes, sent before the next reply
@@ -128,7 +120,7 @@ class KeepAliveHost:
                 conn.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
-        self._srv.close()
+        self._server.close()
         with self._lock:
             for conn in self._conns:
                 with contextlib.suppress(OSError):

@@ -26,6 +26,7 @@ from sandbox.guard.bridge.routes import Guard
 from sandbox.guard.bridge.upstream import Reply
 from sandbox.guard.limits import MAX_UPSTREAM_REPLY_BYTES
 from tests.conftest import BRIDGE_TOKEN, call_lines, guard_config
+from tests.fakes.loopback import LoopbackServer
 
 TOKEN = BRIDGE_TOKEN
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -43,22 +44,13 @@ class Upstream:
         self.requests: list[bytes] = []  # every request body, in arrival order
         self.connections = 0
         self.closed = 0
-        self._srv = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._srv.getsockname()[1]}"
         self._lock = threading.Lock()
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._server = LoopbackServer(self._serve)
+        self.url = self._server.url
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._srv.accept()
-            except OSError:
-                return
-            with self._lock:
-                self.connections += 1
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, number: int) -> None:
+        with self._lock:
+            self.connections += 1
         buffer = b""
         n = 0
         # A reset is the guard dropping a reply past its cap: the exchange is over.
@@ -93,7 +85,7 @@ class Upstream:
             self.closed += 1
 
     def close(self) -> None:
-        self._srv.close()
+        self._server.close()
 
 
 def ok(text: str = "done") -> bytes:

@@ -16,7 +16,6 @@ import contextlib
 import hashlib
 import os
 import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from sandbox.guard import actionlog
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.egress.proxy import EgressProxy
 from tests.conftest import call_lines, guard_config
+from tests.fakes.loopback import LoopbackServer
 from tests.polling import wait_for
 
 
@@ -45,19 +45,10 @@ class Host:
         self.tunnel = tunnel
         self.received: list[bytes] = []
         self.log_when_received: list[list[ActionLine]] = []
-        self._srv = socket.create_server(("127.0.0.1", 0))
-        self.port: int = self._srv.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
+        self._server = LoopbackServer(self._serve)
+        self.port = self._server.port
 
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self._srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
-
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, number: int) -> None:
         with conn, contextlib.suppress(ConnectionError):
             data = b""
             while (self.tunnel and not data) or (not self.tunnel and b"\r\n\r\n" not in data):
@@ -71,7 +62,7 @@ class Host:
             conn.sendall(self.reply)
 
     def close(self) -> None:
-        self._srv.close()
+        self._server.close()
 
 
 @contextlib.contextmanager
