@@ -1,4 +1,5 @@
-"""The step's end of one connection to the egress proxy, and its lingering close.
+"""The step's end of one connection to the egress proxy (and, for one the firewall
+redirected, where it was going: `Direct`), and its lingering close.
 
 Every write waits until the kernel holds all of it, so nothing stays queued in
 Python and a reply body can be spliced straight after its head.
@@ -10,15 +11,31 @@ import asyncio
 import socket
 import ssl
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from sandbox.guard.egress import splice
-
-if TYPE_CHECKING:
-    from sandbox.guard.egress.request import Direct
+from sandbox.guard.egress import http1, splice
+from sandbox.guard.egress.http1 import Denied
 
 CHUNK = 256 * 1024
 LINGER_S, LINGER_IDLE_S, LINGER_BYTES = 2.0, 0.2, 1024 * 1024  # after a denial
+
+
+@dataclass(frozen=True)
+class Direct:
+    """A connection the firewall redirected to the guard (`egress.transparent`):
+    the name it was for (the one the guard's DNS handed out for `address`, else the
+    address itself) and its original port. A request on it names no host in its target:
+    its Host header must name exactly `name` and `port`."""
+
+    name: str
+    port: int
+    address: str
+
+    def target(self, raw: bytes) -> http1.Target:
+        text = raw.decode("ascii")
+        if not text.startswith("/") or "#" in text:
+            raise Denied(400, "a request sent straight to a host needs a path target (/...)")
+        return http1.Target(self.name, self.port, text)
 
 
 class Client:

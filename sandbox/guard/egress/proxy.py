@@ -26,11 +26,10 @@ from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.egress import http1, lines, relay, splice
 from sandbox.guard.egress.aliases import HostAliases
-from sandbox.guard.egress.connection import CHUNK, Client, linger
+from sandbox.guard.egress.connection import CHUNK, Client, Direct, linger
 from sandbox.guard.egress.http1 import Denied
 from sandbox.guard.egress.pool import Pool, Upstream, dial
 from sandbox.guard.egress.request import (
-    Direct,
     Incoming,
     Seen,
     body_facts,

@@ -66,24 +66,6 @@ class Seen:
     websocket: bool = False  # an opted-in WebSocket: every line of its connection says so
 
 
-@dataclass(frozen=True)
-class Direct:
-    """A connection the firewall redirected to the guard (`egress.transparent`):
-    the name it was for (the one the guard's DNS handed out for `address`, else the
-    address itself) and its original port. A request on it names no host in its target:
-    its Host header must name exactly `name` and `port`."""
-
-    name: str
-    port: int
-    address: str
-
-    def target(self, raw: bytes) -> http1.Target:
-        text = raw.decode("ascii")
-        if not text.startswith("/") or "#" in text:
-            raise Denied(400, "a request sent straight to a host needs a path target (/...)")
-        return http1.Target(self.name, self.port, text)
-
-
 @dataclass
 class Incoming:
     """One parsed request and the h11 connection that reads its body; `fields` its

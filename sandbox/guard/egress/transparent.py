@@ -31,11 +31,11 @@ import time
 from collections.abc import AsyncIterator
 
 from sandbox.guard.egress import dns, http1, request
-from sandbox.guard.egress.connection import Client
+from sandbox.guard.egress.connection import Client, Direct
 from sandbox.guard.egress.dns import Names, preflight_proof
 from sandbox.guard.egress.http1 import Denied
 from sandbox.guard.egress.proxy import READ_TIMEOUT_S, EgressProxy
-from sandbox.guard.egress.request import Direct, Seen
+from sandbox.guard.egress.request import Seen
 
 SO_ORIGINAL_DST = 80  # linux/netfilter_ipv4.h
 FIRST_READ_S = 3.0
