@@ -23,7 +23,8 @@ from collections.abc import Iterator
 import pytest
 
 from sandbox.contracts import names as images
-from tests.engines.second_engine import EngineConfig, EnginePool, SecondEngine, sweep
+from tests.engines.engine_config import EngineConfig
+from tests.engines.second_engine import EnginePool, SecondEngine, sweep
 
 MARKER = "second_engine"
 WALL_ENV = "SANDBOX_TEST_WALL"
