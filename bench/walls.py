@@ -29,8 +29,9 @@ from bench.results import Goal, Row, make_row
 from sandbox.contracts.config import StepRuntime
 from sandbox.contracts.record import RunStatus
 from sandbox.run.testrun import RunOptions, TestRun
+from tests.engines.engine_config import EngineConfig
 from tests.engines.fixtures import RUN_IMAGES
-from tests.engines.second_engine import EngineConfig, SecondEngine
+from tests.engines.second_engine import SecondEngine
 
 # The README's start-up figure for the step under gVisor (measured here: 1.5-1.8x).
 RUNSC_GOAL = Goal(kind="ratio_max", threshold=2.5, text="<= 2.5x")
