@@ -22,7 +22,11 @@ REDIRECTed to the guard's interception port, and every DNS query (UDP or TCP por
 nat table only rewrites where a packet goes: nothing is ACCEPTed there; uid 0 is
 redirected like the step when the step runs under gVisor (its sentry is uid 0), and
 left to the filter rules under runc (see `nat_rules`); what is not redirected (UDP,
-other protocols, root under runc) still meets the REJECT rules below.
+other protocols, root under runc) still meets the REJECT rules below. The last nat
+rule of each family (IPv6 has no redirect at all) copies what the step sends and the
+filter will reject to the netfilter log group the guard reads
+(`sandbox.guard.nflog`), so every refused packet is on the record; the entry binds
+that group while it still holds NET_ADMIN.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from sandbox.contracts.guardprocess import DNS_PORT, TRANSPARENT_PORT
+from sandbox.contracts.guardprocess import DNS_PORT, NFLOG_GROUP, TRANSPARENT_PORT
 from sandbox.contracts.layout import GUARD_UID
 
 # Docker's embedded resolver lives on loopback and would resolve outside names.
@@ -56,6 +60,10 @@ class PodPeers:
 # other network, and the redirect below sends every connection to one to the guard.
 SYNTHETIC_V4 = "198.18.0.0/15"
 NAT_CHAIN = "SANDBOX-STEP-OUT"
+# How much of each refused packet the log rule copies to the guard (headers and a
+# datagram's first bytes): sandbox.guard.nflog.COPY_BYTES.
+NFLOG_BYTES = 128
+NFLOG = f"-j NFLOG --nflog-group {NFLOG_GROUP} --nflog-size {NFLOG_BYTES}"
 
 
 def nat_rules(guard_uid: int = GUARD_UID, *, redirect_root: bool = False) -> list[str]:
@@ -78,6 +86,26 @@ def nat_rules(guard_uid: int = GUARD_UID, *, redirect_root: bool = False) -> lis
         f"-A {chain} -p udp -m udp --dport 53 -j REDIRECT --to-ports {DNS_PORT}",
         f"-A {chain} -p tcp -m tcp --dport 53 -j REDIRECT --to-ports {DNS_PORT}",
         f"-A {chain} ! -d 127.0.0.0/8 -p tcp -j REDIRECT --to-ports {TRANSPARENT_PORT}",
+        # Whatever is left (UDP but DNS, ICMP, any other protocol) meets the filter's
+        # REJECT; a copy of it goes to the guard first, which records the attempt.
+        f"-A {chain} ! -d 127.0.0.0/8 {NFLOG}",
+    ]
+
+
+def nat6_rules(guard_uid: int = GUARD_UID, *, redirect_root: bool = False) -> list[str]:
+    """ip6tables nat rules of the same shape: nothing is redirected over IPv6 (the
+    filter resets TCP and REJECTs the rest at once); every packet of the step to a
+    non-loopback address is copied to the guard's log group first, so the attempt is
+    on the record. The conntrack match turns IPv6 connection tracking on, without
+    which the nat table sees no packet; a refused packet is never confirmed, so each
+    one is new."""
+    if guard_uid == 0:
+        raise ValueError("the firewall never exempts uid 0 (the gVisor sentry is uid 0)")
+    chain = NAT_CHAIN
+    return [
+        f"-A {chain} -m owner --uid-owner {guard_uid} -j RETURN",
+        *([] if redirect_root else [f"-A {chain} -m owner --uid-owner 0 -j RETURN"]),
+        f"-A {chain} ! -d ::1/128 -m conntrack --ctstate NEW {NFLOG}",
     ]
 
 
@@ -88,9 +116,15 @@ def _nat_lines(guard_uid: int, *, redirect_root: bool) -> list[str]:
     table += nat_rules(guard_uid, redirect_root=redirect_root)
     lines = [f"ip route add {SYNTHETIC_V4} dev lo", "iptables-restore -w --noflush <<'NAT'"]
     lines += [*table, "COMMIT", "NAT"]
-    lines.append(f"iptables -w -t nat -C OUTPUT -j {NAT_CHAIN}")
-    checks = nat_rules(guard_uid, redirect_root=redirect_root)
-    lines += [f"iptables -w -t nat -C {rule[3:]}" for rule in checks]
+    table6 = ["*nat", f":{NAT_CHAIN} - [0:0]", f"-I OUTPUT 1 -j {NAT_CHAIN}"]
+    table6 += nat6_rules(guard_uid, redirect_root=redirect_root)
+    lines += ["ip6tables-restore -w --noflush <<'NAT'", *table6, "COMMIT", "NAT"]
+    for tool, checks in (
+        ("iptables", nat_rules(guard_uid, redirect_root=redirect_root)),
+        ("ip6tables", nat6_rules(guard_uid, redirect_root=redirect_root)),
+    ):
+        lines.append(f"{tool} -w -t nat -C OUTPUT -j {NAT_CHAIN}")
+        lines += [f"{tool} -w -t nat -C {rule[3:]}" for rule in checks]
     return lines
 
 
@@ -271,6 +305,11 @@ def guard_entry_script(
         "--",
         *guard_command,
     ]
+    if install:
+        # Bound to the refused packets' log group while NET_ADMIN is still held; the
+        # guard inherits the socket (`sandbox.guard.nflog`). guard_command[0] is the
+        # guard image's Python.
+        drop = [guard_command[0], "-m", "sandbox.guard.nflog", *drop]
     lines.append("exec " + " ".join(shlex.quote(part) for part in drop))
     return "\n".join(lines) + "\n"
 
