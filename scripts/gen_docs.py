@@ -370,6 +370,13 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "config from and deletes. Never set it yourself.",
     ),
     EnvVar(
+        "SANDBOX_GUARD_NFLOG_FD",
+        "sandbox.contracts.guardprocess.NFLOG_FD_ENV",
+        "internal",
+        "Set inside the guard's container by its entry: the socket the firewall copies the "
+        "step's refused packets to. Never set it yourself.",
+    ),
+    EnvVar(
         "SANDBOX_TEST_ENGINES_DIR",
         "tests/engines/second_engine.py",
         "test suite",

@@ -25,10 +25,13 @@ from sandbox.collect.stubgroups import StubGrouper
 from sandbox.contracts.record import (
     DNS_MAX_LISTED,
     DNS_MAX_NAME_CHARS,
+    PACKETS_MAX_LISTED,
     ActionCounts,
     DnsQueries,
     DnsQuery,
     EgressCounts,
+    RefusedPacket,
+    RefusedPackets,
     StubbedAction,
     StubbedCut,
     UnfinishedCall,
@@ -51,6 +54,8 @@ class ActionSummary:
     outcome_unknown: list[UnfinishedCall] = field(default_factory=list)
     dns: DnsQueries = field(default_factory=DnsQueries)
     _dns_seen: dict[tuple[str, str], DnsQuery] = field(default_factory=dict)
+    packets: RefusedPackets = field(default_factory=RefusedPackets)
+    _packet_counts: dict[tuple[str, str, int], int] = field(default_factory=dict)
 
 
 def _detail(line: ActionLine) -> str:
@@ -140,6 +145,8 @@ def _count(summary: ActionSummary, line: ActionLine) -> None:
             counts.proxy += 1
     if line.tool == "dns" and line.session == "egress":
         _count_dns(summary, line)
+    if line.tool == "packet" and line.session == "egress":
+        _count_packet(summary, line)
     if line.detail.get("fails_step") and not summary.fails_step:
         summary.fails_step = f"{line.tool} was refused in test mode: {line.reason}"
 
@@ -181,3 +188,37 @@ def _count_dns(summary: ActionSummary, line: ActionLine) -> None:
         summary._dns_seen[key] = known
         dns.names.append(known)
     known.count += 1
+
+
+def _count_packet(summary: ActionSummary, line: ActionLine) -> None:
+    """A refused packet's line: the guard writes one at each power of two of a
+    destination's count, so a destination's highest count is its count, and `attempts`
+    gains what that rises by."""
+    packets = summary.packets
+    if line.detail.get("lost") is True:
+        packets.counts_short = True
+        return
+    port = line.arguments.get("port", 0)
+    count = line.detail.get("count", 1)
+    key = (
+        _short(line.arguments.get("protocol", "")),
+        _short(line.arguments.get("destination", "")),
+        port if isinstance(port, int) and not isinstance(port, bool) else 0,
+    )
+    count = count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 1
+    before = summary._packet_counts.get(key)
+    if before is None:
+        before = 0
+        if len(packets.destinations) < PACKETS_MAX_LISTED:
+            packets.destinations.append(
+                RefusedPacket(protocol=key[0], destination=key[1], port=key[2])
+            )
+        else:
+            packets.not_listed += 1
+    if count > before:
+        summary._packet_counts[key] = count
+        packets.attempts += count - before
+        for entry in packets.destinations:
+            if (entry.protocol, entry.destination, entry.port) == key:
+                entry.count = count
+                break

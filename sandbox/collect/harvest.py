@@ -87,6 +87,7 @@ def collect(
     record.actions = actions.counts
     record.egress = actions.egress
     record.dns = actions.dns
+    record.packets = actions.packets
     record.outcome_unknown = actions.outcome_unknown
     return Collected(
         guard_running=guard_state.running,

@@ -58,6 +58,9 @@ class GuardConfig(BaseModel):
     # when no allow-list entry is inspected. The key is as secret as the tokens.
     egress_ca_pem: str = ""
     egress_ca_key_pem: str = Field(default="", repr=False)
+    # The preflight's canaries (HOST:PORT): its own first packet to each is not the
+    # step's attempt (sandbox.guard.egress.packets).
+    preflight_canaries: list[str] = Field(default_factory=list)
 
     def budget_for(self, tool: str) -> float:
         """The tool's time budget plus the grace window (the seed's +10 s rule)."""

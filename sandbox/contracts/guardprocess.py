@@ -14,3 +14,7 @@ EXEC_PORT = 8799  # the step executor's, inside the step; listed so the ports st
 CONFIG_FILE_ENV = "SANDBOX_GUARD_CONFIG_FILE"
 CONFIG_FILE_NAME = "config.json"  # in the guard's folder (DATA_DIR), 0600, guard uid
 READY_MARK = "GUARD-READY"  # on stdout once the guard serves (not just listens)
+# The netfilter log group the firewall copies the step's refused packets to, and the
+# variable that names the guard's socket bound to it (`sandbox.guard.nflog`).
+NFLOG_GROUP = 34
+NFLOG_FD_ENV = "SANDBOX_GUARD_NFLOG_FD"

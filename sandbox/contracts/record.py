@@ -420,6 +420,42 @@ class DnsQueries(BaseModel):
     )
 
 
+PACKETS_MAX_LISTED = 200
+
+
+class RefusedPacket(BaseModel):
+    """Where the step aimed packets the firewall refused at once: one protocol,
+    destination and port (0: a protocol without ports), and how many."""
+
+    protocol: str = Field(description="udp, icmp, icmpv6, tcp (over IPv6), ...")
+    destination: str = Field(description="The address aimed at (`*`: past the guard's cap).")
+    port: int = Field(default=0, description="The port aimed at (0: the protocol has none).")
+    count: int = Field(
+        default=0,
+        description=(
+            "Attempts counted: exact up to 2, then at least this many (the guard logs"
+            " the 1st, 2nd, 4th, 8th... attempt)."
+        ),
+    )
+
+
+class RefusedPackets(BaseModel):
+    """What the step sent that is neither TCP over IPv4 nor DNS (UDP, ICMP, anything over
+    IPv6): refused by the firewall at once, nothing of it left the run or was answered,
+    and each (protocol, destination, port) is listed here with its count."""
+
+    attempts: int = Field(default=0, description="Every refused packet counted.")
+    destinations: list[RefusedPacket] = Field(
+        default_factory=list,
+        description="The first 200 distinct (protocol, destination, port) aimed at.",
+    )
+    not_listed: int = Field(default=0, description="Distinct destinations past the listed ones.")
+    counts_short: bool = Field(
+        default=False,
+        description="Packets came faster than the guard read them: counts are too low.",
+    )
+
+
 class ContentHash(BaseModel):
     """What defined the step in this run, hashed (`sandbox.prepare.contenthash`, whose
     docstring is the definition): `parts` by name (each file of the workflow folder that
@@ -547,6 +583,10 @@ class TestRunRecord(BaseModel):
         default_factory=DnsQueries,
         description="The step's DNS queries, all answered by the guard's own DNS.",
     )
+    packets: RefusedPackets = Field(
+        default_factory=RefusedPackets,
+        description="What the step sent besides TCP and DNS: refused at once, and counted.",
+    )
     actions_log: str = Field(
         default=ACTIONS_FILE, description="The action log's file name in the run folder."
     )
@@ -620,6 +660,20 @@ class TestRunRecord(BaseModel):
             lines.append(
                 f"dns: {self.dns.queries} queries answered by the guard, {self.dns.refused} "
                 "refused: " + "; ".join(shown) + (f"; {more} more name(s)" if more else "")
+            )
+        if self.packets.attempts or self.packets.counts_short:
+            aims = [
+                f"{p.protocol} {p.destination}"
+                + (f" port {p.port}" if p.port else "")
+                + f" x{p.count}"
+                for p in self.packets.destinations[:5]
+            ]
+            more = len(self.packets.destinations) - len(aims) + self.packets.not_listed
+            lines.append(
+                f"refused packets: {self.packets.attempts} (nothing left the run): "
+                + "; ".join(aims)
+                + (f"; {more} more destination(s)" if more else "")
+                + ("; counts short (a flood)" if self.packets.counts_short else "")
             )
         if self.reason:
             lines.append(f"reason: {self.reason}")

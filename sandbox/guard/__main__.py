@@ -24,6 +24,7 @@ from sandbox.guard.listeners import (
     bind_unix,
     make_undumpable,
 )
+from sandbox.guard.nflog import inherited
 
 MCP_SOCKET = "mcp.sock"  # sandbox.contracts.layout.MCP_SOCKET (not imported: stdlib only here)
 MCP_EGRESS_SOCKET = "egress.sock"  # sandbox.contracts.layout.MCP_EGRESS_SOCKET
@@ -108,7 +109,15 @@ def main() -> int:
         return 2
     from sandbox.guard.serve import serve  # the web stack: after the ports listen
 
-    return serve(raw, bridge=bridge, egress=egress, mcp=mcp, mcp_egress=mcp_egress, direct=direct)
+    return serve(
+        raw,
+        bridge=bridge,
+        egress=egress,
+        mcp=mcp,
+        mcp_egress=mcp_egress,
+        direct=direct,
+        packets=inherited(),  # the firewall's log of refused packets, bound by the entry
+    )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from sandbox.guard.bridge.front import BridgeFront
 from sandbox.guard.bridge.routes import Guard
 from sandbox.guard.egress import proxy as egress
 from sandbox.guard.egress import transparent
+from sandbox.guard.egress.packets import recording
 from sandbox.guard.requestcaps import CappedRequests
 
 
@@ -68,6 +69,7 @@ def build_app(
     mcp_listeners: dict[str, socket.socket] | None = None,
     mcp_egress_listeners: dict[str, socket.socket] | None = None,
     direct_listeners: tuple[socket.socket, socket.socket, socket.socket] | None = None,
+    packets: socket.socket | None = None,
 ) -> BridgeFront:
     """The bridge, the MCP endpoint (under /mcp) and the egress proxy's lifetime, in one app.
 
@@ -77,7 +79,8 @@ def build_app(
     `egress_listener`: the egress port, already listening (the guard binds its ports
     first thing); None binds it here. `mcp_listeners` / `mcp_egress_listeners`: each
     stdio MCP server's sockets, likewise. `direct_listeners`: where the firewall sends
-    the step's direct connections and DNS queries (`sandbox.guard.egress.transparent`)."""
+    the step's direct connections and DNS queries (`sandbox.guard.egress.transparent`);
+    `packets`, the firewall's log of what it refused (`sandbox.guard.egress.packets`)."""
     mcp: McpSurface
     if guard.config.mcp_servers:
         from sandbox.guard.mcp.proxy import McpProxy  # the MCP SDK: only when it is needed
@@ -99,7 +102,10 @@ def build_app(
             egress.running(guard.config, guard.log, guard.active_calls, egress_listener) as proxy,
         ):
             guard.egress = proxy
-            async with transparent.serving(proxy, guard.config.bridge_token, direct_listeners):
+            async with (
+                transparent.serving(proxy, guard.config.bridge_token, direct_listeners),
+                recording(guard.log, guard.config.preflight_canaries, packets),
+            ):
                 yield
         await guard.close()
 

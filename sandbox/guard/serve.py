@@ -332,11 +332,13 @@ def serve(
     mcp: dict[str, socket.socket] | None = None,
     mcp_egress: dict[str, socket.socket] | None = None,
     direct: tuple[socket.socket, socket.socket, socket.socket] | None = None,
+    packets: socket.socket | None = None,
 ) -> int:
     """Serve until stopped, on sockets that already listen; the exit status.
 
     `mcp` / `mcp_egress`: each stdio MCP server's socket and egress socket. `direct`:
-    the interception listener and the DNS server's UDP and TCP sockets."""
+    the interception listener and the DNS server's UDP and TCP sockets. `packets`: the
+    firewall's log of the step's refused packets (`sandbox.guard.nflog`)."""
     config = GuardConfig.model_validate_json(raw_config)
     log = ActionLog(
         config.actions_path,
@@ -351,6 +353,7 @@ def serve(
         mcp_listeners=mcp or {},
         mcp_egress_listeners=mcp_egress,
         direct_listeners=direct,
+        packets=packets,
     )
     server = GuardServer(
         uvicorn.Config(

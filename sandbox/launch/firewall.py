@@ -15,14 +15,18 @@ port, and nothing else of either uid leaves or crosses loopback; replies of an
 accepted connection pass by conntrack. Unix sockets are not packets: the guard's
 are paths in folders only their server mounts, never abstract names.
 
-Transparent egress (`nat_rules`, Docker runs): before any filter rule sees them,
+Transparent egress (`nat_rules`, Docker runs and Pods alike): before any filter rule sees them,
 every new TCP connection of any uid but the guard's to a non-loopback address is
 REDIRECTed to the guard's interception port, and every DNS query (UDP or TCP port
 53, to any address, the engine's resolver included) to the guard's DNS port. The
 nat table only rewrites where a packet goes: nothing is ACCEPTed there; uid 0 is
 redirected like the step when the step runs under gVisor (its sentry is uid 0), and
 left to the filter rules under runc (see `nat_rules`); what is not redirected (UDP,
-other protocols, root under runc) still meets the REJECT rules below.
+other protocols, root under runc) still meets the REJECT rules below. The last nat
+rule of each family (IPv6 has no redirect at all) copies what the step sends and the
+filter will reject to the netfilter log group the guard reads
+(`sandbox.guard.nflog`), so every refused packet is on the record; the entry binds
+that group while it still holds NET_ADMIN.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from sandbox.contracts.guardprocess import DNS_PORT, TRANSPARENT_PORT
+from sandbox.contracts.guardprocess import DNS_PORT, NFLOG_GROUP, TRANSPARENT_PORT
 from sandbox.contracts.layout import GUARD_UID
 
 # Docker's embedded resolver lives on loopback and would resolve outside names.
@@ -56,9 +60,15 @@ class PodPeers:
 # other network, and the redirect below sends every connection to one to the guard.
 SYNTHETIC_V4 = "198.18.0.0/15"
 NAT_CHAIN = "SANDBOX-STEP-OUT"
+# How much of each refused packet the log rule copies to the guard (headers and a
+# datagram's first bytes): sandbox.guard.nflog.COPY_BYTES.
+NFLOG_BYTES = 128
+NFLOG = f"-j NFLOG --nflog-group {NFLOG_GROUP} --nflog-size {NFLOG_BYTES}"
 
 
-def nat_rules(guard_uid: int = GUARD_UID, *, redirect_root: bool = False) -> list[str]:
+def nat_rules(
+    guard_uid: int = GUARD_UID, *, redirect_root: bool = False, only_uid: int | None = None
+) -> list[str]:
     """iptables nat rules (own chain, jumped to first from OUTPUT): the guard's uid
     goes where it asked; everyone else's DNS goes to the guard's DNS port and every TCP
     connection to a non-loopback address to the guard's interception port.
@@ -68,30 +78,66 @@ def nat_rules(guard_uid: int = GUARD_UID, *, redirect_root: bool = False) -> lis
     in the namespace are the engine's own, above all its resolver forwarding a name it
     does not know (the guard's lookup of an upstream): redirected, that would come back
     with the guard's own synthetic answer and be recorded as the step's query. Not
-    redirected, root meets the filter rules, which never let it out."""
+    redirected, root meets the filter rules, which never let it out.
+
+    `only_uid` (a Pod with stdio MCP servers): only the step's uid is redirected; each
+    server's uid is left to its own filter rules (its relay's proxy, or nothing)."""
     if guard_uid == 0:
         raise ValueError("the firewall never exempts uid 0 (the gVisor sentry is uid 0)")
     chain = NAT_CHAIN
     return [
         f"-A {chain} -m owner --uid-owner {guard_uid} -j RETURN",
         *([] if redirect_root else [f"-A {chain} -m owner --uid-owner 0 -j RETURN"]),
+        *([] if only_uid is None else [f"-A {chain} -m owner ! --uid-owner {only_uid} -j RETURN"]),
         f"-A {chain} -p udp -m udp --dport 53 -j REDIRECT --to-ports {DNS_PORT}",
         f"-A {chain} -p tcp -m tcp --dport 53 -j REDIRECT --to-ports {DNS_PORT}",
         f"-A {chain} ! -d 127.0.0.0/8 -p tcp -j REDIRECT --to-ports {TRANSPARENT_PORT}",
+        # Whatever is left (UDP but DNS, ICMP, any other protocol) meets the filter's
+        # REJECT; a copy of it goes to the guard first, which records the attempt.
+        f"-A {chain} ! -d 127.0.0.0/8 {NFLOG}",
     ]
 
 
-def _nat_lines(guard_uid: int, *, redirect_root: bool) -> list[str]:
+def nat6_rules(
+    guard_uid: int = GUARD_UID, *, redirect_root: bool = False, only_uid: int | None = None
+) -> list[str]:
+    """ip6tables nat rules of the same shape: nothing is redirected over IPv6 (the
+    filter resets TCP and REJECTs the rest at once); every packet of the step to a
+    non-loopback address is copied to the guard's log group first, so the attempt is
+    on the record. The conntrack match turns IPv6 connection tracking on, without
+    which the nat table sees no packet; a refused packet is never confirmed, so each
+    one is new."""
+    if guard_uid == 0:
+        raise ValueError("the firewall never exempts uid 0 (the gVisor sentry is uid 0)")
+    chain = NAT_CHAIN
+    return [
+        f"-A {chain} -m owner --uid-owner {guard_uid} -j RETURN",
+        *([] if redirect_root else [f"-A {chain} -m owner --uid-owner 0 -j RETURN"]),
+        *([] if only_uid is None else [f"-A {chain} -m owner ! --uid-owner {only_uid} -j RETURN"]),
+        f"-A {chain} ! -d ::1/128 -m conntrack --ctstate NEW {NFLOG}",
+    ]
+
+
+def _nat_lines(guard_uid: int, *, redirect_root: bool, only_uid: int | None = None) -> list[str]:
     """Shell lines that add the nat rules beside the engine's own (its resolver's DNAT
     for the guard stays: `--noflush`), then check each is in (`-C`)."""
-    table = ["*nat", f":{NAT_CHAIN} - [0:0]", f"-I OUTPUT 1 -j {NAT_CHAIN}"]
-    table += nat_rules(guard_uid, redirect_root=redirect_root)
+    v4 = nat_rules(guard_uid, redirect_root=redirect_root, only_uid=only_uid)
+    v6 = nat6_rules(guard_uid, redirect_root=redirect_root, only_uid=only_uid)
+    table = ["*nat", f":{NAT_CHAIN} - [0:0]", f"-I OUTPUT 1 -j {NAT_CHAIN}", *v4]
     lines = [f"ip route add {SYNTHETIC_V4} dev lo", "iptables-restore -w --noflush <<'NAT'"]
     lines += [*table, "COMMIT", "NAT"]
-    lines.append(f"iptables -w -t nat -C OUTPUT -j {NAT_CHAIN}")
-    checks = nat_rules(guard_uid, redirect_root=redirect_root)
-    lines += [f"iptables -w -t nat -C {rule[3:]}" for rule in checks]
+    table6 = ["*nat", f":{NAT_CHAIN} - [0:0]", f"-I OUTPUT 1 -j {NAT_CHAIN}", *v6]
+    lines += ["ip6tables-restore -w --noflush <<'NAT'", *table6, "COMMIT", "NAT"]
+    for tool, checks in (("iptables", v4), ("ip6tables", v6)):
+        lines.append(f"{tool} -w -t nat -C OUTPUT -j {NAT_CHAIN}")
+        lines += [f"{tool} -w -t nat -C {rule[3:]}" for rule in checks]
     return lines
+
+
+NAMESERVER_ROUTES = (
+    "for ns in $(awk '/^nameserver/ {print $2}' /etc/resolv.conf 2>/dev/null); do"
+    ' ip route get "$ns" >/dev/null 2>&1 || ip route add "$ns" dev lo; done'
+)
 
 
 REDIRECTED = [
@@ -153,12 +199,14 @@ def rules(guard_uid: int = GUARD_UID, peers: PodPeers | None = None) -> dict[str
     return {
         "iptables": [
             *common_head,
+            # What the nat rules redirected to the guard's ports (in a Pod only the
+            # step's are): before the per-uid rules, which would reject the step's. Not
+            # by `-o lo`: a packet first routed out of another interface keeps that one
+            # as its output device in this chain, though it now goes to loopback.
+            *(REDIRECTED if peers else []),
             *_peer_rules(peers, "icmp-port-unreachable"),
             f"-A OUTPUT -d {ENGINE_DNS_V4}/32 -j REJECT --reject-with icmp-port-unreachable",
-            # What the nat rules redirected to the guard's ports. Not by `-o lo`: a
-            # packet first routed out of another interface keeps that one as its
-            # output device in this chain, though it now goes to loopback.
-            *REDIRECTED,
+            *([] if peers else REDIRECTED),
             # Loopback to the namespace's own addresses, so the kernel's own TCP resets
             # and ICMP errors for a rejected connect reach the step at once. A packet
             # forced onto lo towards any other address (SO_BINDTODEVICE) would be
@@ -271,6 +319,11 @@ def guard_entry_script(
         "--",
         *guard_command,
     ]
+    if install:
+        # Bound to the refused packets' log group while NET_ADMIN is still held; the
+        # guard inherits the socket (`sandbox.guard.nflog`). guard_command[0] is the
+        # guard image's Python.
+        drop = [guard_command[0], "-m", "sandbox.guard.nflog", *drop]
     lines.append("exec " + " ".join(shlex.quote(part) for part in drop))
     return "\n".join(lines) + "\n"
 
@@ -295,8 +348,21 @@ def init_container_script(
     and fail (so no container of the Pod ever starts) unless they read back exactly as
     `expected_readback()`. It ends there: the guard starts later as its own uid.
 
+    The nat rules are Docker's (transparent egress and the guard's DNS), for the
+    step's uid only when stdio MCP servers share the Pod. The Pod's guard never holds
+    NET_ADMIN, so nothing binds the refused packets' log group there: they are
+    rejected at once, as on Docker, but not counted.
+
     `install=False` (tests of the preflight only) installs nothing and checks nothing."""
     lines = ["set -eu", *_install_lines(guard_uid, install=install, peers=peers)]
+    if install:
+        only = peers.step_uid if peers is not None else None
+        lines += _nat_lines(guard_uid, redirect_root=False, only_uid=only)
+        # A query is redirected only once it is routed: a nameserver the Pod has no
+        # route to (a cluster without DNS, a Pod without a default route) would fail
+        # the step's lookups at once (ENETUNREACH) before the guard's DNS saw them.
+        # A route on lo makes it routable; no one listens there but the redirect.
+        lines.append(NAMESERVER_ROUTES)
     return "\n".join([*lines, *_checked_readback(install=install, peers=peers)]) + "\n"
 
 

@@ -117,6 +117,7 @@ def guard_config(plan: RunPlan) -> GuardConfig:
         egress_ca_pem=plan.egress_ca.cert_pem if plan.egress_ca else "",
         egress_ca_key_pem=plan.egress_ca.key_pem if plan.egress_ca else "",
         durability=plan.durability,
+        preflight_canaries=[c for c in (plan.canary, plan.canary6) if c],
     )
 
 

@@ -219,14 +219,21 @@ def _files(record: TestRunRecord) -> str:
 
 
 def _egress(calls: list[Call]) -> str:
-    """Every request and DNS query of the step, with how it reached the guard (`proxy`,
-    or `direct`: redirected by the firewall); a query's answer stands in its status."""
+    """Every request, DNS query and refused packet of the step, with how it reached the
+    guard (`proxy`, or `direct`: redirected by the firewall); a query's answer, or a
+    packet's count so far, stands in its status."""
     rows = []
     for c in calls:
         line = c.line
-        if line.session != "egress" or line.tool not in ("http", "dns"):
+        if line.session != "egress" or line.tool not in ("http", "dns", "packet"):
             continue
-        if line.tool == "dns":
+        if line.tool == "packet":  # refused by the firewall; its count stands in its status
+            args = line.arguments
+            port = f":{args.get('port')}" if args.get("port") else ""
+            what = f"{args.get('protocol', '')} {args.get('destination', '')}{port}"
+            method, host = (str(args.get("protocol", "")).upper(), str(args.get("destination", "")))
+            status = f"x{line.detail.get('count', 1)}"
+        elif line.tool == "dns":
             what = f"{line.arguments.get('name', '')} {line.arguments.get('type', '')}"
             method, host, status = (
                 "DNS",

@@ -133,7 +133,9 @@ def test_stdio_servers_on_a_pod_answer_through_the_guard_and_reach_nothing_else(
         str(FETCHER_PORT): "ConnectionRefusedError",
         str(SEALED_PORT): "ConnectionRefusedError",
     }
-    assert out["step_direct"] == "ConnectionRefusedError"
+    # The step's direct connection lands on the guard (transparent egress), which
+    # refuses it there: it never reaches the outside server.
+    assert out["step_direct"] == "connected"
     # Every call the guard forwarded is in the action log, and the fetcher's egress too.
     lines = _lines(record)
     calls = [
@@ -146,7 +148,10 @@ def test_stdio_servers_on_a_pod_answer_through_the_guard_and_reach_nothing_else(
         ("mcp:sealed/attack", "allow"),
     ], calls
     actions = Path(record.workflow_dir) / "runs" / record.id / "test_mode_actions.jsonl"
-    http = [ln for ln in call_lines(actions) if ln.tool == "http"]  # its start lines
+    every = [ln for ln in call_lines(actions) if ln.tool == "http"]  # its start lines
+    direct = [ln for ln in every if ln.detail.get("via") == "direct"]
+    assert [(ln.decision, ln.arguments.get("method")) for ln in direct] == [("refuse", "TCP")]
+    http = [ln for ln in every if ln.detail.get("via") != "direct"]
     assert [(ln.decision, ln.detail.get("mcp_server")) for ln in http] == [("allow", "fetcher")]
     assert set(record.mcp_servers) == {"fetcher", "sealed"}
     assert record.mcp_servers["fetcher"].uid == 10100

@@ -50,7 +50,9 @@ def test_script_installs_reads_back_then_drops_to_the_guard() -> None:
     assert lines[expected + 1 : lines.index("EXPECTED", expected)] == expected_readback()
     check = lines.index('[ "$got" = "$expected" ] || { echo "FIREWALL-MISMATCH"; exit 1; }')
     assert lines[check + 1] == f"echo {READY_MARK}"
-    assert lines[-1].startswith("exec setpriv ") and lines[-1].endswith("-- tini -- guard --x")
+    # The log group's socket is bound while NET_ADMIN is held, then the drop.
+    assert lines[-1].startswith("exec guard -m sandbox.guard.nflog setpriv ")
+    assert lines[-1].endswith("-- tini -- guard --x")
     assert lines.index(f"echo {READY_MARK}") == len(lines) - 2
     subprocess.run(["sh", "-n"], input=script, text=True, check=True)
     assert len(expected_readback()) == sum(len(a) for a in rules().values())
@@ -78,6 +80,7 @@ def _run_entry_script(tmp_path: Path, readback_v4: list[str]) -> tuple[int, str,
         "ip6tables": "printf '%s\\n' "
         + " ".join(shlex.quote(a) for a in expected_readback()[len(v4) :]),
         "setpriv": f"touch {shlex.quote(str(started))}",
+        "guard": 'shift 2; exec "$@"',  # the guard's Python binding the log group
     }
     assert len(v6) == len(expected_readback()) - len(v4)
     for name, body in stand_ins.items():

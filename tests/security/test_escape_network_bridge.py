@@ -578,11 +578,18 @@ def test_action_log_has_one_guard_line_per_bridge_request(battery: Battery) -> N
     count = battery.outcome("bridge requests made").data["count"]
     parsed = [ActionLine.model_validate_json(line) for line in lines]  # every line well-formed
     # One call line per request; a forwarded one's outcome line follows its start. The
-    # step's direct TCP and its lookups have lines of their own (tools http and dns,
-    # asserted above), not bridge requests.
-    calls = [p for p in parsed if p.event != "outcome" and p.tool not in ("http", "dns")]
+    # step's direct TCP, its lookups and its refused datagrams have lines of their own
+    # (tools http, dns and packet), not bridge requests.
+    calls = [p for p in parsed if p.event != "outcome" and p.tool not in ("http", "dns", "packet")]
     others = [p for p in parsed if p.tool in ("http", "dns")]
     assert len(others) == 5 and all(p.event == "call" for p in others)  # 2 TCP, 3 lookups
+    # The UDP sends, refused by the firewall, are on the record (where they were aimed).
+    datagrams = [p for p in parsed if p.tool == "packet"]
+    server = battery.extra["server_ip"]
+    assert datagrams and all(p.decision == "refuse" for p in datagrams)
+    assert {(p.arguments["protocol"], p.arguments["destination"]) for p in datagrams} == {
+        ("udp", server)
+    }
     assert len(calls) == count, f"{count} bridge requests but {len(calls)} calls logged"
     starts = [p.call_id for p in parsed if p.event == "start"]
     assert starts == [p.call_id for p in parsed if p.event == "outcome"]

@@ -128,15 +128,29 @@ def test_the_init_container_installs_and_checks_the_firewall(tmp_path: Path) -> 
     assert init["command"] == ["/bin/sh", "-c"] and init["image"] == names.GUARD_IMAGE
 
 
-def test_the_pods_firewall_redirects_nothing_and_lets_no_one_but_the_guard_out(
+def test_the_pods_firewall_redirects_the_step_to_the_guard_and_lets_no_one_else_out(
     tmp_path: Path,
 ) -> None:
-    """No transparent egress on a Pod (README): no nat rule, so the filter rules alone
-    decide, and each ACCEPT they hold for another uid than the guard's stays on loopback
-    (or is a reply, or neighbour discovery, which no uid can send)."""
+    """Transparent egress on a Pod as on Docker: the init container installs the same
+    nat rules (only the step's uid redirected when stdio MCP servers share the Pod), and
+    each ACCEPT the filter holds for another uid than the guard's stays on loopback (or
+    is a reply, or neighbour discovery, which no uid can send)."""
     p = plan(tmp_path)
     script = containers(build(p, SETTINGS)[0])["firewall"]["args"][0]
-    assert "*nat" not in script and "REDIRECT" not in script and "-t nat" not in script
+    assert "iptables-restore -w --noflush <<'NAT'" in script
+    for rule in firewall.nat_rules():
+        assert rule in script and f"iptables -w -t nat -C {rule[3:]}" in script
+    shared = firewall.init_container_script(
+        peers=firewall.PodPeers(step_uid=10001, guard_ports=(8790,), servers=((10101, 3129),))
+    )
+    assert "-A SANDBOX-STEP-OUT -m owner ! --uid-owner 10001 -j RETURN" in shared
+    v4 = firewall.rules(
+        peers=firewall.PodPeers(step_uid=10001, guard_ports=(8790,), servers=((10101, 3129),))
+    )["iptables"]
+    # The step's redirected connections are accepted before its per-uid REJECT.
+    assert v4.index(firewall.REDIRECTED[0]) < v4.index(
+        "-A OUTPUT -p tcp -m owner --uid-owner 10001 -j REJECT --reject-with tcp-reset"
+    )
     served = firewall.PodPeers(step_uid=10001, guard_ports=(8790, 8792), servers=((10101, 3129),))
     for peers in (None, served):
         for args in firewall.rules(peers=peers).values():

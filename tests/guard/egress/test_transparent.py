@@ -44,7 +44,10 @@ def test_nat_redirects_everyone_but_the_guard_and_never_accepts() -> None:
     assert any(
         f"--dport 53 -j REDIRECT --to-ports {DNS_PORT}" in r and "-p tcp" in r for r in rules
     )
-    assert rules[-1].endswith(f"! -d 127.0.0.0/8 -p tcp -j REDIRECT --to-ports {TRANSPARENT_PORT}")
+    assert rules[-2].endswith(f"! -d 127.0.0.0/8 -p tcp -j REDIRECT --to-ports {TRANSPARENT_PORT}")
+    # What is left (UDP but DNS, ICMP, ...) is copied to the guard's log group, then
+    # meets the filter's REJECT.
+    assert rules[-1].endswith("! -d 127.0.0.0/8 -j NFLOG --nflog-group 34 --nflog-size 128")
     with pytest.raises(ValueError):
         nat_rules(0)
     script = guard_entry_script(["guard"])
