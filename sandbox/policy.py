@@ -569,10 +569,12 @@ def http_kind(method: str, target: str, content_type: str | None) -> HttpKind:
     type, without parameters; anything else that is not GET or HEAD is an effect."""
     if method in HTTP_READ_METHODS:
         return HttpKind.READ
-    if method == "POST" and target.endswith(GIT_FETCH_SUFFIX) and "?" not in target:
-        if (content_type or "").strip().lower() == GIT_FETCH_CONTENT_TYPE:
-            return HttpKind.GIT_FETCH
-    if method == "POST" and target.split("?", 1)[0].endswith(GIT_PUSH_SUFFIX):
+    if method != "POST":
+        return HttpKind.EFFECT
+    fetch_type = (content_type or "").strip().lower() == GIT_FETCH_CONTENT_TYPE
+    if fetch_type and target.endswith(GIT_FETCH_SUFFIX) and "?" not in target:
+        return HttpKind.GIT_FETCH
+    if target.split("?", 1)[0].endswith(GIT_PUSH_SUFFIX):
         return HttpKind.GIT_PUSH
     return HttpKind.EFFECT
 

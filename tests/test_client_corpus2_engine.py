@@ -244,8 +244,8 @@ class GitHost:
         done = self.container.exec_run(
             ["git", "-C", "/tmp/srv/repo.git", "for-each-ref"], user="10001:10001"
         )
-        assert done.exit_code == 0, done.output
-        return str(done.output.decode())
+        assert done.exit_code == 0 and isinstance(done.output, bytes), done.output
+        return done.output.decode()
 
 
 @pytest.fixture
