@@ -32,7 +32,9 @@ What it does not guarantee:
   :mod:`sandbox.stepside.agentworks_exec.pathsafety` and by the container's mounts,
   not by this module.
 * Shell commands run in the step container; their network is contained by the
-  egress proxy and firewall, not by this table.
+  egress proxy and firewall, not by this table. What a request to an allow-listed
+  host may do is :func:`http_kind` (GET and HEAD, and git's fetch, pass), which the
+  egress proxy applies; which hosts are on the list is the workflow's.
 
 Adding a tool to the allow list is one line in ``_EFFECTS_ROWS``.
 """
@@ -54,9 +56,14 @@ from sandbox.policy_sql import SqlKind, classify_sql
 __all__ = [
     "BROWSER_ALLOWED_COMMANDS",
     "EFFECTS_TABLE",
+    "GIT_FETCH_CONTENT_TYPE",
+    "GIT_FETCH_SUFFIX",
+    "GIT_PUSH_SUFFIX",
+    "HTTP_READ_METHODS",
     "STUB_TEMPLATE",
     "Decision",
     "Handling",
+    "HttpKind",
     "Route",
     "Row",
     "SqlKind",
@@ -64,6 +71,8 @@ __all__ = [
     "classify_sql",
     "decide",
     "decide_mcp",
+    "http_effect_reason",
+    "http_kind",
     "stub_reply",
 ]
 
@@ -528,3 +537,50 @@ def decide_mcp(
         category="mcp",
         reason="the server marks this tool read-only",
     )
+
+
+# --------------------------------------------------------------------------- HTTP egress
+
+
+class HttpKind(StrEnum):
+    """What a request to an allow-listed host is, for the egress row of the table."""
+
+    READ = "read"  # GET or HEAD without a body: passes
+    GIT_FETCH = "git fetch"  # git's smart-HTTP fetch (git-upload-pack): passes with its body
+    GIT_PUSH = "git push"  # git's smart-HTTP push (git-receive-pack): stubbed
+    EFFECT = "effect"  # any other method: stubbed
+
+
+HTTP_READ_METHODS: Final = frozenset({"GET", "HEAD"})
+# git's smart HTTP fetches with `POST <repo>/git-upload-pack`: the body lists the
+# objects the client wants and has, the reply is a pack. upload-pack never writes to
+# the repository, so it is a read; receive-pack (push) is an effect. The match is
+# exact on both the end of the target and the content type, so no other POST can
+# pass as a fetch by naming it somewhere in its URL or by leaving its type unsaid.
+GIT_FETCH_SUFFIX: Final = "/git-upload-pack"
+GIT_FETCH_CONTENT_TYPE: Final = "application/x-git-upload-pack-request"
+GIT_PUSH_SUFFIX: Final = "/git-receive-pack"
+
+
+def http_kind(method: str, target: str, content_type: str | None) -> HttpKind:
+    """Classify a request to an allow-listed host by method, origin-form target
+    (path and query) and Content-Type. A git fetch is a POST whose whole target ends
+    in `/git-upload-pack` (no query) and whose Content-Type is exactly git's request
+    type, without parameters; anything else that is not GET or HEAD is an effect."""
+    if method in HTTP_READ_METHODS:
+        return HttpKind.READ
+    if method != "POST":
+        return HttpKind.EFFECT
+    fetch_type = (content_type or "").strip().lower() == GIT_FETCH_CONTENT_TYPE
+    if fetch_type and target.endswith(GIT_FETCH_SUFFIX) and "?" not in target:
+        return HttpKind.GIT_FETCH
+    if target.split("?", 1)[0].endswith(GIT_PUSH_SUFFIX):
+        return HttpKind.GIT_PUSH
+    return HttpKind.EFFECT
+
+
+def http_effect_reason(kind: HttpKind, method: str) -> str:
+    """The stub reason for a request `http_kind` did not pass."""
+    if kind is HttpKind.GIT_PUSH:
+        return "git push (git-receive-pack) changes the repository; only fetches pass"
+    return f"HTTP {method} can have effects; only GET and HEAD pass"

@@ -318,6 +318,16 @@ def policy_page() -> Page:
         "",
         ", ".join(f"`{c}`" for c in sorted(policy.BROWSER_ALLOWED_COMMANDS)),
         "",
+        "## HTTP egress",
+        "",
+        "A request to an allow-listed host is judged by `http_kind` (the hosts are the "
+        "workflow's `[egress]` list, see [Egress](../guides/egress.md)): "
+        + ", ".join(f"`{m}`" for m in sorted(policy.HTTP_READ_METHODS))
+        + " without a body pass; so does git's fetch, a `POST` whose whole target ends in "
+        f"`{policy.GIT_FETCH_SUFFIX}` (no query) with Content-Type exactly "
+        f"`{policy.GIT_FETCH_CONTENT_TYPE}`. A push (`POST` to `...{policy.GIT_PUSH_SUFFIX}`) "
+        "and every other method are stubbed; an entry marked `model` passes any method.",
+        "",
     ]
     return Page("policy.md", "\n".join(out).rstrip() + "\n", [])
 

@@ -182,7 +182,8 @@ _HOST_RE = re.compile(r"^(\*\.)?[A-Za-z0-9]([A-Za-z0-9.-]{0,252})$|^\[[0-9A-Fa-f
 
 
 class EgressEntry(_Strict):
-    """One allow-listed destination. Read-only (GET/HEAD) unless marked a model endpoint.
+    """One allow-listed destination. Read-only (GET/HEAD, git's fetch) unless marked a model
+    endpoint.
 
     Without a port it admits plain HTTP on 80 and CONNECT (HTTPS) on 443."""
 
@@ -266,8 +267,9 @@ class Egress(_Strict):
         default_factory=empty_list,
         description=(
             'The allow list: entries as tables, or `"host"` / `"host:port"` '
-            "strings. GET and HEAD to a listed host pass; everything else is "
-            "stubbed or refused. Empty: no egress at all."
+            "strings. GET and HEAD to a listed host pass, and so does git's fetch "
+            "(`POST .../git-upload-pack`); everything else is stubbed or refused. "
+            "Empty: no egress at all."
         ),
     )
     inspect_tls: bool = Field(

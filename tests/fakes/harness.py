@@ -43,8 +43,8 @@ class Outside:
             return [base64.b64decode(item) for item in json.loads(response.read())]
 
 
-def _tls_files(folder: Path) -> str:
-    """A test CA and a server certificate for ALIAS signed by it; returns the CA PEM."""
+def tls_files(folder: Path, name: str = ALIAS) -> str:
+    """A test CA and a server certificate for `name` signed by it; returns the CA PEM."""
     import datetime
 
     from cryptography import x509
@@ -69,13 +69,13 @@ def _tls_files(folder: Path) -> str:
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, ALIAS)]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
         .issuer_name(ca_name)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(hours=1))
         .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(ALIAS)]), critical=False)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     pem = serialization.Encoding.PEM
@@ -93,7 +93,7 @@ def outside_server(client: DockerClient) -> Iterator[Outside]:
     import tempfile
 
     tls_dir = Path(tempfile.mkdtemp(prefix="sandbox-fake-tls-"))
-    ca_pem = _tls_files(tls_dir)
+    ca_pem = tls_files(tls_dir)
     suffix = secrets.token_hex(4)
     subnet6 = f"fd{secrets.randbelow(256):02x}:{secrets.randbelow(65536):x}::/64"
     ipam = docker.types.IPAMConfig(pool_configs=[docker.types.IPAMPool(subnet=subnet6)])

@@ -1,8 +1,9 @@
 """The step's end of one connection to the egress proxy (and, for one the firewall
 redirected, where it was going: `Direct`), and its lingering close.
 
-Every write waits until the kernel holds all of it, so nothing stays queued in
-Python and a reply body can be spliced straight after its head.
+On plain TCP every write waits until the kernel holds all of it, so nothing stays
+queued in Python and a reply body can be spliced straight after its head (TLS
+connections are never spliced into and keep the transport's own buffer).
 """
 
 from __future__ import annotations
@@ -52,7 +53,12 @@ class Client:
         self.replying = False  # a reply head went out: no error reply can follow it
         self.denied = False  # the last answer was a denial: linger before closing
         self.direct: Direct | None = None  # redirected by the firewall, not through the proxy
-        writer.transport.set_write_buffer_limits(high=0)
+        if writer.get_extra_info("ssl_object") is None:
+            # Plain TCP only: a reply body is spliced past Python only after the head
+            # has all reached the kernel. A TLS transport is never spliced into, and
+            # given no buffer its drain can stall under load (a redirected TLS
+            # connection's reply head went out and its body never followed).
+            writer.transport.set_write_buffer_limits(high=0)
 
     async def write(self, data: bytes) -> None:
         self.writer.write(data)

@@ -59,6 +59,8 @@ def facts(
         detail["upgrade"] = seen.upgrade
     if seen.websocket:
         detail["websocket"] = True
+    if seen.git:
+        detail["git"] = seen.git
     detail.update(extra_detail or {})
     if active:
         detail["active_tool_calls"] = active

@@ -161,14 +161,15 @@ class EgressProxy:
         if entry is None:
             reason = f"{target.host}:{target.port} is not on the egress allow list"
             raise Denied(403, reason, stub=True)
+        body = False
         if websocket:
             judge_websocket(incoming, entry, seen)
         else:
-            judge_read(incoming, entry)
+            body = judge_read(incoming, entry, target.origin, seen)
         upstream = self._pool.take(target.host, target.port)
         if upstream is None:
             upstream = await self._dial(target.host, target.port)
-        return await self._forward(client, incoming, upstream, target, entry, seen, started)
+        return await self._forward(client, incoming, upstream, target, entry, seen, started, body)
 
     async def _connect(
         self, client: Client, incoming: Incoming, seen: Seen, started: float
@@ -225,12 +226,13 @@ class EgressProxy:
         target = http1.tunnel_target(request.target, host, port)
         seen.url = target.url("https")
         http1.check_host(request, incoming.fields, host, port, 443)
+        body = False
         if upgrade_asked(incoming, seen):
             judge_websocket(incoming, entry, seen)
         else:
-            judge_read(incoming, entry)
+            body = judge_read(incoming, entry, target.origin, seen)
         upstream = await self._dial(host, port, tls=self.tls.to_hosts(), server_hostname=host)
-        return await self._forward(client, incoming, upstream, target, entry, seen, started)
+        return await self._forward(client, incoming, upstream, target, entry, seen, started, body)
 
     # -- forwarding ---------------------------------------------------------------
 
@@ -243,14 +245,16 @@ class EgressProxy:
         entry: EgressEntry,
         seen: Seen,
         started: float,
+        body: bool,
     ) -> bool:
-        """Send the rebuilt request, then relay the reply; whether the client's connection
-        carries another request. `upstream` goes back to the pool (or is closed) either way."""
+        """Send the rebuilt request (`body`: with its body, a model call or a git fetch),
+        then relay the reply; whether the client's connection carries another request.
+        `upstream` goes back to the pool (or is closed) either way."""
         given_back = False
         try:
             request = incoming.request
             default_port = 443 if seen.tls else 80
-            framing = (b"content-length", b"transfer-encoding") if entry.model else ()
+            framing = (b"content-length", b"transfer-encoding") if body else ()
             headers = [
                 (b"Host", target.authority(default_port).encode("ascii")),
                 *http1.forward_headers(request, keep=framing),
@@ -261,7 +265,15 @@ class EgressProxy:
                 headers.append((b"Connection", b"close"))
             sent = relay.Sent(request.method, target.origin.encode("ascii"), headers)
             outgoing, head = relay.request_head(sent)
-            kind = "WebSocket" if seen.websocket else "model call" if entry.model else "read"
+            kind = (
+                "WebSocket"
+                if seen.websocket
+                else "model call"
+                if entry.model
+                else "git fetch (git-upload-pack)"
+                if seen.git
+                else "read"
+            )
             where = " (inspected inside TLS)" if seen.tls else ""
             # Plain TCP: the log's writer sends the head the moment its line is written,
             # before its sync (the upstream works while the disk syncs); the reply is
@@ -293,7 +305,7 @@ class EgressProxy:
                 if seen.websocket:
                     await relay.relay_upgrade(client, upstream, sent, outcome)
                     return False
-                if entry.model and b"100-continue" in incoming.fields.get(b"expect", b""):
+                if body and b"100-continue" in incoming.fields.get(b"expect", b""):
                     await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
                 if outgoing is not None:  # h11 frames the body (none for a read)
                     async for chunk in read_body(client, incoming, self._fill):

@@ -1,9 +1,10 @@
 """A request to the egress proxy: its head read and parsed (`http1`), the allow-list
 entry that admits its host, and whether a request may pass as a read.
 
-The policy of a request is decided here and nowhere else: GET and HEAD without a
-body pass to an allow-listed host; a `model` entry passes any method; anything else
-is a denial (`Denied`), stubbed or refused.
+The policy of a request is applied here and nowhere else, as `sandbox.policy.http_kind`
+decides it: GET and HEAD without a body pass to an allow-listed host, and so does
+git's smart-HTTP fetch (`git-upload-pack`) with its body; a `model` entry passes any
+method; anything else is a denial (`Denied`), stubbed or refused.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from typing import Any
 
 import h11
 
+from sandbox import policy
 from sandbox.contracts.config import Egress, EgressEntry
 from sandbox.guard.egress import http1
 from sandbox.guard.egress.connection import Client
 from sandbox.guard.egress.http1 import Denied
+from sandbox.policy import HttpKind
 
 MAX_HASHED_BODY_BYTES = 16 * 1024 * 1024
-READ_METHODS = frozenset({b"GET", b"HEAD"})
 
 # The client's next bytes (b"" at its end); `idle`: between requests.
 Fill = Callable[..., Awaitable[bytes]]
@@ -64,6 +66,7 @@ class Seen:
     destination: str = ""  # a redirected connection's original address:port
     upgrade: str = ""  # the protocol an Upgrade header asked for
     websocket: bool = False  # an opted-in WebSocket: every line of its connection says so
+    git: str = ""  # git's smart HTTP: "upload-pack" (a fetch) or "receive-pack" (a push)
 
 
 @dataclass
@@ -158,20 +161,30 @@ async def body_facts(client: Client, incoming: Incoming | None, fill: Fill) -> d
     return {"body_bytes": size, "body_sha256": digest.hexdigest()}
 
 
-def judge_read(incoming: Incoming, entry: EgressEntry) -> None:
-    """Raise unless an allow-listed request may pass: a model endpoint takes any method;
-    anything else passes only as GET or HEAD without a body."""
+def judge_read(incoming: Incoming, entry: EgressEntry, origin: str, seen: Seen) -> bool:
+    """Raise unless an allow-listed request may pass (`sandbox.policy.http_kind`): a
+    model endpoint takes any method; git's fetch passes with its body; anything else
+    passes only as GET or HEAD without a body. True when the request's body is
+    forwarded (a model call or a git fetch)."""
     if entry.model:
-        return
+        return True
     method = incoming.method.decode("ascii")
-    if incoming.method not in READ_METHODS:
-        raise Denied(403, f"HTTP {method} can have effects; only GET and HEAD pass", stub=True)
+    content_type = incoming.fields.get(b"content-type", b"").decode("latin-1")
+    kind = policy.http_kind(method, origin, content_type)
+    if kind is HttpKind.GIT_FETCH:
+        seen.git = "upload-pack"
+        return True
+    if kind is not HttpKind.READ:
+        if kind is HttpKind.GIT_PUSH:
+            seen.git = "receive-pack"
+        raise Denied(403, policy.http_effect_reason(kind, method), stub=True)
     if b"transfer-encoding" in incoming.fields:
         raise Denied(400, "Transfer-Encoding on a read is ambiguous; it is not forwarded")
     if http1.body_length(incoming.fields):
         raise Denied(
             403, "a read (GET or HEAD) carries no body; one that does is not forwarded", stub=True
         )
+    return False
 
 
 def upgrade_asked(incoming: Incoming, seen: Seen) -> bool:
