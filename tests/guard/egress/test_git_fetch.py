@@ -27,7 +27,7 @@ WANT = b"0032want 0123456789012345678901234567890123456789\n00000009done\n"
 class BodyHost(Host):
     """A host that reads each request's whole Content-Length body before it answers."""
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _serve(self, conn: socket.socket, number: int) -> None:
         with conn, contextlib.suppress(ConnectionError):
             data = b""
             while b"\r\n\r\n" not in data:
