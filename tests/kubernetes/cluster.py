@@ -724,6 +724,9 @@ class Cluster:
                 f"--token-auth-file={token_file}",
                 "--authorization-mode=Node,RBAC",
                 "--enable-admission-plugins=NodeRestriction",
+                # The fleet's runner Pod is privileged (its mounts and loop devices);
+                # no run's Pod is (tests check the step and guard hold nothing).
+                "--allow-privileged=true",
                 f"--service-account-key-file={sa_pub}",
                 f"--service-account-signing-key-file={sa_key}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -873,6 +876,12 @@ class Cluster:
             lines.append(
                 f"mount -t tmpfs -o size={self.state.image_store_size},mode=0700 sandbox-k8s {store}"
             )
+        # The node storage, a slave of the host's copy here, is made shared too (among
+        # this namespace's mounts only): a Pod's `Bidirectional` mount of it (a fleet
+        # runner's) needs a shared mount, and what it mounts reaches the other Pods'
+        # volumes here, never the host.
+        if self.state.node_storage is not None:
+            lines.append(f"mount --make-shared {self.state.node_storage}")
         switch = d / "switch-netns"
         switch.touch()
         lines += [f"mount --bind /proc/self/ns/net {switch}", "echo ready", "exec sleep infinity"]

@@ -1,0 +1,47 @@
+"""The runner inside a fleet Job's Pod: one test run on the node the scheduler picked.
+
+Started by `fleet.job_manifest` as `python3 -m sandbox.backends.kubernetes.fleetrunner
+<workflow under the claim> <step>`. Its settings come from the Job (the controller's,
+with the claim at `/claim` and in-cluster credentials), its node from the downward
+API: the run's Pod is pinned to this node, whose kernel holds the disk and view this
+runner mounts. SIGTERM (the Job deleted) ends the run as `killed`, as it does for
+`sandbox run`. The last line names the run, for the controller to read its record.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path, PurePosixPath
+
+from sandbox import stopsignals
+from sandbox.backends.choose import connect_backend
+from sandbox.contracts.hostconfig import BackendConfig
+from sandbox.run.testrun import RunInterrupted, TestRun
+
+from .fleet import NODE_ENV, RUN_ID_MARK, RUNNER_CLAIM_ROOT, SETTINGS_ENV
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print("usage: fleetrunner <workflow under the claim> <step>", file=sys.stderr)
+        return 2
+    workflow, step_id = argv
+    rel = PurePosixPath(workflow)
+    if rel.is_absolute() or ".." in rel.parts or not rel.parts:
+        print(f"fleetrunner: {workflow!r} is not a folder under the claim", file=sys.stderr)
+        return 2
+    settings = BackendConfig.model_validate_json(os.environ[SETTINGS_ENV])
+    settings = settings.model_copy(update={"node_name": os.environ[NODE_ENV]})
+    stopsignals.on_stop(signal.SIGTERM, RunInterrupted)
+    record = TestRun(
+        Path(RUNNER_CLAIM_ROOT) / rel, step_id, backend=lambda: connect_backend(settings)
+    ).execute()
+    print(f"status {record.status.value} on {record.node}", flush=True)
+    print(f"{RUN_ID_MARK}{record.id}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
