@@ -384,6 +384,13 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "on, where it pins the run's Pod.",
     ),
     EnvVar(
+        "SANDBOX_RUNNER_POD",
+        "sandbox.backends.kubernetes.fleet.POD_ENV",
+        "internal",
+        "Set by the kubelet in a fleet runner's Pod (the downward API): its own name, the "
+        "holder of the workflow's Lease.",
+    ),
+    EnvVar(
         "SANDBOX_TEST_ENGINES_DIR",
         "tests/engines/second_engine.py",
         "test suite",

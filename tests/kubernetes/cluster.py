@@ -5,7 +5,7 @@ kube-controller-manager, kube-scheduler, and per node a private containerd with 
 and a kubelet; `Cluster.stop()` takes all of it down again. A second node
 (`nodes=2`) is a second kubelet named `127.0.0.2` (its InternalIP, a loopback
 address of its own) with its own root folder, containerd (config, socket, state,
-image store), certificate and token, and its cgroup root inside the first one's;
+image store), certificate, token and cgroup root;
 both share the control plane, the private namespaces and the pod bridge, so Pods on
 either node reach each other and both kubelets see the shared node storage. As a context manager:
 
@@ -134,7 +134,7 @@ class ExtraNode(BaseModel):
     healthz_port: int
     folder: Path  # its kubelet's and containerd's state, under the cluster's folder
     containerd_socket: Path
-    cgroup_root: str  # inside the first node's, so stop() takes both with one tree
+    cgroup_root: str  # beside the first node's (a kubelet starting reads its root's children)
 
 
 class ClusterState(BaseModel):
@@ -540,7 +540,7 @@ class Cluster:
                 healthz_port=picked[len(names) + 1],
                 folder=directory / "node2",
                 containerd_socket=directory / "node2" / "containerd" / "containerd.sock",
-                cgroup_root=f"/sandbox-k8s-{cid}/node2",
+                cgroup_root=f"/sandbox-k8s-{cid}-node2",
             )
             for _ in range(nodes - 1)
         ]
@@ -843,7 +843,7 @@ class Cluster:
         for hierarchy in _cgroup_hierarchies():
             if hierarchy.name == "unified":
                 continue
-            for name in roots:  # the first node's first: the others are inside it
+            for name in roots:
                 root = hierarchy / name.lstrip("/")
                 root.mkdir(exist_ok=True)
                 if (hierarchy / "cpuset.cpus").exists():
@@ -1227,32 +1227,37 @@ disabled_plugins = [
         psutil.wait_procs(alive, timeout=5)
 
     def _cgroup_roots(self) -> list[Path]:
+        names = [self.state.cgroup_root, *(n.cgroup_root for n in self.state.extra_nodes)]
         return [
-            h / self.state.cgroup_root.lstrip("/")
+            h / name.lstrip("/")
+            for name in names
             for h in _cgroup_hierarchies()
-            if (h / self.state.cgroup_root.lstrip("/")).is_dir()
+            if (h / name.lstrip("/")).is_dir()
         ]
 
     def _kill_cgroup_tree(self) -> None:
-        """Kill every process in the cluster's cgroup root (the containers), frozen first."""
-        freezer = CGROUP_MOUNT / "freezer" / self.state.cgroup_root.lstrip("/")
-        frozen = False
-        if (freezer / "freezer.state").exists():
-            with contextlib.suppress(OSError):
-                (freezer / "freezer.state").write_text("FROZEN")
-                frozen = True
-                wait_for(
-                    "freezing the cluster's cgroup",
-                    lambda: (freezer / "freezer.state").read_text().strip() == "FROZEN",
-                    10,
-                )
+        """Kill every process in the nodes' cgroup roots (the containers), frozen first."""
+        names = [self.state.cgroup_root, *(n.cgroup_root for n in self.state.extra_nodes)]
+        frozen = []
+        for name in names:
+            freezer = CGROUP_MOUNT / "freezer" / name.lstrip("/")
+            if (freezer / "freezer.state").exists():
+                with contextlib.suppress(OSError):
+                    (freezer / "freezer.state").write_text("FROZEN")
+                    frozen.append(freezer)
+                    state = freezer / "freezer.state"
+                    wait_for(
+                        "freezing the cluster's cgroup",
+                        partial(lambda f: f.read_text().strip() == "FROZEN", state),
+                        10,
+                    )
         pids: set[int] = set()
         for root in self._cgroup_roots():
             pids |= _procs_in_cgroup_tree(root)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        if frozen:
+        for freezer in frozen:
             with contextlib.suppress(OSError):
                 (freezer / "freezer.state").write_text("THAWED")
         wait_for(

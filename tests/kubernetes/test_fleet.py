@@ -15,17 +15,19 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
+from kubernetes import client, watch
 
-from sandbox.backends.kubernetes import fleet
+from sandbox.backends.kubernetes import fleet, lease
 from sandbox.contracts import names
+from sandbox.contracts.errors import RefusedError
 from sandbox.contracts.hostconfig import BackendConfig
-from sandbox.contracts.record import RunStatus
+from sandbox.contracts.record import RunStatus, read_record
 from sandbox.hostfs import hostmount
 from tests.conftest import tree_digest, write_workflow
 from tests.kubernetes.cluster import REPO_ROOT, Cluster
@@ -185,3 +187,89 @@ def test_scheduler_placed_runs_land_on_each_node_and_the_controller_reads_the_re
     assert tree_digest(wf) == before  # the real workflow folder, byte for byte
     assert not hostmount.mounts_below(wf)
     no_pods_or_secrets(kube_core, fleet_settings.namespace)
+
+
+HOLD_STEP = r"""
+import time
+print("holding", flush=True)
+time.sleep(240)  # the run is cancelled long before
+"""
+
+
+def _step_running_on(core: Any, namespace: str, node: str, run: fleet.FleetRun) -> Any:
+    """The run's Pod once its step runs there (watched, with a deadline)."""
+    selector = f"{names.LABEL_MANAGED}=true"
+    w = watch.Watch()
+    for event in w.stream(
+        core.list_namespaced_pod, namespace, label_selector=selector, timeout_seconds=240
+    ):
+        pod = event["object"]
+        for status in pod.status.container_statuses or []:
+            if status.name == "step" and status.state.running is not None:
+                w.stop()
+                assert pod.spec.node_name == node
+                return pod
+    runner = run._pod()
+    log = ""
+    if runner is not None:
+        log = core.read_namespaced_pod_log(runner.metadata.name, namespace, tail_lines=30)
+    pytest.fail(f"no run's step ran within 240 s; the runner: {runner and runner.status}\n{log}")
+
+
+def _the_run(wf: Path) -> Path:
+    (run_dir,) = (wf / "runs").glob("test-*")
+    return run_dir
+
+
+def test_the_lease_keeps_a_second_node_out_and_a_deleted_job_records_killed(
+    kube_cluster: Cluster,
+    kube_core: Any,
+    kube_api: Any,
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
+) -> None:
+    """A runner on one node holds the workflow's Lease while its step runs; a second
+    run of the same workflow, placed on the other node, is refused naming the holder.
+    Deleting the first Job (cancel) ends its run as `killed`, its Pod and Secret gone,
+    the Lease released: the next run on the other node passes."""
+    assert fleet_settings.claim_root is not None
+    wf = write_workflow(
+        Path(fleet_settings.claim_root),
+        command=["python3", "/workflow/code/hold.py"],
+        timeout_s=300,
+        db_sql=None,
+    )
+    (wf / "code" / "hold.py").write_text(HOLD_STEP)
+    first_node, second_node = kube_cluster.node_names
+    namespace = fleet_settings.namespace
+    with only_schedulable(kube_core, first_node, kube_cluster.node_names):
+        holder = _submit(kube_cluster, fleet_settings, wf, "step1")
+        _step_running_on(kube_core, namespace, first_node, holder)
+    lease_name = lease.lease_name("wf")
+    held = client.CoordinationV1Api(kube_api).read_namespaced_lease(lease_name, namespace)
+    assert held.spec.holder_identity.startswith(holder.name)
+
+    with only_schedulable(kube_core, second_node, kube_cluster.node_names):
+        other = _submit(kube_cluster, fleet_settings, wf, "step1")
+        assert other.wait(RUN_DEADLINE_S)
+    assert other.node == second_node
+    with pytest.raises(RefusedError, match=held.spec.holder_identity):
+        other.record()
+    other.delete()
+
+    holder.cancel()
+    run_dir = _the_run(wf)
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    while read_record(run_dir).status is RunStatus.RUNNING:
+        assert time.monotonic() < deadline, "the cancelled run was never recorded"
+        time.sleep(0.2)
+    record = read_record(run_dir)
+    assert record.status is RunStatus.KILLED, record.reason
+    # The runner releases the Lease once its record is sealed, within its grace period.
+    leases = client.CoordinationV1Api(kube_api)
+    while leases.list_namespaced_lease(
+        namespace, field_selector=f"metadata.name={lease_name}"
+    ).items:
+        assert time.monotonic() < deadline, "the cancelled runner kept the workflow's Lease"
+        time.sleep(0.2)
+    no_pods_or_secrets(kube_core, namespace)

@@ -35,7 +35,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from sandbox.contracts import names
-from sandbox.contracts.errors import ConfigError, EngineError
+from sandbox.contracts.errors import ConfigError, EngineError, RefusedError
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import TestRunRecord, read_record
 
@@ -44,7 +44,9 @@ from .podrun import api_reason, connect
 RUNNER_CLAIM_ROOT = "/claim"  # where the runner's Pod mounts the claim
 SETTINGS_ENV = "SANDBOX_FLEET_SETTINGS"
 NODE_ENV = "SANDBOX_NODE_NAME"
+POD_ENV = "SANDBOX_RUNNER_POD"  # the runner's Pod: the holder of the workflow's Lease
 RUN_ID_MARK = "sandbox-fleet-run-id: "
+REFUSED_MARK = "sandbox-fleet-refused: "
 LABEL_FLEET = "sandbox.fleet-runner"
 RUNNER_DEADLINE_S = 6 * 3600  # a Job whose runner hangs still ends
 RUNNER_GRACE_S = 60  # the runner's clean-up after SIGTERM (the run's Pod, its mounts)
@@ -98,6 +100,7 @@ def job_manifest(
     labels = {LABEL_FLEET: "true", "sandbox.fleet-job": name}
     container_env: list[dict[str, Any]] = [
         {"name": NODE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": POD_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": SETTINGS_ENV, "value": runner_settings(settings).model_dump_json()},
         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         # The run's Pod runs the images this controller names.
@@ -164,6 +167,7 @@ class FleetRun:
         self.core = client.CoreV1Api(api)
         self.node: str | None = None
         self.run_id: str | None = None
+        self.refused: str | None = None  # why the runner refused to start the run
 
     @classmethod
     def submit(
@@ -239,6 +243,9 @@ class FleetRun:
                 pod_name, self.settings.namespace, container="runner", tail_lines=50
             )
             for line in reversed(str(log).splitlines()):
+                if line.startswith(REFUSED_MARK):
+                    self.refused = line[len(REFUSED_MARK) :].strip()[:500]
+                    return
                 if line.startswith(RUN_ID_MARK):
                     candidate = line[len(RUN_ID_MARK) :].strip()
                     if RUN_ID.match(candidate):
@@ -247,6 +254,8 @@ class FleetRun:
 
     def record(self) -> TestRunRecord:
         """The record the runner sealed on the claim, read from the controller's view."""
+        if self.refused is not None:
+            raise RefusedError(self.refused)
         if self.run_id is None:
             raise EngineError(f"the runner of Job {self.name} named no run (see its Pod's log)")
         return read_record(self.workflow_dir / "runs" / self.run_id)

@@ -4,8 +4,10 @@ Started by `fleet.job_manifest` as `python3 -m sandbox.backends.kubernetes.fleet
 <workflow under the claim> <step>`. Its settings come from the Job (the controller's,
 with the claim at `/claim` and in-cluster credentials), its node from the downward
 API: the run's Pod is pinned to this node, whose kernel holds the disk and view this
-runner mounts. SIGTERM (the Job deleted) ends the run as `killed`, as it does for
-`sandbox run`. The last line names the run, for the controller to read its record.
+runner mounts. Before the run it takes the workflow's Lease (`lease`): two runners
+on two nodes exclude each other as two runners of one host do. SIGTERM (the Job
+deleted) ends the run as `killed`, as it does for `sandbox run`. The last line
+names the run (or why it was refused), for the controller to read its record.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from sandbox.backends.choose import connect_backend
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.run.testrun import RunInterrupted, TestRun
 
-from .fleet import NODE_ENV, RUN_ID_MARK, RUNNER_CLAIM_ROOT, SETTINGS_ENV
+from .fleet import NODE_ENV, POD_ENV, REFUSED_MARK, RUN_ID_MARK, RUNNER_CLAIM_ROOT, SETTINGS_ENV
+from .lease import LeaseHeldError, WorkflowLease
+from .podrun import connect
 
 
 def main(argv: list[str]) -> int:
@@ -35,9 +39,21 @@ def main(argv: list[str]) -> int:
     settings = BackendConfig.model_validate_json(os.environ[SETTINGS_ENV])
     settings = settings.model_copy(update={"node_name": os.environ[NODE_ENV]})
     stopsignals.on_stop(signal.SIGTERM, RunInterrupted)
-    record = TestRun(
-        Path(RUNNER_CLAIM_ROOT) / rel, step_id, backend=lambda: connect_backend(settings)
-    ).execute()
+    api = connect(settings)
+    lease = WorkflowLease(api, settings.namespace, rel.as_posix(), os.environ[POD_ENV])
+    try:
+        lease.acquire()
+    except LeaseHeldError as exc:
+        print(f"{REFUSED_MARK}{exc}", flush=True)
+        api.close()
+        return 3
+    try:
+        record = TestRun(
+            Path(RUNNER_CLAIM_ROOT) / rel, step_id, backend=lambda: connect_backend(settings)
+        ).execute()
+    finally:
+        lease.release()
+        api.close()
     print(f"status {record.status.value} on {record.node}", flush=True)
     print(f"{RUN_ID_MARK}{record.id}", flush=True)
     return 0
