@@ -13,6 +13,7 @@ loopback address (what a real cluster's Service does for in-cluster clients).
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -23,6 +24,8 @@ from typing import Any
 import pytest
 from kubernetes import client, watch
 
+from sandbox.backends.choose import collect_cluster
+from sandbox.backends.docker.gc import GcReport
 from sandbox.backends.kubernetes import fleet, lease
 from sandbox.contracts import names
 from sandbox.contracts.errors import RefusedError
@@ -31,7 +34,7 @@ from sandbox.contracts.record import RunStatus, read_record
 from sandbox.hostfs import hostmount
 from tests.conftest import tree_digest, write_workflow
 from tests.kubernetes.cluster import REPO_ROOT, Cluster
-from tests.kubernetes.pods import no_pods_or_secrets
+from tests.kubernetes.pods import no_pods_or_secrets, processes_of, run_objects
 from tests.kubernetes.test_storage_claim import claim  # noqa: F401 (a fixture)
 from tests.kubernetes.test_two_nodes import only_schedulable
 
@@ -273,3 +276,56 @@ def test_the_lease_keeps_a_second_node_out_and_a_deleted_job_records_killed(
         assert time.monotonic() < deadline, "the cancelled runner kept the workflow's Lease"
         time.sleep(0.2)
     no_pods_or_secrets(kube_core, namespace)
+
+
+def test_a_runner_killed_on_its_node_is_recorded_killed_by_gc_from_the_controller(
+    kube_cluster: Cluster,
+    kube_core: Any,
+    kube_api: Any,
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
+) -> None:
+    """SIGKILL to every process of the runner's Pod (from the host, by the Pod's
+    cgroup): the Pod fails, the record on the claim still says `running`. `sandbox
+    gc` on the controller (no node) marks it `killed` and removes the run's Pod and
+    Secret, the dead runner's Lease and its Job."""
+    assert fleet_settings.claim_root is not None
+    wf = write_workflow(
+        Path(fleet_settings.claim_root),
+        command=["python3", "/workflow/code/hold.py"],
+        timeout_s=300,
+        db_sql=None,
+    )
+    (wf / "code" / "hold.py").write_text(HOLD_STEP)
+    second_node = kube_cluster.node_names[1]
+    namespace = fleet_settings.namespace
+    with only_schedulable(kube_core, second_node, kube_cluster.node_names):
+        run = _submit(kube_cluster, fleet_settings, wf, "step1")
+        _step_running_on(kube_core, namespace, second_node, run)
+    runner = run._pod()
+    assert (runner.metadata.annotations or {}).get(fleet.ANNOTATION_RUN_ID)
+    victims = processes_of(runner.metadata.uid, 0)
+    assert victims
+    for proc in victims:
+        proc.send_signal(signal.SIGKILL)
+    assert run.wait(RUN_DEADLINE_S)
+    run_dir = _the_run(wf)
+    assert read_record(run_dir).status is RunStatus.RUNNING
+    assert run_objects(kube_core, namespace)  # the run's Pod outlived its runner
+
+    report = GcReport()
+    collect_cluster(fleet_settings, report)
+    assert report.errors == []
+    assert report.records_marked_killed == [str(run_dir)]
+    record = read_record(run_dir)
+    assert record.status is RunStatus.KILLED and "sandbox gc" in record.reason
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    while run_objects(kube_core, namespace):
+        assert time.monotonic() < deadline, run_objects(kube_core, namespace)
+        time.sleep(0.2)
+    leases = client.CoordinationV1Api(kube_api).list_namespaced_lease(namespace).items
+    assert [x.metadata.name for x in leases] == []
+    batch = client.BatchV1Api(kube_api)
+    while batch.list_namespaced_job(namespace).items:
+        assert time.monotonic() < deadline, "the dead runner's Job was not removed"
+        time.sleep(0.2)

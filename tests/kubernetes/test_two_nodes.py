@@ -25,8 +25,14 @@ from sandbox.contracts.record import RunStatus
 from sandbox.run.testrun import TestRun
 from tests.conftest import tree_digest, write_workflow
 from tests.kubernetes.cluster import Cluster
-from tests.kubernetes.pods import no_pods_or_secrets
-from tests.kubernetes.test_pod_shape import locked_down, outside_server_pod, small, watch_pod
+from tests.kubernetes.pods import no_pods_or_secrets, start_server
+from tests.kubernetes.test_pod_shape import (
+    OUTSIDE_PORT,
+    locked_down,
+    outside_server_pod,
+    small,
+    watch_pod,
+)
 from tests.kubernetes.test_storage_claim import claim  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
@@ -174,3 +180,31 @@ def test_runs_land_on_whichever_node_the_scheduler_picks(
     assert landed == kube_cluster.node_names
     assert tree_digest(wf) == before
     no_pods_or_secrets(kube_core, kube_namespace)
+
+
+def test_a_pod_on_one_node_reaches_a_pod_on_the_other(
+    kube_cluster: Cluster, kube_core: Any, kube_namespace: str
+) -> None:
+    """One pod bridge for both nodes: a run's upstream may be on either node."""
+    first, second = kube_cluster.node_names
+    server = outside_server_pod()
+    server["spec"]["nodeName"] = second
+    server_ip = start_server(kube_core, kube_namespace, server)
+    client_pod = outside_server_pod()
+    client_pod["metadata"]["name"] = "client"
+    client_pod["spec"]["nodeName"] = first
+    url = f"http://{server_ip}:{OUTSIDE_PORT}/"
+    client_pod["spec"]["containers"][0]["command"] = [
+        "python3",
+        "-c",
+        f"import urllib.request; urllib.request.urlopen({url!r}, timeout=20).read()",
+    ]
+    made = kube_core.create_namespaced_pod(kube_namespace, client_pod)
+    ended = watch_pod(
+        kube_core,
+        kube_namespace,
+        "client",
+        made.metadata.resource_version,
+        lambda p: p.status.phase == "Succeeded",
+    )
+    assert ended.spec.node_name == first

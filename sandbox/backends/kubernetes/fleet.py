@@ -48,6 +48,9 @@ POD_ENV = "SANDBOX_RUNNER_POD"  # the runner's Pod: the holder of the workflow's
 RUN_ID_MARK = "sandbox-fleet-run-id: "
 REFUSED_MARK = "sandbox-fleet-refused: "
 LABEL_FLEET = "sandbox.fleet-runner"
+LABEL_JOB = "sandbox.fleet-job"
+ANNOTATION_WORKFLOW = "sandbox.workflow"  # the workflow's path in the claim (the controller's)
+ANNOTATION_RUN_ID = "sandbox.run-id"  # set by the runner at its run's first event
 RUNNER_DEADLINE_S = 6 * 3600  # a Job whose runner hangs still ends
 RUNNER_GRACE_S = 60  # the runner's clean-up after SIGTERM (the run's Pod, its mounts)
 RUN_ID = re.compile(r"^test-[0-9A-Za-z_-]{1,80}$")
@@ -97,7 +100,7 @@ def job_manifest(
     reach the API server only through the node (the local test cluster)."""
     if settings.placement != "scheduler" or settings.runner_image is None:
         raise ConfigError("a Job of the fleet needs placement = 'scheduler' and runner_image")
-    labels = {LABEL_FLEET: "true", "sandbox.fleet-job": name}
+    labels = {LABEL_FLEET: "true", LABEL_JOB: name}
     container_env: list[dict[str, Any]] = [
         {"name": NODE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": POD_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -153,7 +156,10 @@ def job_manifest(
         "spec": {
             "backoffLimit": 0,  # a run is never repeated behind the controller's back
             "activeDeadlineSeconds": RUNNER_DEADLINE_S,
-            "template": {"metadata": {"labels": labels}, "spec": pod_spec},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {ANNOTATION_WORKFLOW: workflow}},
+                "spec": pod_spec,
+            },
         },
     }
 
@@ -195,7 +201,7 @@ class FleetRun:
 
     def _pod(self) -> Any:
         pods = self.core.list_namespaced_pod(
-            self.settings.namespace, label_selector=f"sandbox.fleet-job={self.name}"
+            self.settings.namespace, label_selector=f"{LABEL_JOB}={self.name}"
         ).items
         return pods[0] if pods else None
 
@@ -212,7 +218,7 @@ class FleetRun:
                 for event in w.stream(
                     self.core.list_namespaced_pod,
                     self.settings.namespace,
-                    label_selector=f"sandbox.fleet-job={self.name}",
+                    label_selector=f"{LABEL_JOB}={self.name}",
                     timeout_seconds=int(min(WATCH_CHUNK_S, max(1, deadline - time.monotonic()))),
                 ):
                     pod = event["object"]

@@ -17,12 +17,23 @@ import signal
 import sys
 from pathlib import Path, PurePosixPath
 
+from kubernetes import client
+
 from sandbox import stopsignals
 from sandbox.backends.choose import connect_backend
+from sandbox.contracts.events import RunEvent
 from sandbox.contracts.hostconfig import BackendConfig
-from sandbox.run.testrun import RunInterrupted, TestRun
+from sandbox.run.testrun import RunInterrupted, RunOptions, TestRun
 
-from .fleet import NODE_ENV, POD_ENV, REFUSED_MARK, RUN_ID_MARK, RUNNER_CLAIM_ROOT, SETTINGS_ENV
+from .fleet import (
+    ANNOTATION_RUN_ID,
+    NODE_ENV,
+    POD_ENV,
+    REFUSED_MARK,
+    RUN_ID_MARK,
+    RUNNER_CLAIM_ROOT,
+    SETTINGS_ENV,
+)
 from .lease import LeaseHeldError, WorkflowLease
 from .podrun import connect
 
@@ -47,9 +58,25 @@ def main(argv: list[str]) -> int:
         print(f"{REFUSED_MARK}{exc}", flush=True)
         api.close()
         return 3
+    core = client.CoreV1Api(api)
+    pod = os.environ[POD_ENV]
+    announced: list[str] = []
+
+    def announce(event: RunEvent) -> None:
+        """The run's id on this Pod, at its first event: `sandbox gc` finds the record
+        of a runner that died from it."""
+        if announced:
+            return
+        announced.append(event.run_id)
+        body = {"metadata": {"annotations": {ANNOTATION_RUN_ID: event.run_id}}}
+        core.patch_namespaced_pod(pod, settings.namespace, body)
+
     try:
         record = TestRun(
-            Path(RUNNER_CLAIM_ROOT) / rel, step_id, backend=lambda: connect_backend(settings)
+            Path(RUNNER_CLAIM_ROOT) / rel,
+            step_id,
+            RunOptions(on_event=announce),
+            backend=lambda: connect_backend(settings),
         ).execute()
     finally:
         lease.release()
