@@ -387,6 +387,27 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "step's refused packets to. Never set it yourself.",
     ),
     EnvVar(
+        "SANDBOX_FLEET_SETTINGS",
+        "sandbox.backends.kubernetes.fleet.SETTINGS_ENV",
+        "internal",
+        "Set by the controller in a fleet runner's Job: the `[backend]` settings the "
+        "runner's Pod runs with. See [A fleet](../guides/fleet.md).",
+    ),
+    EnvVar(
+        "SANDBOX_NODE_NAME",
+        "sandbox.backends.kubernetes.fleet.NODE_ENV",
+        "internal",
+        "Set by the kubelet in a fleet runner's Pod (the downward API): the node it runs "
+        "on, where it pins the run's Pod.",
+    ),
+    EnvVar(
+        "SANDBOX_RUNNER_POD",
+        "sandbox.backends.kubernetes.fleet.POD_ENV",
+        "internal",
+        "Set by the kubelet in a fleet runner's Pod (the downward API): its own name, the "
+        "holder of the workflow's Lease.",
+    ),
+    EnvVar(
         "SANDBOX_TEST_ENGINES_DIR",
         "tests/engines/second_engine.py",
         "test suite",

@@ -122,10 +122,37 @@ class BackendConfig(BaseModel):
         ),
     )
 
+    # Kubernetes only: where the host-side work runs (docs/guides/fleet.md).
+    placement: Literal["runner", "scheduler"] = Field(
+        default="runner",
+        description=(
+            "Kubernetes: `runner` does the host-side work (disk, view, DB copy, "
+            "record) on this host; `scheduler` submits each run as a Job whose Pod "
+            "runs the runner on whichever node the scheduler picks (needs `pvc` "
+            "storage and `runner_image`)."
+        ),
+    )
+    runner_image: str | None = Field(
+        default=None,
+        description=(
+            "`scheduler` placement: the runner's image (the guard image with "
+            "`sandbox[kubernetes]`, images/runner/Dockerfile)."
+        ),
+    )
+    runner_service_account: str = Field(
+        default="sandbox-runner",
+        description=(
+            "`scheduler` placement: the runner Pods' service account in "
+            "`namespace` (its Role: docs/guides/fleet.md)."
+        ),
+    )
+
     @model_validator(mode="after")
     def _pvc_has_claim(self) -> BackendConfig:
         if self.storage == "pvc" and not (self.claim and self.claim_root):
             raise ValueError("storage = 'pvc' needs claim and claim_root")
+        if self.placement == "scheduler" and (self.storage != "pvc" or not self.runner_image):
+            raise ValueError("placement = 'scheduler' needs storage = 'pvc' and runner_image")
         if self.claim_root is not None and not self.claim_root.startswith("/"):
             raise ValueError("claim_root must be an absolute path")
         return self

@@ -1,8 +1,13 @@
-"""A real single-node Kubernetes cluster on this host, on loopback and private state only.
+"""A real Kubernetes cluster of one or two nodes on this host, on loopback and private state only.
 
 `Cluster.start()` builds (once, cached) and starts etcd, kube-apiserver,
-kube-controller-manager, kube-scheduler, a private containerd with CRI and the
-kubelet; `Cluster.stop()` takes all of it down again. As a context manager:
+kube-controller-manager, kube-scheduler, and per node a private containerd with CRI
+and a kubelet; `Cluster.stop()` takes all of it down again. A second node
+(`nodes=2`) is a second kubelet named `127.0.0.2` (its InternalIP, a loopback
+address of its own) with its own root folder, containerd (config, socket, state,
+image store), certificate, token and cgroup root;
+both share the control plane, the private namespaces and the pod bridge, so Pods on
+either node reach each other and both kubelets see the shared node storage. As a context manager:
 
     with Cluster.start(images=("sandbox-step:current",)) as cluster:
         with cluster.api_client() as api:   # kubernetes.client.ApiClient, admin token
@@ -80,6 +85,7 @@ CLUSTERS_DIR = REPO_ROOT / "build" / "kubernetes-clusters"
 SECCOMP_DIR = seccomp_dir()
 PAUSE_IMAGE = "localhost/sandbox-pause:3.2"
 NODE_NAME = "127.0.0.1"
+SECOND_NODE_NAME = "127.0.0.2"  # the whole of 127.0.0.0/8 is the host's loopback
 CGROUP_MOUNT = Path("/sys/fs/cgroup")
 # What the kubelet writes under /proc/sys when it differs from what it wants.
 KUBELET_SYSCTLS = (
@@ -120,6 +126,17 @@ class Ports(BaseModel):
     kubelet_healthz: int
 
 
+class ExtraNode(BaseModel):
+    """A node beyond the first: its own kubelet and containerd on the same control plane."""
+
+    name: str  # an IP, as the first node's: it is the node's InternalIP
+    kubelet_port: int
+    healthz_port: int
+    folder: Path  # its kubelet's and containerd's state, under the cluster's folder
+    containerd_socket: Path
+    cgroup_root: str  # beside the first node's (a kubelet starting reads its root's children)
+
+
 class ClusterState(BaseModel):
     """Everything stop() needs, on disk in the cluster's folder."""
 
@@ -142,6 +159,7 @@ class ClusterState(BaseModel):
     seccomp_root: Path
     admin_token: str
     image_store_size: str
+    extra_nodes: list[ExtraNode] = []
     # The process the cluster lives for (a test session); None for `up`, which lives
     # until `down`. A cluster whose owner is gone is stopped by the next start().
     owner: Daemon | None = None
@@ -380,6 +398,10 @@ class Cluster:
         return self.state.node_name
 
     @property
+    def node_names(self) -> list[str]:
+        return [self.state.node_name, *(n.name for n in self.state.extra_nodes)]
+
+    @property
     def node_storage(self) -> Path:
         """Where a test puts host folders a Pod mounts through a hostPath: mounts made
         under it on the host after start (a run's disk, its workflow view) reach the
@@ -399,13 +421,18 @@ class Cluster:
         return config.new_client_from_config(config_file=str(self.state.kubeconfig))
 
     def ctr(
-        self, *args: str, stdin: Any = None, input: bytes | None = None, check: bool = True
+        self,
+        *args: str,
+        stdin: Any = None,
+        input: bytes | None = None,
+        check: bool = True,
+        socket: Path | None = None,
     ) -> subprocess.CompletedProcess[bytes]:
-        """`ctr` against the private containerd, in the CRI's namespace."""
+        """`ctr` against a private containerd (the first node's by default), in the CRI's namespace."""
         cmd = [
             str(self.state.bin_dir / "ctr"),
             "--address",
-            str(self.state.containerd_socket),
+            str(socket or self.state.containerd_socket),
             "--namespace",
             "k8s.io",
             *args,
@@ -413,19 +440,42 @@ class Cluster:
         return subprocess.run(cmd, stdin=stdin, input=input, capture_output=True, check=check)
 
     def load_docker_images(self, *references: str) -> None:
-        """Copy images from the host's Docker engine into the cluster (`docker save | ctr import`)."""
-        save = subprocess.Popen(["docker", "save", *references], stdout=subprocess.PIPE)
+        """Copy images from the host's Docker engine into every node (`docker save | ctr import`)."""
+        if not self.state.extra_nodes:
+            save = subprocess.Popen(["docker", "save", *references], stdout=subprocess.PIPE)
+            try:
+                result = self.ctr("images", "import", "-", stdin=save.stdout, check=False)
+            finally:
+                assert save.stdout is not None
+                save.stdout.close()
+                save.wait()
+            if save.returncode != 0 or result.returncode != 0:
+                raise ClusterError(
+                    f"loading {references} failed: docker save exit {save.returncode}, "
+                    f"ctr: {result.stderr.decode(errors='replace')[-500:]}"
+                )
+            return
+        # Saved once, imported by each node's containerd.
+        archive = self.state.directory / f"images-{secrets.token_hex(4)}.tar"
         try:
-            result = self.ctr("images", "import", "-", stdin=save.stdout, check=False)
-        finally:
-            assert save.stdout is not None
-            save.stdout.close()
-            save.wait()
-        if save.returncode != 0 or result.returncode != 0:
-            raise ClusterError(
-                f"loading {references} failed: docker save exit {save.returncode}, "
-                f"ctr: {result.stderr.decode(errors='replace')[-500:]}"
+            subprocess.run(
+                ["docker", "save", "-o", str(archive), *references], check=True, capture_output=True
             )
+            sockets = [
+                self.state.containerd_socket,
+                *(n.containerd_socket for n in self.state.extra_nodes),
+            ]
+            for sock in sockets:
+                result = self.ctr("images", "import", str(archive), check=False, socket=sock)
+                if result.returncode != 0:
+                    raise ClusterError(
+                        f"loading {references} into {sock} failed: "
+                        f"{result.stderr.decode(errors='replace')[-500:]}"
+                    )
+        except subprocess.CalledProcessError as exc:
+            raise ClusterError(f"docker save {references} failed: {exc.stderr[-500:]!r}") from None
+        finally:
+            archive.unlink(missing_ok=True)
 
     def install_seccomp_profile(self, source: Path, name: str | None = None) -> str:
         """Install a profile on the node; returns the `localhostProfile` to name in a Pod."""
@@ -455,6 +505,7 @@ class Cluster:
         pod_subnet: str = "10.213.0.0/24",
         pod_pids_limit: int = 1024,
         image_store_size: str = "4g",
+        nodes: int = 1,
         detached: bool = False,
         log: Callable[[str], None] = lambda m: print(m, file=sys.stderr),
     ) -> Cluster:
@@ -464,6 +515,8 @@ class Cluster:
         (a killed test session) in `parent` are stopped first."""
         if os.geteuid() != 0:
             raise ClusterError("the local cluster needs root (cgroups, namespaces, mounts)")
+        if nodes not in (1, 2):
+            raise ClusterError(f"a local cluster has one or two nodes, not {nodes}")
         t0 = time.monotonic()
         for stale in stop_orphans(parent):
             log(f"cluster: stopped {stale}, left by a process that is gone")
@@ -473,11 +526,24 @@ class Cluster:
         directory = parent / cid
         directory.mkdir(parents=True, mode=0o700)
         sock = directory / "containerd" / "containerd.sock"
-        if len(str(sock)) + len(".ttrpc") > UNIX_PATH_MAX:
+        longest = directory / "node2" / "containerd" / "containerd.sock"
+        if len(str(longest)) + len(".ttrpc") > UNIX_PATH_MAX:
             shutil.rmtree(directory)
             raise ClusterError(f"{directory} is too long a path for containerd's sockets")
         names = list(Ports.model_fields)
-        ports = Ports(**dict(zip(names, free_ports(len(names)), strict=True)))
+        picked = free_ports(len(names) + 2 * (nodes - 1))
+        ports = Ports(**dict(zip(names, picked, strict=False)))
+        extra = [
+            ExtraNode(
+                name=SECOND_NODE_NAME,
+                kubelet_port=picked[len(names)],
+                healthz_port=picked[len(names) + 1],
+                folder=directory / "node2",
+                containerd_socket=directory / "node2" / "containerd" / "containerd.sock",
+                cgroup_root=f"/sandbox-k8s-{cid}-node2",
+            )
+            for _ in range(nodes - 1)
+        ]
         state = ClusterState(
             id=cid,
             directory=directory,
@@ -495,6 +561,7 @@ class Cluster:
             seccomp_root=directory / "seccomp",
             admin_token=secrets.token_urlsafe(24),
             image_store_size=image_store_size,
+            extra_nodes=extra,
             owner=None if detached else _me(),
         )
         cluster = cls(state)
@@ -504,7 +571,9 @@ class Cluster:
         except BaseException:
             cluster.stop(keep=True)
             raise
-        log(f"cluster: {state.node_name} Ready in {time.monotonic() - t0:.1f} s ({directory})")
+        log(
+            f"cluster: {', '.join(cluster.node_names)} Ready in {time.monotonic() - t0:.1f} s ({directory})"
+        )
         return cluster
 
     def _save(self) -> None:
@@ -568,6 +637,9 @@ class Cluster:
         api_crt, api_key = ca.issue("apiserver", "kube-apiserver", server=True)
         kc_crt, kc_key = ca.issue("apiserver-kubelet", "kube-apiserver-kubelet-client", client=True)
         kubelet_crt, kubelet_key = ca.issue("kubelet", s.node_name, server=True)
+        extra_certs = [
+            ca.issue(f"kubelet-{n.name}", n.name, server=True, ip=n.name) for n in s.extra_nodes
+        ]
         cm_crt, cm_key = ca.issue("controller-manager", "kube-controller-manager", server=True)
         sched_crt, sched_key = ca.issue("scheduler", "kube-scheduler", server=True)
         sa_key, sa_pub = pki.service_account_keys(pki_dir)
@@ -576,6 +648,14 @@ class Cluster:
             "controller-manager": (secrets.token_urlsafe(24), "system:kube-controller-manager", ""),
             "scheduler": (secrets.token_urlsafe(24), "system:kube-scheduler", ""),
             "kubelet": (secrets.token_urlsafe(24), f"system:node:{s.node_name}", "system:nodes"),
+            **{
+                f"kubelet-{n.name}": (
+                    secrets.token_urlsafe(24),
+                    f"system:node:{n.name}",
+                    "system:nodes",
+                )
+                for n in s.extra_nodes
+            },
         }
         token_file = pki_dir / "tokens.csv"
         token_file.write_text(
@@ -644,6 +724,9 @@ class Cluster:
                 f"--token-auth-file={token_file}",
                 "--authorization-mode=Node,RBAC",
                 "--enable-admission-plugins=NodeRestriction",
+                # The fleet's runner Pod is privileged (its mounts and loop devices);
+                # no run's Pod is (tests check the step and guard hold nothing).
+                "--allow-privileged=true",
                 f"--service-account-key-file={sa_pub}",
                 f"--service-account-signing-key-file={sa_key}",
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
@@ -705,20 +788,30 @@ class Cluster:
         self._make_cgroup_root()
         self._share_node_storage()
         self._start_namespaces()
-        containerd = self._start_containerd(bin_root)
-        ctr_ok = lambda: self.ctr("version", check=False).returncode == 0  # noqa: E731
-        self._wait_up(containerd, "containerd", ctr_ok, 30)
-        log(f"cluster: containerd up at {time.monotonic() - t0:.1f} s")
-
+        runtimes = [(s.containerd_socket, self._start_containerd(bin_root))]
+        runtimes += [
+            (n.containerd_socket, self._start_containerd(bin_root, n)) for n in s.extra_nodes
+        ]
         archive = pause_image_archive(bin_dir / "pause", PAUSE_IMAGE)
-        imported = self.ctr("images", "import", "-", input=archive, check=False)
-        if imported.returncode != 0:
-            raise ClusterError(
-                f"importing the pause image failed: {imported.stderr.decode()[-500:]}"
+        for sock, containerd in runtimes:
+            ctr_ok = partial(
+                lambda k: self.ctr("version", check=False, socket=k).returncode == 0, sock
             )
+            self._wait_up(containerd, containerd.name, ctr_ok, 30)
+            imported = self.ctr("images", "import", "-", input=archive, check=False, socket=sock)
+            if imported.returncode != 0:
+                raise ClusterError(
+                    f"importing the pause image failed: {imported.stderr.decode()[-500:]}"
+                )
+        log(f"cluster: containerd up at {time.monotonic() - t0:.1f} s")
 
         s.seccomp_root.mkdir()
         kubelet = self._start_kubelet(kubelet_crt, kubelet_key, ca.cert_path, pod_pids_limit)
+        kubelets = [(s.node_name, kubelet)]
+        for node, (crt, key) in zip(s.extra_nodes, extra_certs, strict=True):
+            kubelets.append(
+                (node.name, self._start_kubelet(crt, key, ca.cert_path, pod_pids_limit, node))
+            )
 
         # The images load while the kubelet registers the node.
         load_error: list[BaseException] = []
@@ -732,8 +825,9 @@ class Cluster:
 
         loader = threading.Thread(target=load, daemon=True)
         loader.start()
-        self._wait_node_ready(kubelet, 120)
-        log(f"cluster: node Ready at {time.monotonic() - t0:.1f} s")
+        for name, daemon in kubelets:
+            self._wait_node_ready(daemon, 120, name)
+        log(f"cluster: {len(kubelets)} node(s) Ready at {time.monotonic() - t0:.1f} s")
         health = httpx.Client(verify=trust_ca, timeout=2)
         for daemon, port in ((cm, p.controller_manager), (scheduler, p.scheduler)):
             url = f"https://127.0.0.1:{port}/healthz"
@@ -745,14 +839,16 @@ class Cluster:
         log(f"cluster: images {images} loaded at {time.monotonic() - t0:.1f} s")
 
     def _make_cgroup_root(self) -> None:
+        roots = [self.state.cgroup_root, *(n.cgroup_root for n in self.state.extra_nodes)]
         for hierarchy in _cgroup_hierarchies():
             if hierarchy.name == "unified":
                 continue
-            root = hierarchy / self.state.cgroup_root.lstrip("/")
-            root.mkdir(exist_ok=True)
-            if (hierarchy / "cpuset.cpus").exists():
-                for knob in ("cpuset.cpus", "cpuset.mems"):
-                    (root / knob).write_text((hierarchy / knob).read_text())
+            for name in roots:
+                root = hierarchy / name.lstrip("/")
+                root.mkdir(exist_ok=True)
+                if (hierarchy / "cpuset.cpus").exists():
+                    for knob in ("cpuset.cpus", "cpuset.mems"):
+                        (root / knob).write_text((root.parent / knob).read_text())
 
     def _start_namespaces(self) -> None:
         """The holder of the private mount and network namespaces, set up before anything joins."""
@@ -774,11 +870,18 @@ class Cluster:
             lines.append(f"mount --bind {private} {path}")
         # containerd's image store and snapshots: a tmpfs only the namespace sees, so
         # loading images writes no disk and stopping frees them at once.
-        store = d / "containerd" / "root"
-        store.mkdir(parents=True)
-        lines.append(
-            f"mount -t tmpfs -o size={self.state.image_store_size},mode=0700 sandbox-k8s {store}"
-        )
+        for folder in [d, *(n.folder for n in self.state.extra_nodes)]:
+            store = folder / "containerd" / "root"
+            store.mkdir(parents=True)
+            lines.append(
+                f"mount -t tmpfs -o size={self.state.image_store_size},mode=0700 sandbox-k8s {store}"
+            )
+        # The node storage, a slave of the host's copy here, is made shared too (among
+        # this namespace's mounts only): a Pod's `Bidirectional` mount of it (a fleet
+        # runner's) needs a shared mount, and what it mounts reaches the other Pods'
+        # volumes here, never the host.
+        if self.state.node_storage is not None:
+            lines.append(f"mount --make-shared {self.state.node_storage}")
         switch = d / "switch-netns"
         switch.touch()
         lines += [f"mount --bind /proc/self/ns/net {switch}", "echo ready", "exec sleep infinity"]
@@ -861,10 +964,80 @@ class Cluster:
             self.state.created_paths = [str(m) for m in missing] + self.state.created_paths
             self._save()
 
-    def _start_containerd(self, bin_root: Path) -> Daemon:
+    def _start_containerd(self, bin_root: Path, node: ExtraNode | None = None) -> Daemon:
+        """A node's containerd; every node's uses the same CNI config: one pod bridge and
+        one IPAM store (host-local locks it), so Pods get distinct addresses on one link."""
         s, d = self.state, self.state.directory
         cni_bin = d / "cni" / "bin"
         cni_conf = d / "cni" / "conf"
+        if node is None:
+            self._write_cni(bin_root, cni_bin, cni_conf)
+        cd = (d if node is None else node.folder) / "containerd"
+        cd.mkdir(parents=True, exist_ok=True)
+        socket = s.containerd_socket if node is None else node.containerd_socket
+        runc = s.bin_dir / "runc"
+        config = f"""
+version = 2
+root = "{cd / "root"}"
+state = "{cd / "state"}"
+disabled_plugins = [
+  "io.containerd.internal.v1.opt",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.tracing.processor.v1.otlp",
+]
+
+[grpc]
+  address = "{socket}"
+
+[ttrpc]
+  address = "{socket}.ttrpc"
+
+[debug]
+  address = ""
+
+[metrics]
+  address = ""
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "{runc}"
+        Root = "{cd / "runc"}"
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{cni_bin}"
+    conf_dir = "{cni_conf}"
+    max_conf_num = 1
+"""
+        (cd / "config.toml").write_text(config)
+        env_path = f"{s.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        return self._spawn(
+            "containerd" if node is None else f"containerd-{node.name}",
+            [
+                "env",
+                f"PATH={env_path}",
+                str(s.bin_dir / "containerd"),
+                "--config",
+                str(cd / "config.toml"),
+            ],
+            in_namespace=True,
+        )
+
+    def _write_cni(self, bin_root: Path, cni_bin: Path, cni_conf: Path) -> None:
+        s, d = self.state, self.state.directory
         cni_bin.mkdir(parents=True)
         cni_conf.mkdir()
         for plugin in ("host-local", "loopback"):
@@ -900,83 +1073,24 @@ class Cluster:
                 indent=1,
             )
         )
-        cd = d / "containerd"
-        cd.mkdir(exist_ok=True)
-        runc = s.bin_dir / "runc"
-        config = f"""
-version = 2
-root = "{cd / "root"}"
-state = "{cd / "state"}"
-disabled_plugins = [
-  "io.containerd.internal.v1.opt",
-  "io.containerd.snapshotter.v1.btrfs",
-  "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.aufs",
-  "io.containerd.snapshotter.v1.devmapper",
-  "io.containerd.tracing.processor.v1.otlp",
-]
 
-[grpc]
-  address = "{s.containerd_socket}"
-
-[ttrpc]
-  address = "{s.containerd_socket}.ttrpc"
-
-[debug]
-  address = ""
-
-[metrics]
-  address = ""
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
-  restrict_oom_score_adj = true
-  netns_mounts_under_state_dir = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  enable_selinux = false
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = "{runc}"
-        Root = "{cd / "runc"}"
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{cni_bin}"
-    conf_dir = "{cni_conf}"
-    max_conf_num = 1
-"""
-        (cd / "config.toml").write_text(config)
-        env_path = f"{s.bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-        return self._spawn(
-            "containerd",
-            [
-                "env",
-                f"PATH={env_path}",
-                str(s.bin_dir / "containerd"),
-                "--config",
-                str(cd / "config.toml"),
-            ],
-            in_namespace=True,
-        )
-
-    def _start_kubelet(self, crt: Path, key: Path, ca: Path, pod_pids_limit: int) -> Daemon:
+    def _start_kubelet(
+        self, crt: Path, key: Path, ca: Path, pod_pids_limit: int, node: ExtraNode | None = None
+    ) -> Daemon:
         s, d = self.state, self.state.directory
-        kd = d / "kubelet"
-        kd.mkdir()
+        kd = d / "kubelet" if node is None else node.folder / "kubelet"
+        kd.mkdir(parents=True)
         resolv = d / "resolv.conf"
         resolv.write_text("")  # pods get no nameserver: nothing outside to resolve with
+        name = s.node_name if node is None else node.name
         config = {
             "apiVersion": "kubelet.config.k8s.io/v1beta1",
             "kind": "KubeletConfiguration",
-            "address": "127.0.0.1",
-            "port": s.ports.kubelet,
+            "address": name,
+            "port": s.ports.kubelet if node is None else node.kubelet_port,
             "readOnlyPort": 0,
-            "healthzBindAddress": "127.0.0.1",
-            "healthzPort": s.ports.kubelet_healthz,
+            "healthzBindAddress": name,
+            "healthzPort": s.ports.kubelet_healthz if node is None else node.healthz_port,
             "tlsCertFile": str(crt),
             "tlsPrivateKeyFile": str(key),
             "authentication": {
@@ -987,7 +1101,7 @@ disabled_plugins = [
             # Only holders of a certificate from the cluster's CA (the apiserver) get in.
             "authorization": {"mode": "AlwaysAllow"},
             "cgroupDriver": "cgroupfs",
-            "cgroupRoot": s.cgroup_root,
+            "cgroupRoot": s.cgroup_root if node is None else node.cgroup_root,
             "cgroupsPerQOS": True,
             "makeIPTablesUtilChains": False,
             "failSwapOn": False,
@@ -1005,34 +1119,42 @@ disabled_plugins = [
             "serverTLSBootstrap": False,
         }
         (kd / "config.json").write_text(json.dumps(config, indent=1))
+        kubeconfig = d / ("kubelet.kubeconfig" if node is None else f"kubelet-{name}.kubeconfig")
+        socket = s.containerd_socket if node is None else node.containerd_socket
         return self._spawn(
-            "kubelet",
+            "kubelet" if node is None else f"kubelet-{name}",
             [
                 str(s.bin_dir / "kubelet"),
                 f"--config={kd / 'config.json'}",
-                f"--kubeconfig={d / 'kubelet.kubeconfig'}",
+                f"--kubeconfig={kubeconfig}",
                 "--container-runtime=remote",
-                f"--container-runtime-endpoint=unix://{s.containerd_socket}",
+                f"--container-runtime-endpoint=unix://{socket}",
                 f"--root-dir={kd / 'root'}",
                 f"--cert-dir={kd / 'pki'}",
                 f"--seccomp-profile-root={s.seccomp_root}",
                 f"--volume-plugin-dir={kd / 'volume-plugins'}",
-                f"--hostname-override={s.node_name}",
+                f"--hostname-override={name}",
                 f"--pod-infra-container-image={PAUSE_IMAGE}",
             ],
             in_namespace=True,
         )
 
-    def _wait_node_ready(self, kubelet: Daemon, deadline_s: float) -> None:
+    def _wait_node_ready(self, kubelet: Daemon, deadline_s: float, name: str) -> None:
         from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
 
         with self.api_client() as api:
             core = client.CoreV1Api(api)
 
             def ready() -> bool:
-                return _node_ready(core.read_node(self.state.node_name))
+                try:
+                    return _node_ready(core.read_node(name))
+                except ApiException as exc:
+                    if exc.status == 404:  # not registered yet
+                        return False
+                    raise
 
-            self._wait_up(kubelet, "the node", ready, deadline_s)
+            self._wait_up(kubelet, f"the node {name}", ready, deadline_s)
 
     def _wait_default_service_account(self, deadline_s: float) -> None:
         from kubernetes import client
@@ -1061,13 +1183,14 @@ disabled_plugins = [
         else goes either way. Raises if something outside the folder is left."""
         s = self.state
         by_name = {x.name: x for x in s.daemons}
-        # The kubelet first, so nothing restarts what is killed next.
-        for name in ("kubelet",):
-            if name in by_name:
-                self._terminate([by_name[name]], 10)
+        # The kubelets first, so nothing restarts what is killed next.
+        extra = [n.name for n in s.extra_nodes]
+        kubelets = ["kubelet", *(f"kubelet-{n}" for n in extra)]
+        self._terminate([by_name[n] for n in kubelets if n in by_name], 10)
         self._kill_cgroup_tree()
         order = [
             "containerd",
+            *(f"containerd-{n}" for n in extra),
             "kube-scheduler",
             "kube-controller-manager",
             "kube-apiserver",
@@ -1104,32 +1227,37 @@ disabled_plugins = [
         psutil.wait_procs(alive, timeout=5)
 
     def _cgroup_roots(self) -> list[Path]:
+        names = [self.state.cgroup_root, *(n.cgroup_root for n in self.state.extra_nodes)]
         return [
-            h / self.state.cgroup_root.lstrip("/")
+            h / name.lstrip("/")
+            for name in names
             for h in _cgroup_hierarchies()
-            if (h / self.state.cgroup_root.lstrip("/")).is_dir()
+            if (h / name.lstrip("/")).is_dir()
         ]
 
     def _kill_cgroup_tree(self) -> None:
-        """Kill every process in the cluster's cgroup root (the containers), frozen first."""
-        freezer = CGROUP_MOUNT / "freezer" / self.state.cgroup_root.lstrip("/")
-        frozen = False
-        if (freezer / "freezer.state").exists():
-            with contextlib.suppress(OSError):
-                (freezer / "freezer.state").write_text("FROZEN")
-                frozen = True
-                wait_for(
-                    "freezing the cluster's cgroup",
-                    lambda: (freezer / "freezer.state").read_text().strip() == "FROZEN",
-                    10,
-                )
+        """Kill every process in the nodes' cgroup roots (the containers), frozen first."""
+        names = [self.state.cgroup_root, *(n.cgroup_root for n in self.state.extra_nodes)]
+        frozen = []
+        for name in names:
+            freezer = CGROUP_MOUNT / "freezer" / name.lstrip("/")
+            if (freezer / "freezer.state").exists():
+                with contextlib.suppress(OSError):
+                    (freezer / "freezer.state").write_text("FROZEN")
+                    frozen.append(freezer)
+                    state = freezer / "freezer.state"
+                    wait_for(
+                        "freezing the cluster's cgroup",
+                        partial(lambda f: f.read_text().strip() == "FROZEN", state),
+                        10,
+                    )
         pids: set[int] = set()
         for root in self._cgroup_roots():
             pids |= _procs_in_cgroup_tree(root)
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        if frozen:
+        for freezer in frozen:
             with contextlib.suppress(OSError):
                 (freezer / "freezer.state").write_text("THAWED")
         wait_for(
@@ -1196,7 +1324,7 @@ disabled_plugins = [
         out: dict[str, Any] = {
             "directory": str(self.state.directory),
             "kubeconfig": str(self.state.kubeconfig),
-            "node": self.state.node_name,
+            "nodes": self.node_names,
             "daemons": {
                 x.name: {"pid": x.pid, "alive": self._alive(x)} for x in self.state.daemons
             },
@@ -1205,8 +1333,10 @@ disabled_plugins = [
             from kubernetes import client
 
             with self.api_client() as api:
-                node = client.CoreV1Api(api).read_node(self.state.node_name, _request_timeout=3)
-            out["ready"] = _node_ready(node)
+                core = client.CoreV1Api(api)
+                out["ready"] = all(
+                    _node_ready(core.read_node(n, _request_timeout=3)) for n in self.node_names
+                )
         except Exception as e:
             out["ready"] = f"unknown ({type(e).__name__})"
         return out
@@ -1260,6 +1390,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a cluster and leave it running")
+    up.add_argument("--nodes", type=int, default=2, choices=(1, 2), help="how many nodes")
     up.add_argument(
         "--image", action="append", default=[], help="a Docker image to load (repeatable)"
     )
@@ -1269,7 +1400,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("status", help="list this checkout's clusters")
     args = parser.parse_args(argv)
     if args.command == "up":
-        cluster = Cluster.start(images=tuple(args.image), detached=True)
+        cluster = Cluster.start(images=tuple(args.image), nodes=args.nodes, detached=True)
         print(f"export KUBECONFIG={cluster.kubeconfig}")
         return 0
     if args.command == "down":

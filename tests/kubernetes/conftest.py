@@ -63,13 +63,13 @@ def _host_snapshot() -> dict[str, Any]:
 
 @pytest.fixture(scope="session")
 def kube_cluster() -> Iterator[Cluster]:
-    """A Ready single-node cluster, the step and guard images loaded, `step.json` installed."""
+    """A Ready two-node cluster, the step and guard images loaded on both, `step.json` installed."""
     engine = docker.from_env(timeout=120)
     images.require(engine, names.STEP_IMAGE)
     images.require(engine, names.GUARD_IMAGE)
     stop_orphans()  # a killed session's cluster would skew the snapshot
     before = _host_snapshot()
-    cluster = Cluster.start(images=(names.STEP_IMAGE, names.GUARD_IMAGE))
+    cluster = Cluster.start(images=(names.STEP_IMAGE, names.GUARD_IMAGE), nodes=2)
     try:
         # Its OCI form, as the node's containerd reads a Localhost profile.
         cluster.install_seccomp_profile(SECCOMP_DIR / "step.oci.json", "step.json")

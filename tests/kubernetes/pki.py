@@ -20,8 +20,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-LOOPBACK = ipaddress.IPv4Address("127.0.0.1")
-
 
 def _write(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -82,8 +80,10 @@ class CertificateAuthority:
         organization: str | None = None,
         server: bool = False,
         client: bool = False,
+        ip: str = "127.0.0.1",
     ) -> tuple[Path, Path]:
-        """Write `<stem>.crt` and `<stem>.key`; a server certificate names 127.0.0.1 only."""
+        """Write `<stem>.crt` and `<stem>.key`; a server certificate names `ip` (a
+        loopback address) and localhost only."""
         key = ec.generate_private_key(ec.SECP256R1())
         attrs = [x509.NameAttribute(NameOID.COMMON_NAME, common_name)]
         if organization:
@@ -103,8 +103,12 @@ class CertificateAuthority:
             .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
         )
         if server:
+            if not ipaddress.ip_address(ip).is_loopback:
+                raise ValueError(f"{ip}: a test cluster's server certificate names loopback only")
             builder = builder.add_extension(
-                x509.SubjectAlternativeName([x509.IPAddress(LOOPBACK), x509.DNSName("localhost")]),
+                x509.SubjectAlternativeName(
+                    [x509.IPAddress(ipaddress.ip_address(ip)), x509.DNSName("localhost")]
+                ),
                 critical=False,
             )
         cert = builder.sign(self.key, hashes.SHA256())

@@ -170,14 +170,14 @@ def json_lines(text: str) -> list[Any]:
     return found
 
 
-def validated(record: TestRunRecord, node: str) -> TestRunRecord:
+def validated(record: TestRunRecord, nodes: list[str]) -> TestRunRecord:
     """The record on disk is the one returned, valid against the published schema, and
-    names the node."""
+    names a node of the cluster."""
     run_dir = Path(record.workflow_dir) / "runs" / record.id
     raw = json.loads((run_dir / "test_mode.json").read_text())
     jsonschema.validate(raw, json.loads(SCHEMA_PATH.read_text()))
     assert read_record(run_dir) == record
-    assert record.backend == "kubernetes" and record.node == node, (record.backend, record.node)
+    assert record.backend == "kubernetes" and record.node in nodes, (record.backend, record.node)
     return record
 
 
@@ -386,7 +386,7 @@ def test_battery_run_finished_and_left_no_trace(
     assert battery.before == battery.after
     assert battery.leftovers == []
     assert not battery.record.stdout.truncated and not battery.record.stderr.truncated
-    validated(battery.record, kube_cluster.node_name)
+    validated(battery.record, kube_cluster.node_names)
     assert not hostmount.mounts_below(battery.run_dir)
 
 
@@ -444,7 +444,7 @@ def test_ordinary_writes_work_behind_the_pods_landlock_wall(
     wf = write_workflow(root, command=["python3", "/workflow/code/step.py"])
     (wf / "code" / "step.py").write_text(ORDINARY_WRITES)
     record = validated(
-        TestRun(wf, "step1", RunOptions(), backend=pods).execute(), kube_cluster.node_name
+        TestRun(wf, "step1", RunOptions(), backend=pods).execute(), kube_cluster.node_names
     )
     assert record.status is RunStatus.PASSED, f"{record.reason}; log: {pod_log(record)[-800:]}"
     assert "all written" in record.stdout.text + record.stderr.text
@@ -463,7 +463,7 @@ def test_egress_reads_pass_writes_are_stubbed_other_hosts_refused(
     run = runs.egress
     record, out = run.record, run.out
     assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text[-2000:])
-    validated(record, kube_cluster.node_name)
+    validated(record, kube_cluster.node_names)
     assert run.digest_same
     assert_proxy_step_answers(out)
 
@@ -547,7 +547,7 @@ def test_a_guard_killed_mid_call_fails_the_call_closed_and_the_record_says_so(
         for proc in guards:
             os.kill(proc.pid, signal.SIGKILL)
     assert run.finished, "the run went on without its guard"
-    record = validated(run.record, kube_cluster.node_name)
+    record = validated(run.record, kube_cluster.node_names)
     assert record.status is RunStatus.ERROR and "guard stopped" in record.reason, record.reason
     assert "the call came back" not in record.stderr.text
     assert [(u.tool, u.decision) for u in record.outcome_unknown] == [

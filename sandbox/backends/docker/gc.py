@@ -146,8 +146,11 @@ def orphaned(labels: dict[str, str]) -> bool:
         return True
 
 
-def mark_killed(run_root: Path) -> bool:
-    """Rewrite an orphaned `running` record as `killed`; True when it did."""
+def mark_killed(run_root: Path, *, runner_dead: bool = False) -> bool:
+    """Rewrite an orphaned `running` record as `killed`; True when it did.
+
+    `runner_dead`: the caller knows the runner ended (a fleet runner's Pod did), so
+    the record's runner, on another node, is not looked up here."""
     if run_root.is_symlink() or not (run_root / RECORD_FILE).is_file():
         return False
     try:
@@ -156,7 +159,7 @@ def mark_killed(run_root: Path) -> bool:
         return False
     if record.status is not RunStatus.RUNNING:
         return False
-    if record_runner_alive(record.runner):
+    if not runner_dead and record_runner_alive(record.runner):
         return False
     record.status = RunStatus.KILLED
     record.reason = "the runner died before the run finished; cleaned up by `sandbox gc`"

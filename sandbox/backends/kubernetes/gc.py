@@ -42,6 +42,13 @@ def collect_cluster(api: Any, settings: BackendConfig, report: GcReport) -> set[
     except ApiException as exc:
         report.errors.append(f"cluster: listing namespace {namespace}: {exc.status} {exc.reason}")
         return roots
+    if settings.placement == "scheduler":
+        from .fleetgc import collect_fleet
+
+        # The runs' Pods are the fleet runners': a live runner removes its own, a dead
+        # one's are removed here. None was made by a runner on this host.
+        collect_fleet(api, settings, report)
+        return roots
     left: set[str] = set()
     for pod in pods:
         labels = pod.metadata.labels or {}

@@ -1,0 +1,330 @@
+"""A test run the scheduler places: the runner itself as a Job's Pod (docs/guides/fleet.md).
+
+The controller (this module, anywhere that reaches the API server) submits one Job
+per run and never touches a node. The Job's one Pod runs `fleetrunner` with the
+runner image on whichever node the scheduler picks; there it does what a root
+runner does on its own host (the step's disk with its kernel quota, the workflow
+view, the DB copy, collect, the record) against the workflow on the shared claim,
+and creates the run's Pod pinned to its own node, with `pvc` storage: the run's
+Pod mounts subPaths of the same claim, and the runner's mounts reach the node
+through the claim's `Bidirectional` mount propagation. The record, action log and
+verification land on the claim, where the controller reads them (`record()`).
+
+Privileges, exactly: the runner's Pod is privileged (loop devices and mounts, as
+the root runner on a host is) and holds the runner service account's token (its
+Role: Pods, their logs, Secrets and Leases in one namespace); the run's own Pod is
+the one `pod.pod_manifest` makes, unchanged: no step or guard container gains
+anything.
+
+Cancel: deleting the Job (`cancel()`) deletes its Pod; the kubelet sends the
+runner SIGTERM, which ends the run as `killed` and removes the run's Pod within
+the grace period. Events: the Job's Pod's phase and node (`wait(on_event=...)`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import secrets
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.exceptions import ApiException
+
+from sandbox.contracts import names
+from sandbox.contracts.errors import ConfigError, EngineError, RefusedError
+from sandbox.contracts.hostconfig import BackendConfig
+from sandbox.contracts.record import TestRunRecord, read_record
+
+from .podrun import api_reason, connect
+
+RUNNER_CLAIM_ROOT = "/claim"  # where the runner's Pod mounts the claim
+SETTINGS_ENV = "SANDBOX_FLEET_SETTINGS"
+NODE_ENV = "SANDBOX_NODE_NAME"
+POD_ENV = "SANDBOX_RUNNER_POD"  # the runner's Pod: the holder of the workflow's Lease
+RUN_ID_MARK = "sandbox-fleet-run-id: "
+REFUSED_MARK = "sandbox-fleet-refused: "
+LABEL_FLEET = "sandbox.fleet-runner"
+LABEL_JOB = "sandbox.fleet-job"
+ANNOTATION_WORKFLOW = "sandbox.workflow"  # the workflow's path in the claim (the controller's)
+ANNOTATION_RUN_ID = "sandbox.run-id"  # set by the runner at its run's first event
+RUNNER_DEADLINE_S = 6 * 3600  # a Job whose runner hangs still ends
+RUNNER_GRACE_S = 60  # the runner's clean-up after SIGTERM (the run's Pod, its mounts)
+RUN_ID = re.compile(r"^test-[0-9A-Za-z_-]{1,80}$")
+WATCH_CHUNK_S = 10
+
+
+def claim_path(settings: BackendConfig, workflow_dir: Path) -> str:
+    """The workflow's path inside the claim (relative), refused unless it lies under
+    the controller's view of the claim's root."""
+    if settings.claim_root is None:
+        raise ConfigError("the scheduler placement needs the claim's root (claim_root)")
+    root = Path(settings.claim_root)
+    try:
+        rel = Path(workflow_dir).absolute().relative_to(root)
+    except ValueError:
+        raise ConfigError(
+            f"{workflow_dir} is not under claim_root {root}: the runner's Pod would not see it"
+        ) from None
+    if not rel.parts or ".." in rel.parts:
+        raise ConfigError(f"{workflow_dir}: not a folder under the claim's root")
+    return rel.as_posix()
+
+
+def runner_settings(settings: BackendConfig) -> BackendConfig:
+    """What the runner's Pod runs with: the same cluster, in-cluster credentials, the
+    claim at its own mount, placement on its own node (set there from the downward API)."""
+    return settings.model_copy(
+        update={
+            "placement": "runner",
+            "claim_root": RUNNER_CLAIM_ROOT,
+            "kubeconfig": None,
+            "context": None,
+        }
+    )
+
+
+def job_manifest(
+    settings: BackendConfig,
+    workflow: str,
+    step_id: str,
+    name: str,
+    *,
+    env: dict[str, str] | None = None,
+    host_network: bool = False,
+) -> dict[str, Any]:
+    """The Job of one run (pure). `env` and `host_network` are for clusters whose Pods
+    reach the API server only through the node (the local test cluster)."""
+    if settings.placement != "scheduler" or settings.runner_image is None:
+        raise ConfigError("a Job of the fleet needs placement = 'scheduler' and runner_image")
+    labels = {LABEL_FLEET: "true", LABEL_JOB: name}
+    container_env: list[dict[str, Any]] = [
+        {"name": NODE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": POD_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": SETTINGS_ENV, "value": runner_settings(settings).model_dump_json()},
+        {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
+        # The run's Pod runs the images this controller names.
+        {"name": "SANDBOX_IMAGE_TAG", "value": names.IMAGE_TAG},
+        *({"name": k, "value": v} for k, v in sorted((env or {}).items())),
+    ]
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "serviceAccountName": settings.runner_service_account,
+        "automountServiceAccountToken": True,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": RUNNER_GRACE_S,
+        "containers": [
+            {
+                "name": "runner",
+                "image": settings.runner_image,
+                "imagePullPolicy": settings.image_pull_policy,
+                "command": [
+                    "python3",
+                    "-m",
+                    "sandbox.backends.kubernetes.fleetrunner",
+                    workflow,
+                    step_id,
+                ],
+                "env": container_env,
+                # Loop devices and mounts, as the root runner on a host; the run's own
+                # Pod (made by this runner) is the unprivileged one of pod.pod_manifest.
+                "securityContext": {"privileged": True, "runAsUser": 0},
+                "volumeMounts": [
+                    {
+                        "name": "claim",
+                        "mountPath": RUNNER_CLAIM_ROOT,
+                        # The disk and view the runner mounts reach the node, so the
+                        # run's Pod (pinned here) mounts them through the claim.
+                        "mountPropagation": "Bidirectional",
+                    }
+                ],
+            }
+        ],
+        "volumes": [{"name": "claim", "persistentVolumeClaim": {"claimName": settings.claim}}],
+    }
+    if host_network:
+        pod_spec["hostNetwork"] = True
+    if settings.node_selector:
+        pod_spec["nodeSelector"] = dict(settings.node_selector)
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
+        "spec": {
+            "backoffLimit": 0,  # a run is never repeated behind the controller's back
+            "activeDeadlineSeconds": RUNNER_DEADLINE_S,
+            "template": {
+                "metadata": {"labels": labels, "annotations": {ANNOTATION_WORKFLOW: workflow}},
+                "spec": pod_spec,
+            },
+        },
+    }
+
+
+class FleetRun:
+    """One submitted run: its Job, its runner's Pod, then its record on the claim."""
+
+    def __init__(self, api: Any, settings: BackendConfig, workflow_dir: Path, name: str) -> None:
+        self.api, self.settings, self.workflow_dir, self.name = api, settings, workflow_dir, name
+        self.batch = client.BatchV1Api(api)
+        self.core = client.CoreV1Api(api)
+        self.node: str | None = None
+        self.run_id: str | None = None
+        self.refused: str | None = None  # why the runner refused to start the run
+
+    @classmethod
+    def submit(
+        cls,
+        settings: BackendConfig,
+        workflow_dir: Path,
+        step_id: str,
+        *,
+        api: Any = None,
+        env: dict[str, str] | None = None,
+        host_network: bool = False,
+    ) -> FleetRun:
+        workflow = claim_path(settings, workflow_dir)
+        name = f"sandbox-run-{secrets.token_hex(5)}"
+        manifest = job_manifest(
+            settings, workflow, step_id, name, env=env, host_network=host_network
+        )
+        api = api if api is not None else connect(settings)
+        run = cls(api, settings, Path(workflow_dir).absolute(), name)
+        try:
+            run.batch.create_namespaced_job(settings.namespace, manifest)
+        except ApiException as exc:
+            raise EngineError(f"the cluster refused the run's Job: {api_reason(exc)}") from None
+        return run
+
+    def _pod(self) -> Any:
+        pods = self.core.list_namespaced_pod(
+            self.settings.namespace, label_selector=f"{LABEL_JOB}={self.name}"
+        ).items
+        return pods[0] if pods else None
+
+    def wait(
+        self, timeout_s: float, on_event: Callable[[str, dict[str, Any]], None] | None = None
+    ) -> bool:
+        """Until the runner's Pod ended (True) or the timeout passed (False); reports
+        the Pod's node once scheduled and each phase it reaches."""
+        deadline = time.monotonic() + timeout_s
+        seen_phase = ""
+        while time.monotonic() < deadline:
+            w = watch.Watch()
+            try:
+                for event in w.stream(
+                    self.core.list_namespaced_pod,
+                    self.settings.namespace,
+                    label_selector=f"{LABEL_JOB}={self.name}",
+                    timeout_seconds=int(min(WATCH_CHUNK_S, max(1, deadline - time.monotonic()))),
+                ):
+                    pod = event["object"]
+                    if pod.spec.node_name and self.node is None:
+                        self.node = pod.spec.node_name
+                        if on_event is not None:
+                            on_event("placed", {"node": self.node, "pod": pod.metadata.name})
+                    phase = pod.status.phase or ""
+                    if phase != seen_phase:
+                        seen_phase = phase
+                        if on_event is not None:
+                            on_event("runner", {"phase": phase, "node": self.node})
+                    if phase in ("Succeeded", "Failed") or event["type"] == "DELETED":
+                        w.stop()
+                        self._learn_run_id(pod.metadata.name)
+                        return True
+            except ApiException as exc:
+                raise EngineError(f"watching the run's Job failed: {api_reason(exc)}") from None
+            finally:
+                w.stop()
+        return False
+
+    def _learn_run_id(self, pod_name: str) -> None:
+        """The run's id, from the runner's last line (a trusted component: the runner,
+        not the step), checked against the id's shape before it names a folder."""
+        with contextlib.suppress(ApiException):
+            log = self.core.read_namespaced_pod_log(
+                pod_name, self.settings.namespace, container="runner", tail_lines=50
+            )
+            for line in reversed(str(log).splitlines()):
+                if line.startswith(REFUSED_MARK):
+                    self.refused = line[len(REFUSED_MARK) :].strip()[:500]
+                    return
+                if line.startswith(RUN_ID_MARK):
+                    candidate = line[len(RUN_ID_MARK) :].strip()
+                    if RUN_ID.match(candidate):
+                        self.run_id = candidate
+                    return
+
+    def record(self) -> TestRunRecord:
+        """The record the runner sealed on the claim, read from the controller's view."""
+        if self.refused is not None:
+            raise RefusedError(self.refused)
+        if self.run_id is None:
+            raise EngineError(f"the runner of Job {self.name} named no run (see its Pod's log)")
+        return read_record(self.workflow_dir / "runs" / self.run_id)
+
+    def cancel(self) -> None:
+        """The Job and its Pod deleted: the runner gets SIGTERM and records `killed`."""
+        with contextlib.suppress(ApiException):
+            self.batch.delete_namespaced_job(
+                self.name, self.settings.namespace, propagation_policy="Foreground"
+            )
+
+    def delete(self) -> None:
+        """The finished Job removed (its Pod with it)."""
+        with contextlib.suppress(ApiException):
+            self.batch.delete_namespaced_job(
+                self.name, self.settings.namespace, propagation_policy="Background"
+            )
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.api.close()
+
+
+def runner_role(namespace: str, service_account: str = "sandbox-runner") -> list[dict[str, Any]]:
+    """What an operator applies once per namespace: the runner's service account, its
+    Role (only what the runner calls) and the binding (docs/guides/fleet.md)."""
+    rules = [
+        {
+            "apiGroups": [""],
+            "resources": ["pods"],
+            "verbs": ["create", "get", "list", "watch", "patch", "delete"],
+        },
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create", "patch", "delete"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "verbs": ["create", "get", "update", "delete"],
+        },
+    ]
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": {"name": service_account, "namespace": namespace},
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": {"name": service_account, "namespace": namespace},
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": service_account, "namespace": namespace},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": service_account,
+            },
+            "subjects": [
+                {"kind": "ServiceAccount", "name": service_account, "namespace": namespace}
+            ],
+        },
+    ]

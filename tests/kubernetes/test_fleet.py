@@ -1,0 +1,331 @@
+"""The scheduler placement (`placement = "scheduler"`): the runner as a Job's Pod.
+
+The controller here is the test process: it submits each run as a Job and reads the
+record from its own view of the shared claim; the host-side work happens inside the
+runner's Pod on whichever node the scheduler picked. The runner image is the guard
+image plus the Kubernetes client (images/runner/Dockerfile), built by this module.
+
+The local cluster's Pods reach the API server only through the node's loopback, so
+the runner's Pod here uses the host network and names the API server by its
+loopback address (what a real cluster's Service does for in-cluster clients).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, watch
+
+from sandbox.backends.choose import collect_cluster
+from sandbox.backends.docker.gc import GcReport
+from sandbox.backends.kubernetes import fleet, lease
+from sandbox.contracts import names
+from sandbox.contracts.errors import RefusedError
+from sandbox.contracts.hostconfig import BackendConfig
+from sandbox.contracts.record import RunStatus, read_record
+from sandbox.hostfs import hostmount
+from tests.conftest import tree_digest, write_workflow
+from tests.kubernetes.cluster import REPO_ROOT, Cluster
+from tests.kubernetes.pods import no_pods_or_secrets, processes_of, run_objects
+from tests.kubernetes.test_storage_claim import claim  # noqa: F401 (a fixture)
+from tests.kubernetes.test_two_nodes import only_schedulable
+
+pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
+
+RUNNER_IMAGE = f"sandbox-runner:{names.IMAGE_TAG}"
+WHEELS = REPO_ROOT / "build" / "wheels" / "runner"
+RUN_DEADLINE_S = 300.0
+
+
+@pytest.fixture(scope="module")
+def runner_image(kube_cluster: Cluster) -> str:
+    """The runner image, built from the guard image and loaded on both nodes."""
+    if not any(WHEELS.glob("kubernetes-*.whl")):
+        WHEELS.mkdir(parents=True, exist_ok=True)
+        pip = [str(Path(sys.executable).parent / "pip"), "wheel", "--quiet", "-w", str(WHEELS)]
+        subprocess.run([*pip, "kubernetes>=29,<38"], check=True, timeout=300)
+    context = REPO_ROOT / "build" / "runner-context"
+    shutil.rmtree(context, ignore_errors=True)
+    context.mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "images" / "runner" / "Dockerfile", context / "Dockerfile")
+    shutil.copytree(WHEELS, context / "wheels")
+    subprocess.run(
+        [
+            "docker",
+            "build",
+            "--quiet",
+            "--build-arg",
+            f"GUARD_IMAGE={names.GUARD_IMAGE}",
+            "-t",
+            RUNNER_IMAGE,
+            str(context),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    shutil.rmtree(context, ignore_errors=True)
+    kube_cluster.load_docker_images(RUNNER_IMAGE)
+    return RUNNER_IMAGE
+
+
+@pytest.fixture
+def fleet_namespace(kube_api: Any, kube_namespace: str) -> str:
+    """The namespace with the runner's service account, Role and binding, as an
+    operator applies them (`fleet.runner_role`)."""
+    core, rbac = client.CoreV1Api(kube_api), client.RbacAuthorizationV1Api(kube_api)
+    account, role, binding = fleet.runner_role(kube_namespace)
+    core.create_namespaced_service_account(kube_namespace, account)
+    rbac.create_namespaced_role(kube_namespace, role)
+    rbac.create_namespaced_role_binding(kube_namespace, binding)
+    return kube_namespace
+
+
+@pytest.fixture
+def fleet_settings(
+    kube_cluster: Cluster,
+    fleet_namespace: str,
+    runner_image: str,
+    claim: tuple[str, Path],  # noqa: F811
+) -> BackendConfig:
+    claim_name, root = claim
+    return BackendConfig(
+        kind="kubernetes",
+        kubeconfig=str(kube_cluster.kubeconfig),
+        namespace=fleet_namespace,
+        image_pull_policy="Never",
+        seccomp_profile="step.json",
+        storage="pvc",
+        claim=claim_name,
+        claim_root=str(root),
+        placement="scheduler",
+        runner_image=runner_image,
+    )
+
+
+def _local_api(kube_cluster: Cluster) -> dict[str, str]:
+    return {
+        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+        "KUBERNETES_SERVICE_PORT": str(kube_cluster.state.ports.apiserver),
+    }
+
+
+def _submit(kube_cluster: Cluster, settings: BackendConfig, wf: Path, step: str) -> fleet.FleetRun:
+    return fleet.FleetRun.submit(
+        settings,
+        wf,
+        step,
+        api=kube_cluster.api_client(),
+        env=_local_api(kube_cluster),
+        host_network=True,
+    )
+
+
+def _no_jobs(kube_api: Any, namespace: str) -> None:
+    batch = client.BatchV1Api(kube_api)
+    for job in batch.list_namespaced_job(namespace).items:
+        batch.delete_namespaced_job(job.metadata.name, namespace, propagation_policy="Background")
+
+
+@pytest.fixture
+def cleanup_jobs(kube_api: Any, fleet_namespace: str) -> Iterator[None]:
+    yield
+    _no_jobs(kube_api, fleet_namespace)
+
+
+CHAIN_STEP = r"""
+import os, sqlite3
+con = sqlite3.connect(os.environ["DB_PATH"])
+con.execute("INSERT INTO t VALUES (7, 'from the fleet')")
+con.commit()
+open("out.txt", "w").write(open("/workflow/workflow.toml").read().splitlines()[0])
+"""
+
+
+def test_scheduler_placed_runs_land_on_each_node_and_the_controller_reads_the_record(
+    kube_cluster: Cluster,
+    kube_core: Any,
+    kube_api: Any,
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
+) -> None:
+    assert fleet_settings.claim_root is not None
+    wf = write_workflow(
+        Path(fleet_settings.claim_root), command=["python3", "/workflow/code/step.py"]
+    )
+    (wf / "code" / "step.py").write_text(CHAIN_STEP)
+    before = tree_digest(wf)
+    landed = []
+    for node in kube_cluster.node_names:
+        with only_schedulable(kube_core, node, kube_cluster.node_names):
+            run = _submit(kube_cluster, fleet_settings, wf, "step1")
+            events: list[tuple[str, dict[str, Any]]] = []
+
+            def seen(kind: str, fields: dict[str, Any], into: list[Any] = events) -> None:
+                into.append((kind, fields))
+
+            assert run.wait(RUN_DEADLINE_S, seen)
+        record = run.record()
+        assert record.status is RunStatus.PASSED, (record.reason, record.stderr.text)
+        # The runner's Pod and the run's Pod were on the same node, the one picked.
+        assert run.node == node and record.node == node
+        placed = [f for k, f in events if k == "placed"]
+        assert len(placed) == 1 and placed[0]["node"] == node
+        assert ("runner", {"phase": "Succeeded", "node": node}) in events
+        group = wf / "runs" / record.id / "g" / "out.txt"
+        assert group.read_text() == 'name = "wf"'
+        assert record.db_copy is not None and record.db_diff is not None
+        landed.append(record.node)
+        run.delete()
+        run.close()
+    assert landed == kube_cluster.node_names
+    assert tree_digest(wf) == before  # the real workflow folder, byte for byte
+    assert not hostmount.mounts_below(wf)
+    no_pods_or_secrets(kube_core, fleet_settings.namespace)
+
+
+HOLD_STEP = r"""
+import time
+print("holding", flush=True)
+time.sleep(240)  # the run is cancelled long before
+"""
+
+
+def _step_running_on(core: Any, namespace: str, node: str, run: fleet.FleetRun) -> Any:
+    """The run's Pod once its step runs there (watched, with a deadline)."""
+    selector = f"{names.LABEL_MANAGED}=true"
+    w = watch.Watch()
+    for event in w.stream(
+        core.list_namespaced_pod, namespace, label_selector=selector, timeout_seconds=240
+    ):
+        pod = event["object"]
+        for status in pod.status.container_statuses or []:
+            if status.name == "step" and status.state.running is not None:
+                w.stop()
+                assert pod.spec.node_name == node
+                return pod
+    runner = run._pod()
+    log = ""
+    if runner is not None:
+        log = core.read_namespaced_pod_log(runner.metadata.name, namespace, tail_lines=30)
+    pytest.fail(f"no run's step ran within 240 s; the runner: {runner and runner.status}\n{log}")
+
+
+def _the_run(wf: Path) -> Path:
+    (run_dir,) = (wf / "runs").glob("test-*")
+    return run_dir
+
+
+def test_the_lease_keeps_a_second_node_out_and_a_deleted_job_records_killed(
+    kube_cluster: Cluster,
+    kube_core: Any,
+    kube_api: Any,
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
+) -> None:
+    """A runner on one node holds the workflow's Lease while its step runs; a second
+    run of the same workflow, placed on the other node, is refused naming the holder.
+    Deleting the first Job (cancel) ends its run as `killed`, its Pod and Secret gone,
+    the Lease released: the next run on the other node passes."""
+    assert fleet_settings.claim_root is not None
+    wf = write_workflow(
+        Path(fleet_settings.claim_root),
+        command=["python3", "/workflow/code/hold.py"],
+        timeout_s=300,
+        db_sql=None,
+    )
+    (wf / "code" / "hold.py").write_text(HOLD_STEP)
+    first_node, second_node = kube_cluster.node_names
+    namespace = fleet_settings.namespace
+    with only_schedulable(kube_core, first_node, kube_cluster.node_names):
+        holder = _submit(kube_cluster, fleet_settings, wf, "step1")
+        _step_running_on(kube_core, namespace, first_node, holder)
+    lease_name = lease.lease_name("wf")
+    held = client.CoordinationV1Api(kube_api).read_namespaced_lease(lease_name, namespace)
+    assert held.spec.holder_identity.startswith(holder.name)
+
+    with only_schedulable(kube_core, second_node, kube_cluster.node_names):
+        other = _submit(kube_cluster, fleet_settings, wf, "step1")
+        assert other.wait(RUN_DEADLINE_S)
+    assert other.node == second_node
+    with pytest.raises(RefusedError, match=held.spec.holder_identity):
+        other.record()
+    other.delete()
+
+    holder.cancel()
+    run_dir = _the_run(wf)
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    while read_record(run_dir).status is RunStatus.RUNNING:
+        assert time.monotonic() < deadline, "the cancelled run was never recorded"
+        time.sleep(0.2)
+    record = read_record(run_dir)
+    assert record.status is RunStatus.KILLED, record.reason
+    # The runner releases the Lease once its record is sealed, within its grace period.
+    leases = client.CoordinationV1Api(kube_api)
+    while leases.list_namespaced_lease(
+        namespace, field_selector=f"metadata.name={lease_name}"
+    ).items:
+        assert time.monotonic() < deadline, "the cancelled runner kept the workflow's Lease"
+        time.sleep(0.2)
+    no_pods_or_secrets(kube_core, namespace)
+
+
+def test_a_runner_killed_on_its_node_is_recorded_killed_by_gc_from_the_controller(
+    kube_cluster: Cluster,
+    kube_core: Any,
+    kube_api: Any,
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
+) -> None:
+    """SIGKILL to every process of the runner's Pod (from the host, by the Pod's
+    cgroup): the Pod fails, the record on the claim still says `running`. `sandbox
+    gc` on the controller (no node) marks it `killed` and removes the run's Pod and
+    Secret, the dead runner's Lease and its Job."""
+    assert fleet_settings.claim_root is not None
+    wf = write_workflow(
+        Path(fleet_settings.claim_root),
+        command=["python3", "/workflow/code/hold.py"],
+        timeout_s=300,
+        db_sql=None,
+    )
+    (wf / "code" / "hold.py").write_text(HOLD_STEP)
+    second_node = kube_cluster.node_names[1]
+    namespace = fleet_settings.namespace
+    with only_schedulable(kube_core, second_node, kube_cluster.node_names):
+        run = _submit(kube_cluster, fleet_settings, wf, "step1")
+        _step_running_on(kube_core, namespace, second_node, run)
+    runner = run._pod()
+    assert (runner.metadata.annotations or {}).get(fleet.ANNOTATION_RUN_ID)
+    victims = processes_of(runner.metadata.uid, 0)
+    assert victims
+    for proc in victims:
+        proc.send_signal(signal.SIGKILL)
+    assert run.wait(RUN_DEADLINE_S)
+    run_dir = _the_run(wf)
+    assert read_record(run_dir).status is RunStatus.RUNNING
+    assert run_objects(kube_core, namespace)  # the run's Pod outlived its runner
+
+    report = GcReport()
+    collect_cluster(fleet_settings, report)
+    assert report.errors == []
+    assert report.records_marked_killed == [str(run_dir)]
+    record = read_record(run_dir)
+    assert record.status is RunStatus.KILLED and "sandbox gc" in record.reason
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    while run_objects(kube_core, namespace):
+        assert time.monotonic() < deadline, run_objects(kube_core, namespace)
+        time.sleep(0.2)
+    leases = client.CoordinationV1Api(kube_api).list_namespaced_lease(namespace).items
+    assert [x.metadata.name for x in leases] == []
+    batch = client.BatchV1Api(kube_api)
+    while batch.list_namespaced_job(namespace).items:
+        assert time.monotonic() < deadline, "the dead runner's Job was not removed"
+        time.sleep(0.2)

@@ -1,0 +1,83 @@
+"""The fleet's Job and settings as plain data (no cluster): what the runner's Pod may
+hold, and what the controller refuses before it submits anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from sandbox.backends.kubernetes import fleet
+from sandbox.contracts import names
+from sandbox.contracts.errors import ConfigError
+from sandbox.contracts.hostconfig import BackendConfig
+
+pytestmark = pytest.mark.kubernetes
+
+
+def _settings(**changes: object) -> BackendConfig:
+    base: dict[str, object] = {
+        "kind": "kubernetes",
+        "namespace": "runs",
+        "storage": "pvc",
+        "claim": "workflows",
+        "claim_root": "/srv/workflows",
+        "placement": "scheduler",
+        "runner_image": "registry.example.org/sandbox-runner:1",
+        "kubeconfig": "/etc/sandbox/kubeconfig",
+    }
+    return BackendConfig.model_validate({**base, **changes})
+
+
+def test_the_scheduler_placement_needs_a_claim_and_a_runner_image() -> None:
+    with pytest.raises(ValidationError, match="placement = 'scheduler'"):
+        BackendConfig(kind="kubernetes", placement="scheduler", runner_image="r:1")
+    with pytest.raises(ValidationError, match="placement = 'scheduler'"):
+        _settings(runner_image=None)
+
+
+def test_a_workflow_outside_the_claim_is_refused_before_any_job() -> None:
+    settings = _settings()
+    assert fleet.claim_path(settings, Path("/srv/workflows/team/wf")) == "team/wf"
+    for outside in ("/srv/other/wf", "/srv/workflows", "/srv/workflows/../etc"):
+        with pytest.raises(ConfigError):
+            fleet.claim_path(settings, Path(outside))
+
+
+def test_only_the_runner_is_privileged_and_it_holds_only_its_namespaced_role() -> None:
+    job = fleet.job_manifest(_settings(), "team/wf", "step1", "sandbox-run-x")
+    assert job["spec"]["backoffLimit"] == 0
+    template = job["spec"]["template"]
+    assert template["metadata"]["annotations"] == {fleet.ANNOTATION_WORKFLOW: "team/wf"}
+    pod = template["spec"]
+    assert pod["serviceAccountName"] == "sandbox-runner"
+    assert "hostNetwork" not in pod and "hostPID" not in pod
+    (runner,) = pod["containers"]
+    assert runner["securityContext"] == {"privileged": True, "runAsUser": 0}
+    assert runner["volumeMounts"] == [
+        {"name": "claim", "mountPath": "/claim", "mountPropagation": "Bidirectional"}
+    ]
+    assert pod["volumes"] == [
+        {"name": "claim", "persistentVolumeClaim": {"claimName": "workflows"}}
+    ]
+    env = {e["name"]: e for e in runner["env"]}
+    assert env["SANDBOX_IMAGE_TAG"]["value"] == names.IMAGE_TAG
+    inner = BackendConfig.model_validate_json(env[fleet.SETTINGS_ENV]["value"])
+    # In the Pod: its own credentials, the claim at its mount, the run's Pod on its node.
+    assert inner.kubeconfig is None and inner.claim_root == "/claim"
+    assert inner.placement == "runner"
+    assert env[fleet.NODE_ENV]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+
+    account, role, binding = fleet.runner_role("runs")
+    assert role["kind"] == "Role" and role["metadata"]["namespace"] == "runs"
+    granted = {(r["apiGroups"][0], res) for r in role["rules"] for res in r["resources"]}
+    assert granted == {
+        ("", "pods"),
+        ("", "pods/log"),
+        ("", "secrets"),
+        ("coordination.k8s.io", "leases"),
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "runs"}
+    ]
