@@ -28,6 +28,7 @@ from sandbox.contracts.record import RunStatus, TestRunRecord
 from sandbox.contracts.wire import ActionLine
 from sandbox.policy import stub_reply
 from sandbox.run.testrun import RunOptions, TestRun
+from tests import paths
 from tests.conftest import WorkflowFactory, call_lines, tree_digest
 from tests.fakes.harness import ALIAS, Outside, outside_server, tls_files
 from tests.polling import wait_for
@@ -223,7 +224,7 @@ def test_requests_httpx_and_go_read_through_the_guard_either_way(
 
 
 GIT_ALIAS = "git.test"
-GIT_SERVER = Path(__file__).resolve().parent / "fakes" / "git_https_server.py"
+GIT_SERVER = paths.TESTS / "fakes" / "git_https_server.py"
 
 
 @dataclass(frozen=True)
