@@ -90,7 +90,7 @@ def test_lines_behind_a_busy_writer_keep_the_order_of_their_calls(
     some lines by the writer and some by the loop, land in the order they were made."""
     path = tmp_path / "actions.jsonl"
     path.touch()
-    writes = _Writes(slow_s=0.002)
+    writes = _Writes(slow_s=0.01)
     monkeypatch.setattr(os, "write", writes)
     real_sync = os.fdatasync
 
