@@ -266,8 +266,14 @@ class ActionLog:
         before it is written loses it: the record then shows that request as
         started, outcome unknown."""
         line = self._outcome_line(call, ok=ok, reason=reason, detail=detail)
-        if self._room_for(len(line), reserve=True) and not self._write_now(line):
-            self._queue(line, None, hold=True)
+        if not self._room_for(len(line), reserve=True):
+            return
+        try:
+            if self._write_now(line):
+                return
+        except OSError:
+            return  # nobody waits for this line; the failed log fails every later call
+        self._queue(line, None, hold=True)
 
     def _outcome_line(
         self, call: Started, *, ok: bool, reason: str, detail: dict[str, Any] | None

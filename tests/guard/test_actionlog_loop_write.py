@@ -127,3 +127,37 @@ def test_lines_behind_a_busy_writer_keep_the_order_of_their_calls(
     # both ways were taken: the loop's own appends and the writer's rounds
     assert loop_thread in writes.threads
     assert any(t != loop_thread for t in writes.threads)
+
+
+def test_a_queued_outcome_the_loop_cannot_write_fails_the_next_call_not_the_reply(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An egress outcome is written after its reply went out, and nobody waits for it: a
+    write that fails there raises nothing into the relay, and the log, failed, refuses
+    the next call's start line (nothing is forwarded unlogged)."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    monkeypatch.setattr(actionlog, "SYNC_INTERVAL_S", 600.0)
+    log = ActionLog(str(path), secrets=())
+    real_write = os.write
+
+    def full_disk(fd: int, data: bytes | memoryview) -> int:
+        if b'"event":"outcome"' in bytes(data):
+            raise OSError(28, "No space left on device")
+        return real_write(fd, data)
+
+    async def main() -> str:
+        started = await log.begin(tool="http", arguments={"n": 1}, **EGRESS_CALL)  # type: ignore[arg-type]
+        await asyncio.to_thread(wait_for, lambda: log.syncs == 1, 10.0, "the first sync")
+        monkeypatch.setattr(os, "write", full_disk)
+        log.outcome_queued(started, ok=True)
+        monkeypatch.setattr(os, "write", real_write)
+        try:
+            await log.begin(tool="http", arguments={"n": 2}, **EGRESS_CALL)  # type: ignore[arg-type]
+        except OSError as exc:
+            return str(exc.strerror)
+        return "forwarded"
+
+    assert asyncio.run(main()) == "No space left on device"
+    log.close()
+    assert [(ln.event, ln.call_id) for ln in _lines(path)] == [("start", "c1")]
