@@ -423,11 +423,12 @@ class EgressProxy:
         then: Callable[[], object] | None = None,
     ) -> Started:
         """The start line of a request about to be forwarded: written before its first
-        byte leaves (`then`: that first byte, sent right after the line's write), on disk before
-        this returns. With the log full, or a log that cannot be written, the request
-        is refused instead (Denied): nothing was sent. A sync that failed after the
-        head went fails the request (Denied, as sent but failed): its reply is never
-        relayed, the connection is not reused, and the failed log takes no line more."""
+        byte leaves (`then`: that first byte, sent right after the line's write), on
+        disk (per-call) before this returns. With the log full, or a log that cannot be
+        written, the request is refused instead (Denied): nothing was sent. A sync that
+        failed after the head went fails the request (Denied, as sent but failed): its
+        reply is never relayed, the connection is not reused, and the failed log takes
+        no line more."""
         arguments, detail = self._facts(
             seen, status=None, extra_detail=extra_detail, extra_arguments=extra_arguments
         )
