@@ -7,7 +7,9 @@ instant leaves every line of every call that had an effect or an answer (the pag
 cache outlives the process). Lines are synced in group commit off the request path
 within SYNC_INTERVAL_S, and at close; the runner syncs once more when it seals the
 record. `durability="per-call"` (host.toml) syncs each line before its call goes on
-instead. One writer thread: lines never interleave; a crash leaves whole lines.
+instead. In group commit the loop appends a line itself when nothing is queued ahead
+of it, else the one writer thread does: lines never interleave (one `write(2)` each
+round, in call order); a crash leaves whole lines.
 Sizes are capped and secrets redacted (see sandbox.guard.actionline).
 """
 
@@ -209,10 +211,11 @@ class ActionLog:
         group commit `durable` changes nothing: no call waits for the disk.
 
         `then` (the call's first effect, e.g. its head written to an upstream socket
-        that is already open) is run by the writer thread the moment the line is
-        written, before any sync and before the loop is woken: the effect does not
-        wait for the disk nor for a hop back to the loop. It must be quick and must not
-        touch the loop; what it raises is in the result's `then_error`. It never runs
+        that is already open) runs the moment the line is written, before any sync, on
+        the thread that wrote it (the loop in group commit when nothing was queued ahead,
+        else the writer thread, before the loop is woken): the effect waits neither for
+        the disk nor for a hop back to the loop. It must be quick and must not touch
+        the loop; what it raises is in the result's `then_error`. It never runs
         when the write failed or the log is full. A failed write or sync raises that
         OSError; after a failed sync `then` may have run (the head went): the caller
         must fail the call, never relay its reply.
@@ -237,8 +240,8 @@ class ActionLog:
             await self.settle()  # the marker that says so is on disk before the stub
             raise LogFull(_full_reason())
         began = time.perf_counter()
-        waiter = await self._append(line, then, durable=durable)
-        return Started(call_id, session, tool, decision, reason, category, began, waiter.then_error)
+        then_error = await self._append(line, then, durable=durable)
+        return Started(call_id, session, tool, decision, reason, category, began, then_error)
 
     async def outcome(
         self, call: Started, *, ok: bool, reason: str = "", detail: dict[str, Any] | None = None
@@ -263,8 +266,14 @@ class ActionLog:
         before it is written loses it: the record then shows that request as
         started, outcome unknown."""
         line = self._outcome_line(call, ok=ok, reason=reason, detail=detail)
-        if self._room_for(len(line), reserve=True):
-            self._queue(line, None, hold=True)
+        if not self._room_for(len(line), reserve=True):
+            return
+        try:
+            if self._write_now(line):
+                return
+        except OSError:
+            return  # nobody waits for this line; the failed log fails every later call
+        self._queue(line, None, hold=True)
 
     def _outcome_line(
         self, call: Started, *, ok: bool, reason: str, detail: dict[str, Any] | None
@@ -329,16 +338,35 @@ class ActionLog:
         self._bytes += len(data)
         self._writer.put(data, waiter, hold=hold)
 
+    def _write_now(self, data: bytes) -> bool:
+        """Group commit: append the line on the loop when nothing is queued ahead of it
+        (see `_GroupCommit.write_now`); False when it must be queued instead."""
+        if not self._writer.write_now(data):
+            return False
+        self._bytes += len(data)
+        return True
+
     async def _append(
         self, data: bytes, then: Callable[[], object] | None = None, *, durable: bool = True
-    ) -> _Waiter:
-        """Queue one line, in call order, and return once it is written and `then` ran
-        (per-call with `durable`: once it is on disk)."""
+    ) -> BaseException | None:
+        """Append one line, in call order, and return once it is written and `then` ran
+        (per-call with `durable`: once it is on disk); what `then` raised.
+
+        In group commit the line is written here on the loop when it can be, and `then`
+        runs right after it: no thread hop, no future, no wake-up of the loop."""
+        if self._write_now(data):
+            if then is None:
+                return None
+            try:
+                then()
+            except Exception as exc:  # the caller's to report, as its outcome
+                return exc
+            return None
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop, loop.create_future(), then, durable=durable)
         self._queue(data, waiter)
         await waiter.future
-        return waiter
+        return waiter.then_error
 
     async def settle(self) -> None:
         """Return once every line queued so far is written (per-call: on disk, no sync
@@ -348,8 +376,8 @@ class ActionLog:
         writer writes them regardless), and a failed log is not raised here: the
         caller answers with its own failure (and the log's failure fails every later
         call)."""
-        if self._closed:
-            return
+        if self._closed or (not self.per_call and self._writer.idle()):
+            return  # group commit: nothing queued is left unwritten
         loop = asyncio.get_running_loop()
         waiter = _Waiter(loop, loop.create_future())
         self._writer.put(b"", waiter)

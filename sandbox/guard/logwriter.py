@@ -7,7 +7,9 @@ cut last one), runs each line's `then` and wakes its waiter. What a waiter waits
 for depends on the log's durability (see actionlog.spec.md): per-call, the writer
 syncs the round before it wakes the lines that wait for the disk; in group commit
 nothing waits for the disk, and a separate thread syncs what was written at most
-SYNC_INTERVAL_S after it, off the request path.
+SYNC_INTERVAL_S after it, off the request path. In group commit the loop appends a
+line itself (`write_now`) when nothing is queued ahead of it and no sync is under
+way, so the common call has no hop to the writer thread and back.
 """
 
 from __future__ import annotations
@@ -137,12 +139,16 @@ class _Syncer:
         self._stopping = threading.Event()
         self.error: OSError | None = None
         self.syncs = 0
+        # True from just before an fdatasync to just after: the loop leaves appends to the
+        # writer thread meanwhile, since a write may wait on the inode the sync holds.
+        self.syncing = False
         self._thread = threading.Thread(target=self._run, name="action-log-sync", daemon=True)
         self._thread.start()
 
     def written(self) -> None:
-        """The writer appended bytes: they are due for the next sync."""
-        self._dirty.set()
+        """Bytes were appended: they are due for the next sync."""
+        if not self._dirty.is_set():  # set() takes a lock and may wake the thread
+            self._dirty.set()
 
     def _run(self) -> None:
         last = -math.inf
@@ -155,11 +161,14 @@ class _Syncer:
                 return
             self._dirty.clear()  # what is written from here on is for the next sync
             last = time.monotonic()
+            self.syncing = True
             try:
                 os.fdatasync(self._fd)
             except OSError as exc:
                 self.error = exc
                 return
+            finally:
+                self.syncing = False
             self.syncs += 1
 
     def stop(self) -> None:
@@ -185,7 +194,8 @@ class _GroupCommit:
     timer, or close ends the wait. The writer syncs when a line of the round needs it
     and something written is not yet synced, then wakes the lines that wait for the
     disk. Otherwise (group commit) no line waits for the disk and none is held: a
-    `_Syncer` syncs behind the writer.
+    `_Syncer` syncs behind the writer, and the loop may append a line itself
+    (`write_now`) when the writer has nothing of its own left to write.
 
     After a failed write no `then` runs; after a failed write or sync every waiting
     line of the round, and each later one, fails."""
@@ -202,6 +212,12 @@ class _GroupCommit:
         self._stopped = False
         self._unsynced = False  # written bytes no sync covers yet (writer thread only)
         self._syncs = 0  # fdatasync calls made by the writer (per-call)
+        # Lines handed to the writer (counted by the loop) and lines it has dealt with
+        # (counted by the writer once a round is written and its `then`s ran): equal, the
+        # writer holds nothing that must be in the file before a line the loop appends.
+        # Each is written by one thread only, so no lock is needed to compare them.
+        self._put = 0
+        self._done = 0
         self._thread = threading.Thread(target=self._run, name="action-log", daemon=True)
         self._thread.start()
 
@@ -216,7 +232,40 @@ class _GroupCommit:
                 error = self._error or OSError(errno.EBADF, "the action log is closed")
                 waiter.loop.call_soon(_settle, [waiter], error)
             return
+        self._put += 1
         self._lines.put(_Line(data, waiter, hold=hold and self._per_call))
+
+    def write_now(self, data: bytes) -> bool:
+        """Group commit, on the loop: append `data` here and now when nothing queued is
+        still to be written and no sync is under way (a write then waits for no thread
+        and, on a page-cache append, for no disk); False otherwise (the caller queues
+        it). A failed write fails the log (raised here; every later line fails too).
+
+        RWF_NOWAIT would let the loop try even during a sync, but ext4 refuses it on a
+        buffered write (EOPNOTSUPP on this project's hosts), so the sync is avoided."""
+        if (
+            self._per_call
+            or self._stopped
+            or self._error is not None
+            or self._put != self._done
+            or self._syncer is None
+            or self._syncer.syncing
+            or self._syncer.error is not None
+        ):
+            return False
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:
+            self._error = exc
+            raise
+        self._syncer.written()
+        return True
+
+    def idle(self) -> bool:
+        """Whether every line handed to the writer is dealt with (a loop-side check)."""
+        return self._put == self._done
 
     def _round(self) -> tuple[list[_Line], bool]:
         """The next round's lines (blocking until there is one), and whether close
@@ -271,6 +320,7 @@ class _GroupCommit:
                         waiter.then_error = exc
                 woken = durable if waiter.durable and self._per_call else written
                 woken.setdefault(waiter.loop, []).append(waiter)
+            self._done += len(batch)  # the loop may append after these lines from now on
             _wake(written, error)
             must_sync = self._per_call and any(line.sync for line in batch)
             if error is None and must_sync and self._unsynced:

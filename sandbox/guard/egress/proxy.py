@@ -275,9 +275,9 @@ class EgressProxy:
                 else "read"
             )
             where = " (inspected inside TLS)" if seen.tls else ""
-            # Plain TCP: the log's writer sends the head the moment its line is written,
-            # before its sync (the upstream works while the disk syncs); the reply is
-            # relayed only once `begin` returns, the line on disk.
+            # Plain TCP: whoever writes the line (the loop, or the log's writer thread)
+            # sends the head the moment it is written, before any sync; the reply is
+            # relayed only once `begin` returns (per-call: the line on disk).
             early = [0]
 
             def send_head() -> None:
@@ -428,11 +428,12 @@ class EgressProxy:
         then: Callable[[], object] | None = None,
     ) -> Started:
         """The start line of a request about to be forwarded: written before its first
-        byte leaves (`then`: that first byte, sent by the log's writer), on disk before
-        this returns. With the log full, or a log that cannot be written, the request
-        is refused instead (Denied): nothing was sent. A sync that failed after the
-        head went fails the request (Denied, as sent but failed): its reply is never
-        relayed, the connection is not reused, and the failed log takes no line more."""
+        byte leaves (`then`: that first byte, sent right after the line's write), on
+        disk (per-call) before this returns. With the log full, or a log that cannot be
+        written, the request is refused instead (Denied): nothing was sent. A sync that
+        failed after the head went fails the request (Denied, as sent but failed): its
+        reply is never relayed, the connection is not reused, and the failed log takes
+        no line more."""
         arguments, detail = self._facts(
             seen, status=None, extra_detail=extra_detail, extra_arguments=extra_arguments
         )
