@@ -87,6 +87,7 @@ def build_app(
             guard.log,
             slots=guard.forward_slots,
             listeners=mcp_listeners,
+            reads=guard.reads,
         )
     else:
         mcp = NoMcpServers(guard)
@@ -99,6 +100,7 @@ def build_app(
             egress.running(guard.config, guard.log, guard.active_calls, egress_listener) as proxy,
         ):
             guard.egress = proxy
+            proxy.reads = guard.reads
             async with transparent.serving(proxy, guard.config.bridge_token, direct_listeners):
                 yield
         await guard.close()

@@ -16,6 +16,7 @@ from sandbox.guard.egress import splice
 
 if TYPE_CHECKING:
     from sandbox.guard.egress.request import Direct
+    from sandbox.guard.recording import Tap
 
 CHUNK = 256 * 1024
 LINGER_S, LINGER_IDLE_S, LINGER_BYTES = 2.0, 0.2, 1024 * 1024  # after a denial
@@ -35,15 +36,18 @@ class Client:
         self.replying = False  # a reply head went out: no error reply can follow it
         self.denied = False  # the last answer was a denial: linger before closing
         self.direct: Direct | None = None  # redirected by the firewall, not through the proxy
+        self.tap: Tap | None = None  # the reply being recorded: every byte goes through write
         writer.transport.set_write_buffer_limits(high=0)
 
     async def write(self, data: bytes) -> None:
+        if self.tap is not None:
+            self.tap.feed(data)
         self.writer.write(data)
         await self.writer.drain()
 
     def splice_socket(self) -> socket.socket | None:
         """The socket to splice a reply into: plain TCP with nothing queued in Python."""
-        if self.tls or not splice.AVAILABLE:
+        if self.tls or not splice.AVAILABLE or self.tap is not None:
             return None
         if self.writer.transport.get_write_buffer_size() != 0:
             return None
