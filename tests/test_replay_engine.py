@@ -204,3 +204,18 @@ def test_a_100_mib_read_is_relayed_whole_and_the_recording_stays_within_its_cap(
     assert "per-answer cap" in big.why
     blobs = root_of(wf, record) / "guard" / RECORDING_DIR / BLOBS_DIR
     assert sum(p.stat().st_size for p in blobs.iterdir()) <= 8 * MIB
+
+
+def test_the_job_board_fix_demo_names_the_connects_argument_and_replays_with_the_api_stopped(
+    engine: DockerClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sys.path.insert(0, str(JOBBOARD))
+    import demo_fix
+
+    assert demo_fix.main(str(tmp_path)) == 0
+    out = capsys.readouterr().out.splitlines()
+    diff = out[out.index("1 difference(s):") + 1]
+    assert diff.endswith("upwork_submit_proposal at A #3 / B #3: connects 15 -> 16")
+    replayed = next(i for i, line in enumerate(out) if line.startswith("verdict: PASS"))
+    assert out[replayed + 1].startswith("REPLAYED: reads answered from the recording of test-")
+    assert ": 1 hit(s), 0 miss(es)" in out[replayed + 1]

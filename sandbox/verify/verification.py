@@ -130,9 +130,9 @@ class Verification(BaseModel):
             f"verdict: {verdict}: step {self.step_id}, {held} of {len(self.results)} "
             f"expectation(s) held (test run {self.run_id})"
         ]
-        out += [f"  {r.line()}" for r in self.results]
         if self.replay is not None:
             out += replay_lines(self.replay)
+        out += [f"  {r.line()}" for r in self.results]
         out.append("digest:")
         out += [f"  {line}" for line in self.digest.lines()]
         if self.content is not None:
