@@ -96,10 +96,10 @@ class IndexLine(BaseModel):
 class NotKept(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    key: str
-    what: str
-    bytes: int
-    why: str
+    key: str = Field(description="The read's match key.")
+    what: str = Field(description="The read, for people (`GET https://...`, `mcp srv/tool`).")
+    bytes: int = Field(description="The answer's size (relayed whole all the same).")
+    why: str = Field(description="Why it was not kept (a cap, cut short, a failed write).")
 
 
 class RecordingSummary(BaseModel):
@@ -107,24 +107,28 @@ class RecordingSummary(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    cap_bytes: int
-    body_cap_bytes: int
-    kept: int = 0
-    kept_bytes: int = 0
-    not_kept: int = 0
-    not_kept_bytes: int = 0
-    not_kept_named: list[NotKept] = Field(default_factory=list)
-    index_sha256: str = ""
-    error: str = ""  # the index could not be read back: the recording is not usable
+    cap_bytes: int = Field(description="The whole recording's cap.")
+    body_cap_bytes: int = Field(description="One answer's cap.")
+    kept: int = Field(default=0, description="Answers kept.")
+    kept_bytes: int = Field(default=0, description="Their bytes (each distinct answer once).")
+    not_kept: int = Field(default=0, description="Answers not kept.")
+    not_kept_bytes: int = Field(default=0, description="Their bytes.")
+    not_kept_named: list[NotKept] = Field(
+        default_factory=list, description="The first 50 answers not kept, and why."
+    )
+    index_sha256: str = Field(default="", description="SHA-256 of the index as read back.")
+    error: str = Field(
+        default="", description="Why the recording is not usable (off, or its index unreadable)."
+    )
 
 
 class ReplayMiss(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Kind
-    what: str
-    key: str
-    went_live: bool = False
+    kind: Kind = Field(description="egress, mcp or bridge.")
+    what: str = Field(description="The read, for people.")
+    key: str = Field(description="Its match key.")
+    went_live: bool = Field(default=False, description="Sent to the world (misses live).")
 
 
 class ReplaySummary(BaseModel):
@@ -133,10 +137,11 @@ class ReplaySummary(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    run_id: str
-    index_sha256: str
-    miss_mode: MissMode
-    hits: int = 0
-    misses: int = 0
-    misses_named: list[ReplayMiss] = Field(default_factory=list)
-    error: str = ""
+    run_id: str = Field(description="The run whose recording answered the reads.")
+    index_sha256: str = Field(description="SHA-256 of that recording's index as read.")
+    miss_mode: MissMode = Field(description="What a miss got: the stub, or the world.")
+    hits: int = Field(default=0, description="Reads answered from the recording.")
+    misses: int = Field(default=0, description="Reads the recording did not have.")
+    misses_named: list[ReplayMiss] = Field(
+        default_factory=list, description="The first 100 misses."
+    )

@@ -100,7 +100,7 @@ class Tap:
     ) -> None:
         self._recorder = recorder
         self.key, self.kind, self.what, self.replay = key, kind, what, replay
-        self._hash = hashlib.sha256()
+        self._hash: hashlib._Hash | None = hashlib.sha256()
         self.size = 0
         self._written = 0
         self._why_not = recorder.unavailable
@@ -108,7 +108,32 @@ class Tap:
         self._temp = recorder.root / BLOBS_DIR / f".part-{serial}"
         self._closed = False
 
+    @property
+    def keeping(self) -> bool:
+        """Whether the answer is still being kept (else it need not pass through `feed`)."""
+        return not self._why_not
+
+    def rest_unseen(self, length: int) -> bool:
+        """The rest of the answer is `length` bytes: when that cannot be kept (past a
+        cap), the tap gives up now and the rest need not pass through Python (the
+        relay splices it); the index then has its size, and no digest. Whether the tap
+        gave up."""
+        settings = self._recorder.settings
+        if self._why_not:
+            pass
+        elif self.size + length > settings.body_cap_bytes:
+            self._drop(f"over the per-answer cap of {settings.body_cap_bytes} bytes")
+        elif self._recorder.used + length > settings.cap_bytes:
+            self._drop(f"over the recording's cap of {settings.cap_bytes} bytes")
+        else:
+            return False
+        self._hash = None
+        self.size += length
+        return True
+
     def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._hash is None:
+            return  # given up (`rest_unseen`): the size is counted already
         self._hash.update(data)
         self.size += len(data)
         if self._why_not:
@@ -138,9 +163,9 @@ class Tap:
         self._closed = True
         if not complete and not self._why_not:
             self._drop("the answer was cut short")
-        digest = self._hash.hexdigest()
+        digest = self._hash.hexdigest() if self._hash is not None else None
         kept = False
-        if not self._why_not:
+        if not self._why_not and digest is not None:
             kept = self._commit(digest)
         self._recorder.note(
             IndexLine(

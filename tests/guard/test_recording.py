@@ -85,3 +85,16 @@ def test_replay_serves_only_whole_blobs_and_keys_ignore_argument_order(tmp_path:
     (blob,) = (tmp_path / BLOBS_DIR).iterdir()
     blob.write_bytes(b'{"text": "forged!!"}')  # same size, other content
     assert replay.answer(key) is None
+
+
+def test_a_rest_that_cannot_be_kept_is_given_up_before_it_arrives(tmp_path: Path) -> None:
+    """What lets the relay splice a large body: the tap stops before the bytes come."""
+    recorder = Recorder(tmp_path, RecordingSettings(cap_bytes=64 * MIB, body_cap_bytes=4 * MIB))
+    tap = recorder.tap("d" * 64, "egress", "GET big")
+    tap.feed(b"HTTP/1.1 200 OK\r\n\r\n")
+    assert tap.keeping and not tap.rest_unseen(MIB)
+    assert tap.rest_unseen(100 * MIB) and not tap.keeping
+    tap.close()
+    (line,) = index(tmp_path)
+    assert not line.kept and line.sha256 is None and line.bytes == 100 * MIB + 19
+    assert "per-answer cap" in line.why_not and recorder.used == 0

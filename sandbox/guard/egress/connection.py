@@ -47,7 +47,7 @@ class Client:
 
     def splice_socket(self) -> socket.socket | None:
         """The socket to splice a reply into: plain TCP with nothing queued in Python."""
-        if self.tls or not splice.AVAILABLE or self.tap is not None:
+        if self.tls or not splice.AVAILABLE or (self.tap is not None and self.tap.keeping):
             return None
         if self.writer.transport.get_write_buffer_size() != 0:
             return None
