@@ -45,7 +45,9 @@ class Recorder:
         self.unavailable = "" if settings.enabled else "recording is off"
         if settings.enabled:
             try:
-                (root / BLOBS_DIR).mkdir(parents=True, exist_ok=True, mode=0o700)
+                # the guard's own folder must exist: nothing is made above it
+                root.mkdir(mode=0o700, exist_ok=True)
+                (root / BLOBS_DIR).mkdir(mode=0o700, exist_ok=True)
                 flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
                 self._index_fd = os.open(root / INDEX_FILE, flags, 0o600)
             except OSError as exc:  # the answers still go out; the record says none was kept

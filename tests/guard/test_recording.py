@@ -98,3 +98,13 @@ def test_a_rest_that_cannot_be_kept_is_given_up_before_it_arrives(tmp_path: Path
     (line,) = index(tmp_path)
     assert not line.kept and line.sha256 is None and line.bytes == 100 * MIB + 19
     assert "per-answer cap" in line.why_not and recorder.used == 0
+
+
+def test_a_recorder_without_its_guard_folder_makes_nothing_and_says_so(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path / "missing" / "recording", RecordingSettings())
+    assert not (tmp_path / "missing").exists()
+    assert recorder.unavailable.startswith("the recording could not be opened")
+    tap = recorder.tap("e" * 64, "bridge", "t")
+    tap.feed(b"answer")
+    tap.close()
+    assert not tap.keeping and not (tmp_path / "missing").exists()
