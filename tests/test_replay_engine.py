@@ -219,3 +219,79 @@ def test_the_job_board_fix_demo_names_the_connects_argument_and_replays_with_the
     replayed = next(i for i, line in enumerate(out) if line.startswith("verdict: PASS"))
     assert out[replayed + 1].startswith("REPLAYED: reads answered from the recording of test-")
     assert ": 1 hit(s), 0 miss(es)" in out[replayed + 1]
+
+
+DIRECT = """
+import json, os, urllib.request
+for var in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+    os.environ.pop(var, None)
+opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+with opener.open("http://outside.test:8080/direct", timeout=20) as r:
+    print(json.dumps([r.status, r.read().decode()]))
+"""
+
+
+def test_a_direct_connection_is_recorded_and_replayed_without_reaching_the_host(
+    engine: DockerClient, outside: Outside, make_workflow: WorkflowFactory
+) -> None:
+    """The firewall's redirected connections go through the same recording: the replay
+    answers the step and the host never sees the request again."""
+    wf = reads_step(make_workflow)
+    (wf / "code" / "step.py").write_text(textwrap.dedent(DIRECT))
+    network = RunOptions(upstream_networks=(outside.network,))
+    live = TestRun(wf, "step1", network).execute()
+    assert live.stdout.text.strip() == json.dumps([200, "hello from outside /direct"])
+    replay = RunOptions(upstream_networks=(outside.network,), replay=live.id)
+    replayed = TestRun(wf, "step1", replay).execute()
+    assert replayed.stdout.text == live.stdout.text
+    assert [s["path"] for s in outside.seen() if s.get("path") == "/direct"] == ["/direct"]
+    lines = call_lines(root_of(wf, replayed) / "test_mode_actions.jsonl")
+    (line,) = [ln for ln in lines if ln.tool == "http"]
+    assert line.detail["via"] == "direct" and line.detail["replay"] == "hit"
+    assert replayed.replay is not None and replayed.replay.hits == 1
+
+
+MCP_TIME = """
+[[mcp_servers]]
+name = "time"
+command = ["mcp-server-time", "--local-timezone", "UTC"]
+"""
+MCP_STEP = """
+import json
+import agentworks_mcp as mcp
+with mcp.connect("time") as s:
+    out = {zone: s.call_tool("get_current_time", {"timezone": zone}) for zone in ZONES}
+print(json.dumps(out))
+"""
+
+
+def test_mcp_read_results_are_replayed_from_the_cli_and_a_new_call_is_a_miss(
+    engine: DockerClient, make_workflow: WorkflowFactory, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The time server's answer changes by the second: the replay gives the recorded one;
+    a call with other arguments is not in the recording and gets the miss."""
+    from sandbox.cli import main
+
+    wf = make_workflow(
+        command=["python3", "/workflow/code/step.py"], extra_toml=MCP_TIME, db_sql=None
+    )
+    step = wf / "code" / "step.py"
+    step.write_text('ZONES = ["UTC"]\n' + textwrap.dedent(MCP_STEP))
+    live = TestRun(wf, "step1", RunOptions()).execute()
+    assert live.status.value == "passed", live.reason
+    recorded = answers(live)["UTC"]
+    assert recorded["isError"] is False
+
+    step.write_text('ZONES = ["UTC", "Asia/Tokyo"]\n' + textwrap.dedent(MCP_STEP))
+    capsys.readouterr()
+    assert main(["run", str(wf), "step1", "--replay", live.id, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    replayed = TestRunRecord.model_validate(printed)
+    out = answers(replayed)
+    assert out["UTC"] == recorded
+    assert out["Asia/Tokyo"]["isError"] is True
+    assert out["Asia/Tokyo"]["content"][0]["text"].startswith("TEST MODE: replay miss: mcp time/")
+    assert replayed.replay is not None and (replayed.replay.hits, replayed.replay.misses) == (1, 1)
+    lines = call_lines(root_of(wf, replayed) / "test_mode_actions.jsonl")
+    calls = [ln for ln in lines if ln.tool == "mcp:time/get_current_time"]
+    assert [ln.detail.get("replay") for ln in calls] == ["hit", "miss"]

@@ -61,6 +61,8 @@ async def answer(
     digest = hashlib.sha256()
     whole = True
     if not incoming.bodyless:
+        if model and b"100-continue" in incoming.fields.get(b"expect", b""):
+            await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # else it waits to send
         body, size = [], 0
         cap = reads.recorder.settings.body_cap_bytes
         async for chunk in read_body(client, incoming, proxy.fill):
