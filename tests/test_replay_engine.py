@@ -112,6 +112,15 @@ def test_replay_with_the_fake_api_stopped_gives_the_live_ledger_and_the_gate_ref
     llm = [ln for ln in lines if ln.tool == "generate_text_llm"]
     assert [ln.detail.get("replay") for ln in llm] == ["hit"]
 
+    from sandbox.cli import main
+
+    html = tmp_path / "report.html"
+    assert main(["report", str(replayed_root), "--html", str(html)]) == 0
+    page = html.read_text()
+    assert '<section id="replay"><h2>Replayed, not live</h2>' in page and live.id in page
+    assert main(["report", str(live_root), "--html", str(html)]) == 0
+    assert "Replayed, not live" not in html.read_text()
+
     refused = gate(wf, "bid-submit")
     assert not refused.ok and "replayed from the recording of " + live.id in refused.reason
     host = tmp_path / "host.toml"
@@ -295,3 +304,44 @@ def test_mcp_read_results_are_replayed_from_the_cli_and_a_new_call_is_a_miss(
     lines = call_lines(root_of(wf, replayed) / "test_mode_actions.jsonl")
     calls = [ln for ln in lines if ln.tool == "mcp:time/get_current_time"]
     assert [ln.detail.get("replay") for ln in calls] == ["hit", "miss"]
+
+
+MODEL = f"""
+[egress]
+allow = [{{ host = "{ALIAS}", port = 8080, model = true }}]
+"""
+PROMPTS = """
+import json, urllib.request
+out = []
+for prompt in PROMPTS:
+    req = urllib.request.Request("http://outside.test:8080/v1/complete", data=prompt.encode(), method="POST")
+    try:
+        with urllib.request.urlopen(req, timeout=20) as r:
+            out.append([r.status, r.read().decode()])
+    except urllib.error.HTTPError as exc:
+        out.append([exc.code, exc.read().decode()])
+print(json.dumps(out))
+"""
+
+
+def test_a_model_call_is_matched_by_its_body(
+    engine: DockerClient, outside: Outside, make_workflow: WorkflowFactory
+) -> None:
+    """A model entry's POST is a read with a body: the same body is answered from the
+    recording, another body is a miss (and nothing reaches the host in the replay)."""
+    wf = make_workflow(command=["python3", "/workflow/code/step.py"], extra_toml=MODEL, db_sql=None)
+    step = wf / "code" / "step.py"
+    step.write_text('PROMPTS = ["prompt A"]\n' + textwrap.dedent(PROMPTS))
+    network = RunOptions(upstream_networks=(outside.network,))
+    live = TestRun(wf, "step1", network).execute()
+    assert json.loads(live.stdout.text) == [[200, "done"]]
+    before = len(outside.seen())
+
+    step.write_text('PROMPTS = ["prompt A", "prompt B"]\n' + textwrap.dedent(PROMPTS))
+    replay = RunOptions(upstream_networks=(outside.network,), replay=live.id)
+    replayed = TestRun(wf, "step1", replay).execute()
+    (hit, miss) = json.loads(replayed.stdout.text)
+    assert hit == [200, "done"]
+    assert miss[0] == 503 and miss[1].startswith("TEST MODE: replay miss: POST http://")
+    assert len(outside.seen()) == before
+    assert replayed.replay is not None and (replayed.replay.hits, replayed.replay.misses) == (1, 1)
