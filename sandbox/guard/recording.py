@@ -31,6 +31,8 @@ from sandbox.contracts.recording import (
     ReplaySettings,
 )
 
+INDEX_RESERVE = 4096  # room for the line that says the index is full
+
 
 class Recorder:
     """One run's recording: `blobs/<sha256>` and `index.jsonl` under `root`."""
@@ -42,34 +44,60 @@ class Recorder:
         self._serial = 0
         self._lock = threading.Lock()  # the MCP proxy's SDK may call from a thread
         self._index_fd = -1
+        self._index_bytes = 0
+        self._opened = False  # made at the first answer: a run without reads leaves nothing
         self.unavailable = "" if settings.enabled else "recording is off"
-        if settings.enabled:
-            try:
-                # the guard's own folder must exist: nothing is made above it
-                root.mkdir(mode=0o700, exist_ok=True)
-                (root / BLOBS_DIR).mkdir(mode=0o700, exist_ok=True)
-                flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-                self._index_fd = os.open(root / INDEX_FILE, flags, 0o600)
-            except OSError as exc:  # the answers still go out; the record says none was kept
-                self.unavailable = f"the recording could not be opened ({exc.strerror or exc})"
+
+    def _open(self) -> None:
+        """The folder and the index, at the first answer (under the lock)."""
+        if self._opened or self.unavailable:
+            return
+        self._opened = True
+        try:
+            # the guard's own folder must exist: nothing is made above it
+            self.root.mkdir(mode=0o700, exist_ok=True)
+            (self.root / BLOBS_DIR).mkdir(mode=0o700, exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+            self._index_fd = os.open(self.root / INDEX_FILE, flags, 0o600)
+        except OSError as exc:  # the answers still go out; the record says none was kept
+            self.unavailable = f"the recording could not be opened ({exc.strerror or exc})"
 
     def tap(self, key: str, kind: Kind, what: str, *, replay: str = "") -> Tap:
         """A tap for one answer, fed as it is relayed and closed once it ended."""
         with self._lock:
+            self._open()
             self._serial += 1
             serial = self._serial
         return Tap(self, key, kind, what[:600], serial, replay)
 
     def note(self, line: IndexLine) -> None:
-        """One index line (the guard's; a failed write loses the line, not the answer)."""
-        if self._index_fd < 0:
-            return
+        """One index line (the guard's; a failed write loses the line, not the answer).
+        The index stops short of what the host reads back: its last line says it is full,
+        and later answers are neither kept nor listed."""
         data = (line.model_dump_json() + "\n").encode()
-        try:
-            with self._lock:
+        with self._lock:
+            self._open()
+            if self._index_fd < 0:
+                return
+            if self._index_bytes + len(data) > MAX_INDEX_BYTES - INDEX_RESERVE:
+                full = IndexLine(
+                    key="0" * 64,
+                    kind=line.kind,
+                    what="the index is full: later answers were neither kept nor listed",
+                    kept=False,
+                    bytes=0,
+                    why_not="index full",
+                )
+                data = (full.model_dump_json() + "\n").encode()
+                self.unavailable = "the recording's index is full"
+            try:
                 os.write(self._index_fd, data)
-        except OSError:
-            pass
+                self._index_bytes += len(data)
+            except OSError:
+                pass
+            if self.unavailable:
+                os.close(self._index_fd)
+                self._index_fd = -1
 
     def note_miss(self, key: str, kind: Kind, what: str) -> None:
         """A read a replay did not have (answered with the stub, or sent live)."""

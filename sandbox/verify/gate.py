@@ -9,7 +9,8 @@ it has test runs at the current hash, each with every wall, and none of them sho
 external effect (`sandbox.verify.effects`: no stubbed, refused or denied call, no DB
 write, a whole log). Anything else fails the gate with what is missing, naming the
 parts that changed since the last verification. A version whose hash could not cover
-everything is never vouched for.
+everything is never vouched for, and a run whose reads were replayed from a recording
+counts only when the host's config accepts replayed verifications.
 """
 
 from __future__ import annotations
@@ -159,6 +160,8 @@ def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = Fal
         )
     if allow_no_effects:
         runs = [r for r in _records_at(wf_dir, step_id, now.digest) if not weaker_walls(r.walls)]
+        if not load_host_config().accept_replayed_verifications:
+            runs = [r for r in runs if r.replay is None]  # its reads were not the world's
         shown = [(r, unsealed(r) or why_not_effect_free(r)) for r in runs]
         if runs and not any(effect for _, effect in shown):
             return GateResult(

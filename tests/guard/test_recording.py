@@ -6,6 +6,8 @@ import hashlib
 import os
 from pathlib import Path
 
+import pytest
+
 from sandbox.contracts.recording import (
     BLOBS_DIR,
     INDEX_FILE,
@@ -14,6 +16,7 @@ from sandbox.contracts.recording import (
     ReplaySettings,
     key_of,
 )
+from sandbox.guard import recording
 from sandbox.guard.recording import Recorder, Replay
 
 MIB = 1024 * 1024
@@ -102,9 +105,28 @@ def test_a_rest_that_cannot_be_kept_is_given_up_before_it_arrives(tmp_path: Path
 
 def test_a_recorder_without_its_guard_folder_makes_nothing_and_says_so(tmp_path: Path) -> None:
     recorder = Recorder(tmp_path / "missing" / "recording", RecordingSettings())
-    assert not (tmp_path / "missing").exists()
-    assert recorder.unavailable.startswith("the recording could not be opened")
     tap = recorder.tap("e" * 64, "bridge", "t")
+    assert recorder.unavailable.startswith("the recording could not be opened")
     tap.feed(b"answer")
     tap.close()
     assert not tap.keeping and not (tmp_path / "missing").exists()
+
+
+def test_a_run_without_reads_leaves_no_recording(tmp_path: Path) -> None:
+    Recorder(tmp_path / "recording", RecordingSettings()).close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_index_stops_at_what_the_host_reads_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(recording, "MAX_INDEX_BYTES", recording.INDEX_RESERVE + 2000)
+    recorder = Recorder(tmp_path, RecordingSettings())
+    for n in range(50):
+        tap = recorder.tap(key_of("bridge", tool="t", arguments={"n": n}), "bridge", f"t {n}")
+        tap.feed(b"%d" % n)
+        tap.close()
+    lines = index(tmp_path)
+    assert 1 < len(lines) < 50 and lines[-1].why_not == "index full"
+    assert (tmp_path / INDEX_FILE).stat().st_size <= recording.INDEX_RESERVE + 2000
+    assert all(line.kept for line in lines[:-1])
