@@ -83,6 +83,22 @@ def _run_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _replay_arguments(parser: argparse.ArgumentParser) -> None:
+    """`run` and `verify`: the step's reads answered from an earlier run's recording."""
+    parser.add_argument(
+        "--replay",
+        default=None,
+        metavar="RUN",
+        help="answer the step's reads from RUN's recording (a run folder or run id)",
+    )
+    parser.add_argument(
+        "--replay-miss",
+        choices=("stub", "live"),
+        default="stub",
+        help="a read the recording lacks: a TEST MODE replay-miss stub (default) or live",
+    )
+
+
 def _chain_arguments(parser: argparse.ArgumentParser) -> None:
     """A chain's range and its choice on a failed step, then the run options."""
     parser.add_argument("--from", dest="from_step", default=None, help="start at this step")
@@ -117,6 +133,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         run.add_argument("workflow_dir")
         run.add_argument("step_id")
         _run_arguments(run)
+        _replay_arguments(run)
         run.set_defaults(func=run_cmd.cmd_run)
 
     chain = sub.add_parser("run-workflow", help="run a whole workflow's steps once in test mode")
@@ -130,6 +147,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         ver.add_argument("workflow_dir")
         ver.add_argument("step_id")
         _run_arguments(ver)
+        _replay_arguments(ver)
         _verdict_arguments(ver)
         ver.add_argument(
             "--against",

@@ -73,12 +73,16 @@ def _stop_on_signals() -> None:
 def _run_options(args: argparse.Namespace, printer: FollowPrinter | None) -> RunOptions:
     from sandbox.run.testrun import RunOptions
 
-    durability = None  # the run reads the host's config itself
+    durability = recording = None  # the run reads the host's config itself
     if getattr(args, "host_config", None) is not None:
         from sandbox.contracts.hostconfig import load_host_config
 
-        durability = load_host_config(args.host_config).durability
+        host = load_host_config(args.host_config)
+        durability, recording = host.durability, host.recording
     return RunOptions(
+        replay=getattr(args, "replay", None),
+        replay_miss=getattr(args, "replay_miss", "stub"),
+        recording=recording,
         durability=durability,
         timeout_s=args.timeout,
         upstream_bridge=args.upstream_bridge,

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 
 from sandbox.backends import Backend, RunContainer
-from sandbox.collect import actionsummary, logseal, stepreports
+from sandbox.collect import actionsummary, logseal, recorded, stepreports
 from sandbox.collect.guarding import Guarded
 from sandbox.contracts.errors import internal_reason
 from sandbox.contracts.layout import RunLayout
@@ -61,6 +61,7 @@ def collect(
     with contextlib.suppress(OSError):
         record.log_synced_at = logseal.seal_log(layout.root, layout.actions.name)
     record.guard_log = launched.guard.output_tails()[1]
+    recorded.summarize(layout, plan.recording, record)  # the guard is gone: its index is whole
     record.stdout, record.stderr = launched.step.output_tails()
     record.preflight = stepreports.preflight_from(record.stderr.text, plan.install_firewall)
     record.landlock = stepreports.landlock_from(record.stderr.text)

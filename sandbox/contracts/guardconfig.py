@@ -19,6 +19,7 @@ from sandbox.contracts.guardprocess import EGRESS_PORT as EGRESS_PORT
 from sandbox.contracts.guardprocess import EXEC_PORT as EXEC_PORT
 from sandbox.contracts.guardprocess import READY_MARK as READY_MARK
 from sandbox.contracts.hostconfig import DEFAULT_DURABILITY, Durability
+from sandbox.contracts.recording import RecordingSettings, ReplaySettings
 
 ACTIONS_PATH = "/guard/actions.jsonl"
 DATA_DIR = "/guard/data"  # the guard's own folder in the run root (0700, guard uid)
@@ -61,6 +62,10 @@ class GuardConfig(BaseModel):
     # The preflight's canaries (HOST:PORT): its own first packet to each is not the
     # step's attempt (sandbox.guard.egress.packets).
     preflight_canaries: list[str] = Field(default_factory=list)
+    # Every allowed read's answer kept (<data_dir>/recording/), and the recording this
+    # run replays from (<data_dir>/replay/, copied in by the runner), if it replays.
+    recording: RecordingSettings = Field(default_factory=RecordingSettings)
+    replay: ReplaySettings | None = None
 
     def budget_for(self, tool: str) -> float:
         """The tool's time budget plus the grace window (the seed's +10 s rule)."""

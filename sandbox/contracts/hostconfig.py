@@ -8,6 +8,11 @@ the Docker engine on this host runs everything.
 
 ```toml
 durability = "per-call"          # or "group" (the default): see the action log's contract
+accept_replayed_verifications = false   # the gate refuses replayed runs (the default)
+
+[recording]                      # every allowed read's answer kept in the run folder
+cap_bytes = 67108864             # the whole recording (64 MiB, the default)
+body_cap_bytes = 16777216        # one answer (16 MiB, the default)
 
 [backend]
 kind = "kubernetes"              # or "docker" (the default)
@@ -31,6 +36,7 @@ from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.hostpath import DEFAULT_PATH as DEFAULT_PATH
 from sandbox.contracts.hostpath import PATH_ENV as PATH_ENV
 from sandbox.contracts.hostpath import host_config_path
+from sandbox.contracts.recording import RecordingSettings
 
 
 class BackendConfig(BaseModel):
@@ -181,6 +187,20 @@ class HostConfig(BaseModel):
     )
     backend: BackendConfig = Field(
         default_factory=BackendConfig, description="Where this host runs test runs (`[backend]`)."
+    )
+    recording: RecordingSettings = Field(
+        default_factory=RecordingSettings,
+        description=(
+            "`[recording]`: every allowed read's answer kept in the run folder, and its caps "
+            "(`cap_bytes`, `body_cap_bytes`)."
+        ),
+    )
+    accept_replayed_verifications: bool = Field(
+        default=False,
+        description=(
+            "Whether the gate accepts a verification of a replayed run (reads served from "
+            "a recording, not the world); off: only live runs pass the gate."
+        ),
     )
 
 

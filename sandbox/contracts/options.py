@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from sandbox.contracts.config import StepRuntime
 from sandbox.contracts.events import EventCallback
 from sandbox.contracts.hostconfig import Durability
+from sandbox.contracts.recording import MissMode, RecordingSettings
 
 
 @dataclass(frozen=True)
@@ -36,3 +37,10 @@ class RunOptions:
     on_event: EventCallback | None = None
     # "runsc": the step under gVisor (`--step-runtime`); see `step_runtime_for`.
     step_runtime: StepRuntime | None = None
+    # Replay (`--replay RUN`): the step's reads answered from RUN's recording (a run
+    # folder, or a run id under the workflow's runs/); `replay_miss` what a read the
+    # recording lacks gets: "stub" (a TEST MODE replay-miss answer) or "live".
+    replay: str | None = None
+    replay_miss: MissMode = "stub"
+    # The recording's caps for this run; None: what the host's config says.
+    recording: RecordingSettings | None = None

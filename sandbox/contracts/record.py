@@ -29,6 +29,7 @@ from sandbox.contracts.record_egress import DnsQuery as DnsQuery
 from sandbox.contracts.record_egress import EgressCounts as EgressCounts
 from sandbox.contracts.record_egress import RefusedPacket as RefusedPacket
 from sandbox.contracts.record_egress import RefusedPackets as RefusedPackets
+from sandbox.contracts.recording import RecordingSummary, ReplaySummary
 from sandbox.contracts.reports import CopyReport, DbCopyReport, DbDiff
 from sandbox.contracts.status import ACTIONS_FILE as ACTIONS_FILE
 from sandbox.contracts.status import RECORD_FILE as RECORD_FILE
@@ -542,10 +543,26 @@ class TestRunRecord(BaseModel):
         default="docker", description="The engine that ran the containers."
     )
     node: str | None = Field(default=None, description="On Kubernetes: the node the Pod ran on.")
+    recording: RecordingSummary | None = Field(
+        default=None,
+        description="The reads this run kept (its cap, and what was not kept); none: none kept.",
+    )
+    replay: ReplaySummary | None = Field(
+        default=None,
+        description=(
+            "The recording this run replayed its reads from (its run and index digest), and "
+            "every read it did not have; none: a live run."
+        ),
+    )
 
     def summary_lines(self) -> list[str]:
         """The result starts with every stubbed action, then the verdict."""
         lines = [f"test run {self.id}: step {self.step_id} {self.status.value}"]
+        if self.replay is not None:
+            lines.append(
+                f"REPLAYED from {self.replay.run_id}'s recording: {self.replay.hits} hit(s), "
+                f"{self.replay.misses} miss(es)"
+            )
         # A full log's unlogged stubs have their own line below.
         lines += stubbed_lines(self.stubbed, self.stubbed_cut, self.actions.stub, None)
         if self.preflight is not None:

@@ -90,6 +90,7 @@ def build_app(
             guard.log,
             slots=guard.forward_slots,
             listeners=mcp_listeners,
+            reads=guard.reads,
         )
     else:
         mcp = NoMcpServers(guard)
@@ -102,6 +103,7 @@ def build_app(
             egress.running(guard.config, guard.log, guard.active_calls, egress_listener) as proxy,
         ):
             guard.egress = proxy
+            proxy.reads = guard.reads
             async with (
                 transparent.serving(proxy, guard.config.bridge_token, direct_listeners),
                 recording(guard.log, guard.config.preflight_canaries, packets),

@@ -49,6 +49,7 @@ from sandbox.contracts.names import (
     LABEL_RUNNER_TICKS,
 )
 from sandbox.contracts.record import RunnerInfo
+from sandbox.contracts.recording import REPLAY_DIR, ReplaySettings
 from sandbox.contracts.spec import ContainerSpec, Mount
 from sandbox.guard.limits import GUARD_MEMORY_BYTES
 from sandbox.launch import firewall, runtime
@@ -118,6 +119,12 @@ def guard_config(plan: RunPlan) -> GuardConfig:
         egress_ca_key_pem=plan.egress_ca.key_pem if plan.egress_ca else "",
         durability=plan.durability,
         preflight_canaries=[c for c in (plan.canary, plan.canary6) if c],
+        recording=plan.recording,
+        replay=(
+            ReplaySettings(dir=f"{DATA_DIR}/{REPLAY_DIR}", miss=plan.replay_from.miss)
+            if plan.replay_from is not None
+            else None
+        ),
     )
 
 

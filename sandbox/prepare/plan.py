@@ -19,9 +19,11 @@ from sandbox.contracts.ids import NO_REMAP, IdMap
 from sandbox.contracts.layout import STEP_UID, RunLayout
 from sandbox.contracts.options import RunOptions
 from sandbox.contracts.record import RunnerInfo, Walls
+from sandbox.contracts.recording import RecordingSettings
 from sandbox.contracts.settings import RunnerSettings, runner_settings
 from sandbox.contracts.testknobs import current as test_knobs
 from sandbox.prepare.inputs import StepInputs
+from sandbox.prepare.replaysource import ReplaySource, find_source
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,10 @@ class RunPlan:
     # The test run the step belongs to: a whole-workflow run's id for each step of a
     # chain, else the step's own run id ("": the step's own).
     test_run_id: str = ""
+    # Every allowed read's answer kept (its caps), and the run whose recording this
+    # run's reads are answered from (None: a live run).
+    recording: RecordingSettings = field(default_factory=RecordingSettings)
+    replay_from: ReplaySource | None = None
 
 
 def step_runtime_for(
@@ -151,6 +157,10 @@ def plan_run(
     workflow = inputs.workflow
     egress = egress_for_run(workflow, options.allow_hosts)
     knobs = test_knobs()
+    host = load_host_config()
+    replay_from = (
+        find_source(workflow_dir, options.replay, options.replay_miss) if options.replay else None
+    )
     return RunPlan(
         workflow_dir=workflow_dir,
         workflow=workflow,
@@ -170,8 +180,10 @@ def plan_run(
         canary=options.canary,
         canary6=options.canary6,
         install_firewall=knobs.install_firewall,
-        durability=options.durability or load_host_config().durability,
+        durability=options.durability or host.durability,
         ids=ids,
         step_runtime=step_runtime,
         test_run_id=test_run_id,
+        recording=options.recording or host.recording,
+        replay_from=replay_from,
     )

@@ -19,6 +19,7 @@ from sandbox.contracts.guardconfig import CONFIG_FILE_NAME, GuardConfig
 from sandbox.contracts.ids import NO_REMAP, IdMap
 from sandbox.contracts.layout import GUARD_UID, RunLayout, make_private_dir, mcp_uid
 from sandbox.contracts.record import TestRunRecord
+from sandbox.contracts.recording import REPLAY_DIR
 from sandbox.hostfs import fdtree
 from sandbox.hostfs.fdcopy import copy_fd
 from sandbox.prepare.copytree import copy_execution_tree
@@ -26,6 +27,7 @@ from sandbox.prepare.dbcopy import DbCopyError, copy_db
 from sandbox.prepare.inputs import Seed
 from sandbox.prepare.plan import EgressCA, RunPlan, stdio_servers, step_user
 from sandbox.prepare.prompt import with_test_mode_section
+from sandbox.prepare.replaysource import copy_recording
 from sandbox.stepfs import lifecycle as stepfs
 
 
@@ -69,6 +71,10 @@ def prepare(
     if os.geteuid() == 0:
         os.chown(layout.actions, guard_uid, guard_gid, follow_symlinks=False)
         os.chown(layout.guard_dir, guard_uid, guard_gid, follow_symlinks=False)
+    if plan.replay_from is not None:  # root's, read-only to the guard
+        record.replay = copy_recording(
+            plan.replay_from, layout.guard_dir / REPLAY_DIR, plan.recording.cap_bytes
+        )
     prepare_mcp(workflow, layout, ids)
     disk = files.open()
     t0 = time.monotonic()

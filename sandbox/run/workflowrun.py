@@ -133,6 +133,11 @@ class WorkflowRun:
     def read_inputs(self) -> ChainInputs:
         """The workflow, its chain and each step's inputs; a bad config, an unknown step
         or a missing credential fails here, before any folder exists."""
+        if self.options.step.replay is not None:
+            raise ConfigError(
+                "a workflow run does not replay; replay one step's run with "
+                "`sandbox run WORKFLOW_DIR STEP --replay RUN`"
+            )
         workflow = load_workflow(self.workflow_dir)
         chain = chain_of(workflow, self.options.from_step, self.options.to_step)
         runs = [

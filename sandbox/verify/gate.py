@@ -9,7 +9,8 @@ it has test runs at the current hash, each with every wall, and none of them sho
 external effect (`sandbox.verify.effects`: no stubbed, refused or denied call, no DB
 write, a whole log). Anything else fails the gate with what is missing, naming the
 parts that changed since the last verification. A version whose hash could not cover
-everything is never vouched for.
+everything is never vouched for, and a run whose reads were replayed from a recording
+counts only when the host's config accepts replayed verifications.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 
 from sandbox.contracts import names
 from sandbox.contracts.config import Step, Workflow, load_workflow
+from sandbox.contracts.hostconfig import load_host_config
 from sandbox.contracts.layout import TEST_RUN_PREFIX, is_test_run
 from sandbox.contracts.record import ContentHash, TestRunRecord, Walls, read_record
 from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record
@@ -93,6 +95,21 @@ def _run_unsealed(wf_dir: Path, run_id: str) -> str:
     return unsealed(record)
 
 
+def replayed_from(wf_dir: Path, run_id: str) -> str | None:
+    """The run whose recording answered this run's reads (None: a live run), from the
+    run's own record (the history line alone is not trusted to say it was live)."""
+    if not run_id.startswith(TEST_RUN_PREFIX) or "/" in run_id or run_id in (".", ".."):
+        return None
+    own = wf_dir / "runs" / run_id
+    if own.is_symlink() or not own.is_dir():
+        return None
+    try:
+        record = read_record(own)
+    except (OSError, ValueError):
+        return None  # an unreadable record is refused as unsealed
+    return record.replay.run_id if record.replay is not None else None
+
+
 def weaker_walls(walls: Walls | None) -> str:
     """Why a run's walls were less than a normal run's ("" when they were all there)."""
     if walls is None:
@@ -118,11 +135,21 @@ def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = Fal
     at_now = [e for e in past if e.content is not None and e.content.digest == now.digest]
     passing = [e for e in at_now if e.passed and e.expectations_digest == expectations]
     walled = [e for e in passing if not weaker_walls(e.walls)]
+    replayed = [e for e in walled if replayed_from(wf_dir, e.run_id) is not None]
+    if replayed and not load_host_config().accept_replayed_verifications:
+        walled = [e for e in walled if e not in replayed]
     sealed = [e for e in walled if not _run_unsealed(wf_dir, e.run_id)]
     if sealed:
         return GateResult(True, f"{step_id} verified at its current version ({sealed[-1].run_id})")
     not_accepted = ""
-    if walled:  # none of them sealed
+    if replayed and not walled:
+        last = replayed[-1]
+        not_accepted = (
+            f"{step_id} not verified; its verification {last.run_id} was replayed from "
+            f"the recording of {replayed_from(wf_dir, last.run_id)}, not run live "
+            "(host.toml `accept_replayed_verifications` is off)"
+        )
+    elif walled:  # none of them sealed
         last_run = walled[-1].run_id
         not_accepted = f"{step_id}: {_run_unsealed(wf_dir, last_run)} ({last_run})"
     elif passing:
@@ -133,6 +160,8 @@ def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = Fal
         )
     if allow_no_effects:
         runs = [r for r in _records_at(wf_dir, step_id, now.digest) if not weaker_walls(r.walls)]
+        if not load_host_config().accept_replayed_verifications:
+            runs = [r for r in runs if r.replay is None]  # its reads were not the world's
         shown = [(r, unsealed(r) or why_not_effect_free(r)) for r in runs]
         if runs and not any(effect for _, effect in shown):
             return GateResult(

@@ -43,6 +43,7 @@ class HistoryEntry(BaseModel):
     expectations_digest: str
     failed: list[str] = []
     walls: Walls | None = None  # the run's; None: not recorded (the gate refuses)
+    replayed_from: str | None = None  # the run whose recording answered its reads
 
 
 class WorkflowHistoryEntry(BaseModel):
@@ -79,6 +80,7 @@ def append(workflow_dir: Path, verification: Verification) -> None:
             expectations_digest=verification.expectations_digest,
             failed=[r.label for r in verification.results if not r.ok],
             walls=verification.walls,
+            replayed_from=verification.replay.run_id if verification.replay else None,
         ),
     )
 

@@ -31,7 +31,7 @@ from sandbox.verify.compare import Comparison
 from sandbox.verify.effects import effect_lines
 from sandbox.verify.evidence import Call
 from sandbox.verify.finished import FinishedChain, FinishedRun, FinishedStep
-from sandbox.verify.verification import Verification
+from sandbox.verify.verification import Verification, replay_lines
 from sandbox.verify.workflow_verification import WorkflowVerification
 
 MAX_TIMELINE = 2000
@@ -306,6 +306,7 @@ def render(run: FinishedStep, against: Comparison | None = None) -> str:
     ev, record, verification = run.evidence, run.record, run.verification
     sections = [
         ("verdict", "Verdict", _verdict(record, verification)),
+        *_replayed(record),
         *_against(against),
         ("effects", "Effects", _effects(record)),
         (
@@ -333,6 +334,14 @@ def render(run: FinishedStep, against: Comparison | None = None) -> str:
         f"{_e(record.exit_code)}, started {_e(record.started_at.isoformat())}</p>"
         f"{body}</body></html>\n"
     )
+
+
+def _replayed(record: TestRunRecord) -> list[tuple[str, str, str]]:
+    """A replayed run says so at the top: its reads came from a recording, not the world."""
+    if record.replay is None:
+        return []
+    lines = "".join(f"<li>{_e(line)}</li>" for line in replay_lines(record.replay))
+    return [("replay", "Replayed, not live", f'<ul class="fail">{lines}</ul>')]
 
 
 def _results(results: list[ExpectationResult]) -> str:

@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.contracts.record import ContentHash, Walls, write_json_atomic
+from sandbox.contracts.recording import ReplaySummary
 from sandbox.contracts.status import VERIFICATION_FILE
 from sandbox.verify.check import ExpectationResult
 from sandbox.verify.evidence import Evidence
@@ -114,6 +115,13 @@ class Verification(BaseModel):
     walls: Walls | None = Field(
         default=None, description="The run's walls (the gate accepts only every wall)."
     )  # the run's walls (the gate accepts only every wall)
+    replay: ReplaySummary | None = Field(
+        default=None,
+        description=(
+            "The recording the run's reads were answered from, and its misses; none: a "
+            "live run (the gate refuses a replayed verification unless the host allows it)."
+        ),
+    )
 
     def lines(self) -> list[str]:
         held = sum(r.ok for r in self.results)
@@ -122,12 +130,28 @@ class Verification(BaseModel):
             f"verdict: {verdict}: step {self.step_id}, {held} of {len(self.results)} "
             f"expectation(s) held (test run {self.run_id})"
         ]
+        if self.replay is not None:
+            out += replay_lines(self.replay)
         out += [f"  {r.line()}" for r in self.results]
         out.append("digest:")
         out += [f"  {line}" for line in self.digest.lines()]
         if self.content is not None:
             out.append(f"content hash: {self.content.digest[:16]}")
         return out
+
+
+def replay_lines(replay: ReplaySummary) -> list[str]:
+    """How a replayed run says so: first, with every miss it had (a few named)."""
+    out = [
+        f"REPLAYED: reads answered from the recording of {replay.run_id} "
+        f"(index {replay.index_sha256[:16]}): {replay.hits} hit(s), {replay.misses} miss(es), "
+        f"misses {'went live' if replay.miss_mode == 'live' else 'stubbed'}"
+    ]
+    for miss in replay.misses_named[:10]:
+        out.append(f"  replay miss: {miss.what}" + (" (went live)" if miss.went_live else ""))
+    if replay.misses > 10:
+        out.append(f"  +{replay.misses - 10} more replay miss(es)")
+    return out
 
 
 def verification_json_schema() -> str:

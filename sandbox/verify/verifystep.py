@@ -60,6 +60,7 @@ def judge(
         results=results,
         digest=digest_of(ev),
         walls=ev.record.walls,
+        replay=ev.record.replay,
     )
 
 

@@ -25,6 +25,8 @@ from sandbox.guard.auth import bearer_ok, reject_and_log
 from sandbox.guard.bridge import bindings
 from sandbox.guard.bridge.executor import Executor
 from sandbox.guard.bridge.forward import UpstreamForward
+from sandbox.guard.bridge.recorded import RecordedForward
+from sandbox.guard.recording import Reads
 from sandbox.guard.requestcaps import json_bytes
 
 if TYPE_CHECKING:
@@ -64,7 +66,8 @@ class Guard:
         # Forwarded calls whose reply may be held in memory at once (see limits).
         self.forward_slots = asyncio.Semaphore(limits.FORWARD_SLOTS)
         self._next_call = 0
-        self.upstream = UpstreamForward(config, self.forward_slots)
+        self.reads = Reads.from_config(config.data_dir, config.recording, config.replay)
+        self.upstream = RecordedForward(UpstreamForward(config, self.forward_slots), self.reads)
         self.executor = Executor(config, self.forward_slots)
 
     def active_calls(self) -> list[str]:
@@ -77,6 +80,7 @@ class Guard:
     async def close(self) -> None:
         await self.upstream.aclose()
         await self.executor.aclose()
+        self.reads.close()
         self.log.close()
 
     # -- the answers ---------------------------------------------------------------

@@ -13,9 +13,13 @@ import socket
 import ssl
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sandbox.guard.egress import http1, splice
 from sandbox.guard.egress.http1 import Denied
+
+if TYPE_CHECKING:
+    from sandbox.guard.recording import Tap
 
 CHUNK = 256 * 1024
 LINGER_S, LINGER_IDLE_S, LINGER_BYTES = 2.0, 0.2, 1024 * 1024  # after a denial
@@ -53,6 +57,7 @@ class Client:
         self.replying = False  # a reply head went out: no error reply can follow it
         self.denied = False  # the last answer was a denial: linger before closing
         self.direct: Direct | None = None  # redirected by the firewall, not through the proxy
+        self.tap: Tap | None = None  # the reply being recorded: every byte goes through write
         if writer.get_extra_info("ssl_object") is None:
             # Plain TCP only: a reply body is spliced past Python only after the head
             # has all reached the kernel. A TLS transport is never spliced into, and
@@ -61,12 +66,14 @@ class Client:
             writer.transport.set_write_buffer_limits(high=0)
 
     async def write(self, data: bytes) -> None:
+        if self.tap is not None:
+            self.tap.feed(data)
         self.writer.write(data)
         await self.writer.drain()
 
     def splice_socket(self) -> socket.socket | None:
         """The socket to splice a reply into: plain TCP with nothing queued in Python."""
-        if self.tls or not splice.AVAILABLE:
+        if self.tls or not splice.AVAILABLE or (self.tap is not None and self.tap.keeping):
             return None
         if self.writer.transport.get_write_buffer_size() != 0:
             return None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import socket
 import ssl
 import time
@@ -24,7 +25,7 @@ import h11
 from sandbox.contracts.config import EgressEntry
 from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
-from sandbox.guard.egress import http1, lines, relay, splice
+from sandbox.guard.egress import http1, lines, relay, replayed, splice
 from sandbox.guard.egress.aliases import HostAliases
 from sandbox.guard.egress.connection import CHUNK, Client, Direct, linger
 from sandbox.guard.egress.http1 import Denied
@@ -41,6 +42,7 @@ from sandbox.guard.egress.request import (
     upgrade_asked,
 )
 from sandbox.guard.egress.tunnel import ESTABLISHED, TlsContexts
+from sandbox.guard.recording import Reads, Tap
 
 IDLE_TIMEOUT_S = 60.0  # a kept-alive client connection with no request in it
 READ_TIMEOUT_S = 30.0  # a request head or body that stops arriving
@@ -59,6 +61,9 @@ class EgressProxy:
     _pool: Pool = field(default_factory=Pool, repr=False)
     _connections: int = field(default=0, repr=False)
     _aliases: HostAliases | None = field(default=None, repr=False)
+    # The run's recording (and the one it replays); None: this proxy records nothing
+    # (an MCP server's own proxy: its answers are recorded as the server's results).
+    reads: Reads | None = field(default=None, repr=False)
     tls: TlsContexts = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -133,6 +138,17 @@ class EgressProxy:
                 await self._deny(client, incoming, seen, failure, started)
             return False
 
+    async def fill(self, client: Client, *, idle: bool) -> bytes:
+        return await self._fill(client, idle=idle)
+
+    async def begin_line(
+        self, seen: Seen, reason: str, *, category: str, extra_detail: dict[str, Any]
+    ) -> Started:
+        return await self._begin(seen, reason, category=category, extra_detail=extra_detail)
+
+    def facts(self, seen: Seen, *, status: int | None) -> tuple[dict[str, Any], dict[str, Any]]:
+        return self._facts(seen, status=status)
+
     async def _fill(self, client: Client, *, idle: bool) -> bytes:
         """The client's next bytes (b"" at its end). `idle`: between requests, when the
         connection does not count as busy and may wait longer."""
@@ -166,10 +182,20 @@ class EgressProxy:
             judge_websocket(incoming, entry, seen)
         else:
             body = judge_read(incoming, entry, target.origin, seen)
+        live: replayed.GoLive | None = None
+        if self.reads is not None and self.reads.replay is not None and not websocket:
+            served = await replayed.answer(
+                self, self.reads, client, incoming, seen, entry.model, started, sends_body=body
+            )
+            if not isinstance(served, replayed.GoLive):
+                return served
+            live = served
         upstream = self._pool.take(target.host, target.port)
         if upstream is None:
             upstream = await self._dial(target.host, target.port)
-        return await self._forward(client, incoming, upstream, target, entry, seen, started, body)
+        return await self._forward(
+            client, incoming, upstream, target, entry, seen, started, body, live=live
+        )
 
     async def _connect(
         self, client: Client, incoming: Incoming, seen: Seen, started: float
@@ -227,12 +253,23 @@ class EgressProxy:
         seen.url = target.url("https")
         http1.check_host(request, incoming.fields, host, port, 443)
         body = False
-        if upgrade_asked(incoming, seen):
+        websocket = upgrade_asked(incoming, seen)
+        if websocket:
             judge_websocket(incoming, entry, seen)
         else:
             body = judge_read(incoming, entry, target.origin, seen)
+        live: replayed.GoLive | None = None
+        if self.reads is not None and self.reads.replay is not None and not websocket:
+            served = await replayed.answer(
+                self, self.reads, client, incoming, seen, entry.model, started, sends_body=body
+            )
+            if not isinstance(served, replayed.GoLive):
+                return served
+            live = served
         upstream = await self._dial(host, port, tls=self.tls.to_hosts(), server_hostname=host)
-        return await self._forward(client, incoming, upstream, target, entry, seen, started, body)
+        return await self._forward(
+            client, incoming, upstream, target, entry, seen, started, body, live=live
+        )
 
     # -- forwarding ---------------------------------------------------------------
 
@@ -246,11 +283,16 @@ class EgressProxy:
         seen: Seen,
         started: float,
         body: bool,
+        *,
+        live: replayed.GoLive | None = None,
     ) -> bool:
         """Send the rebuilt request (`body`: with its body, a model call or a git fetch),
         then relay the reply; whether the client's connection carries another request.
-        `upstream` goes back to the pool (or is closed) either way."""
+        `upstream` goes back to the pool (or is closed) either way. `live`: a replay's miss
+        that goes out (its body read already). The reply of a read is recorded (`Tap`) as
+        it is relayed."""
         given_back = False
+        tap: Tap | None = None
         try:
             request = incoming.request
             default_port = 443 if seen.tls else 80
@@ -305,12 +347,28 @@ class EgressProxy:
                 if seen.websocket:
                     await relay.relay_upgrade(client, upstream, sent, outcome)
                     return False
-                if body and b"100-continue" in incoming.fields.get(b"expect", b""):
+                expects = b"100-continue" in incoming.fields.get(b"expect", b"")
+                if body and expects and live is None:  # a replay's miss had its 100
                     await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                body_hash = hashlib.sha256()
                 if outgoing is not None:  # h11 frames the body (none for a read)
-                    async for chunk in read_body(client, incoming, self._fill):
+                    chunks = (
+                        replayed.chunks(live.body)
+                        if live is not None and live.body is not None
+                        else read_body(client, incoming, self._fill)
+                    )
+                    async for chunk in chunks:
+                        body_hash.update(chunk)
                         await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
                     await upstream.send(outgoing.send(h11.EndOfMessage()) or b"")
+                if self.reads is not None:
+                    key = replayed.egress_key(seen, body_hash.hexdigest())
+                    if live is not None:
+                        self.reads.recorder.note_miss(key, "egress", replayed.what(seen))
+                        outcome.update(replay="live", replay_key=key)
+                    mark = "live" if live is not None else ""
+                    tap = self.reads.recorder.tap(key, "egress", replayed.what(seen), replay=mark)
+                    client.tap = tap
                 keep = await relay.relay_reply(client, upstream, outgoing, sent, request, outcome)
                 # free for the next request at once, while this one's outcome is written
                 given_back = True
@@ -324,6 +382,9 @@ class EgressProxy:
                 # the reply has gone out: the next request on this connection need not
                 # wait for this line's sync (it is on disk before that request's start)
                 ok = "error" not in outcome and not outcome.get("reply_cut")
+                if tap is not None:
+                    client.tap = None
+                    tap.close(complete=ok)
                 self.log.outcome_queued(logged, ok=ok, detail=outcome)
         finally:
             if not given_back:

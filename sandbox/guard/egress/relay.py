@@ -130,6 +130,8 @@ async def relay_counted(
     remaining = None if length is None else length - sent
     if remaining == 0:
         return True
+    if client.tap is not None and remaining is not None and remaining > SPLICE_MIN_BYTES:
+        client.tap.rest_unseen(remaining)  # past a cap: spliced, not kept
     target = client.splice_socket()
     small = remaining is not None and remaining <= SPLICE_MIN_BYTES
     if upstream.sock is not None and target is not None and not small:

@@ -18,6 +18,7 @@ from mcp.shared.exceptions import MCPError
 from sandbox import policy
 from sandbox.guard.actionlog import LogFull
 from sandbox.guard.mcp.context import McpContext, SlotTimeout
+from sandbox.guard.mcp.recorded import Recorded
 from sandbox.guard.mcp.relay import McpReplyTooLarge, McpServerError, Upstream, describe
 from sandbox.guard.mcp.schema_instance import valid_instance
 
@@ -147,9 +148,15 @@ class ToolCalls:
         outcome: dict[str, Any] = {}
         t1 = time.perf_counter()
         error: MCPError | None = None
+        recorded = Recorded(self.context.reads, self.name, tool, arguments)
         async with self.context.log.settled_on_exception():  # answered without an outcome
             try:
-                result = await self.upstream.request(call, budget, retry=False)
+                replayed = recorded.replayed(outcome)
+                if replayed is not None:
+                    result = replayed
+                else:
+                    result = await self.upstream.request(call, budget, retry=False)
+                    recorded.keep(result, outcome)
             except McpReplyTooLarge as exc:
                 result = error_result(f"{tool}: {exc.reason}")
                 outcome["error"] = exc.reason

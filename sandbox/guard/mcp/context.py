@@ -8,13 +8,16 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
 from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.guard import limits
 from sandbox.guard.actionlog import ActionLog
+
+if TYPE_CHECKING:
+    from sandbox.guard.recording import Reads
 
 
 class SlotTimeout(Exception):
@@ -27,6 +30,8 @@ class McpContext:
     ) -> None:
         self.config = config
         self.log = log
+        # The run's recording (and the replay's), set by the proxy: read results kept.
+        self.reads: Reads | None = None
         self._slots = slots or asyncio.Semaphore(limits.FORWARD_SLOTS)
 
     @contextlib.asynccontextmanager

@@ -27,6 +27,7 @@ from sandbox.guard.listeners import bind_unix
 from sandbox.guard.mcp.context import McpContext
 from sandbox.guard.mcp.endpoint import Endpoint
 from sandbox.guard.mcp.relay import Upstream
+from sandbox.guard.recording import Reads
 
 STARTUP_WAIT_S = 15.0  # how long the guard waits for its servers before serving
 MCP_SOCKET = "mcp.sock"  # in <mcp_dir>/<name>/ (sandbox.contracts.layout.MCP_SOCKET)
@@ -62,10 +63,12 @@ class McpProxy:
         *,
         slots: asyncio.Semaphore | None = None,
         listeners: dict[str, socket.socket] | None = None,
+        reads: Reads | None = None,
     ) -> None:
         self.config = config
         self.log = log
         self.context = McpContext(config, log, slots)
+        self.context.reads = reads
         given = dict(listeners or {})
         self.upstreams: dict[str, Upstream] = {}
         for server in config.mcp_servers:

@@ -1,0 +1,147 @@
+"""Recorded reads and replay: the match key, the guard's settings, the index line and
+what the record says (recording.spec.md in sandbox/guard/ says the whole contract).
+
+The key is computed here once, for both the guard that records and the guard that
+replays, so a recording made by one version of the guard matches in the next only
+when this function (and `KEY_VERSION`) did not change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+KEY_VERSION = 1
+DEFAULT_CAP_BYTES = 64 * 1024**2  # the whole recording of one run
+DEFAULT_BODY_CAP_BYTES = 16 * 1024**2  # one answer; a larger one is relayed, not kept
+MAX_INDEX_BYTES = 8 * 1024**2  # the index a host reads back (about 30 000 lines)
+MAX_NOT_KEPT_KEYS = 50  # keys of answers not kept, named in the record
+MAX_MISSES_NAMED = 100  # replay misses named in the record (all are counted)
+RECORDING_DIR = "recording"  # in the guard's folder: index.jsonl and blobs/<sha256>
+REPLAY_DIR = "replay"  # in the guard's folder: the recording a replay serves from
+INDEX_FILE = "index.jsonl"
+BLOBS_DIR = "blobs"
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+Kind = Literal["egress", "mcp", "bridge"]
+MissMode = Literal["stub", "live"]
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+
+
+def key_of(kind: Kind, **parts: Any) -> str:
+    """The match key: sha256 of the canonical JSON of the kind and its parts.
+
+    egress: method, url, body_sha256; mcp: server, tool, arguments; bridge: tool,
+    arguments. Canonical: sorted keys, no spaces, UTF-8 (arguments compare as JSON
+    values, so key order and spacing in the step's request do not matter)."""
+    doc = {"v": KEY_VERSION, "kind": kind, **parts}
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def miss_text(what: str) -> str:
+    """The answer a replay miss gets (never a real answer)."""
+    return (
+        f"TEST MODE: replay miss: {what} is not in the recording this run replays, "
+        "so it was not sent and has no recorded answer."
+    )
+
+
+class RecordingSettings(BaseModel):
+    """The guard's recording caps (host.toml `[recording]`, or the run's options)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(default=True, description="Keep every allowed read's answer.")
+    cap_bytes: int = Field(
+        default=DEFAULT_CAP_BYTES, ge=0, description="The whole recording's size cap, in bytes."
+    )
+    body_cap_bytes: int = Field(
+        default=DEFAULT_BODY_CAP_BYTES,
+        ge=0,
+        description="One answer's size cap, in bytes; a larger answer is relayed, not kept.",
+    )
+
+
+class ReplaySettings(BaseModel):
+    """What the guard replays from: `dir` holds the source's index and blobs (copied
+    by the host, checked), `miss` what an unmatched read gets."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dir: str
+    miss: MissMode = "stub"
+
+
+class IndexLine(BaseModel):
+    """One line of a recording's index.jsonl (written by the guard)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str = Field(pattern=SHA256.pattern)
+    kind: Kind
+    what: str = Field(max_length=600)  # e.g. "GET https://host/path", "mcp files/read"
+    kept: bool
+    bytes: int = Field(ge=0)
+    sha256: str | None = Field(default=None, pattern=SHA256.pattern)
+    why_not: str = ""  # "over the body cap", "over the recording cap", "cut short"
+    # "hit" / "miss": a line a replaying guard writes for each read it answered
+    replay: Literal["", "hit", "miss", "live"] = ""
+
+
+class NotKept(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str = Field(description="The read's match key.")
+    what: str = Field(description="The read, for people (`GET https://...`, `mcp srv/tool`).")
+    bytes: int = Field(description="The answer's size (relayed whole all the same).")
+    why: str = Field(description="Why it was not kept (a cap, cut short, a failed write).")
+
+
+class RecordingSummary(BaseModel):
+    """The record's account of the reads this run kept (`recording` in test_mode.json)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    cap_bytes: int = Field(description="The whole recording's cap.")
+    body_cap_bytes: int = Field(description="One answer's cap.")
+    kept: int = Field(default=0, description="Answers kept.")
+    kept_bytes: int = Field(default=0, description="Their bytes (each distinct answer once).")
+    not_kept: int = Field(default=0, description="Answers not kept.")
+    not_kept_bytes: int = Field(default=0, description="Their bytes.")
+    not_kept_named: list[NotKept] = Field(
+        default_factory=list, description="The first 50 answers not kept, and why."
+    )
+    index_sha256: str = Field(default="", description="SHA-256 of the index as read back.")
+    error: str = Field(
+        default="", description="Why the recording is not usable (off, or its index unreadable)."
+    )
+
+
+class ReplayMiss(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Kind = Field(description="egress, mcp or bridge.")
+    what: str = Field(description="The read, for people.")
+    key: str = Field(description="Its match key.")
+    went_live: bool = Field(default=False, description="Sent to the world (misses live).")
+
+
+class ReplaySummary(BaseModel):
+    """The record's account of a replay (`replay` in test_mode.json): which recording,
+    exactly (its run and index digest), and every read it did not have."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_id: str = Field(description="The run whose recording answered the reads.")
+    index_sha256: str = Field(description="SHA-256 of that recording's index as read.")
+    miss_mode: MissMode = Field(description="What a miss got: the stub, or the world.")
+    hits: int = Field(default=0, description="Reads answered from the recording.")
+    misses: int = Field(default=0, description="Reads the recording did not have.")
+    misses_named: list[ReplayMiss] = Field(
+        default_factory=list, description="The first 100 misses."
+    )

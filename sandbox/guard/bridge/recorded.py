@@ -1,0 +1,70 @@
+"""Forwarded bridge calls (model calls too) recorded, and answered from a replay.
+
+The key is the tool and the step's own arguments (the identity paths the guard
+binds are left out: they name the run). A result the upstream answered (200) is
+kept as its JSON; a replay hit returns it without contacting the upstream; a miss
+returns a `TEST MODE` replay-miss error result, or goes out with misses live. The
+call's start line is written before any of this (`routes`), its outcome says which.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+
+from sandbox.contracts.recording import key_of, miss_text
+from sandbox.contracts.wire import ToolResult
+from sandbox.guard.bridge import bindings
+from sandbox.guard.bridge.forward import UpstreamForward
+from sandbox.guard.recording import Reads
+
+
+def bridge_key(tool: str, arguments: dict[str, Any]) -> str:
+    return key_of("bridge", tool=tool, arguments=bindings.without_bound(tool, arguments))
+
+
+class RecordedForward:
+    """`UpstreamForward` with its answers recorded, and served from a replay."""
+
+    def __init__(self, inner: UpstreamForward, reads: Reads) -> None:
+        self._inner, self._reads = inner, reads
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def call(
+        self, tool: str, arguments: dict[str, Any], session: str, detail: dict[str, Any]
+    ) -> ToolResult:
+        key = bridge_key(tool, arguments)
+        what = f"bridge {tool}"
+        recorder, replay = self._reads.recorder, self._reads.replay
+        mark = ""
+        if replay is not None:
+            data = replay.answer(key)
+            result = _parsed(data) if data is not None else None
+            if result is not None:
+                detail.update(replay="hit", replay_key=key)
+                _keep(recorder.tap(key, "bridge", what, replay="hit"), data or b"")
+                return result
+            recorder.note_miss(key, "bridge", what)
+            detail.update(replay="miss", replay_key=key)
+            if replay.miss_mode != "live":
+                return ToolResult(text=miss_text(what), is_error=True)
+            detail["replay"], mark = "live", "live"
+        result = await self._inner.call(tool, arguments, session, detail)
+        if detail.get("upstream_status") == 200:
+            _keep(recorder.tap(key, "bridge", what, replay=mark), result.model_dump_json().encode())
+        return result
+
+
+def _keep(tap: Any, data: bytes) -> None:
+    tap.feed(data)
+    tap.close()
+
+
+def _parsed(data: bytes) -> ToolResult | None:
+    try:
+        return ToolResult.model_validate_json(data)
+    except ValidationError:
+        return None

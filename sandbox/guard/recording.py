@@ -1,0 +1,299 @@
+"""The run's recorded reads: every allowed read's answer kept in the guard's folder,
+content-addressed and capped, and the recording a replay serves from.
+
+The guard is the only writer. An answer streams through a `Tap` (hash and write,
+bounded): past the per-answer cap or the recording's cap it stops keeping, drops
+what it wrote and the index says what was not kept; the answer itself is always
+relayed whole. A failed write only loses the copy, never the answer.
+(recording.spec.md: the key, the caps, the limits.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import threading
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from sandbox.contracts.recording import (
+    BLOBS_DIR,
+    INDEX_FILE,
+    MAX_INDEX_BYTES,
+    RECORDING_DIR,
+    SHA256,
+    IndexLine,
+    Kind,
+    MissMode,
+    RecordingSettings,
+    ReplaySettings,
+)
+
+INDEX_RESERVE = 4096  # room for the line that says the index is full
+
+
+class Recorder:
+    """One run's recording: `blobs/<sha256>` and `index.jsonl` under `root`."""
+
+    def __init__(self, root: Path, settings: RecordingSettings) -> None:
+        self.root = root
+        self.settings = settings
+        self.used = 0  # bytes kept or being written, never above settings.cap_bytes
+        self._serial = 0
+        self._lock = threading.Lock()  # the MCP proxy's SDK may call from a thread
+        self._index_fd = -1
+        self._index_bytes = 0
+        self._opened = False  # made at the first answer: a run without reads leaves nothing
+        self.unavailable = "" if settings.enabled else "recording is off"
+
+    def _open(self) -> None:
+        """The folder and the index, at the first answer (under the lock)."""
+        if self._opened or self.unavailable:
+            return
+        self._opened = True
+        try:
+            # the guard's own folder must exist: nothing is made above it
+            self.root.mkdir(mode=0o700, exist_ok=True)
+            (self.root / BLOBS_DIR).mkdir(mode=0o700, exist_ok=True)
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+            self._index_fd = os.open(self.root / INDEX_FILE, flags, 0o600)
+        except OSError as exc:  # the answers still go out; the record says none was kept
+            self.unavailable = f"the recording could not be opened ({exc.strerror or exc})"
+
+    def tap(self, key: str, kind: Kind, what: str, *, replay: str = "") -> Tap:
+        """A tap for one answer, fed as it is relayed and closed once it ended."""
+        with self._lock:
+            self._open()
+            self._serial += 1
+            serial = self._serial
+        return Tap(self, key, kind, what[:600], serial, replay)
+
+    def note(self, line: IndexLine) -> None:
+        """One index line (the guard's; a failed write loses the line, not the answer).
+        The index stops short of what the host reads back: its last line says it is full,
+        and later answers are neither kept nor listed."""
+        data = (line.model_dump_json() + "\n").encode()
+        with self._lock:
+            self._open()
+            if self._index_fd < 0:
+                return
+            if self._index_bytes + len(data) > MAX_INDEX_BYTES - INDEX_RESERVE:
+                full = IndexLine(
+                    key="0" * 64,
+                    kind=line.kind,
+                    what="the index is full: later answers were neither kept nor listed",
+                    kept=False,
+                    bytes=0,
+                    why_not="index full",
+                )
+                data = (full.model_dump_json() + "\n").encode()
+                self.unavailable = "the recording's index is full"
+            try:
+                os.write(self._index_fd, data)
+                self._index_bytes += len(data)
+            except OSError:
+                pass
+            if self.unavailable:
+                os.close(self._index_fd)
+                self._index_fd = -1
+
+    def note_miss(self, key: str, kind: Kind, what: str) -> None:
+        """A read a replay did not have (answered with the stub, or sent live)."""
+        self.note(
+            IndexLine(key=key, kind=kind, what=what[:600], kept=False, bytes=0, replay="miss")
+        )
+
+    def reserve(self, size: int) -> bool:
+        with self._lock:
+            if self.used + size > self.settings.cap_bytes:
+                return False
+            self.used += size
+            return True
+
+    def release(self, size: int) -> None:
+        with self._lock:
+            self.used -= size
+
+    def close(self) -> None:
+        if self._index_fd >= 0:
+            os.close(self._index_fd)
+            self._index_fd = -1
+
+
+class Tap:
+    """One answer on its way to the step: hashed whole, kept while within the caps."""
+
+    def __init__(
+        self, recorder: Recorder, key: str, kind: Kind, what: str, serial: int, replay: str
+    ) -> None:
+        self._recorder = recorder
+        self.key, self.kind, self.what, self.replay = key, kind, what, replay
+        self._hash: hashlib._Hash | None = hashlib.sha256()
+        self.size = 0
+        self._written = 0
+        self._why_not = recorder.unavailable
+        self._fd = -1
+        self._temp = recorder.root / BLOBS_DIR / f".part-{serial}"
+        self._closed = False
+
+    @property
+    def keeping(self) -> bool:
+        """Whether the answer is still being kept (else it need not pass through `feed`)."""
+        return not self._why_not
+
+    def rest_unseen(self, length: int) -> bool:
+        """The rest of the answer is `length` bytes: when that cannot be kept (past a
+        cap), the tap gives up now and the rest need not pass through Python (the
+        relay splices it); the index then has its size, and no digest. Whether the tap
+        gave up."""
+        settings = self._recorder.settings
+        if self._why_not:
+            pass
+        elif self.size + length > settings.body_cap_bytes:
+            self._drop(f"over the per-answer cap of {settings.body_cap_bytes} bytes")
+        elif self._recorder.used + length > settings.cap_bytes:
+            self._drop(f"over the recording's cap of {settings.cap_bytes} bytes")
+        else:
+            return False
+        self._hash = None
+        self.size += length
+        return True
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        if self._hash is None:
+            return  # given up (`rest_unseen`): the size is counted already
+        self._hash.update(data)
+        self.size += len(data)
+        if self._why_not:
+            return
+        settings = self._recorder.settings
+        if self.size > settings.body_cap_bytes:
+            self._drop(f"over the per-answer cap of {settings.body_cap_bytes} bytes")
+            return
+        if not self._recorder.reserve(len(data)):
+            self._drop(f"over the recording's cap of {settings.cap_bytes} bytes")
+            return
+        self._written += len(data)
+        try:
+            if self._fd < 0:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                self._fd = os.open(self._temp, flags, 0o600)
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as exc:
+            self._drop(f"the copy could not be written ({exc.strerror or exc})")
+
+    def close(self, *, complete: bool = True) -> None:
+        """The answer ended (`complete` False: cut short, which is not kept)."""
+        if self._closed:
+            return
+        self._closed = True
+        if not complete and not self._why_not:
+            self._drop("the answer was cut short")
+        digest = self._hash.hexdigest() if self._hash is not None else None
+        kept = False
+        if not self._why_not and digest is not None:
+            kept = self._commit(digest)
+        self._recorder.note(
+            IndexLine(
+                key=self.key,
+                kind=self.kind,
+                what=self.what,
+                kept=kept,
+                bytes=self.size,
+                sha256=digest,
+                why_not="" if kept else self._why_not,
+                replay=self.replay,  # type: ignore[arg-type]
+            )
+        )
+
+    def _commit(self, digest: str) -> bool:
+        blob = self._recorder.root / BLOBS_DIR / digest
+        try:
+            if self._fd < 0:  # an empty answer
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                self._fd = os.open(self._temp, flags, 0o600)
+            os.close(self._fd)
+            self._fd = -1
+            if blob.exists():  # the same answer kept already: one copy
+                os.unlink(self._temp)
+                self._recorder.release(self._written)
+            else:
+                os.rename(self._temp, blob)
+            return True
+        except OSError as exc:
+            self._drop(f"the copy could not be kept ({exc.strerror or exc})")
+            return False
+
+    def _drop(self, why: str) -> None:
+        self._why_not = why
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._written:
+            self._recorder.release(self._written)
+            self._written = 0
+        with contextlib.suppress(OSError):
+            os.unlink(self._temp)
+
+
+class Replay:
+    """The recording a replay serves from (copied in and checked by the host)."""
+
+    def __init__(self, settings: ReplaySettings) -> None:
+        self.root = Path(settings.dir)
+        self.miss_mode: MissMode = settings.miss
+        self._answers: dict[str, tuple[str, int]] = {}
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(self.root / INDEX_FILE, flags)
+        with os.fdopen(fd, "rb") as handle:
+            text = handle.read(MAX_INDEX_BYTES)
+        for raw in text.splitlines():
+            try:
+                line = IndexLine.model_validate_json(raw)
+            except ValidationError:
+                continue
+            if line.kept and line.sha256 is not None:
+                self._answers.setdefault(line.key, (line.sha256, line.bytes))
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    def answer(self, key: str) -> bytes | None:
+        """The recorded answer for `key` (None: a miss, or a blob that is not whole)."""
+        found = self._answers.get(key)
+        if found is None:
+            return None
+        digest, size = found
+        if not SHA256.match(digest):
+            return None
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(self.root / BLOBS_DIR / digest, flags)
+            with os.fdopen(fd, "rb") as handle:
+                data = handle.read(size + 1)
+        except OSError:
+            return None
+        if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
+            return None
+        return data
+
+
+class Reads:
+    """The run's recording, and the recording it replays from (if it replays)."""
+
+    def __init__(self, recorder: Recorder, replay: Replay | None) -> None:
+        self.recorder, self.replay = recorder, replay
+
+    @classmethod
+    def from_config(
+        cls, data_dir: str, recording: RecordingSettings, replay: ReplaySettings | None
+    ) -> Reads:
+        recorder = Recorder(Path(data_dir) / RECORDING_DIR, recording)
+        return cls(recorder, Replay(replay) if replay is not None else None)
+
+    def close(self) -> None:
+        self.recorder.close()

@@ -1,0 +1,132 @@
+"""The recorder's caps and content addressing, and the replay's checks (no engine)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from sandbox.contracts.recording import (
+    BLOBS_DIR,
+    INDEX_FILE,
+    IndexLine,
+    RecordingSettings,
+    ReplaySettings,
+    key_of,
+)
+from sandbox.guard import recording
+from sandbox.guard.recording import Recorder, Replay
+
+MIB = 1024 * 1024
+
+
+def index(root: Path) -> list[IndexLine]:
+    text = (root / INDEX_FILE).read_text()
+    return [IndexLine.model_validate_json(line) for line in text.splitlines()]
+
+
+def disk_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in (root / BLOBS_DIR).iterdir())
+
+
+def test_a_body_past_the_per_answer_cap_is_hashed_whole_and_not_kept(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path, RecordingSettings(cap_bytes=64 * MIB, body_cap_bytes=4 * MIB))
+    tap = recorder.tap(key_of("egress", method="GET", url="u", body_sha256=""), "egress", "GET u")
+    block, whole = b"x" * MIB, hashlib.sha256()
+    for _ in range(100):  # 100 MiB, streamed
+        tap.feed(block)
+        whole.update(block)
+        assert disk_bytes(tmp_path) <= 4 * MIB
+    tap.close()
+    (line,) = index(tmp_path)
+    assert not line.kept and line.bytes == 100 * MIB and line.sha256 == whole.hexdigest()
+    assert "per-answer cap" in line.why_not
+    assert disk_bytes(tmp_path) == 0 and recorder.used == 0
+
+
+def test_the_recording_cap_holds_over_many_answers(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path, RecordingSettings(cap_bytes=3 * MIB, body_cap_bytes=2 * MIB))
+    for n in range(5):
+        tap = recorder.tap(key_of("bridge", tool="t", arguments={"n": n}), "bridge", f"t {n}")
+        tap.feed(bytes([n]) * MIB)
+        tap.close()
+    lines = index(tmp_path)
+    assert [line.kept for line in lines] == [True, True, True, False, False]
+    assert all("recording's cap" in line.why_not for line in lines[3:])
+    assert disk_bytes(tmp_path) == 3 * MIB
+
+
+def test_same_answer_is_kept_once_and_a_cut_answer_not_at_all(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path, RecordingSettings())
+    for key in ("a" * 64, "b" * 64):
+        tap = recorder.tap(key, "mcp", "same")
+        tap.feed(b"the same answer")
+        tap.close()
+    cut = recorder.tap("c" * 64, "egress", "cut")
+    cut.feed(b"half")
+    cut.close(complete=False)
+    lines = index(tmp_path)
+    assert [line.kept for line in lines] == [True, True, False]
+    assert lines[2].why_not == "the answer was cut short"
+    assert len(os.listdir(tmp_path / BLOBS_DIR)) == 1
+    assert recorder.used == len(b"the same answer")
+
+
+def test_replay_serves_only_whole_blobs_and_keys_ignore_argument_order(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path, RecordingSettings())
+    key = key_of("bridge", tool="t", arguments={"a": 1, "b": [1, 2]})
+    assert key == key_of("bridge", arguments={"b": [1, 2], "a": 1}, tool="t")
+    tap = recorder.tap(key, "bridge", "t")
+    tap.feed(b'{"text": "answer"}')
+    tap.close()
+    recorder.close()
+    replay = Replay(ReplaySettings(dir=str(tmp_path)))
+    assert replay.answer(key) == b'{"text": "answer"}'
+    assert replay.answer(key_of("bridge", tool="t", arguments={"a": 2})) is None
+    (blob,) = (tmp_path / BLOBS_DIR).iterdir()
+    blob.write_bytes(b'{"text": "forged!!"}')  # same size, other content
+    assert replay.answer(key) is None
+
+
+def test_a_rest_that_cannot_be_kept_is_given_up_before_it_arrives(tmp_path: Path) -> None:
+    """What lets the relay splice a large body: the tap stops before the bytes come."""
+    recorder = Recorder(tmp_path, RecordingSettings(cap_bytes=64 * MIB, body_cap_bytes=4 * MIB))
+    tap = recorder.tap("d" * 64, "egress", "GET big")
+    tap.feed(b"HTTP/1.1 200 OK\r\n\r\n")
+    assert tap.keeping and not tap.rest_unseen(MIB)
+    assert tap.rest_unseen(100 * MIB) and not tap.keeping
+    tap.close()
+    (line,) = index(tmp_path)
+    assert not line.kept and line.sha256 is None and line.bytes == 100 * MIB + 19
+    assert "per-answer cap" in line.why_not and recorder.used == 0
+
+
+def test_a_recorder_without_its_guard_folder_makes_nothing_and_says_so(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path / "missing" / "recording", RecordingSettings())
+    tap = recorder.tap("e" * 64, "bridge", "t")
+    assert recorder.unavailable.startswith("the recording could not be opened")
+    tap.feed(b"answer")
+    tap.close()
+    assert not tap.keeping and not (tmp_path / "missing").exists()
+
+
+def test_a_run_without_reads_leaves_no_recording(tmp_path: Path) -> None:
+    Recorder(tmp_path / "recording", RecordingSettings()).close()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_index_stops_at_what_the_host_reads_and_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(recording, "MAX_INDEX_BYTES", recording.INDEX_RESERVE + 2000)
+    recorder = Recorder(tmp_path, RecordingSettings())
+    for n in range(50):
+        tap = recorder.tap(key_of("bridge", tool="t", arguments={"n": n}), "bridge", f"t {n}")
+        tap.feed(b"%d" % n)
+        tap.close()
+    lines = index(tmp_path)
+    assert 1 < len(lines) < 50 and lines[-1].why_not == "index full"
+    assert (tmp_path / INDEX_FILE).stat().st_size <= recording.INDEX_RESERVE + 2000
+    assert all(line.kept for line in lines[:-1])
