@@ -25,7 +25,7 @@ from sandbox.guard.bridge.front import BridgeFront
 from sandbox.guard.bridge.routes import Guard
 from sandbox.guard.egress import proxy as egress
 from sandbox.guard.egress import transparent
-from sandbox.guard.egress.packets import recording
+from sandbox.guard.egress.packets import logging_refused
 from sandbox.guard.requestcaps import CappedRequests
 
 
@@ -106,7 +106,7 @@ def build_app(
             proxy.reads = guard.reads
             async with (
                 transparent.serving(proxy, guard.config.bridge_token, direct_listeners),
-                recording(guard.log, guard.config.preflight_canaries, packets),
+                logging_refused(guard.log, guard.config.preflight_canaries, packets),
             ):
                 yield
         await guard.close()

@@ -136,7 +136,7 @@ class PacketRecorder:
 
 
 @contextlib.asynccontextmanager
-async def recording(
+async def logging_refused(
     log: ActionLog, canaries: list[str], sock: socket.socket | None
 ) -> AsyncIterator[PacketRecorder | None]:
     """Record the refused packets arriving on `sock` for the guard's lifetime (None:
