@@ -344,7 +344,7 @@ def bench_egress(b: Bench) -> list[Row]:
         what = "new connection" if mode == "new" else "keep-alive"
         ours, theirs = small[f"transparent/{mode}"], small.get(f"{peer}/{mode}")
         return make_row(
-            f"egress_{mode}_transparent_{name}",
+            f"egress_{mode}_transparent_vs_{peer}",
             f"egress: small GET, {what}, direct (redirected to the guard), median",
             "ms",
             ours.median_ms,
