@@ -10,7 +10,9 @@ still keeps what its servers said and what its step left (`collect_mcp_early`,
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -46,10 +48,12 @@ def warm_up() -> None:
     container. Only a speed-up: `collect` imports the same modules itself, and Python's
     import lock makes it wait for an import the thread has under way."""
 
-    def load() -> None:
-        import importlib
+    missing = [name for name in _COLLECT_MODULES if name not in sys.modules]
+    if not missing:
+        return  # a warm process (run after run through the API) has them
 
-        for name in _COLLECT_MODULES:
+    def load() -> None:
+        for name in missing:
             with contextlib.suppress(Exception):  # the collect's own import says it
                 importlib.import_module(name)
 
