@@ -129,9 +129,7 @@ def test_what_sandbox_run_imports_before_its_first_container_leaves_out_the_coll
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
     )
-    assert present(set(json.loads(done.stdout)), ONLY_FOR_THE_COLLECT) == list(
-        ONLY_FOR_THE_COLLECT
-    )
+    assert present(set(json.loads(done.stdout)), ONLY_FOR_THE_COLLECT) == list(ONLY_FOR_THE_COLLECT)
 
 
 def after_main(argv: list[str] | None, sys_argv: list[str]) -> dict[str, object]:
