@@ -344,7 +344,7 @@ def bench_egress(b: Bench) -> list[Row]:
         what = "new connection" if mode == "new" else "keep-alive"
         ours, theirs = small[f"transparent/{mode}"], small.get(f"{peer}/{mode}")
         return make_row(
-            f"egress_{mode}_transparent_{name}",
+            f"egress_{mode}_transparent_vs_{peer}",
             f"egress: small GET, {what}, direct (redirected to the guard), median",
             "ms",
             ours.median_ms,
@@ -421,6 +421,16 @@ def bench_egress(b: Bench) -> list[Row]:
         vs_squid_and_sync("new"),
         vs("new", "tinyproxy"),
         vs("keep", "squid", at_most_squid),
+        make_row(
+            "egress_keep_squid_p99",
+            "egress: small GET, keep-alive, p99",
+            "ms",
+            small["guard/keep"].p99_ms,
+            small["squid/keep"].p99_ms if "squid/keep" in small else None,
+            Goal(kind="ratio_max", threshold=2.0, text="<= 2x Squid's"),
+            baseline_name="squid",
+            note=f"median {small['guard/keep'].median_ms:.2f} ms",
+        ),
         vs_squid_and_sync("keep"),
         vs("keep", "direct"),
         cpu_vs_squid("new"),

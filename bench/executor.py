@@ -1,6 +1,7 @@
-"""Executor route: a DB query and a file read routed to the step's executor, against a
-stubbed bridge call from the same step plus the tool's own work (SQLite's query on the
-DB copy, the file's read), timed in the same step, one of each kind in turn."""
+"""Executor route: a DB query, a file read and a shell command start routed to the step's
+executor, against a stubbed bridge call from the same step plus the tool's own work
+(SQLite's query on the DB copy, the file's read, `/bin/sh -c true` started and waited
+for), timed in the same step, one of each kind in turn."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ EXEC_STEP = program("exec_step.py")
 EXEC_DESIGN = (
     "executor: one test run whose step is the client (bench/programs/exec_step.py), one "
     "keep-alive connection to its bridge: a stubbed call (notify_user, answered in the guard), "
-    "query_workflow_db (10 rows of a 100-row table) and read_file (40 lines), both routed by "
-    "the guard to the step's executor; in the step's own process the same query on the DB copy "
-    "as the executor makes it (connect read-only, limits, query, close) and the same read. "
+    "query_workflow_db (10 rows of a 100-row table), read_file (40 lines) and "
+    "execute_shell_command (`true`), all routed by the guard to the step's executor; in the "
+    "step's own process the same query on the DB copy as the executor makes it (connect "
+    "read-only, limits, query, close), the same read and the same command started and waited "
+    "for. "
     "{calls} of each, one of each kind in turn (the first rotating); the floor of a routed "
     "call is the stubbed call plus the tool's own time."
 )
@@ -53,15 +56,19 @@ def bench_executor(b: Bench) -> list[Row]:
         file_read=stats["file"],
         sqlite_alone=stats["sqlite"],
         read_alone=stats["read"],
+        shell=stats["shell"],
+        spawn_alone=stats["spawn"],
     )
     b.results.executor = detail
     b.note(detail.design)
     stub = detail.stubbed.median_ms
     goal = Goal(kind="added_max", threshold=1.0, text="<= stub + own time + 1 ms")
     rows = []
+    assert detail.shell is not None and detail.spawn_alone is not None
     for key, label, routed, alone, what in (
         ("exec_db", "DB query", detail.db_query, detail.sqlite_alone, "SQLite"),
         ("exec_file", "file read", detail.file_read, detail.read_alone, "the read"),
+        ("exec_shell", "shell command start", detail.shell, detail.spawn_alone, "the spawn"),
     ):
         rows += [
             make_row(

@@ -14,7 +14,8 @@ and `programs/` the client programs they run inside containers. Peers run in
 the same benchmark as the guard: Squid and tinyproxy (`peers`, in containers built
 here) for egress, the log's sync alone for the guard. `--load` runs the same
 figures with a CPU hog and a disk hog beside them (`load`), into
-`bench/results-load.json`.
+`bench/results-load.json`. `summary` names the row of every route a step's call
+can take and renders the goals table the README shows (`--readme` rewrites it).
 
 Nothing here is part of `make test`: speed targets live here, not in tests.
 Everything the bench creates (a temp dir, containers labelled `sandbox.bench`,
@@ -49,6 +50,7 @@ from bench.mcp import bench_mcp
 from bench.results import BenchResults, HostInfo, Row, format_table, status_row
 from bench.scale import bench_scale
 from bench.startup import bench_startup
+from bench.summary import load_saved, readme_block, replace_block
 from bench.treecopy import bench_copy
 from sandbox.backends.docker.client import connect
 from sandbox.backends.docker.images import REPO_ROOT
@@ -188,12 +190,23 @@ def main(argv: list[str] | None = None) -> int:
         "--markdown", action="store_true", help="print the table of the results file as markdown"
     )
     parser.add_argument(
+        "--readme",
+        action="store_true",
+        help="rewrite the README's goals table from the saved quiet and --load results",
+    )
+    parser.add_argument(
         "--load",
         action="store_true",
         help="the same figures with a CPU hog and a disk hog beside them (bounded in time)",
     )
     args = parser.parse_args(argv)
     out = Path(args.out) if args.out else LOAD_RESULTS_PATH if args.load else RESULTS_PATH
+    if args.readme:
+        readme = REPO_ROOT / "README.md"
+        quiet, loaded = load_saved(RESULTS_PATH), load_saved(LOAD_RESULTS_PATH)
+        readme.write_text(replace_block(readme.read_text(), readme_block(quiet, loaded)))
+        print(f"rewrote the goals table in {readme}")
+        return 0
     if args.markdown:
         saved = BenchResults.model_validate_json(out.read_text())
         print(format_table(saved.rows, markdown=True))

@@ -18,6 +18,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import docker.errors
 
@@ -75,18 +76,21 @@ def ensure_image(b: Bench) -> str:
 
 
 @contextlib.contextmanager
-def running(b: Bench, server_command: list[str]) -> Iterator[str]:
+def running(b: Bench, server_command: list[str], network: str | None = None) -> Iterator[str]:
     """mcp-proxy serving `server_command` (a stdio server of the MCP image) at
-    127.0.0.1:MCP_PROXY_PORT/mcp inside a container with no network but loopback;
-    yields the container's id (a client joins its namespace). Two CPUs: one for the
-    proxy and one for its server, as the guard and its server container each get one."""
+    MCP_PROXY_PORT/mcp: on 127.0.0.1 inside a container with no network but loopback (a
+    client joins its namespace), or with `network` on that network (a streamable-HTTP
+    server a workflow names by its address); yields the container's id. Two CPUs: one
+    for the proxy and one for its server, as the guard and its server container each get
+    one."""
     image = ensure_image(b)
+    where: dict[str, Any] = {"network": network} if network else {"network_mode": "none"}
     container = b.client.containers.run(
         image,
-        ["/opt/mcp-proxy/bin/mcp-proxy", "--host", "127.0.0.1", "--port", str(MCP_PROXY_PORT),
-         "--", *server_command],
+        ["/opt/mcp-proxy/bin/mcp-proxy", "--host", "0.0.0.0" if network else "127.0.0.1",
+         "--port", str(MCP_PROXY_PORT), "--", *server_command],
         environment={"HOME": "/tmp"},
-        network_mode="none",
+        **where,
         labels={BENCH_LABEL: b.bench_id},
         nano_cpus=2 * 10**9,
         mem_limit=512 * MIB,

@@ -311,6 +311,8 @@ class ExecDetail(BaseModel):
     file_read: LatencyStats
     sqlite_alone: LatencyStats  # the same query on the DB copy, in the step's process
     read_alone: LatencyStats  # the same file read, in the step's process
+    shell: LatencyStats | None = None  # execute_shell_command `true`, routed
+    spawn_alone: LatencyStats | None = None  # /bin/sh -c true started and waited for, in-step
 
 
 class ScaleDetail(BaseModel):
@@ -341,6 +343,9 @@ class McpDetail(BaseModel):
     mcp_proxy: LatencyStats | None = None
     direct_call: LatencyStats | None = None
     direct_list: LatencyStats | None = None
+    # the streamable-HTTP server: through the guard, and straight from the guard's namespace
+    guarded_http: LatencyStats | None = None
+    http_direct: LatencyStats | None = None
 
 
 class EgressDetail(BaseModel):

@@ -210,6 +210,20 @@ def bench_startup(b: Bench) -> list[Row]:
             ),
         ),
         make_row(
+            "startup_cli_bare",
+            "start-up: no-op `sandbox run` (CLI, a new process) vs bare docker run",
+            "s",
+            statistics.median(detail.cli_s),
+            bare_med,
+            Goal(kind="ratio_max", threshold=1.6, text="<= 1.6x"),
+            baseline_name="docker run --rm",
+            note=(
+                f"median of {n}; what a controller pays per run: the CLI's start-up, the"
+                " guard and step containers, the record, against one container of the step"
+                " image run and removed"
+            ),
+        ),
+        make_row(
             "startup_cli",
             "start-up: `sandbox run` (a new process) vs execute_step",
             "s",

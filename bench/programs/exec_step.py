@@ -1,15 +1,17 @@
 # The executor bench's step. From this one step, over one keep-alive connection to the
-# bridge, one of each in turn: a stubbed call (answered in the guard), a DB query
-# and a file read (routed to the executor in this container); and in this process the
-# same query on the DB copy and the same read, as the executor does them (their own
-# time, the floor's second part). Prints each kind's latency figures (ms) as one JSON
-# line (the record keeps only the last 8,000 characters of stdout: no raw samples).
+# bridge, one of each in turn: a stubbed call (answered in the guard), a DB query, a
+# file read and a shell command (routed to the executor in this container); and in this
+# process the same query on the DB copy, the same read and the same command started and
+# waited for, as the executor does them (their own time, the floor's second part).
+# Prints each kind's latency figures (ms) as one JSON line (the record keeps only the
+# last 8,000 characters of stdout: no raw samples).
 import http.client
 import json
 import math
 import os
 import sqlite3
 import statistics
+import subprocess
 import sys
 import time
 import urllib.parse
@@ -28,6 +30,7 @@ CALLS = {
     "stub": ({"tool": "notify_user", "arguments": {"text": "bench"}}, ("stub",)),
     "db": ({"tool": "query_workflow_db", "arguments": {"sql": SQL}}, ("redirect",)),
     "file": ({"tool": "read_file", "arguments": {"path": FILE}}, ("allow",)),
+    "shell": ({"tool": "execute_shell_command", "arguments": {"command": "true"}}, ("allow",)),
 }
 conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
 
@@ -64,6 +67,22 @@ def read_alone(_kind):
         "".join(handle)
 
 
+def spawn_alone(_kind):
+    # What the executor's execute_shell_command does (agentworks_exec/shell.py): /bin/sh -c
+    # in its own session, output through a pipe, waited for.
+    proc = subprocess.Popen(
+        ["/bin/sh", "-c", "true"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    proc.stdout.read()
+    proc.stdout.close()
+    if proc.wait() != 0:
+        raise RuntimeError("true failed")
+
+
 def timed(func, kind):
     t = time.perf_counter()
     func(kind)
@@ -74,8 +93,10 @@ blocks = [
     ("stub", call),
     ("db", call),
     ("file", call),
+    ("shell", call),
     ("sqlite", sqlite_alone),
     ("read", read_alone),
+    ("spawn", spawn_alone),
 ]
 for _ in range(cfg["warmup"]):
     for name, func in blocks:

@@ -4,8 +4,10 @@
 `bench/results.json` and `bench/results-load.json` (as `make bench` and
 `make bench-load` wrote them), each row with a bar chart of our figure against its
 baseline, drawn as inline SVG (no script, no request); `<!-- bench:goals -->` becomes
-the list of goals. A missing results file is an error, so the site never shows stale
-or empty figures silently.
+the goals table (each goal figure, quiet and `--load`: `bench.summary.goals_table`, as the
+README shows it) and `<!-- bench:routes -->` the list of every route a step's call can
+take with the row that measures it. A missing results file is an error, so the site never
+shows stale or empty figures silently.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.results import Row, table_cells  # noqa: E402
+from bench.results import BenchResults, Row, table_cells  # noqa: E402
+from bench.summary import ROUTES, goals_table, load_saved  # noqa: E402
 
 FILES = {"quiet": "bench/results.json", "load": "bench/results-load.json"}
 
@@ -73,12 +76,20 @@ def table(kind: str) -> str:
     return "\n".join(out)
 
 
+def _results(kind: str) -> BenchResults:
+    return load_saved(ROOT / FILES[kind])
+
+
 def goals() -> str:
-    rows, _ = _rows("quiet")
+    return goals_table(_results("quiet"), _results("load"))
+
+
+def routes() -> str:
+    rows = {r.key: r for r in _results("quiet").rows}
     return "\n".join(
-        f"- {r.figure}: {r.goal.text} ({r.baseline_name or 'absolute'})"
-        for r in rows
-        if r.goal.kind != "none"
+        f"- {route}: {rows[key].figure if key in rows else 'not in the saved run'}"
+        f" ({rows[key].baseline_name if key in rows else '-'})"
+        for route, key in ROUTES.items()
     )
 
 
@@ -89,4 +100,5 @@ def on_page_markdown(markdown: str, **kwargs: Any) -> str:
         markdown.replace("<!-- bench:quiet -->", table("quiet"))
         .replace("<!-- bench:load -->", table("load"))
         .replace("<!-- bench:goals -->", goals())
+        .replace("<!-- bench:routes -->", routes())
     )

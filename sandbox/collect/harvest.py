@@ -10,11 +10,15 @@ still keeps what its servers said and what its step left (`collect_mcp_early`,
 from __future__ import annotations
 
 import contextlib
+import importlib
 import os
+import sys
+import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sandbox.backends import Backend, RunContainer
-from sandbox.collect import actionsummary, logseal, recorded, stepreports
+from sandbox.collect import logseal, recorded, stepreports
 from sandbox.collect.guarding import Guarded
 from sandbox.contracts.errors import internal_reason
 from sandbox.contracts.layout import RunLayout
@@ -26,7 +30,34 @@ from sandbox.launch.start import Launched, McpJobs
 from sandbox.prepare.rundir import Prepared
 from sandbox.stepfs import lifecycle as stepfs
 
+if TYPE_CHECKING:
+    from sandbox.collect import actionsummary
+
 MCP_STDERR_CAP_BYTES = 2 * launch.MCP_LOG_BYTES  # the engine keeps about MCP_LOG_BYTES
+
+# What only the collect phase reads (the action log's summary, its stub groups and the
+# policy they classify with): imported while the run waits on the engine, not before
+# its first container (`warm_up`), and where it is used.
+_COLLECT_MODULES = ("sandbox.collect.actionsummary", "sandbox.policy")
+
+
+def warm_up() -> None:
+    """Import what only the collect phase needs, in a thread, while the launch waits on
+    the engine (the guard's start is a quarter of a second of idle runner): a new
+    `sandbox run` process spends that CPU beside the wait instead of before its first
+    container. Only a speed-up: `collect` imports the same modules itself, and Python's
+    import lock makes it wait for an import the thread has under way."""
+
+    missing = [name for name in _COLLECT_MODULES if name not in sys.modules]
+    if not missing:
+        return  # a warm process (run after run through the API) has them
+
+    def load() -> None:
+        for name in missing:
+            with contextlib.suppress(Exception):  # the collect's own import says it
+                importlib.import_module(name)
+
+    threading.Thread(target=load, name="collect-imports", daemon=True).start()
 
 
 @dataclass(frozen=True)
@@ -49,6 +80,8 @@ def collect(
 ) -> Collected:
     """Read everything the run left, in the order that keeps it true: the engine's
     view of the containers before they go, the step's disk once nothing writes it."""
+    from sandbox.collect import actionsummary
+
     plan, files, layout = prepared.plan, prepared.files, prepared.plan.layout
     guarded.exit_watch.cancel()
     guard_state = launched.guard.state()

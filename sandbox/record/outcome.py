@@ -6,10 +6,14 @@ the action summary) and touches no engine, file or container.
 
 from __future__ import annotations
 
-from sandbox.collect.actionsummary import ActionSummary
+from typing import TYPE_CHECKING
+
 from sandbox.contracts.record import Landlock, Preflight, RunStatus
 from sandbox.stepside.agentworks_exec.interface import LANDLOCK_REFUSED_EXIT
 from sandbox.stepside.agentworks_exec.preflight import FAILED_EXIT as PREFLIGHT_FAILED_EXIT
+
+if TYPE_CHECKING:
+    from sandbox.collect.actionsummary import ActionSummary
 
 
 def status_and_reason(

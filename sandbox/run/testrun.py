@@ -234,6 +234,7 @@ class TestRun:
                 with self._phase(progress, record, "prepare", "prepare_s"):
                     prepared = rundir.prepare(plan, files, seed, prompt, record)
                 with self._phase(progress, record, "launch", "container_start_s"):
+                    harvest.warm_up()
                     start.start_mcp_servers(backend, plan, mcp_pool, progress.mcp_jobs)
                     guard, step = start.start_guard(backend, plan)
                     progress.step_started = True

@@ -12,7 +12,7 @@ import pytest
 
 from bench.common import log_sync_alone
 from bench.egress import per_get_ms
-from bench.harness import main
+from bench.harness import LOAD_RESULTS_PATH, RESULTS_PATH, main
 from bench.results import (
     BenchResults,
     Goal,
@@ -26,6 +26,16 @@ from bench.results import (
     percentile,
     ratio,
     status_row,
+)
+from bench.summary import (
+    GOAL_ROWS,
+    README_END,
+    README_START,
+    figure_cell,
+    load_saved,
+    missing_routes,
+    readme_block,
+    replace_block,
 )
 from sandbox.contracts.record import RunStatus, TestRunRecord
 
@@ -245,3 +255,44 @@ def test_the_sync_floor_can_space_its_syncs(
     assert len(log_sync_alone(tmp_path, 2)) == 2
     assert slept == [0.001] * 3  # back to back: no sleep
     assert list(tmp_path.iterdir()) == []
+
+
+SAVED_RUNS = (RESULTS_PATH, LOAD_RESULTS_PATH)
+
+
+@pytest.mark.parametrize("path", SAVED_RUNS, ids=lambda p: p.name)
+def test_each_saved_run_measures_every_route_against_its_floor(path: Path) -> None:
+    """Every route a step's call can take has its row, with a baseline from the same run."""
+    assert missing_routes(load_saved(path)) == []
+
+
+@pytest.mark.parametrize("path", SAVED_RUNS, ids=lambda p: p.name)
+def test_each_saved_run_judges_every_goal_of_the_issue(path: Path) -> None:
+    rows = {row.key: row for row in load_saved(path).rows}
+    for key in GOAL_ROWS:
+        assert key in rows, key
+        assert rows[key].goal.kind != "none", key
+        assert rows[key].met is not None, key
+
+
+def test_the_readme_shows_the_saved_runs_goals_table() -> None:
+    readme = (RESULTS_PATH.parents[1] / "README.md").read_text()
+    block = readme_block(load_saved(RESULTS_PATH), load_saved(LOAD_RESULTS_PATH))
+    assert block in readme, "README's goals table drifted: python -m bench.harness --readme"
+
+
+def test_a_goal_figure_reads_as_its_goal_judges_it() -> None:
+    by_ratio = make_row("r", "r", "s", 0.9, 0.5, Goal(kind="ratio_max", threshold=1.6))
+    added = make_row("a", "a", "ms", 1.5, 1.0, Goal(kind="added_max", threshold=1.0))
+    absolute = make_row("c", "c", "calls/s", 2500.0, 9000.0, Goal(kind="abs_min", threshold=3000))
+    assert figure_cell(by_ratio) == "1.80x (not met)"
+    assert figure_cell(added) == "+0.50 ms (met)"
+    assert figure_cell(absolute) == "2,500 calls/s (not met)"
+    assert figure_cell(None) == "not measured"
+
+
+def test_the_readme_block_is_replaced_whole() -> None:
+    text = f"before\n{README_START}\nold\n{README_END}\nafter\n"
+    assert replace_block(text, "NEW") == "before\nNEW\nafter\n"
+    with pytest.raises(ValueError):
+        replace_block("no block here", "NEW")

@@ -98,6 +98,40 @@ def test_what_sandbox_run_imports_leaves_out_what_a_plain_run_never_uses(backend
     assert present(loaded, NOT_FOR_A_RUN) == []
 
 
+# Read only once the step ran (the action log's summary and its stub groups, with the
+# chain record's types they share): `sandbox.collect.harvest.warm_up` imports them while
+# the launch waits on the engine, so they are not CPU before the run's first container.
+ONLY_FOR_THE_COLLECT = (
+    "sandbox.collect.actionsummary",
+    "sandbox.collect.stubgroups",
+    "sandbox.contracts.workflow_record",
+)
+
+
+def test_what_sandbox_run_imports_before_its_first_container_leaves_out_the_collects() -> None:
+    loaded = loaded_after(
+        "sandbox.cli", "sandbox.cli.run", "sandbox.run.testrun", "sandbox.backends.docker.backend"
+    )
+    assert "sandbox.collect.harvest" in loaded  # the check sees real imports
+    assert present(loaded, ONLY_FOR_THE_COLLECT) == []
+    # ...and the launch's warm-up loads them (in its thread; joined here).
+    code = textwrap.dedent(
+        """
+        import json, sys, threading
+        from sandbox.collect import harvest
+        harvest.warm_up()
+        for thread in threading.enumerate():
+            if thread.name == "collect-imports":
+                thread.join(60)
+        print(json.dumps(sorted(sys.modules)))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert present(set(json.loads(done.stdout)), ONLY_FOR_THE_COLLECT) == list(ONLY_FOR_THE_COLLECT)
+
+
 def after_main(argv: list[str] | None, sys_argv: list[str]) -> dict[str, object]:
     """In a new interpreter: `main(argv)` with `sys.argv` set; then the collector's state,
     and whether the engine's client class and the run's record were frozen."""
