@@ -13,15 +13,30 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sandbox.contracts.recording import key_of, miss_text
 from sandbox.guard.egress.request import Incoming, Seen, read_body
 
 if TYPE_CHECKING:
+    from sandbox.guard.actionlog import ActionLog, Started
     from sandbox.guard.egress.connection import Client
-    from sandbox.guard.egress.proxy import EgressProxy
     from sandbox.guard.recording import Reads
+
+
+class Proxy(Protocol):
+    """What a replayed answer needs of the proxy that judged its request (the proxy
+    itself; named here so this module does not import it)."""
+
+    log: ActionLog
+
+    async def fill(self, client: Client, *, idle: bool) -> bytes: ...
+
+    async def begin_line(
+        self, seen: Seen, reason: str, *, category: str, extra_detail: dict[str, Any]
+    ) -> Started: ...
+
+    def facts(self, seen: Seen, *, status: int | None) -> tuple[dict[str, Any], dict[str, Any]]: ...
 
 
 def egress_key(seen: Seen, body_sha256: str) -> str:
@@ -45,7 +60,7 @@ class GoLive:
 
 
 async def answer(
-    proxy: EgressProxy,
+    proxy: Proxy,
     reads: Reads,
     client: Client,
     incoming: Incoming,
