@@ -143,8 +143,18 @@ def inside(name: str, *packages: str) -> bool:
         # The command line is the top: nothing imports it.
         ("sandbox.cli", ()),
         # The sequencers sit above the phases: only what runs a step imports them (the
-        # public API in `sandbox/__init__.py`, the CLI, verify's runs, the doctor's).
-        ("sandbox.run", ("sandbox", "sandbox.cli", "sandbox.verify", "sandbox.doctor")),
+        # public API in `sandbox/__init__.py`, the CLI, verify's runs, the doctor's, and
+        # the fleet's runner, the command of a runner Job's Pod).
+        (
+            "sandbox.run",
+            (
+                "sandbox",
+                "sandbox.cli",
+                "sandbox.verify",
+                "sandbox.doctor",
+                "sandbox.backends.kubernetes.fleetrunner",
+            ),
+        ),
         # The guard's application is assembled from its subsystems, never the other way.
         ("sandbox.guard.app", ("sandbox.guard.serve",)),
     ],
