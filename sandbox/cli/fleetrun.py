@@ -58,8 +58,8 @@ def fleet_config(args: argparse.Namespace) -> BackendConfig | None:
 def run_on_fleet(
     args: argparse.Namespace, config: BackendConfig, printer: FollowPrinter | None
 ) -> TestRunRecord | None:
-    """The record the runner sealed; None when a stop came before the runner started
-    the run (nothing ran)."""
+    """The record the runner sealed; None when a stop came before the runner named
+    its run (at the run's first event): the Job is deleted and no record is known."""
     asked = [flag for name, flag in NOT_ON_THE_FLEET.items() if getattr(args, name, None)]
     if asked:
         raise ConfigError(

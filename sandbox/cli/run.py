@@ -148,7 +148,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if placed is None:
             error(
                 ExitCode.INTERRUPTED,
-                "stopped before the run started: nothing ran",
+                "stopped before the runner named its run; the Job is deleted (a record it began "
+                "is under runs/ on the claim)",
                 as_json=args.json,
             )
             return ExitCode.INTERRUPTED
