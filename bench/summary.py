@@ -4,7 +4,7 @@ README and the performance page show, from the saved quiet and `--load` results.
 Pure (no Docker). `ROUTES` names the row that measures each route against its floor in
 the same run; `GOAL_ROWS` the figures issue 33 set goals for. The README's block between
 `README_START` and `README_END` is `readme_block()` of the saved results, written by
-`python -m bench.harness --readme`; `tests/test_bench.py` fails when it drifts from them
+`python -m bench.harness --readme`; `tests/bench/test_results.py` fails when it drifts from them
 or when a saved run lacks a route, so the front page never shows figures the files do
 not hold.
 """

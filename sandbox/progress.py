@@ -37,6 +37,13 @@ def event_line(event: RunEvent) -> str:
     if event.kind == "step_end":
         took = f" ({event.duration_s:.1f} s)" if event.duration_s is not None else ""
         return f"{_where(event)} step {event.status}{took}"
+    if event.kind == "placed":
+        return f"{_where(event)} placed on node {clean(event.node, keep_newlines=False)}"
+    if event.kind == "runner":
+        node = clean(event.node, keep_newlines=False)
+        return f"{_where(event)} runner {clean(event.phase, keep_newlines=False)}" + (
+            f" on {node}" if node else ""
+        )
     if event.kind == "workflow_start":
         return f"workflow test run {event.run_id}: {event.total} step(s)"
     took = f" ({event.duration_s:.1f} s)" if event.duration_s is not None else ""

@@ -67,3 +67,17 @@ def test_on_a_terminal_the_lines_print_above_a_progress_line() -> None:
     text = out.getvalue()
     assert "[pick] step started" in text and "\\x1b[2Jnotify_user" in text
     assert "\x1b[2J" not in text
+
+
+def test_a_fleet_runs_placement_and_runner_phases_print_as_lines() -> None:
+    out = io.StringIO()
+    printer = FollowPrinter.for_stream(out, as_json=False)
+    printer(_event(kind="runner", run_id="", step_id="pick", phase="Pending"))
+    printer(_event(kind="placed", run_id="", step_id="pick", node="127.0.0.2\x1b[2J"))
+    printer(_event(kind="runner", step_id="pick", phase="Running", node="127.0.0.2"))
+    printer.close()
+    assert out.getvalue().splitlines() == [
+        "[pick] runner Pending",
+        "[pick] placed on node 127.0.0.2\\x1b[2J",
+        "[pick] runner Running on 127.0.0.2",
+    ]

@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # `sandbox gc` only: a test run never loads the collector
 
 
 @contextmanager
-def _needs_client() -> Iterator[None]:
+def needs_client() -> Iterator[None]:
     try:
         yield
     except ModuleNotFoundError as exc:
@@ -27,8 +27,16 @@ def _needs_client() -> Iterator[None]:
 
 def connect_backend(config: BackendConfig) -> Backend:
     """One run's backend, connected."""
+    if config.kind == "kubernetes" and config.placement == "scheduler":
+        # The runner of such a run is a Job's Pod on the node the scheduler picks; run
+        # here, it would do the host-side work on this host instead.
+        raise ConfigError(
+            "placement = 'scheduler' submits each run as a Job: `sandbox run` (or "
+            "sandbox.backends.kubernetes.fleet.FleetRun) runs it; chains and verify "
+            "do not run on the fleet yet"
+        )
     if config.kind == "kubernetes":
-        with _needs_client():
+        with needs_client():
             from sandbox.backends.kubernetes.backend import KubernetesBackend
         return KubernetesBackend.connect(config)
     from sandbox.backends.docker.backend import DockerBackend
@@ -38,7 +46,7 @@ def connect_backend(config: BackendConfig) -> Backend:
 
 def collect_cluster(config: BackendConfig, report: GcReport) -> set[Path]:
     """`sandbox gc` on the cluster: the dead runs' Pods and Secrets; their run roots."""
-    with _needs_client():
+    with needs_client():
         from sandbox.backends.kubernetes import gc, podrun
     api = podrun.connect(config)
     try:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sandbox.cli.output import emit, print_record, say_line
+from sandbox.cli.output import emit, error, print_record, say_line
 from sandbox.contracts.exitcodes import ExitCode
 from sandbox.contracts.status import RunStatus
 
@@ -141,9 +141,24 @@ def _follow(args: argparse.Namespace) -> Iterator[FollowPrinter | None]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from sandbox.cli.fleetrun import fleet_config, run_on_fleet
     from sandbox.run.testrun import TestRun
 
     _stop_on_signals()
+    fleet = fleet_config(args)
+    if fleet is not None:
+        with _follow(args) as printer:
+            placed = run_on_fleet(args, fleet, printer)
+        if placed is None:
+            error(
+                ExitCode.INTERRUPTED,
+                "stopped before the runner named its run; the Job is deleted (a record it began "
+                "is under runs/ on the claim)",
+                as_json=args.json,
+            )
+            return ExitCode.INTERRUPTED
+        print_record(placed, args.json)
+        return EXIT_BY_STATUS[placed.status]
     with _follow(args) as printer:
         options = _run_options(args, printer)
         record = TestRun(

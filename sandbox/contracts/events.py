@@ -20,7 +20,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-EventKind = Literal["workflow_start", "step_start", "action", "step_end", "workflow_end"]
+EventKind = Literal[
+    "workflow_start", "step_start", "action", "step_end", "workflow_end", "placed", "runner"
+]
 REASON_CHARS = 160  # an action event's reason is cut to this many characters
 
 
@@ -32,10 +34,15 @@ class RunEvent(BaseModel):
 
     kind: EventKind = Field(
         description="What happened; a chain's events are bracketed by "
-        "workflow_start and workflow_end"
+        "workflow_start and workflow_end; `placed` and `runner` come from the "
+        "controller of a run the cluster's scheduler places (the node it landed "
+        "on, the runner Pod's phase)"
     )
     time: datetime = Field(description="When the runner saw it (UTC)")
-    run_id: str = Field(description="The test run (the chain's run for a chain)")
+    run_id: str = Field(
+        description="The test run (the chain's run for a chain); empty in `placed` and "
+        "`runner` events before the runner named its run"
+    )
     step_id: str = Field(
         default="", description="The step it belongs to; empty for a chain's own events"
     )
@@ -55,6 +62,11 @@ class RunEvent(BaseModel):
     )
     duration_s: float | None = Field(
         default=None, description="step_end, workflow_end: how long it took (seconds)"
+    )
+    node: str = Field(default="", description="placed, runner: the node the runner's Pod is on")
+    phase: str = Field(
+        default="",
+        description="runner: the runner Pod's phase (Pending, Running, Succeeded, Failed)",
     )
 
 

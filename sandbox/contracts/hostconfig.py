@@ -153,6 +153,26 @@ class BackendConfig(BaseModel):
         ),
     )
 
+    # For clusters whose Pods reach the API server only through their node (a local
+    # cluster whose API server listens on loopback): the runner's Pod then uses the
+    # node's network and names the API server itself.
+    runner_host_network: bool = Field(
+        default=False,
+        description=(
+            "`scheduler` placement: run the runner's Pod in its node's network "
+            "namespace (only for clusters whose Pods reach the API server through "
+            "the node alone, such as a local one on loopback)."
+        ),
+    )
+    runner_api_server: str | None = Field(
+        default=None,
+        pattern=r"^[0-9A-Za-z.-]+:[0-9]{1,5}$",
+        description=(
+            "`scheduler` placement: HOST:PORT where the runner's Pod reaches the API "
+            "server; none: the cluster's `kubernetes` Service, as any in-cluster client."
+        ),
+    )
+
     @model_validator(mode="after")
     def _pvc_has_claim(self) -> BackendConfig:
         if self.storage == "pvc" and not (self.claim and self.claim_root):

@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from tests.kubernetes import cluster
+from tests.kubernetes.cluster import binaries
 from tests.polling import wait_for
 
 DEADLINE_S = 30.0
@@ -57,9 +58,9 @@ def test_a_build_past_its_timeout_is_stopped_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     script, pids = _fake_build(tmp_path)
-    monkeypatch.setattr(cluster, "BUILD_SCRIPT", script)
+    monkeypatch.setattr(binaries, "BUILD_SCRIPT", script)
     with pytest.raises(cluster.ClusterError, match=r"run scripts/kubernetes-build\.sh"):
-        cluster.ensure_binaries(timeout_s=5.0)  # the fake writes its pids at once
+        binaries.ensure_binaries(timeout_s=5.0)  # the fake writes its pids at once
     _assert_all_stopped(_build_pids(pids))
 
 
@@ -71,11 +72,11 @@ import signal
 import sys
 from pathlib import Path
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from tests.kubernetes import cluster
-cluster.BUILD_SCRIPT = Path(sys.argv[1])
+from tests.kubernetes.cluster import binaries
+binaries.BUILD_SCRIPT = Path(sys.argv[1])
 try:
-    cluster.ensure_binaries()
-except cluster.ClusterError as exc:
+    binaries.ensure_binaries()
+except binaries.ClusterError as exc:
     print(exc)
     sys.exit(3)
 """

@@ -12,6 +12,7 @@ loopback address (what a real cluster's Service does for in-cluster clients).
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import subprocess
@@ -329,3 +330,136 @@ def test_a_runner_killed_on_its_node_is_recorded_killed_by_gc_from_the_controlle
     while batch.list_namespaced_job(namespace).items:
         assert time.monotonic() < deadline, "the dead runner's Job was not removed"
         time.sleep(0.2)
+
+
+def _cli_host_config(tmp_path: Path, kube_cluster: Cluster, settings: BackendConfig) -> Path:
+    """The controller's host.toml: the fleet's settings, the runner's Pod on its node's
+    network naming the API server's loopback address (what `_local_api` does)."""
+    fields: dict[str, Any] = {
+        **settings.model_dump(exclude_defaults=True),
+        "runner_host_network": True,
+        "runner_api_server": f"127.0.0.1:{kube_cluster.state.ports.apiserver}",
+    }
+    lines = ["[backend]", *(f"{k} = {json.dumps(v)}" for k, v in fields.items())]
+    path = tmp_path / "host.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _sandbox_cli(*args: str) -> subprocess.Popen[str]:
+    """The real command line in its own process, as a controller starts it."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "sandbox"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _no_jobs_left(kube_api: Any, namespace: str) -> None:
+    batch = client.BatchV1Api(kube_api)
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    while batch.list_namespaced_job(namespace).items:
+        assert time.monotonic() < deadline, "the command left its Job behind"
+        time.sleep(0.2)
+
+
+def test_sandbox_run_submits_to_the_fleet_follows_it_and_exits_as_any_run(
+    tmp_path: Path,
+    kube_cluster: Cluster,
+    kube_core: Any,
+    kube_api: Any,
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
+) -> None:
+    """`sandbox run --backend kubernetes` with `placement = "scheduler"`: the run lands
+    on the node the scheduler may pick (only the second here), `--follow --json` prints
+    the placement and the runner's phases, then the record read from the claim; exit 0;
+    the Job removed."""
+    assert fleet_settings.claim_root is not None
+    wf = write_workflow(
+        Path(fleet_settings.claim_root), command=["python3", "/workflow/code/step.py"]
+    )
+    (wf / "code" / "step.py").write_text(CHAIN_STEP)
+    before = tree_digest(wf)
+    host = _cli_host_config(tmp_path, kube_cluster, fleet_settings)
+    second_node = kube_cluster.node_names[1]
+    argv = ["run", str(wf), "step1", "--backend", "kubernetes", "--host-config", str(host)]
+    with only_schedulable(kube_core, second_node, kube_cluster.node_names):
+        proc = _sandbox_cli(*argv, "--follow", "--json")
+        out, err = proc.communicate(timeout=RUN_DEADLINE_S)
+    assert proc.returncode == 0, (out, err)
+    *events, last = [json.loads(line) for line in out.splitlines()]
+    record = read_record(wf / "runs" / last["id"])
+    assert last["status"] == "passed" and record.status is RunStatus.PASSED
+    assert record.node == second_node
+    assert {e["kind"] for e in events} == {"placed", "runner"}
+    assert [e["node"] for e in events if e["kind"] == "placed"] == [second_node]
+    phases = [e["phase"] for e in events if e["kind"] == "runner"]
+    assert phases[-1] == "Succeeded", phases
+    assert (wf / "runs" / record.id / "g" / "out.txt").read_text() == 'name = "wf"'
+    assert tree_digest(wf) == before
+    _no_jobs_left(kube_api, fleet_settings.namespace)
+    no_pods_or_secrets(kube_core, fleet_settings.namespace)
+
+
+def test_sandbox_run_on_the_fleet_stopped_deletes_the_job_and_prints_the_killed_record(
+    tmp_path: Path,
+    kube_cluster: Cluster,
+    kube_core: Any,
+    kube_api: Any,
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
+) -> None:
+    """SIGTERM to the command while the step runs on a node: it deletes the Job, the
+    runner ends the run `killed`, and the command prints that record and exits 130,
+    leaving no Job, Pod, Secret or Lease."""
+    assert fleet_settings.claim_root is not None
+    wf = write_workflow(
+        Path(fleet_settings.claim_root),
+        command=["python3", "/workflow/code/hold.py"],
+        timeout_s=300,
+        db_sql=None,
+    )
+    (wf / "code" / "hold.py").write_text(HOLD_STEP)
+    host = _cli_host_config(tmp_path, kube_cluster, fleet_settings)
+    first_node = kube_cluster.node_names[0]
+    namespace = fleet_settings.namespace
+    argv = ["run", str(wf), "step1", "--backend", "kubernetes", "--host-config", str(host)]
+    with only_schedulable(kube_core, first_node, kube_cluster.node_names):
+        proc = _sandbox_cli(*argv, "--json")
+        try:
+            _step_of_a_run_running_on(kube_core, namespace, first_node)
+        except BaseException:
+            proc.kill()
+            proc.communicate()
+            raise
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=RUN_DEADLINE_S)
+    assert proc.returncode == 130, (out, err)
+    printed = json.loads(out.splitlines()[-1])
+    record = read_record(_the_run(wf))
+    assert printed["id"] == record.id and printed["status"] == "killed"
+    assert record.status is RunStatus.KILLED
+    _no_jobs_left(kube_api, namespace)
+    no_pods_or_secrets(kube_core, namespace)
+    leases = client.CoordinationV1Api(kube_api).list_namespaced_lease(namespace).items
+    assert [x.metadata.name for x in leases] == []
+
+
+def _step_of_a_run_running_on(core: Any, namespace: str, node: str) -> None:
+    """Until a run's step runs on `node` (watched, with a deadline)."""
+    w = watch.Watch()
+    for event in w.stream(
+        core.list_namespaced_pod,
+        namespace,
+        label_selector=f"{names.LABEL_MANAGED}=true",
+        timeout_seconds=240,
+    ):
+        pod = event["object"]
+        for status in pod.status.container_statuses or []:
+            if status.name == "step" and status.state.running is not None:
+                w.stop()
+                assert pod.spec.node_name == node
+                return
+    pytest.fail("no run's step ran within 240 s")

@@ -81,3 +81,20 @@ def test_only_the_runner_is_privileged_and_it_holds_only_its_namespaced_role() -
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": "runs"}
     ]
+
+
+def test_the_runner_api_settings_shape_the_job_and_stay_with_the_controller() -> None:
+    """`runner_host_network` and `runner_api_server` (a cluster whose Pods reach the API
+    server only through their node) go into the Job, not into the runner's settings."""
+    settings = _settings(runner_host_network=True, runner_api_server="127.0.0.1:6443")
+    pod = fleet.job_manifest(settings, "team/wf", "step1", "sandbox-run-x")["spec"]["template"]
+    assert pod["spec"]["hostNetwork"] is True
+    (runner,) = pod["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in runner["env"]}
+    assert env["KUBERNETES_SERVICE_HOST"] == "127.0.0.1"
+    assert env["KUBERNETES_SERVICE_PORT"] == "6443"
+    inner = BackendConfig.model_validate_json(env[fleet.SETTINGS_ENV])
+    assert inner.runner_api_server is None and inner.runner_host_network is False
+    for bad in ("127.0.0.1", "a b:1", "host:port"):
+        with pytest.raises(ValidationError):
+            _settings(runner_api_server=bad)

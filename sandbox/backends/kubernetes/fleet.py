@@ -83,6 +83,8 @@ def runner_settings(settings: BackendConfig) -> BackendConfig:
             "claim_root": RUNNER_CLAIM_ROOT,
             "kubeconfig": None,
             "context": None,
+            "runner_host_network": False,
+            "runner_api_server": None,
         }
     )
 
@@ -96,11 +98,18 @@ def job_manifest(
     env: dict[str, str] | None = None,
     host_network: bool = False,
 ) -> dict[str, Any]:
-    """The Job of one run (pure). `env` and `host_network` are for clusters whose Pods
-    reach the API server only through the node (the local test cluster)."""
+    """The Job of one run (pure). `env` and `host_network` (added to the settings'
+    `runner_api_server` and `runner_host_network`) are for clusters whose Pods reach
+    the API server only through the node (the local test cluster)."""
     if settings.placement != "scheduler" or settings.runner_image is None:
         raise ConfigError("a Job of the fleet needs placement = 'scheduler' and runner_image")
     labels = {LABEL_FLEET: "true", LABEL_JOB: name}
+    env = dict(env or {})
+    if settings.runner_api_server is not None:
+        host, port = settings.runner_api_server.rsplit(":", 1)
+        env.setdefault("KUBERNETES_SERVICE_HOST", host)
+        env.setdefault("KUBERNETES_SERVICE_PORT", port)
+    host_network = host_network or settings.runner_host_network
     container_env: list[dict[str, Any]] = [
         {"name": NODE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": POD_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -108,7 +117,7 @@ def job_manifest(
         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         # The run's Pod runs the images this controller names.
         {"name": "SANDBOX_IMAGE_TAG", "value": names.IMAGE_TAG},
-        *({"name": k, "value": v} for k, v in sorted((env or {}).items())),
+        *({"name": k, "value": v} for k, v in sorted(env.items())),
     ]
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
@@ -222,6 +231,7 @@ class FleetRun:
                     timeout_seconds=int(min(WATCH_CHUNK_S, max(1, deadline - time.monotonic()))),
                 ):
                     pod = event["object"]
+                    self._note_run_id(pod)
                     if pod.spec.node_name and self.node is None:
                         self.node = pod.spec.node_name
                         if on_event is not None:
@@ -240,6 +250,13 @@ class FleetRun:
             finally:
                 w.stop()
         return False
+
+    def _note_run_id(self, pod: Any) -> None:
+        """The run's id as the runner announced it on its Pod at the run's first event
+        (known before the run ends: a cancelled run's record is found by it)."""
+        candidate = (pod.metadata.annotations or {}).get(ANNOTATION_RUN_ID)
+        if self.run_id is None and isinstance(candidate, str) and RUN_ID.match(candidate):
+            self.run_id = candidate
 
     def _learn_run_id(self, pod_name: str) -> None:
         """The run's id, from the runner's last line (a trusted component: the runner,

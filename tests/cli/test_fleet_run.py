@@ -1,0 +1,68 @@
+"""`placement = "scheduler"` from the command line, where no cluster is needed: what the
+fleet cannot carry is refused before anything is submitted, and nothing runs on this
+host in its place. (Runs through the fleet: tests/kubernetes/test_fleet.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sandbox.contracts.exitcodes import ExitCode
+from tests.conftest import tree_digest, write_workflow
+
+
+def _scheduler_host(tmp_path: Path) -> Path:
+    toml = tmp_path / "host.toml"
+    toml.write_text(
+        "[backend]\n"
+        'kind = "kubernetes"\n'
+        f'kubeconfig = "{tmp_path / "no-such.kubeconfig"}"\n'
+        'placement = "scheduler"\n'
+        'storage = "pvc"\n'
+        'claim = "workflows"\n'
+        f'claim_root = "{tmp_path}"\n'
+        'runner_image = "sandbox-runner:none"\n'
+    )
+    return toml
+
+
+def _sandbox(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sandbox.cli", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    ("option", "flag"),
+    [
+        (["--timeout", "5"], "--timeout"),
+        (["--allow-host", "example.org"], "--allow-host"),
+        (["--step-runtime", "runsc"], "--step-runtime"),
+    ],
+)
+def test_run_options_the_fleet_does_not_carry_are_refused_before_submitting(
+    tmp_path: Path, option: list[str], flag: str
+) -> None:
+    wf = write_workflow(tmp_path)
+    before = tree_digest(wf)
+    host = _scheduler_host(tmp_path)
+    done = _sandbox("run", str(wf), "step1", "--host-config", str(host), "--json", *option)
+    assert done.returncode == ExitCode.CONFIG, done.stderr
+    message = json.loads(done.stderr)["error"]["message"]
+    assert flag in message and "scheduler" in message
+    assert tree_digest(wf) == before
+    assert not (wf / "runs").exists() or not list((wf / "runs").glob("test-*"))
+
+
+def test_a_chain_with_the_scheduler_placement_is_refused_not_run_on_this_host(
+    tmp_path: Path,
+) -> None:
+    wf = write_workflow(tmp_path)
+    host = _scheduler_host(tmp_path)
+    done = _sandbox("run-workflow", str(wf), "--host-config", str(host))
+    assert done.returncode == ExitCode.CONFIG, (done.stdout, done.stderr)
+    assert "placement = 'scheduler'" in done.stderr
