@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from ipaddress import ip_address
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.layout import GUARD_UID
 from sandbox.contracts.record import SCHEMA_PATH, RunStatus, TestRunRecord, read_record
 from sandbox.contracts.wire import ActionLine
+from sandbox.guard.egress.dns import SYNTHETIC_V4 as SYNTHETIC
 from sandbox.hostfs import hostmount
 from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import ThreadedRun, call_lines, tree_digest, write_workflow
@@ -262,9 +264,20 @@ def direct_attempt(name, fn):
         direct[name] = "OPEN: " + str(fn())
     except OSError as exc:
         direct[name] = type(exc).__name__ + ":" + (errno.errorcode.get(exc.errno, "") if exc.errno else "")
-direct_attempt("tcp4", lambda: socket.create_connection(("OUTSIDE_V4", 8080), timeout=5))
+def tcp_other(host):
+    # Not HTTP, not TLS: the guard the firewall hands it to must close it at once.
+    with socket.create_connection((host, 8080), timeout=10) as s:
+        s.sendall(b"step-direct-bytes")
+        try:
+            return "closed: %d bytes" % len(s.recv(100))
+        except ConnectionResetError:
+            return "closed: reset"
+direct_attempt("tcp4", lambda: tcp_other("OUTSIDE_V4"))
 direct_attempt("raw", lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
-direct_attempt("dns", lambda: socket.getaddrinfo("outside.test", 8080))
+try:
+    direct["dns"] = sorted({i[4][0] for i in socket.getaddrinfo("outside.test", 8080, socket.AF_INET)})
+except OSError as exc:
+    direct["dns"] = type(exc).__name__
 direct["iptables"] = subprocess.run(["iptables", "-F"], capture_output=True, text=True).returncode
 print(json.dumps(direct))
 """
@@ -480,17 +493,32 @@ def test_egress_reads_pass_writes_are_stubbed_other_hosts_refused(
     )
     assert post.decision == "stub" and post.arguments["body_bytes"] == len(b"secret-payload-123")
     counts = record.egress[run.host]
-    assert (counts.passed, counts.stubbed, counts.refused) == (3, 6, 1)
+    # Refused: the proxy's one, and the step's own non-HTTP TCP the firewall handed over.
+    assert (counts.passed, counts.stubbed, counts.refused) == (3, 6, 2)
+    assert counts.direct == 1
     assert record.egress["not-allowed.test"].stubbed == 1  # the host not listed, recorded
 
 
-def test_egress_direct_connections_fail_at_once(runs: PodRuns) -> None:
+def test_egress_direct_connections_reach_the_guard_and_nothing_else(runs: PodRuns) -> None:
+    """As on Docker: the step's own TCP is handed to the guard, which refuses what is
+    neither HTTP nor TLS, closes it and records it (`via: direct`); its lookups are
+    answered by the guard's DNS with the guard's own addresses; raw sockets and the
+    firewall stay out of reach; the outside server sees none of it."""
     direct = runs.egress.direct
-    assert direct["tcp4"] == "ConnectionRefusedError:ECONNREFUSED", direct
+    assert direct["tcp4"] in ("OPEN: closed: 0 bytes", "OPEN: closed: reset"), direct
+    refused = [
+        ln for ln in runs.egress.lines if ln.tool == "http" and ln.arguments.get("method") == "TCP"
+    ]
+    assert len(refused) == 1 and refused[0].decision == "refuse", refused
+    assert refused[0].detail["via"] == "direct"
+    assert refused[0].detail["destination"] == f"{runs.egress.host}:8080"
     assert direct["raw"] == "PermissionError:EPERM"
-    assert direct["dns"].startswith("gaierror")
+    answers = direct["dns"]
+    assert isinstance(answers, list) and answers, direct
+    assert all(ip_address(a) in SYNTHETIC for a in answers), direct
     assert direct["iptables"] != 0
     assert not [s for s in runs.egress.seen if s.get("path") == "/direct"]
+    assert not [s for s in runs.egress.seen if s.get("proto") == "tcp" and s["port"] == 8080]
 
 
 # --- faults ----------------------------------------------------------------------------
