@@ -107,7 +107,7 @@ def main() -> int:
     if not make_undumpable():
         print("guard: cannot make itself non-dumpable", file=sys.stderr)
         return 2
-    from sandbox.guard.serve import serve  # the web stack: after the ports listen
+    from sandbox.guard.startup import serve  # the config, the log, then the network side
 
     return serve(
         raw,
