@@ -6,6 +6,7 @@ module is held until the test lets it go, so the order is seen, not timed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -14,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from dnslib import DNSRecord
@@ -81,9 +83,10 @@ def _proof_from(port: int, nonce: str, deadline: float) -> str:
     return b"".join(bytes(s) for rr in reply.rr for s in rr.rdata.data).decode()
 
 
-def test_the_guard_answers_the_preflights_dns_before_its_web_stack_is_imported(
-    tmp_path: Path,
-) -> None:
+@contextlib.contextmanager
+def _held_guard(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, int, float]]:
+    """The guard started with its web module's import held: the process, its bridge
+    and DNS ports, and the test's deadline."""
     actions = tmp_path / "actions.jsonl"
     actions.touch()
     config = guard_config(actions, bridge_port=free_ports(1)[0])
@@ -101,19 +104,7 @@ def test_the_guard_answers_the_preflights_dns_before_its_web_stack_is_imported(
         deadline = time.monotonic() + DEADLINE_S
         bridge_port, dns_port = json.loads(_line(proc, "PORTS ", deadline))
         assert json.loads(_line(proc, "HELD ", deadline)) == []  # nothing of the web stack yet
-
-        # The web module's import is held: the DNS server answers with the run's proof.
-        assert _proof_from(dns_port, "a1b2c3", deadline) == preflight_proof(BRIDGE_TOKEN, "a1b2c3")
-
-        assert proc.stdin is not None
-        proc.stdin.write(b"go\n")
-        proc.stdin.flush()
-        assert _line(proc, READY_MARK, deadline) == ""
-        with socket.create_connection(("127.0.0.1", bridge_port), timeout=DEADLINE_S) as sock:
-            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            assert sock.recv(4096).startswith(b"HTTP/1.1 ")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=DEADLINE_S) == 0
+        yield proc, bridge_port, dns_port, deadline
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -121,3 +112,35 @@ def test_the_guard_answers_the_preflights_dns_before_its_web_stack_is_imported(
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+def _release(proc: subprocess.Popen[bytes]) -> None:
+    assert proc.stdin is not None
+    proc.stdin.write(b"go\n")
+    proc.stdin.flush()
+
+
+def test_the_guard_answers_the_preflights_dns_before_its_web_stack_is_imported(
+    tmp_path: Path,
+) -> None:
+    with _held_guard(tmp_path) as (proc, bridge_port, dns_port, deadline):
+        # The web module's import is held: the DNS server answers with the run's proof.
+        assert _proof_from(dns_port, "a1b2c3", deadline) == preflight_proof(BRIDGE_TOKEN, "a1b2c3")
+        _release(proc)
+        assert _line(proc, READY_MARK, deadline) == ""
+        with socket.create_connection(("127.0.0.1", bridge_port), timeout=DEADLINE_S) as sock:
+            sock.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 ")
+
+
+def test_a_guard_stopped_before_its_web_stack_serves_exits_cleanly(tmp_path: Path) -> None:
+    """SIGTERM while the web stack is still being imported: the network side and the log
+    close and the guard exits 0 (left to its default action the signal would kill it,
+    and a guard that is PID 1 would ignore it)."""
+    with _held_guard(tmp_path) as (proc, _, dns_port, deadline):
+        assert _proof_from(dns_port, "d4e5", deadline) == preflight_proof(BRIDGE_TOKEN, "d4e5")
+        proc.send_signal(signal.SIGTERM)
+        _release(proc)  # the held import finishes; the guard never serves its app
+        assert proc.wait(timeout=DEADLINE_S) == 0
+        assert proc.stdout is not None
+        assert READY_MARK.encode() not in proc.stdout.read()
