@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import os
 import signal
 import socket
 from collections.abc import Awaitable
-from types import ModuleType
+from types import FrameType, ModuleType
 
 import uvloop
 
@@ -69,26 +70,37 @@ async def _serving(
 ) -> bool:
     stopped = asyncio.Event()
     loop = asyncio.get_running_loop()
+    stopped_early = False
     try:
         async with serving_network(guard, egress, direct, packets):
             # uvicorn handles SIGTERM once it serves; until then a stop closes the
             # network side and the log here (the guard may be PID 1, which ignores a
-            # signal left to its default action).
-            for sig in STOP_SIGNALS:
-                loop.add_signal_handler(sig, stopped.set)
+            # signal left to its default action). `signal.signal`, as uvicorn does:
+            # removing the loop's last own handler would unset the loop's wake-up fd,
+            # which uvicorn's handler needs.
+            def stop(sig: int, frame: FrameType | None) -> None:
+                loop.call_soon_threadsafe(stopped.set)
+
+            previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
             try:
                 # In a thread: the loop answers the preflight's probes meanwhile.
                 web = await _until(stopped, asyncio.to_thread(importlib.import_module, WEB_MODULE))
             finally:
-                for sig in STOP_SIGNALS:
-                    loop.remove_signal_handler(sig)
+                # uvicorn saves what it finds and re-raises a stop it handled.
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
             if web is None:
-                return True
-            started: bool = await web.serve_app(
-                guard, bridge=bridge, mcp=mcp, mcp_egress=mcp_egress
-            )
+                stopped_early = True
+            else:
+                started: bool = await web.serve_app(
+                    guard, bridge=bridge, mcp=mcp, mcp_egress=mcp_egress
+                )
     finally:
         await guard.close()
+    if stopped_early:
+        # Every line is written and synced and nothing listens any more; the web
+        # stack's import may still run in its thread, and nothing of it is needed.
+        os._exit(0)
     return started
 
 
