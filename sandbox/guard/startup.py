@@ -75,9 +75,8 @@ async def _serving(
         async with serving_network(guard, egress, direct, packets):
             # uvicorn handles SIGTERM once it serves; until then a stop closes the
             # network side and the log here (the guard may be PID 1, which ignores a
-            # signal left to its default action). `signal.signal`, as uvicorn does:
-            # removing the loop's last own handler would unset the loop's wake-up fd,
-            # which uvicorn's handler needs.
+            # signal left to its default action). Set as uvicorn sets its own, which
+            # saves and restores what it finds.
             def stop(sig: int, frame: FrameType | None) -> None:
                 loop.call_soon_threadsafe(stopped.set)
 
