@@ -2,7 +2,8 @@
 
 Only the standard library is imported before the ports and the MCP servers'
 sockets listen (see `sandbox.guard.listeners`); then the guard makes itself
-non-dumpable (its memory holds both tokens), and the web stack comes after.
+non-dumpable (its memory holds both tokens) and `sandbox.guard.startup` takes over:
+config, log and policy, the network side, then the web stack.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def main() -> int:
     if not make_undumpable():
         print("guard: cannot make itself non-dumpable", file=sys.stderr)
         return 2
-    from sandbox.guard.serve import serve  # the web stack: after the ports listen
+    from sandbox.guard.startup import serve  # the config, the log, then the network side
 
     return serve(
         raw,

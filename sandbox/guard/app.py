@@ -24,8 +24,7 @@ from sandbox.guard.auth import BAD_TOKEN, reject_and_log
 from sandbox.guard.bridge.front import BridgeFront
 from sandbox.guard.bridge.routes import Guard
 from sandbox.guard.egress import proxy as egress
-from sandbox.guard.egress import transparent
-from sandbox.guard.egress.packets import logging_refused
+from sandbox.guard.network import serving_network
 from sandbox.guard.requestcaps import CappedRequests
 
 
@@ -70,6 +69,7 @@ def build_app(
     mcp_egress_listeners: dict[str, socket.socket] | None = None,
     direct_listeners: tuple[socket.socket, socket.socket, socket.socket] | None = None,
     packets: socket.socket | None = None,
+    network: bool = True,
 ) -> BridgeFront:
     """The bridge, the MCP endpoint (under /mcp) and the egress proxy's lifetime, in one app.
 
@@ -80,7 +80,9 @@ def build_app(
     first thing); None binds it here. `mcp_listeners` / `mcp_egress_listeners`: each
     stdio MCP server's sockets, likewise. `direct_listeners`: where the firewall sends
     the step's direct connections and DNS queries (`sandbox.guard.egress.transparent`);
-    `packets`, the firewall's log of what it refused (`sandbox.guard.egress.packets`)."""
+    `packets`, the firewall's log of what it refused (`sandbox.guard.egress.packets`).
+    `network=False`: the caller serves those (`sandbox.guard.network`) around the app
+    and closes the guard; the app's lifespan then holds only the MCP side."""
     mcp: McpSurface
     if guard.config.mcp_servers:
         from sandbox.guard.mcp.proxy import McpProxy  # the MCP SDK: only when it is needed
@@ -100,14 +102,11 @@ def build_app(
         async with (
             egress.serving_mcp_servers(guard.config, guard.log, mcp_egress_listeners or {}),
             mcp.running(),
-            egress.running(guard.config, guard.log, guard.active_calls, egress_listener) as proxy,
         ):
-            guard.egress = proxy
-            proxy.reads = guard.reads
-            async with (
-                transparent.serving(proxy, guard.config.bridge_token, direct_listeners),
-                logging_refused(guard.log, guard.config.preflight_canaries, packets),
-            ):
+            if not network:
+                yield
+                return
+            async with serving_network(guard, egress_listener, direct_listeners, packets):
                 yield
         await guard.close()
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import hmac
 import time
-
-from starlette.responses import JSONResponse, Response
+from typing import TYPE_CHECKING
 
 from sandbox.guard.actionlog import ActionLog
+
+if TYPE_CHECKING:
+    from starlette.responses import Response
 
 BAD_TOKEN = "wrong or missing bridge token"
 
@@ -29,6 +31,10 @@ async def reject_and_log(
 ) -> Response:
     """Log the refusal (category `request`), then answer it with `status` (once the line
     is on disk)."""
+    # The framework's response only here: the guard serves DNS and interception before
+    # the web stack is imported (`sandbox.guard.startup`).
+    from starlette.responses import JSONResponse
+
     await log.write(
         session=session,
         tool=tool,

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
-
-from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from typing import TYPE_CHECKING, Any
 
 from sandbox.contracts.guardconfig import MCP_PATH
 from sandbox.guard import limits
 from sandbox.guard.actionlog import ActionLog
+
+if TYPE_CHECKING:  # the web stack comes after the guard's DNS serves (`sandbox.guard.startup`)
+    from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
 def json_bytes(content: Any) -> bytes:
@@ -109,6 +109,8 @@ class CappedRequests:
         started: float,
     ) -> None:
         await log_request_refusal(self.log, str(scope.get("path", "?")), reason, started)
+        from starlette.responses import JSONResponse
+
         response = JSONResponse({"error": reason}, status_code=status)
         response.headers["Connection"] = "close"
 

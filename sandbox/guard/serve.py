@@ -1,4 +1,5 @@
-"""The guard's server: uvicorn on the bridge port, the egress proxy beside it.
+"""The guard's web server: uvicorn on the bridge port, beside the network side
+(`sandbox.guard.network`) that `sandbox.guard.startup` serves before importing this.
 
 One process, one event loop (uvloop), one HTTP parser for the bridge and MCP port
 (httptools, llhttp: strict by default, as h11 was). The parser holds whatever head
@@ -25,8 +26,7 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from sandbox.contracts.guardconfig import READY_MARK, GuardConfig
-from sandbox.guard.actionlog import ActionLog
+from sandbox.contracts.guardconfig import READY_MARK
 from sandbox.guard.app import build_app
 from sandbox.guard.bridge.front import Answer, BridgeFront
 from sandbox.guard.bridge.routes import Guard
@@ -330,37 +330,19 @@ class GuardServer(uvicorn.Server):
         super().handle_exit(sig, None)
 
 
-def serve(
-    raw_config: bytes,
+async def serve_app(
+    guard: Guard,
     *,
     bridge: socket.socket,
-    egress: socket.socket,
     mcp: dict[str, socket.socket] | None = None,
     mcp_egress: dict[str, socket.socket] | None = None,
-    direct: tuple[socket.socket, socket.socket, socket.socket] | None = None,
-    packets: socket.socket | None = None,
-) -> int:
-    """Serve until stopped, on sockets that already listen; the exit status.
+) -> bool:
+    """Serve the bridge and MCP port on the running loop until stopped; whether it
+    started. The network side (`sandbox.guard.network`) is the caller's, already
+    serving: `sandbox.guard.startup` runs it before this module is imported.
 
-    `mcp` / `mcp_egress`: each stdio MCP server's socket and egress socket. `direct`:
-    the interception listener and the DNS server's UDP and TCP sockets. `packets`: the
-    firewall's log of the step's refused packets (`sandbox.guard.nflog`)."""
-    config = GuardConfig.model_validate_json(raw_config)
-    log = ActionLog(
-        config.actions_path,
-        secrets=(config.bridge_token, config.exec_token),
-        durability=config.durability,
-        step=config.step,
-    )
-    guard = Guard(config, log)
-    app = build_app(
-        guard,
-        egress_listener=egress,
-        mcp_listeners=mcp or {},
-        mcp_egress_listeners=mcp_egress,
-        direct_listeners=direct,
-        packets=packets,
-    )
+    `mcp` / `mcp_egress`: each stdio MCP server's socket and egress socket."""
+    app = build_app(guard, mcp_listeners=mcp or {}, mcp_egress_listeners=mcp_egress, network=False)
     server = GuardServer(
         uvicorn.Config(
             app,
@@ -368,9 +350,8 @@ def serve(
             access_log=False,
             lifespan="on",
             timeout_graceful_shutdown=5,
-            # uvloop and httptools: a third of the loop's own cost per call, and the
-            # h11 parser's share, measured on the bridge (README, Performance).
-            loop="uvloop",
+            # httptools: the h11 parser's share per call, measured on the bridge
+            # (README, Performance); the loop is uvloop (`sandbox.guard.startup`).
             http=HeadCappedProtocol,
             ws="none",  # no upgrade is served: an Upgrade request is an HTTP request
             # The step is the only client and sits on loopback, which uvicorn trusts for
@@ -380,5 +361,5 @@ def serve(
         ),
         guard,
     )
-    server.run(sockets=[bridge])
-    return 0 if server.started else 1
+    await server.serve(sockets=[bridge])
+    return server.started
