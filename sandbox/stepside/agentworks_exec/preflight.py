@@ -44,7 +44,8 @@ ENGINE_DNS = ("127.0.0.11", 53)
 TIMEOUT_S = 0.5
 # How long a connection or datagram that the firewall let through waits for the guard's
 # proof: the guard listens at once but serves its DNS and interception a moment later
-# (after its web stack loads), so the wait ends with the answer, not the timeout. That
+# (once its log is open and its network side is up, before its web stack loads), so the
+# wait ends with the answer, not the timeout. That
 # moment took over 10 s on a loaded shared host (a queued datagram answered just after a
 # 10 s wait); the wait costs nothing when the answer comes sooner.
 PROOF_TIMEOUT_S = 30.0
