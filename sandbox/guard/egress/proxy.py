@@ -177,24 +177,14 @@ class EgressProxy:
         if entry is None:
             reason = f"{target.host}:{target.port} is not on the egress allow list"
             raise Denied(403, reason, stub=True)
-        body = False
-        if websocket:
-            judge_websocket(incoming, entry, seen)
-        else:
-            body = judge_read(incoming, entry, target.origin, seen)
-        live: replayed.GoLive | None = None
-        if self.reads is not None and self.reads.replay is not None and not websocket:
-            served = await replayed.answer(
-                self, self.reads, client, incoming, seen, entry.model, started, sends_body=body
-            )
-            if not isinstance(served, replayed.GoLive):
-                return served
-            live = served
+        body, served = await self._judge(client, incoming, entry, target, seen, websocket, started)
+        if isinstance(served, bool):
+            return served
         upstream = self._pool.take(target.host, target.port)
         if upstream is None:
             upstream = await self._dial(target.host, target.port)
         return await self._forward(
-            client, incoming, upstream, target, entry, seen, started, body, live=live
+            client, incoming, upstream, target, entry, seen, started, body, live=served
         )
 
     async def _connect(
@@ -252,24 +242,40 @@ class EgressProxy:
         target = http1.tunnel_target(request.target, host, port)
         seen.url = target.url("https")
         http1.check_host(request, incoming.fields, host, port, 443)
-        body = False
         websocket = upgrade_asked(incoming, seen)
+        body, served = await self._judge(client, incoming, entry, target, seen, websocket, started)
+        if isinstance(served, bool):
+            return served
+        upstream = await self._dial(host, port, tls=self.tls.to_hosts(), server_hostname=host)
+        return await self._forward(
+            client, incoming, upstream, target, entry, seen, started, body, live=served
+        )
+
+    async def _judge(
+        self,
+        client: Client,
+        incoming: Incoming,
+        entry: EgressEntry,
+        target: http1.Target,
+        seen: Seen,
+        websocket: bool,
+        started: float,
+    ) -> tuple[bool, bool | replayed.GoLive | None]:
+        """Judge an allow-listed request (raises when it may not pass), then, in a replay,
+        answer it from the recording. Whether its body is forwarded (a model call or a git
+        fetch), and: the replayed answer's keep-alive (bool), a miss that goes live
+        (`GoLive`), or None (no replay: forward it)."""
+        body = False
         if websocket:
             judge_websocket(incoming, entry, seen)
         else:
             body = judge_read(incoming, entry, target.origin, seen)
-        live: replayed.GoLive | None = None
-        if self.reads is not None and self.reads.replay is not None and not websocket:
-            served = await replayed.answer(
-                self, self.reads, client, incoming, seen, entry.model, started, sends_body=body
-            )
-            if not isinstance(served, replayed.GoLive):
-                return served
-            live = served
-        upstream = await self._dial(host, port, tls=self.tls.to_hosts(), server_hostname=host)
-        return await self._forward(
-            client, incoming, upstream, target, entry, seen, started, body, live=live
+        if self.reads is None or self.reads.replay is None or websocket:
+            return body, None
+        served = await replayed.answer(
+            self, self.reads, client, incoming, seen, entry.model, started, sends_body=body
         )
+        return body, served
 
     # -- forwarding ---------------------------------------------------------------
 
