@@ -139,6 +139,17 @@ def test_both_nodes_mount_the_read_write_many_claim(
     assert sorted(p.name for p in shared.iterdir()) == [
         f"from-{n}" for n in sorted(kube_cluster.node_names)
     ]
+    # Each node keeps its Pods' logs in its own /var/log: a kubelet's log collection
+    # deletes the log folders of every Pod it does not know, so on a shared /var/log
+    # the first node's would delete the second's Pods' logs under them.
+    first_var_log = kube_cluster.state.directory / "private" / "var-log"
+    var_logs = {kube_cluster.state.node_name: first_var_log}
+    var_logs |= {n.name: n.folder / "var-log" for n in kube_cluster.state.extra_nodes}
+    for created in made:
+        folder = f"{kube_namespace}_{created.metadata.name}_{created.metadata.uid}"
+        node = kube_core.read_namespaced_pod(created.metadata.name, kube_namespace).spec.node_name
+        holding = [n for n, var_log in var_logs.items() if (var_log / "pods" / folder).is_dir()]
+        assert holding == [node], (folder, holding)
     for created in made:
         kube_core.delete_namespaced_pod(
             created.metadata.name, kube_namespace, grace_period_seconds=0

@@ -100,11 +100,16 @@ class ClusterBase:
         tmp.write_text(self.state.model_dump_json(indent=1))
         tmp.replace(path)
 
-    def _spawn(self, name: str, argv: list[str], *, in_namespace: bool = False) -> Daemon:
+    def _spawn(
+        self, name: str, argv: list[str], *, in_namespace: bool = False, node: str = ""
+    ) -> Daemon:
+        """A daemon of the cluster; `in_namespace`: in the nodes' mount namespace, or, with
+        `node` (a node beyond the first), in that node's own."""
         log = self.state.directory / "logs" / f"{name}.log"
         log.parent.mkdir(exist_ok=True)
         if in_namespace:
-            holder = next(x for x in self.state.daemons if x.name == "namespaces")
+            holder_name = f"namespaces-{node}" if node else "namespaces"
+            holder = next(x for x in self.state.daemons if x.name == holder_name)
             argv = ["nsenter", f"--mount=/proc/{holder.pid}/ns/mnt", "--", *argv]
         with open(log, "ab") as out:
             proc = subprocess.Popen(

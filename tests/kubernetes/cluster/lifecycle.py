@@ -152,6 +152,7 @@ class Cluster(Teardown, Nodes, ControlPlane, Images):
         self._make_cgroup_root()
         self._share_node_storage()
         self._start_namespaces()
+        self._start_node_namespaces()
         runtimes = [(s.containerd_socket, self._start_containerd(bin_root))]
         runtimes += [
             (n.containerd_socket, self._start_containerd(bin_root, n)) for n in s.extra_nodes

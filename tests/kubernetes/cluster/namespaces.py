@@ -109,6 +109,49 @@ class NodeHost(ClusterBase):
         self.state.net_ns = ns_id(proc.pid, "net")
         self._save()
 
+    def _start_node_namespaces(self) -> None:
+        """Each node beyond the first: a mount namespace of its own inside the nodes' one
+        (propagation slave: it still receives the node storage's mounts), where its own
+        folder is /var/log. Its kubelet and containerd join it (`_spawn(node=...)`)."""
+        holder = next(x for x in self.state.daemons if x.name == "namespaces")
+        for node in self.state.extra_nodes:
+            var_log = node.folder / "var-log"
+            var_log.mkdir(parents=True, exist_ok=True)
+            lines = ["set -eu", f"mount --bind {var_log} /var/log"]
+            if self.state.node_storage is not None:
+                lines.append(f"mount --make-shared {self.state.node_storage}")
+            lines += ["echo ready", "exec sleep infinity"]
+            log = self.state.directory / "logs" / f"namespaces-{node.name}.log"
+            enter = ["nsenter", f"--mount=/proc/{holder.pid}/ns/mnt", "--"]
+            unshare = ["unshare", "--mount", "--propagation", "slave", "--"]
+            with open(log, "ab") as err:
+                proc = subprocess.Popen(
+                    [*enter, *unshare, "sh", "-c", "\n".join(lines)],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=err,
+                    start_new_session=True,
+                )
+            daemon = Daemon(
+                name=f"namespaces-{node.name}",
+                pid=proc.pid,
+                started=psutil.Process(proc.pid).create_time(),
+                log=log,
+            )
+            self.state.daemons.insert(1, daemon)
+            self._save()
+            assert proc.stdout is not None
+            sel = selectors.DefaultSelector()
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            ready = sel.select(timeout=10) and proc.stdout.readline().strip() == b"ready"
+            proc.stdout.close()
+            if not ready:
+                raise ClusterError(
+                    f"node {node.name}'s namespace was not set up: {log.read_text()[-500:]}"
+                )
+            node.mount_ns = ns_id(proc.pid, "mnt")
+            self._save()
+
     def _share_node_storage(self) -> None:
         """A shared bind mount of the cluster's `node/` folder on the host, made before the
         node's mount namespace (propagation slave) copies the host's mounts: that copy

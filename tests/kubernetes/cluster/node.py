@@ -90,6 +90,7 @@ disabled_plugins = [
                 str(cd / "config.toml"),
             ],
             in_namespace=True,
+            node="" if node is None else node.name,
         )
 
     def _write_cni(self, bin_root: Path, cni_bin: Path, cni_conf: Path) -> None:
@@ -193,6 +194,7 @@ disabled_plugins = [
                 f"--pod-infra-container-image={PAUSE_IMAGE}",
             ],
             in_namespace=True,
+            node="" if node is None else node.name,
         )
 
     def _wait_node_ready(self, kubelet: Daemon, deadline_s: float, name: str) -> None:

@@ -74,6 +74,11 @@ class ExtraNode(BaseModel):
     folder: Path  # its kubelet's and containerd's state, under the cluster's folder
     containerd_socket: Path
     cgroup_root: str  # beside the first node's (a kubelet starting reads its root's children)
+    # Its kubelet and containerd share a mount namespace of their own (a slave of the
+    # nodes' one) with its own /var/log: a kubelet deletes every /var/log/pods folder
+    # of a Pod it does not know (its log garbage collection), so two kubelets sharing
+    # one /var/log would delete each other's Pods' logs.
+    mount_ns: str | None = None
 
 
 class ClusterState(BaseModel):

@@ -57,8 +57,11 @@ class Teardown(NodeHost):
         ]
         self._terminate([by_name[n] for n in order if n in by_name], 10)
         self._kill_namespace_members()
+        holders = [d for n, d in by_name.items() if n.startswith("namespaces-")]
         if "namespaces" in by_name:
-            self._terminate([by_name["namespaces"]], 5)
+            holders.append(by_name["namespaces"])
+        if holders:
+            self._terminate(holders, 5)
         problems = self._unshare_node_storage()
         problems += self._remove_cgroup_root()
         problems += self._remove_created_paths()
@@ -127,10 +130,11 @@ class Teardown(NodeHost):
 
     def _namespace_members(self) -> list[int]:
         ours = {x for x in (self.state.mount_ns, self.state.net_ns) if x}
-        holder = next((x for x in self.state.daemons if x.name == "namespaces"), None)
+        ours |= {n.mount_ns for n in self.state.extra_nodes if n.mount_ns}
+        holders = {x.pid for x in self.state.daemons if x.name.startswith("namespaces")}
         members = []
         for pid in psutil.pids():
-            if holder is not None and pid == holder.pid:
+            if pid in holders:
                 continue
             try:
                 if ns_id(pid, "mnt") in ours or ns_id(pid, "net") in ours:
