@@ -100,21 +100,21 @@ def node_dir(kube_cluster: Cluster) -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _container_processes(container_id: str) -> list[psutil.Process]:
-    """The node's processes in one container's cgroup (by its id, never by name)."""
-    found = []
+def _guard_container_processes(pod_uid: str) -> list[psutil.Process]:
+    """Every process on the node in the guard's container, of any uid: those of the
+    Pod's cgroups (by the Pod's uid, never by name) in the mount namespace of the
+    guard's uid (each container has its own)."""
+    marker = "pod" + pod_uid
+    in_pod = []
     for proc in psutil.process_iter():
         try:
-            if container_id in Path(f"/proc/{proc.pid}/cgroup").read_text():
-                found.append(proc)
+            if marker in Path(f"/proc/{proc.pid}/cgroup").read_text():
+                in_pod.append((proc, os.readlink(f"/proc/{proc.pid}/ns/mnt")))
         except (OSError, psutil.Error):
             continue
-    return found
-
-
-def _guard_container_id(pod: Any) -> str:
-    (status,) = [s for s in pod.status.container_statuses if s.name == "guard"]
-    return str(status.container_id).split("://", 1)[-1]
+    guards = {mnt for proc, mnt in in_pod if proc.uids().real == GUARD_UID}
+    assert len(guards) == 1, f"the guard's uid runs in {len(guards)} mount namespaces"
+    return [proc for proc, mnt in in_pod if mnt in guards]
 
 
 def test_udp_from_a_pod_is_refused_and_recorded_and_the_guard_holds_no_capability(
@@ -134,8 +134,9 @@ def test_udp_from_a_pod_is_refused_and_recorded_and_the_guard_holds_no_capabilit
     with ThreadedRun(wf, backend=pods) as run:
         ready = run.wait_for_in_group("ready")
         pod = pod_of(kube_core, kube_namespace, run.layout.run_id)
-        procs = _container_processes(_guard_container_id(pod))
-        assert procs, "no process of the guard's container found on the node"
+        procs = _guard_container_processes(pod.metadata.uid)
+        # tini and the guard (the entry's shell and nflog helper exec'd into them).
+        assert len(procs) >= 2, procs
         for proc in procs:
             status = proc_status(proc.pid)
             # The entry's moment as root is over: every process is the guard's uid...
