@@ -306,6 +306,23 @@ def guard_entry_script(
     lines = ["set -eu", *_install_lines(guard_uid, install=install)]
     lines += _nat_lines(guard_uid, redirect_root=redirect_root) if install else []
     lines += _checked_readback(install=install, peers=None)
+    lines.append(_drop_line(guard_command, guard_uid, bind_nflog=install))
+    return "\n".join(lines) + "\n"
+
+
+def pod_guard_entry_script(
+    guard_command: list[str], guard_uid: int = GUARD_UID, *, install: bool = True
+) -> str:
+    """Shell a Pod's guard container starts with, as root holding the same capabilities
+    as Docker's guard entry (`specs.GUARD_ENTRY_CAPS`): the init container has already
+    installed the rules, so it only binds the refused packets' log group and drops,
+    exactly as the end of `guard_entry_script` does (one code path for both)."""
+    return "\n".join(["set -eu", _drop_line(guard_command, guard_uid, bind_nflog=install)]) + "\n"
+
+
+def _drop_line(guard_command: list[str], guard_uid: int, *, bind_nflog: bool) -> str:
+    """The entry's last line: (bind the log group, then) drop to the guard's uid with
+    every capability gone from all sets and exec tini and the guard."""
     drop = [
         "setpriv",
         f"--reuid={guard_uid}",
@@ -319,13 +336,12 @@ def guard_entry_script(
         "--",
         *guard_command,
     ]
-    if install:
+    if bind_nflog:
         # Bound to the refused packets' log group while NET_ADMIN is still held; the
         # guard inherits the socket (`sandbox.guard.nflog`). guard_command[0] is the
         # guard image's Python.
         drop = [guard_command[0], "-m", "sandbox.guard.nflog", *drop]
-    lines.append("exec " + " ".join(shlex.quote(part) for part in drop))
-    return "\n".join(lines) + "\n"
+    return "exec " + " ".join(shlex.quote(part) for part in drop)
 
 
 def expected_readback(peers: PodPeers | None = None) -> list[str]:
@@ -349,9 +365,8 @@ def init_container_script(
     `expected_readback()`. It ends there: the guard starts later as its own uid.
 
     The nat rules are Docker's (transparent egress and the guard's DNS), for the
-    step's uid only when stdio MCP servers share the Pod. The Pod's guard never holds
-    NET_ADMIN, so nothing binds the refused packets' log group there: they are
-    rejected at once, as on Docker, but not counted.
+    step's uid only when stdio MCP servers share the Pod. The Pod's guard binds the
+    refused packets' log group itself, at its own start (`pod_guard_entry_script`).
 
     `install=False` (tests of the preflight only) installs nothing and checks nothing."""
     lines = ["set -eu", *_install_lines(guard_uid, install=install, peers=peers)]

@@ -9,9 +9,12 @@ The Pod:
 - an init container `firewall` (uid 0, every capability dropped but NET_ADMIN) puts
   `sandbox.launch.firewall.rules()` in the Pod's network namespace, prints them back
   and fails unless they read back exactly, so no other container starts on a wrong wall;
-- the guard as a sidecar: uid and gid 10002, no capability, no privilege escalation,
-  read-only root; it alone mounts the Secret with its config (mode 0400, group 10002:
-  the kubelet adds group read for the Pod's fsGroup) and the run's action log;
+- the guard as a sidecar, started as Docker's guard entry is (root with NET_ADMIN,
+  SETUID, SETGID and SETPCAP only, `firewall.pod_guard_entry_script`): the entry binds
+  the refused packets' log group and drops to uid and gid 10002 with no capability in
+  any set before the guard's code runs; no privilege escalation, read-only root; it
+  alone mounts the Secret with its config (mode 0400, group 10002: the kubelet adds
+  group read for the Pod's fsGroup) and the run's action log;
 - the step: its uid (10001 under a root runner), no capability, no privilege escalation,
   read-only root, memory and CPU limits, its three writable folders of the run's disk,
   the workflow view and every Crew folder read-only;
@@ -367,9 +370,17 @@ def pod_manifest(
         "name": GUARD,
         "image": _image(settings, guard.image),
         "imagePullPolicy": pull,
-        "command": ["tini", "--", *launch.GUARD_COMMAND],
+        # Docker's guard entry, less the rules the init container installed: root with
+        # the entry's capabilities only until it has bound the refused packets' log
+        # group and dropped to the guard's uid with none (before the guard's code runs).
+        "command": ["/bin/sh", "-c"],
+        "args": [
+            firewall.pod_guard_entry_script(
+                launch.GUARD_COMMAND, GUARD_UID, install=meta.install_firewall
+            )
+        ],
         "env": _env({**guard.env, CONFIG_FILE_ENV: SECRET_CONFIG_PATH}),
-        "securityContext": _locked_down(GUARD_UID, GUARD_UID),
+        "securityContext": _locked_down(0, 0, add=list(launch.GUARD_ENTRY_CAPS)),
         "resources": _resources(guard),
         "volumeMounts": guard_mounts,
     }

@@ -93,7 +93,7 @@ def test_pod_level_isolation(tmp_path: Path) -> None:
     assert [c["name"] for c in spec["initContainers"]] == ["firewall"]
 
 
-def test_only_the_init_container_holds_a_capability(tmp_path: Path) -> None:
+def test_only_the_init_container_and_the_guard_entry_hold_a_capability(tmp_path: Path) -> None:
     pod = build(plan(tmp_path), SETTINGS)[0]
     by_name = containers(pod)
     for name, container in by_name.items():
@@ -104,10 +104,31 @@ def test_only_the_init_container_holds_a_capability(tmp_path: Path) -> None:
         assert context["privileged"] is False, name
     assert by_name["firewall"]["securityContext"]["capabilities"]["add"] == ["NET_ADMIN"]
     assert by_name["firewall"]["securityContext"]["runAsUser"] == 0
-    for name, uid in (("guard", GUARD_UID), ("step", launch.step_user()[0])):
-        context = by_name[name]["securityContext"]
-        assert "add" not in context["capabilities"], name
-        assert context["runAsUser"] == uid and context["runAsNonRoot"] is (uid != 0), name
+    # The guard starts as Docker's guard entry does (the drop is its script's job).
+    guard = by_name["guard"]["securityContext"]
+    assert guard["capabilities"]["add"] == launch.GUARD_ENTRY_CAPS
+    assert guard["runAsUser"] == 0
+    step = by_name["step"]["securityContext"]
+    assert "add" not in step["capabilities"]
+    assert step["runAsUser"] == launch.step_user()[0] and step["runAsNonRoot"] is True
+
+
+def test_the_pod_guard_runs_the_docker_entrys_bind_and_drop(tmp_path: Path) -> None:
+    """The same last line as Docker's entry: bind the log group, drop every capability
+    to the guard's uid, then tini and the guard; nothing of the guard runs before it."""
+    p = plan(tmp_path)
+    guard = containers(build(p, SETTINGS)[0])["guard"]
+    assert guard["command"] == ["/bin/sh", "-c"]
+    (script,) = guard["args"]
+    subprocess.run(["sh", "-n"], input=script, text=True, check=True)
+    docker_entry = (launch.guard_spec(p).entrypoint or [""])[-1]
+    drop = script.splitlines()[-1]
+    assert drop == docker_entry.splitlines()[-1]
+    assert drop.startswith(f"exec {launch.GUARD_COMMAND[0]} -m sandbox.guard.nflog setpriv ")
+    for flag in ("--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"):
+        assert flag in drop
+    assert f"--reuid={GUARD_UID}" in drop and f"--regid={GUARD_UID}" in drop
+    assert drop.endswith("tini -- " + " ".join(launch.GUARD_COMMAND))
 
 
 def test_a_host_may_run_pods_without_the_landlock_wall(tmp_path: Path) -> None:
@@ -214,7 +235,7 @@ def test_the_guard_alone_mounts_its_config_secret(tmp_path: Path) -> None:
     assert pod["spec"]["securityContext"]["fsGroup"] == GUARD_UID
     for name in ("firewall", "step"):
         assert "guard-config" not in {m["name"] for m in by_name[name].get("volumeMounts", [])}
-    assert guard["command"][:2] == ["tini", "--"]
+    assert "tini -- " + " ".join(launch.GUARD_COMMAND) in guard["args"][0]
 
     config = launch.guard_config(p).model_dump_json().encode()
     secret = manifests.secret_manifest(meta, SETTINGS, config)
