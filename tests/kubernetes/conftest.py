@@ -11,6 +11,8 @@ iptables rule naming it, and the host's Docker engine still runs a container.
 from __future__ import annotations
 
 import os
+import secrets
+import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,8 +22,11 @@ import docker
 import pytest
 from kubernetes import client
 
+from sandbox.backends import BackendFactory
+from sandbox.backends.choose import connect_backend
 from sandbox.backends.docker import images
 from sandbox.contracts import names
+from sandbox.contracts.hostconfig import BackendConfig
 from tests.kubernetes.cluster import (
     KUBELET_SYSCTLS,
     PRIVATE_PATHS,
@@ -112,3 +117,30 @@ def kube_namespace(kube_core: Any) -> Iterator[str]:
     """A fresh namespace whose default service account exists (Pods need it to be admitted)."""
     with namespace_of_its_own(kube_core) as name:
         yield name
+
+
+@pytest.fixture
+def settings(kube_cluster: Cluster, kube_namespace: str) -> BackendConfig:
+    """The host's `[backend]` for runs on the cluster, in this test's namespace."""
+    return BackendConfig(
+        kind="kubernetes",
+        kubeconfig=str(kube_cluster.kubeconfig),
+        namespace=kube_namespace,
+        image_pull_policy="Never",
+        seccomp_profile="step.json",
+    )
+
+
+@pytest.fixture
+def pods(settings: BackendConfig) -> BackendFactory:
+    """A run's backend: the cluster, as the host config would name it."""
+    return lambda: connect_backend(settings)
+
+
+@pytest.fixture
+def node_dir(kube_cluster: Cluster) -> Iterator[Path]:
+    """A folder of this test on the node's storage, gone after it."""
+    path = kube_cluster.node_storage / f"t-{secrets.token_hex(4)}"
+    path.mkdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)

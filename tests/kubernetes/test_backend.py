@@ -10,24 +10,20 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandbox.backends import BackendFactory
-from sandbox.backends.choose import connect_backend
 from sandbox.backends.kubernetes import pod as manifests
 from sandbox.contracts import names
-from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.layout import DISK_MOUNT, GUARD_UID, STEP_UID
 from sandbox.contracts.record import RunStatus, read_record
 from sandbox.hostfs import hostmount
@@ -55,32 +51,6 @@ pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
 REPO = Path(__file__).resolve().parents[2]
 JOBBOARD = REPO / "examples" / "job-board"
 JOBBOARD_PORT = 8080
-
-
-@pytest.fixture
-def settings(kube_cluster: Cluster, kube_namespace: str) -> BackendConfig:
-    return BackendConfig(
-        kind="kubernetes",
-        kubeconfig=str(kube_cluster.kubeconfig),
-        namespace=kube_namespace,
-        image_pull_policy="Never",
-        seccomp_profile="step.json",
-    )
-
-
-@pytest.fixture
-def pods(settings: BackendConfig) -> BackendFactory:
-    """A run's backend: the cluster, as the host config would name it."""
-    return lambda: connect_backend(settings)
-
-
-@pytest.fixture
-def node_dir(kube_cluster: Cluster) -> Iterator[Path]:
-    """A folder of this test on the node's storage, gone after it."""
-    path = kube_cluster.node_storage / f"t-{secrets.token_hex(4)}"
-    path.mkdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_job_board_bid_submit_passes_with_its_stubs(

@@ -30,11 +30,9 @@ from sandbox.run.testrun import TestRun
 from tests.conftest import call_lines, write_workflow
 from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.pods import no_pods_or_secrets, start_server
-from tests.kubernetes.test_backend import node_dir, pods, settings
 from tests.kubernetes.test_pod_shape import OUTSIDE_PORT, outside_server_pod
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
-__all__ = ["node_dir", "pods", "settings"]  # the fixtures of the backend's tests
 
 HOSTILE = Path(__file__).resolve().parents[1] / "fakes" / "hostile_mcp.py"
 FETCHER_PORT, SEALED_PORT = 3128, 3129  # layout.mcp_proxy_port(0) and (1)

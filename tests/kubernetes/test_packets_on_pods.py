@@ -9,10 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,12 +17,9 @@ import psutil
 import pytest
 
 from sandbox.backends import BackendFactory
-from sandbox.backends.choose import connect_backend
-from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.layout import GUARD_UID
 from sandbox.contracts.record import RunStatus
 from tests.conftest import ThreadedRun, tree_digest, write_workflow
-from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.pods import (
     exec_in,
     no_pods_or_secrets,
@@ -78,26 +72,6 @@ deadline = time.monotonic() + 240
 while not os.path.exists("go") and time.monotonic() < deadline:
     time.sleep(0.05)
 """
-
-
-@pytest.fixture
-def pods(kube_cluster: Cluster, kube_namespace: str) -> BackendFactory:
-    settings = BackendConfig(
-        kind="kubernetes",
-        kubeconfig=str(kube_cluster.kubeconfig),
-        namespace=kube_namespace,
-        image_pull_policy="Never",
-        seccomp_profile="step.json",
-    )
-    return lambda: connect_backend(settings)
-
-
-@pytest.fixture
-def node_dir(kube_cluster: Cluster) -> Iterator[Path]:
-    path = kube_cluster.node_storage / f"t-{secrets.token_hex(4)}"
-    path.mkdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def _guard_container_processes(pod_uid: str) -> list[psutil.Process]:

@@ -6,21 +6,15 @@ holds no capability."""
 from __future__ import annotations
 
 import json
-import secrets
-import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandbox.backends import BackendFactory
-from sandbox.backends.choose import connect_backend
-from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import RunStatus
 from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import tree_digest, write_workflow
-from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.pods import no_pods_or_secrets, start_server
 from tests.kubernetes.test_pod_shape import OUTSIDE_PORT, outside_server_pod
 
@@ -51,26 +45,6 @@ status = dict(l.split(":\t", 1) for l in open("/proc/self/status").read().splitl
 out["caps"] = [status[k].strip() for k in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")]
 print("OUT " + json.dumps(out), flush=True)
 """
-
-
-@pytest.fixture
-def pods(kube_cluster: Cluster, kube_namespace: str) -> BackendFactory:
-    settings = BackendConfig(
-        kind="kubernetes",
-        kubeconfig=str(kube_cluster.kubeconfig),
-        namespace=kube_namespace,
-        image_pull_policy="Never",
-        seccomp_profile="step.json",
-    )
-    return lambda: connect_backend(settings)
-
-
-@pytest.fixture
-def node_dir(kube_cluster: Cluster) -> Iterator[Path]:
-    path = kube_cluster.node_storage / f"t-{secrets.token_hex(4)}"
-    path.mkdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_a_client_that_ignores_the_proxy_reads_through_the_guard_on_a_pod(

@@ -9,8 +9,6 @@ the stand-in for the network file system a real fleet's claim would be.
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,8 +17,6 @@ from typing import Any
 import pytest
 
 from sandbox.backends import BackendFactory
-from sandbox.backends.choose import connect_backend
-from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import RunStatus
 from sandbox.run.testrun import TestRun
 from tests.conftest import tree_digest, write_workflow
@@ -51,14 +47,6 @@ def only_schedulable(core: Any, node: str, nodes: list[str]) -> Iterator[None]:
     finally:
         for other in others:
             core.patch_node(other, {"spec": {"unschedulable": False}})
-
-
-@pytest.fixture
-def node_dir(kube_cluster: Cluster) -> Iterator[Path]:
-    path = kube_cluster.node_storage / f"n-{secrets.token_hex(4)}"
-    path.mkdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 def test_the_cluster_has_two_ready_nodes_with_their_own_runtimes(
@@ -154,18 +142,6 @@ def test_both_nodes_mount_the_read_write_many_claim(
         kube_core.delete_namespaced_pod(
             created.metadata.name, kube_namespace, grace_period_seconds=0
         )
-
-
-@pytest.fixture
-def pods(kube_cluster: Cluster, kube_namespace: str) -> BackendFactory:
-    settings = BackendConfig(
-        kind="kubernetes",
-        kubeconfig=str(kube_cluster.kubeconfig),
-        namespace=kube_namespace,
-        image_pull_policy="Never",
-        seccomp_profile="step.json",
-    )
-    return lambda: connect_backend(settings)
 
 
 def test_runs_land_on_whichever_node_the_scheduler_picks(
