@@ -50,13 +50,28 @@ from tests.engines.fixtures import (  # noqa: F401
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark `engine` every test that asks for the real engine, however indirectly, and
     every whole-run scenario, so `-m engine` / `-m "not engine"` split the suite by what
-    it needs without each file having to say so."""
+    it needs without each file having to say so.
+
+    The long soak and the engine restart run only on request (`-m soak`, `-m
+    engine_restart`), the restart last: it stops every container on the engine,
+    everyone's on a shared host."""
+    markexpr = config.getoption("markexpr", "") or ""
     for item in items:
         if "engine" in getattr(item, "fixturenames", ()) or item.path.is_relative_to(SCENARIOS):
             item.add_marker(pytest.mark.engine)
+        if item.get_closest_marker("soak") is not None and "soak" not in markexpr:
+            item.add_marker(pytest.mark.skip(reason="the 100-run soak runs with -m soak"))
+        if item.get_closest_marker("engine_restart") is not None and (
+            "engine_restart" not in markexpr
+        ):
+            item.add_marker(
+                pytest.mark.skip(reason="restarts the host's dockerd; runs with -m engine_restart")
+            )
+    items.sort(key=lambda item: item.get_closest_marker("engine_restart") is not None)
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,7 @@
-"""Tests for sandbox.policy: the effects table, SQL classification, MCP decisions."""
+"""Tests for sandbox.policy: the effects table, unknown tools, Crew, the workflow DB, MCP decisions."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections import Counter
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -10,18 +9,15 @@ from typing import Any
 
 import pytest
 
-from sandbox import policy, policy_sql
+from sandbox import policy
 from sandbox.policy import (
-    BROWSER_ALLOWED_COMMANDS,
     EFFECTS_TABLE,
     STUB_TEMPLATE,
     Decision,
     Handling,
     Route,
     Row,
-    SqlKind,
     Verdict,
-    classify_sql,
     decide,
     decide_mcp,
     stub_reply,
@@ -317,131 +313,6 @@ def test_sub_agent_reason() -> None:
     assert v.reason == "runs inside the test run as a child test session"
 
 
-# --------------------------------------------------------------------------- browser
-
-ALLOWED_BROWSER = [
-    "status",
-    "skills",
-    "tab",
-    "open",
-    "goto",
-    "navigate",
-    "back",
-    "forward",
-    "reload",
-    "snapshot",
-    "get",
-    "is",
-    "screenshot",
-    "pdf",
-    "console",
-    "errors",
-    "wait",
-    "scroll",
-]
-STUBBED_BROWSER = [
-    "click",
-    "dblclick",
-    "fill",
-    "type",
-    "press",
-    "select",
-    "hover",
-    "check",
-    "upload",
-    "download",
-    "route",
-    "network",
-    "record",
-    "capture",
-    "trace",
-    "cookies",
-    "storage",
-    "set",
-    "drag",
-    "frobnicate",
-]
-
-
-def test_browser_allow_list_is_exact() -> None:
-    assert frozenset(ALLOWED_BROWSER) == BROWSER_ALLOWED_COMMANDS
-
-
-def _browser(command: Any) -> Verdict:
-    return decide("agent_browser", {"command": command}, has_db_copy=True)
-
-
-@pytest.mark.parametrize("command", ALLOWED_BROWSER)
-def test_allowed_browser_commands(command: str) -> None:
-    v = _browser(command)
-    assert (v.decision, v.route, v.category) == (ALLOW, UP, "browser")
-    assert repr(command) in v.reason
-
-
-@pytest.mark.parametrize(
-    "command",
-    [
-        "tab new",
-        "TAB list",
-        "get text @e1",
-        "open https://example.com/jobs",
-        "  Navigate   https://example.com",
-        "is visible #submit",
-        "wait --load networkidle",
-        "screenshot out.png",
-    ],
-)
-def test_browser_sub_commands_use_first_word(command: str) -> None:
-    assert _browser(command).decision is ALLOW
-
-
-@pytest.mark.parametrize("command", STUBBED_BROWSER)
-def test_other_browser_commands_are_stubbed(command: str) -> None:
-    v = _browser(command + " @e1")
-    assert (v.decision, v.route, v.category) == (STUB, NONE, "browser")
-    assert v.reason == f"browser command {command!r} can have effects"
-
-
-@pytest.mark.parametrize("command", ["eval document.title", "EVAL 1+1", "eval"])
-def test_browser_eval_is_stubbed_with_its_own_reason(command: str) -> None:
-    v = _browser(command)
-    assert (v.decision, v.reason) == (STUB, "JavaScript cannot be classified")
-
-
-@pytest.mark.parametrize(
-    "command",
-    [
-        "open javascript:document.forms[0].submit()",
-        "goto 'JavaScript:alert(1)'",
-        "tab new data:text/html,<form></form>",
-        "wait --fn window.done",
-        "wait --fn=window.done",
-    ],
-)
-def test_browser_commands_carrying_javascript_are_stubbed(command: str) -> None:
-    v = _browser(command)
-    assert (v.decision, v.reason) == (STUB, "JavaScript cannot be classified")
-
-
-@pytest.mark.parametrize("command", [None, "", "   ", 5, ["click"]])
-def test_browser_missing_command_is_stubbed(command: Any) -> None:
-    v = _browser(command)
-    assert (v.decision, v.route) == (STUB, NONE)
-    assert v.reason == "missing or empty browser command"
-
-
-def test_browser_without_command_key_is_stubbed() -> None:
-    assert decide("agent_browser", {}, has_db_copy=True).decision is STUB
-
-
-def test_browser_stub_reply() -> None:
-    v = _browser("click @e3")
-    assert stub_reply("agent_browser", v.reason) == (
-        "TEST MODE: agent_browser was NOT run (browser command 'click' can have effects). "
-        "Continue as if it succeeded; do not look for another way to perform it."
-    )
-
-
 # --------------------------------------------------------------------------- workflow DB
 
 DB_TOOLS = [t for t, r in EFFECTS_TABLE.items() if r.category == "workflow_db"]
@@ -530,179 +401,6 @@ def test_db_missing_sql_is_refused(tool: str, args: Mapping[str, Any]) -> None:
     v = decide(tool, args, has_db_copy=True)
     assert (v.decision, v.route) == (REFUSE, NONE)
     assert v.reason == "the 'sql' argument is missing or not a string"
-
-
-# --------------------------------------------------------------------------- classify_sql
-
-R, W, M, F = SqlKind.READ, SqlKind.WRITE, SqlKind.MIGRATION, SqlKind.FORBIDDEN
-
-SQL_CASES: list[tuple[str, SqlKind]] = [
-    # reads
-    ("SELECT 1", R),
-    ("select * from proposals where job = 'x'", R),
-    ("  \n\tSELECT 1;", R),
-    ("VALUES (1), (2)", R),
-    ("SELECT 'DROP TABLE proposals'", R),
-    ("SELECT 'a''; DROP TABLE t; --' AS s", R),
-    ('SELECT "drop", [attach], `delete` FROM t', R),
-    ("SELECT x FROM t -- DROP TABLE t\n", R),
-    ("SELECT /* ATTACH 'x' AS y */ 1", R),
-    ("SELECT 1 -- ; DROP TABLE t", R),
-    ("-- ATTACH 'x' AS y\nSELECT 1", R),
-    ("SELECT 1 /* ; DROP TABLE t */", R),
-    ("/* open comment runs to the end; DROP TABLE t", F),
-    ("SELECT replace(name, 'a', 'b') FROM t", R),
-    ("SELECT * FROM t WHERE a = :attach AND b = ?1 AND c = @drop AND d = $x", R),
-    ("SELECT X'ABCD'", R),
-    ("WITH a AS (SELECT 1) SELECT * FROM a", R),
-    (
-        "WITH RECURSIVE c(x) AS (VALUES(1) UNION ALL SELECT x+1 FROM c WHERE x < 5) SELECT x FROM c",
-        R,
-    ),
-    ("EXPLAIN SELECT 1", R),
-    ("EXPLAIN QUERY PLAN SELECT * FROM t", R),
-    ("EXPLAIN DELETE FROM t", R),
-    ("SELECT 1; SELECT 2;", R),
-    ("PRAGMA table_info(proposals)", R),
-    ("PRAGMA main.table_info('proposals')", R),
-    ("pragma user_version", R),
-    ("PRAGMA integrity_check", R),
-    ("SELECT * FROM pragma_table_info('t')", R),
-    # writes
-    ("INSERT INTO t VALUES (1)", W),
-    ("insert or replace into t values (1)", W),
-    ("REPLACE INTO t VALUES (1)", W),
-    ("UPDATE t SET a = 'CREATE TABLE'", W),
-    ("DELETE FROM t WHERE a = 1", W),
-    ("WITH a AS (SELECT 1) INSERT INTO t SELECT * FROM a", W),
-    ("WITH a AS (SELECT id FROM t) UPDATE t SET x = 1 WHERE id IN a", W),
-    ("WITH a AS (SELECT 1), b AS (SELECT 2) DELETE FROM t", W),
-    ("INSERT INTO t VALUES (1) ON CONFLICT DO UPDATE SET a = 2 RETURNING *", W),
-    ("BEGIN; INSERT INTO t VALUES (1); COMMIT", W),
-    ("SELECT 1; DELETE FROM t", W),
-    # migrations
-    ("CREATE TABLE t (a)", M),
-    ("create index i on t(a)", M),
-    ("ALTER TABLE t RENAME TO u", M),
-    ("DROP TABLE t", M),
-    ("VACUUM", M),
-    ("REINDEX", M),
-    ("ANALYZE", M),
-    ("CREATE TRIGGER tr AFTER INSERT ON t BEGIN UPDATE t SET a = 1; END;", M),
-    ("SELECT 1; DROP TABLE t", M),
-    ("INSERT INTO t VALUES (1); CREATE TABLE u (a)", M),
-    ("/* harmless */ DROP TABLE t", M),
-    # forbidden
-    ("ATTACH DATABASE '/etc/x.db' AS x", F),
-    ("attach 'x' as y", F),
-    ("DETACH x", F),
-    ("SELECT 1; ATTACH 'x' AS y", F),
-    ("SELECT 1 /* hide */; ATTACH 'x' AS y", F),
-    ("SELECT 1 -- comment\n; ATTACH 'x' AS y", F),
-    ("/* comment */ ATTACH 'x' AS y", F),
-    ("/**/ATTACH/**/'x'/**/AS y", F),
-    ("SELECT load_extension('/tmp/evil.so')", F),
-    ("SELECT LOAD_EXTENSION('x')", F),
-    ("SELECT writefile('/tmp/x', 'y')", F),
-    ("SELECT fts3_tokenizer('simple')", F),
-    ("PRAGMA journal_mode = DELETE", F),
-    ("PRAGMA journal_mode=OFF", F),
-    ("PRAGMA writable_schema = ON", F),
-    ("PRAGMA user_version = 7", F),
-    ("PRAGMA schema_version(3)", F),
-    ("PRAGMA optimize", F),
-    ("PRAGMA wal_checkpoint(TRUNCATE)", F),
-    ("PRAGMA not_a_pragma", F),
-    ("EXPLAIN PRAGMA journal_mode = OFF", F),
-    ("EXPLAIN ATTACH 'x' AS y", F),
-    ("EXPLAIN", F),
-    ("EXPLAIN QUERY PLAN", F),
-    ("VACUUM INTO '/tmp/copy.db'", F),
-    ("VACUUM main INTO 'x'", F),
-    ("", F),
-    ("   ", F),
-    (";;", F),
-    ("-- only a comment", F),
-    ("SELECT 'unterminated", F),
-    ('SELECT "unterminated', F),
-    ("SELECT [unterminated", F),
-    ("SELECT 1\x00; ATTACH 'x' AS y", F),
-    ("(SELECT 1)", F),
-    ("frobnicate the database", F),
-    ("WITH a AS (SELECT 1)", F),
-    ("WITH a AS (SELECT 1)) SELECT 1", F),
-    ("SELECT 1; frobnicate", F),
-]
-
-
-@pytest.mark.parametrize(("sql", "kind"), SQL_CASES, ids=[repr(s)[:60] for s, _ in SQL_CASES])
-def test_classify_sql(sql: str, kind: SqlKind) -> None:
-    assert classify_sql(sql) is kind
-
-
-def test_classify_sql_non_string_is_forbidden() -> None:
-    assert classify_sql(None) is F  # type: ignore[arg-type]
-    assert classify_sql(b"SELECT 1") is F  # type: ignore[arg-type]
-
-
-def test_sql_kinds_order() -> None:
-    assert [k.value for k in SqlKind] == ["read", "write", "migration", "forbidden"]
-
-
-_READ_ACTIONS = {
-    sqlite3.SQLITE_SELECT,
-    sqlite3.SQLITE_READ,
-    sqlite3.SQLITE_FUNCTION,
-    sqlite3.SQLITE_RECURSIVE,
-}
-
-
-@pytest.mark.parametrize(
-    "sql", [s for s, k in SQL_CASES if k is R], ids=[repr(s)[:60] for s, k in SQL_CASES if k is R]
-)
-def test_sql_classified_read_only_reads_in_real_sqlite(sql: str) -> None:
-    """Cross-check with SQLite itself: running SQL classified READ changes nothing.
-
-    The database image must be byte-identical afterwards, and SQLite's authorizer
-    must see only read actions (and read-only PRAGMAs). Two documented
-    exceptions in the authorizer check: EXPLAIN authorizes the statement it
-    compiles without running it, and SQLite reports connecting an eponymous
-    virtual table such as pragma_table_info as an UPDATE of sqlite_master.
-    """
-    con = sqlite3.connect(":memory:")
-    try:
-        con.execute(
-            "CREATE TABLE t (id, a, b, c, d, x, name, job, claimed, [drop], [attach], [delete])"
-        )
-        con.execute("CREATE TABLE proposals (id, job, claimed)")
-        con.execute("INSERT INTO t (id, name) VALUES (1, 'ab'), (2, 'cd')")
-        con.execute("INSERT INTO proposals VALUES (1, 'j1', 0)")
-        con.commit()
-        before = con.serialize()
-        actions: list[tuple[int, str | None]] = []
-
-        def authorizer(
-            action: int, arg1: str | None, arg2: str | None, db: str | None, trig: str | None
-        ) -> int:
-            actions.append((action, arg1))
-            return sqlite3.SQLITE_OK
-
-        con.set_authorizer(authorizer)
-        con.executescript(sql)
-        con.set_authorizer(None)
-        assert con.serialize() == before
-    finally:
-        con.close()
-    if sql.lstrip().upper().startswith("EXPLAIN"):
-        return
-    for action, arg1 in actions:
-        if action == sqlite3.SQLITE_PRAGMA:
-            assert arg1 is not None
-            assert arg1.lower() in policy_sql._READ_PRAGMAS | policy_sql._READ_PRAGMAS_WITH_ARG
-        elif action == sqlite3.SQLITE_UPDATE and arg1 == "sqlite_master":
-            assert "pragma_" in sql.lower()
-        else:
-            assert action in _READ_ACTIONS, (sql, action, arg1)
 
 
 # --------------------------------------------------------------------------- MCP
@@ -824,61 +522,3 @@ def test_mcp_stub_reply() -> None:
         "TEST MODE: gmail.send_message was NOT run (the server does not mark this tool "
         "read-only). Continue as if it succeeded; do not look for another way to perform it."
     )
-
-
-@pytest.mark.parametrize(
-    "command",
-    [
-        "get url; click #x",
-        "get url;click #x",
-        "get url; eval document.title",
-        "get url && click #x",
-        "get url || click #x",
-        "get url | click #x",
-        "snapshot & click #x",
-        "get url\nclick #x",
-        "get url\r\nclick #x",
-        "get url\tclick",
-        "get text $(click #x)",
-        "get text `click #x`",
-        'get text "${x}"',
-        "get text (click)",
-        "screenshot > /tmp/x",
-        "open 'unbalanced",
-        'get text "unbalanced',
-        "get text \\",
-        "open https://example.com/?a=1&b=2",
-    ],
-)
-def test_browser_command_that_is_not_exactly_one_command_is_stubbed(command: str) -> None:
-    v = _browser(command)
-    assert (v.decision, v.route, v.category) == (STUB, NONE, "browser")
-    assert v.reason == "the browser command is not exactly one allowed command"
-
-
-@pytest.mark.parametrize(
-    "command",
-    [
-        'get text "a;b && c | d"',
-        "get text 'x > y'",
-        "open 'https://example.com/?a=1&b=2'",
-        'is visible "#submit"',
-        "get text a\\;b",
-    ],
-)
-def test_browser_quoted_operators_are_argument_text(command: str) -> None:
-    assert _browser(command).decision is ALLOW
-
-
-@pytest.mark.parametrize(
-    "command",
-    [
-        "open url=javascript:alert(1)",
-        "open --url=JAVASCRIPT:alert(1)",
-        "open vbscript:msgbox",
-        'open "data:text/html,<script>x</script>"',
-    ],
-)
-def test_browser_script_urls_anywhere_are_stubbed(command: str) -> None:
-    v = _browser(command)
-    assert (v.decision, v.reason) == (STUB, "JavaScript cannot be classified")

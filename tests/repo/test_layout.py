@@ -19,7 +19,7 @@ from tests import paths
 
 MAX_LINES = 700
 # Modules allowed over the mark until they are split; listed so the list can only shrink.
-OVER_THE_MARK: set[str] = set()
+OVER_THE_MARK: set[str] = {"tests/guard/test_actionlog.py"}
 
 
 def modules(root: str = "sandbox") -> dict[str, Path]:
@@ -104,17 +104,17 @@ def test_no_import_cycle() -> None:
     assert cycles(import_graph()) == []
 
 
-def helpers() -> list[Path]:
-    """The suite's modules that are not test files: fixtures, fakes, engines, clusters."""
+def suite_modules() -> list[Path]:
+    """The suite's modules: test files and their fixtures, fakes, engines, clusters."""
     return [
         p
         for p in sorted(paths.TESTS.rglob("*.py"))
-        if not p.name.startswith("test_") and "data" not in p.relative_to(paths.TESTS).parts
+        if "data" not in p.relative_to(paths.TESTS).parts
     ]
 
 
 def test_no_module_is_over_the_mark() -> None:
-    checked = [*modules("sandbox").values(), *modules("bench").values(), *helpers()]
+    checked = [*modules("sandbox").values(), *modules("bench").values(), *suite_modules()]
     over = {
         str(p.relative_to(paths.REPO))
         for p in checked

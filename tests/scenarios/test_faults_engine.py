@@ -13,11 +13,9 @@ mount), the workflow's lock is free, and the real workflow folder is byte-identi
   consistent copy, or an `error` record once the copy timeout has passed);
 - 20 runs started at once across 10 workflows: one runs per workflow, the other is
   refused with a record, none lost;
-- a soak of sequential runs (a short one by default; the issue's 100 runs with
-  `-m soak`): no container, network, process, mount or temp file left over;
 - dockerd stopped and restarted mid-run (`engine_restart`, root only). It kills every
   container on the engine, so this module moves it to the very end of the session
-  (see `pytest_collection_modifyitems` below), and skips it while containers other
+  (tests/conftest.py sorts it last), and skips it while containers other
   than this session's run on the engine (someone else's work on a shared host).
 
 Runners are CLI subprocesses (`python -m sandbox.cli run`) where a fault must hit a
@@ -30,7 +28,6 @@ import contextlib
 import functools
 import json
 import os
-import re
 import select
 import shlex
 import signal
@@ -42,7 +39,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import docker
 import docker.errors
@@ -51,219 +47,36 @@ import pytest
 from docker import DockerClient
 
 import sandbox.prepare.rundir as rundir_module
-from sandbox.backends.docker.gc import orphaned
 from sandbox.contracts.layout import RunLayout
 from sandbox.contracts.names import (
     LABEL_MANAGED,
     LABEL_ROLE,
     LABEL_RUN_ID,
-    LABEL_RUN_ROOT,
     LABEL_RUNNER_PID,
 )
 from sandbox.contracts.record import RECORD_FILE, RunStatus, TestRunRecord, read_record
 from sandbox.prepare.dbcopy import copy_db
-from sandbox.prepare.lock import INFO_DIR_NAME, holders, lock_home, workflow_run_lock
 from sandbox.run.testrun import TestRun
-from tests import paths
 from tests.conftest import WorkflowFactory, tree_digest
 from tests.polling import wait_for
-
-pytestmark = pytest.mark.engine
-
-# This module's hook below (run the engine restart last; the long soak only with -m soak)
-# is registered by naming the module as a plugin of itself: pytest hooks are not read
-# from test modules otherwise, and conftest.py is shared with other work.
-pytest_plugins = [__name__]
-
-
-REPO = paths.REPO
-DOCKERD_LOG = "/var/log/sandbox-dockerd.log"
-HEX64 = re.compile(r"\b[0-9a-f]{64}\b")
-SOAK_DEFAULT_RUNS = 30
-SOAK_FULL_RUNS = 100
-GATED_STEP = (
-    # Hold until the test writes `go` into the group folder (bounded: 240 s, as long as the
-    # test waits for the last of 10 steps to start on a loaded machine), then pass.
-    "i=0; while [ ! -e go ] && [ $i -lt 4800 ]; do sleep 0.05; i=$((i+1)); done; test -e go"
+from tests.scenarios.faults import (
+    DOCKERD_LOG,
+    GATED_STEP,
+    Runner,
+    assert_lock_free,
+    assert_nothing_of_the_run_left,
+    foreign_running,
+    listing,
+    processes_of,
+    run_cids,
+    run_containers,
+    run_dirs,
+    running_step,
+    sandbox_cli,
+    start_runner,
 )
 
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The soak and the engine restart run only on request (`-m soak`, `-m engine_restart`):
-    restarting the engine stops every container on it, everyone's on a shared host."""
-    markexpr = config.getoption("markexpr", "") or ""
-    for item in items:
-        if item.get_closest_marker("soak") is not None and "soak" not in markexpr:
-            item.add_marker(pytest.mark.skip(reason="the 100-run soak runs with -m soak"))
-        if item.get_closest_marker("engine_restart") is not None and (
-            "engine_restart" not in markexpr
-        ):
-            item.add_marker(
-                pytest.mark.skip(reason="restarts the host's dockerd; runs with -m engine_restart")
-            )
-    items.sort(key=lambda item: item.get_closest_marker("engine_restart") is not None)
-
-
-# -- helpers ---------------------------------------------------------------------------------
-
-
-@dataclass
-class Runner:
-    """A `sandbox run --json` in its own process; its output goes to files (no pipe stalls)."""
-
-    proc: subprocess.Popen[bytes]
-    out: Path
-    err: Path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def finish(self, timeout_s: float) -> int:
-        try:
-            return self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=30)
-            raise AssertionError(
-                f"the runner (pid {self.pid}) hung for {timeout_s:g} s; stderr: {self.stderr()}"
-            ) from None
-
-    def stdout(self) -> str:
-        return self.out.read_text()
-
-    def stderr(self) -> str:
-        return self.err.read_text()[-2000:]
-
-    def record(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(self.stdout())
-        return data
-
-
-def start_runner(wf: Path, logs: Path, tag: str = "runner") -> Runner:
-    logs.mkdir(parents=True, exist_ok=True)
-    out, err = logs / f"{tag}.out", logs / f"{tag}.err"
-    with out.open("wb") as o, err.open("wb") as e:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "sandbox.cli", "run", str(wf), "step1", "--json"],
-            stdout=o,
-            stderr=e,
-            stdin=subprocess.DEVNULL,
-            cwd=REPO,
-        )
-    return Runner(proc, out, err)
-
-
-def sandbox_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "sandbox.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=REPO,
-    )
-
-
-def run_dirs(wf: Path) -> list[Path]:
-    runs = wf / "runs"
-    return sorted(runs.glob("test-*")) if runs.is_dir() else []
-
-
-@dataclass(frozen=True)
-class Listed:
-    """One container as the engine lists it (no per-container inspect, so a container
-    someone else removes meanwhile cannot make the listing fail)."""
-
-    id: str
-    name: str
-    labels: dict[str, str]
-
-
-def listing(
-    engine: DockerClient, *, stopped: bool = True, label: str | list[str] = ""
-) -> list[Listed]:
-    filters = {"label": label} if label else None
-    return [
-        Listed(str(d["Id"]), str((d.get("Names") or ["?"])[0]).lstrip("/"), d.get("Labels") or {})
-        for d in engine.api.containers(all=stopped, filters=filters)
-    ]
-
-
-def run_cids(engine: DockerClient, run_id: str) -> set[str]:
-    return {c.id for c in listing(engine, label=f"{LABEL_RUN_ID}={run_id}")}
-
-
-def run_containers(engine: DockerClient, run_id: str) -> list[str]:
-    return [c.name for c in listing(engine, label=f"{LABEL_RUN_ID}={run_id}")]
-
-
-def run_networks(engine: DockerClient, run_id: str) -> list[str]:
-    return [
-        str(n.name) for n in engine.networks.list(filters={"label": f"{LABEL_RUN_ID}={run_id}"})
-    ]
-
-
-def running_step(engine: DockerClient, runner: Runner) -> Any:
-    """The runner's step container once it runs, else None; the runner must still live."""
-    code = runner.proc.poll()
-    assert code is None, f"the runner exited early ({code}): {runner.stdout()} {runner.stderr()}"
-    found = engine.containers.list(
-        filters={"label": [f"{LABEL_RUNNER_PID}={runner.pid}", f"{LABEL_ROLE}=step"]}
-    )
-    return found[0] if found else None
-
-
-def container_of(proc: psutil.Process) -> str | None:
-    """The container a host process belongs to (its shim's -id, or its cgroup path)."""
-    try:
-        cmdline = proc.cmdline()
-        if cmdline and "containerd-shim" in os.path.basename(cmdline[0]) and "-id" in cmdline:
-            return cmdline[cmdline.index("-id") + 1]
-        with open(f"/proc/{proc.pid}/cgroup", encoding="ascii", errors="replace") as handle:
-            match = HEX64.search(handle.read())
-        return match.group(0) if match else None
-    except (psutil.Error, OSError, IndexError):
-        return None
-
-
-def processes_of(container_ids: set[str]) -> list[str]:
-    """Host processes (container members and their shims) of these containers."""
-    found = []
-    for proc in psutil.process_iter(["pid", "name"]):
-        if container_of(proc) in container_ids:
-            found.append(f"{proc.info['pid']} {proc.info['name']}")
-    return found
-
-
-def assert_lock_free(wf: Path) -> None:
-    """Nobody holds the lock; a dead runner's sidecar is stale and the next holder drops it."""
-    assert holders(wf) == [], f"the lock of {wf} is still held: {holders(wf)}"
-    info_dir = lock_home(wf) / INFO_DIR_NAME
-
-    def sidecars() -> list[str]:
-        return sorted(p.name for p in info_dir.iterdir()) if info_dir.is_dir() else []
-
-    live = [n for n in sidecars() if psutil.pid_exists(int(n.split("-")[0]))]
-    assert live == [], f"lock sidecars of live processes: {live}"
-    with workflow_run_lock(wf, exclusive=True, owner="faults test: is the lock free?"):
-        pass
-    assert sidecars() == [], f"lock sidecars left: {sidecars()}"
-
-
-def assert_nothing_of_the_run_left(engine: DockerClient, run_id: str, cids: set[str]) -> None:
-    assert run_containers(engine, run_id) == []
-    assert run_networks(engine, run_id) == []
-    # A shim may take a moment to go after its container is removed.
-    wait_for(lambda: not processes_of(cids), 30, f"the processes of {run_id} to end")
-
-
-def foreign_running(engine: DockerClient) -> list[str]:
-    """Running containers on this engine that are not a sandbox run of this session."""
-    mine = str(os.getpid())
-    return [
-        c.name for c in listing(engine, stopped=False) if c.labels.get(LABEL_RUNNER_PID) != mine
-    ]
+pytestmark = pytest.mark.engine
 
 
 # -- the runner killed -------------------------------------------------------------------------
@@ -591,232 +404,6 @@ def test_twenty_runs_at_once_one_per_workflow_runs_the_others_are_refused(
         if c.labels.get(LABEL_RUNNER_PID) in pids
     ]
     assert left == [], f"containers left: {left}"
-
-
-# -- the soak --------------------------------------------------------------------------------------
-
-SOAK_STEP = """
-import pathlib, sqlite3, os, agentworks_bridge
-pathlib.Path("out.txt").write_text("soak")
-con = sqlite3.connect(os.environ["DB_PATH"])
-con.execute("INSERT INTO t (v) VALUES ('soak')")
-con.commit()
-assert agentworks_bridge.call("notify_user", {"text": "soak"})["decision"] == "stub"
-"""
-
-
-PROCESS_MARKS = ("docker-init", "containerd-shim", "agentworks_exec", "sandbox.guard")
-
-
-@dataclass(frozen=True)
-class HostState:
-    """What a run could leave on the host, each part comparable before/after."""
-
-    processes: frozenset[tuple[int, str, str]]  # (pid, name, container id or "")
-    mounts: frozenset[str]
-    tmp_entries: frozenset[str]
-    containers: frozenset[str]  # sandbox-managed, of this process's runs or orphaned
-    networks: frozenset[str]  # the same, for networks
-    threads: int
-    fds: frozenset[str]  # what this process's open descriptors point at
-
-
-def open_fds() -> frozenset[str]:
-    found = set()
-    for name in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            found.add(f"{name} {os.readlink(f'/proc/self/fd/{name}')}")
-    return frozenset(found)
-
-
-def ours_or_orphaned(labels: dict[str, str]) -> bool:
-    return labels.get(LABEL_RUNNER_PID) == str(os.getpid()) or orphaned(labels)
-
-
-# The host engine's containerd: its shims name this namespace and one of these sockets
-# (dockerd's own containerd, or the system's when dockerd uses that one).
-HOST_SHIM_NAMESPACE = "moby"
-HOST_CONTAINERD_SOCKETS = frozenset(
-    {
-        "/var/run/docker/containerd/containerd.sock",
-        "/run/docker/containerd/containerd.sock",
-        "/run/containerd/containerd.sock",
-        "/var/run/containerd/containerd.sock",
-    }
-)
-
-
-def other_containerd(cmdline: list[str]) -> bool:
-    """A shim of another containerd on the machine (a private engine's, a local
-    Kubernetes cluster's): its containers are someone else's, never a run's."""
-
-    def flag(name: str) -> str | None:
-        return cmdline[cmdline.index(name) + 1] if name in cmdline[:-1] else None
-
-    namespace, address = flag("-namespace"), flag("-address")
-    return (namespace is not None and namespace != HOST_SHIM_NAMESPACE) or (
-        address is not None and address not in HOST_CONTAINERD_SOCKETS
-    )
-
-
-def host_state(engine: DockerClient) -> HostState:
-    procs = set()
-    elsewhere: set[str] = set()  # container ids of other containerds' shims
-    for proc in psutil.process_iter(["pid", "name", "cmdline", "status", "ppid"]):
-        if proc.info["status"] == psutil.STATUS_ZOMBIE and proc.info["ppid"] == 1:
-            continue  # a shim's short-lived middle process, init's to reap
-        text = " ".join([proc.info["name"] or "", *(proc.info["cmdline"] or [])])
-        cid = container_of(proc)
-        if (
-            cid is not None
-            and "containerd-shim" in text
-            and other_containerd(list(proc.info["cmdline"] or []))
-        ):
-            elsewhere.add(cid)
-        if cid is not None or any(mark in text for mark in PROCESS_MARKS):
-            procs.add((int(proc.info["pid"]), str(proc.info["name"]), cid or ""))
-    procs = {p for p in procs if p[2] not in elsewhere}
-    with open("/proc/mounts", encoding="utf-8", errors="replace") as handle:
-        mounts = frozenset(line.split()[1] for line in handle if line.strip())
-    tmp = frozenset(p.name for p in Path("/tmp").iterdir() if p.name.startswith("sandbox-"))
-    networks = engine.api.networks(filters={"label": LABEL_MANAGED})
-    me = psutil.Process()
-    return HostState(
-        processes=frozenset(procs),
-        mounts=mounts,
-        tmp_entries=tmp,
-        containers=frozenset(
-            c.name for c in listing(engine, label=LABEL_MANAGED) if ours_or_orphaned(c.labels)
-        ),
-        networks=frozenset(
-            str(n["Name"]) for n in networks if ours_or_orphaned(n.get("Labels") or {})
-        ),
-        threads=me.num_threads(),
-        fds=open_fds(),
-    )
-
-
-def loop_devices_of(root: Path) -> list[str]:
-    """Loop devices backed by a file below ``root``."""
-    found = []
-    for entry in Path("/sys/block").glob("loop*"):
-        with contextlib.suppress(OSError):
-            backing = (entry / "loop" / "backing_file").read_text().strip()
-            if backing.startswith(str(root) + "/"):
-                found.append(f"/dev/{entry.name} -> {backing}")
-    return found
-
-
-def leftovers(base: HostState, workflow: Path | None = None) -> dict[str, Any]:
-    """What is on the host now that was not at `base` and is not someone else's live work.
-
-    Other sessions may run containers on a shared engine meanwhile: a process or mount of
-    a container that exists now and is not of this process's runs is theirs, not a leak.
-    (A client of its own, closed after: docker-py keeps the connection of every 404 reply
-    open in its pool, and a container may vanish between listing and inspecting it.)"""
-    with contextlib.closing(docker.from_env(timeout=60)) as engine:
-        now = host_state(engine)
-        prefix = f"{workflow}/" if workflow is not None else ""
-        now_of_workflow = {
-            c.name
-            for c in listing(engine, label=LABEL_MANAGED)
-            if c.labels.get(LABEL_RUN_ROOT, "").startswith(prefix)
-        }
-        foreign: set[str] = set()
-        foreign_mounts: set[str] = set()
-        for container in listing(engine):
-            if container.labels.get(LABEL_RUNNER_PID) == str(os.getpid()):
-                continue
-            foreign.add(container.id)
-            foreign_mounts.add(f"/var/lib/docker/containers/{container.id}/mounts/shm")
-            try:
-                attrs = engine.api.inspect_container(container.id)
-            except docker.errors.NotFound:
-                continue
-            merged = ((attrs.get("GraphDriver") or {}).get("Data") or {}).get("MergedDir")
-            key = (attrs.get("NetworkSettings") or {}).get("SandboxKey")
-            foreign_mounts.update(str(p) for p in (merged, key) if p)
-    found: dict[str, Any] = {
-        "processes": sorted(p for p in now.processes - base.processes if p[2] not in foreign),
-        # The runner's own mounts (each run's disk and view) are below the workflow; the
-        # engine's follow its containers (checked below). On a shared engine, the engine
-        # mounts of other users' containers come and go meanwhile.
-        "mounts": sorted(
-            m
-            for m in now.mounts - base.mounts - foreign_mounts
-            if workflow is None or m.startswith(str(workflow) + "/")
-        ),
-        "loop devices": loop_devices_of(workflow) if workflow is not None else [],
-        # Other suites on the same machine make their own fakes' temp folders and leave
-        # their own orphans meanwhile: a run of this workflow is named by its run root.
-        "tmp entries": sorted(
-            t for t in now.tmp_entries - base.tmp_entries if not t.startswith("sandbox-fake-")
-        ),
-        "containers": sorted(
-            c for c in now.containers - base.containers if workflow is None or c in now_of_workflow
-        ),
-        "networks": sorted(now.networks - base.networks),
-    }
-    if now.threads > base.threads + 1:
-        found["runner threads"] = sorted(t.name for t in threading.enumerate())
-    if len(now.fds) > len(base.fds) + 2:
-        found["runner fds"] = sorted(now.fds - base.fds)
-    return {what: items for what, items in found.items() if items}
-
-
-def soak(engine: DockerClient, make_workflow: WorkflowFactory, runs: int) -> None:
-    wf = make_workflow(
-        "soak",
-        command=["python3", "/workflow/code/step.py"],
-        earlier_files={"in.txt": "x"},
-    )
-    (wf / "code" / "step.py").write_text(SOAK_STEP)
-    real = tree_digest(wf)
-    # Warm up once (first-use imports, the engine's caches), then take the baseline.
-    assert TestRun(wf, "step1").execute().status is RunStatus.PASSED
-    with contextlib.closing(docker.from_env(timeout=60)) as client:
-        base = host_state(client)
-    started = time.monotonic()
-    walls = []
-    for i in range(runs):
-        t0 = time.monotonic()
-        record = TestRun(wf, "step1").execute()
-        walls.append(time.monotonic() - t0)
-        assert record.status is RunStatus.PASSED, f"run {i}: {record.reason} {record.stderr.text}"
-        assert record.stubbed and record.db_diff is not None
-    total = time.monotonic() - started
-    print(
-        f"\nsoak: {runs} runs in {total:.1f} s (mean {total / runs:.2f} s, max {max(walls):.2f} s)"
-    )
-    # A shim may take a moment to go, and other work on a shared engine comes and goes:
-    # poll for one clean look, then assert on the last look (a failure names what was left).
-    last: list[dict[str, Any]] = []
-
-    def clean() -> bool:
-        last.append(leftovers(base, wf))
-        return not last[-1]
-
-    with contextlib.suppress(AssertionError):
-        wait_for(clean, 30, "the host to settle")
-    assert last[-1] == {}
-    assert tree_digest(wf) == real
-    assert_lock_free(wf)
-    dirs = run_dirs(wf)
-    assert len(dirs) == runs + 1
-    for d in dirs:
-        hidden = [p.name for p in d.rglob(".*") if p.name != ".baseline"]
-        assert hidden == [], f"temp files left in {d}: {hidden}"
-
-
-def test_soak_leaves_nothing_behind(engine: DockerClient, make_workflow: WorkflowFactory) -> None:
-    soak(engine, make_workflow, SOAK_DEFAULT_RUNS)
-
-
-@pytest.mark.soak
-def test_soak_100_runs_leaves_nothing_behind(
-    engine: DockerClient, make_workflow: WorkflowFactory
-) -> None:
-    soak(engine, make_workflow, SOAK_FULL_RUNS)
 
 
 # -- the engine restarted mid-run (last) -----------------------------------------------------------
