@@ -50,7 +50,7 @@ from bench.mcp import bench_mcp
 from bench.results import BenchResults, HostInfo, Row, format_table, status_row
 from bench.scale import bench_scale
 from bench.startup import bench_startup
-from bench.summary import load_saved, readme_block, replace_block
+from bench.summary import CLUSTER_ROWS, load_saved, readme_block, replace_block
 from bench.treecopy import bench_copy
 from sandbox.backends.docker.client import connect
 from sandbox.backends.docker.images import REPO_ROOT
@@ -110,6 +110,19 @@ def _walls(b: Bench) -> list[Row]:
     from bench.walls import bench_walls
 
     return bench_walls(b)
+
+
+def with_rows(saved: BenchResults, rows: list[Row]) -> BenchResults:
+    """`saved` with `rows` in place of its rows of the same keys."""
+    keys = {row.key for row in rows}
+    return saved.model_copy(update={"rows": [r for r in saved.rows if r.key not in keys] + rows})
+
+
+def cluster_rows(saved: BenchResults, results: BenchResults) -> list[Row]:
+    """The saved cluster figures (`summary.CLUSTER_ROWS`) a full run did not measure: a
+    plain `make bench` starts no cluster, and keeps the last `make bench-kubernetes`'s."""
+    measured = {row.key for row in results.rows}
+    return [r for r in saved.rows if r.key in CLUSTER_ROWS and r.key not in measured]
 
 
 def host_info(client: DockerClient) -> HostInfo:
@@ -218,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else Sizes()
     results = run(selected, sizes, load=args.load)
     results.complete = not args.quick and selected == list(ALL_BENCHMARKS)
+    on_request = not args.quick and not args.out and set(selected) <= set(ON_REQUEST)
     print(format_table(results.rows))
     print()
     for row in results.rows:
@@ -226,7 +240,13 @@ def main(argv: list[str] | None = None) -> int:
     for note in results.notes:
         print(f"- {note}")
     print(f"\ntotal {results.duration_s:.0f} s on {results.host.cpus} CPUs")
-    if results.complete or args.out:
+    if results.complete and out.is_file():
+        results.rows += cluster_rows(load_saved(out), results)
+    if on_request and out.is_file():
+        # Its figures join the saved full run, whose own figures stay as they were.
+        saved = BenchResults.model_validate_json(out.read_text())
+        results = with_rows(saved, results.rows)
+    if results.complete or args.out or on_request:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(results.model_dump_json(indent=2) + "\n")
         print(f"results: {out}")
