@@ -7,8 +7,8 @@ baseline, drawn as inline SVG (no script, no request); `<!-- bench:goals -->` be
 the goals table (each goal figure, quiet and `--load`: `bench.summary.goals_table`, as the
 README shows it), `<!-- bench:cluster -->` the cluster figures of the quiet run
 (`bench.summary.cluster_table`) and `<!-- bench:routes -->` the list of every route a
-step's call can take with the row that measures it. A missing results file is an error, so the site never
-shows stale or empty figures silently.
+step's call can take with the row that measures it. A missing results file is an
+error, so the site never shows stale or empty figures silently.
 """
 
 from __future__ import annotations
