@@ -9,7 +9,8 @@ sample, the phase breakdown, the host) to `bench/results.json`.
 Benchmarks, one module each (see the README's Performance section for what each
 goal means): `startup`, `treecopy`, `dbcopy`, `guard`, `executor`, `scale`, `mcp`,
 `egress`, `walls`, `chain`, and `kubernetes` only when named (`--only kubernetes`: it
-needs a cluster); `results` is the arithmetic and the table, `common` what they share,
+needs a cluster; its rows join the saved `bench/results.json`, and a full run keeps
+the last ones); `results` is the arithmetic and the table, `common` what they share,
 and `programs/` the client programs they run inside containers. Peers run in
 the same benchmark as the guard: Squid and tinyproxy (`peers`, in containers built
 here) for egress, the log's sync alone for the guard. `--load` runs the same
