@@ -51,7 +51,13 @@ from bench.mcp import bench_mcp
 from bench.results import BenchResults, HostInfo, Row, format_table, status_row
 from bench.scale import bench_scale
 from bench.startup import bench_startup
-from bench.summary import CLUSTER_ROWS, load_saved, readme_block, replace_block
+from bench.summary import (
+    CLUSTER_ROWS,
+    ON_REQUEST_NOTE,
+    load_saved,
+    readme_block,
+    replace_block,
+)
 from bench.treecopy import bench_copy
 from sandbox.backends.docker.client import connect
 from sandbox.backends.docker.images import REPO_ROOT
@@ -113,10 +119,26 @@ def _walls(b: Bench) -> list[Row]:
     return bench_walls(b)
 
 
-def with_rows(saved: BenchResults, rows: list[Row]) -> BenchResults:
-    """`saved` with `rows` in place of its rows of the same keys."""
+def on_request_note(results: BenchResults) -> str:
+    """When and under what load the rows of an on-request run were measured."""
+    load = results.host.loadavg_at_start[0]
+    return (
+        f"{ON_REQUEST_NOTE} {results.started_at:%Y-%m-%d %H:%M} UTC"
+        f" (load average {load:.1f} on {results.host.cpus} CPUs at its start)"
+    )
+
+
+def with_rows(saved: BenchResults, rows: list[Row], note: str = "") -> BenchResults:
+    """`saved` with `rows` in place of its rows of the same keys (and `note` in place of
+    an earlier on-request run's)."""
     keys = {row.key for row in rows}
-    return saved.model_copy(update={"rows": [r for r in saved.rows if r.key not in keys] + rows})
+    notes = [n for n in saved.notes if not n.startswith(ON_REQUEST_NOTE)]
+    return saved.model_copy(
+        update={
+            "rows": [r for r in saved.rows if r.key not in keys] + rows,
+            "notes": notes + ([note] if note else []),
+        }
+    )
 
 
 def cluster_rows(saved: BenchResults, results: BenchResults) -> list[Row]:
@@ -242,11 +264,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- {note}")
     print(f"\ntotal {results.duration_s:.0f} s on {results.host.cpus} CPUs")
     if results.complete and out.is_file():
-        results.rows += cluster_rows(load_saved(out), results)
+        saved_run = load_saved(out)
+        kept = cluster_rows(saved_run, results)
+        results.rows += kept
+        if kept:
+            results.notes += [n for n in saved_run.notes if n.startswith(ON_REQUEST_NOTE)]
     if on_request and out.is_file():
         # Its figures join the saved full run, whose own figures stay as they were.
         saved = BenchResults.model_validate_json(out.read_text())
-        results = with_rows(saved, results.rows)
+        results = with_rows(saved, results.rows, note=on_request_note(results))
     if results.complete or args.out or on_request:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(results.model_dump_json(indent=2) + "\n")

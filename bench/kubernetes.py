@@ -223,7 +223,8 @@ def bench_kubernetes(b: Bench) -> list[Row]:
         fleet_wf = noop_workflow(fleet, f"bench-fleet-{b.bench_id[-8:]}") if fleet else None
 
         def fleet_run() -> float:
-            assert fleet is not None and fleet_wf is not None
+            if fleet is None or fleet_wf is None:
+                raise BenchError("no fleet to place runs on")
             return fleet_run_s(core, fleet, fleet_wf)
 
         try:

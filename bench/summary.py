@@ -60,6 +60,9 @@ CLUSTER_ROWS: dict[str, str] = {
     ),
 }
 
+# How a saved run's note about its cluster rows begins (`bench.harness` writes it).
+ON_REQUEST_NOTE = "cluster rows from a run of"
+
 README_START = "<!-- bench:summary:start (python -m bench.harness --readme writes this block) -->"
 README_END = "<!-- bench:summary:end -->"
 
@@ -129,6 +132,10 @@ def cluster_table(quiet: BenchResults) -> str:
                 where,
             ]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    when = [n for n in quiet.notes if n.startswith(ON_REQUEST_NOTE)]
+    if when:
+        said = when[-1].replace(ON_REQUEST_NOTE, "The cluster rows come from a run of", 1)
+        lines += ["", f"{said}."]
     return "\n".join(lines)
 
 

@@ -29,6 +29,7 @@ from bench.results import (
 )
 from bench.summary import (
     GOAL_ROWS,
+    ON_REQUEST_NOTE,
     README_END,
     README_START,
     cluster_table,
@@ -343,9 +344,12 @@ def test_cluster_figures_join_the_saved_run_and_outlive_a_full_run_without_a_clu
 
     old, new = _fleet_row(9.0), _fleet_row(8.0)
     saved = _saved([*_rows(), old])
-    merged = with_rows(saved, [new])
+    saved.notes = ["a note of the full run", f"{ON_REQUEST_NOTE} yesterday"]
+    merged = with_rows(saved, [new], note=f"{ON_REQUEST_NOTE} today")
     assert [r for r in merged.rows if r.key == new.key] == [new]
     assert len(merged.rows) == len(saved.rows)
+    assert merged.notes == ["a note of the full run", f"{ON_REQUEST_NOTE} today"]
+    assert cluster_table(merged).endswith("The cluster rows come from a run of today.")
     full = _saved(_rows())
     assert cluster_rows(merged, full) == [new]
     assert cluster_rows(merged, _saved([*_rows(), old])) == []
