@@ -39,6 +39,7 @@ from sandbox.contracts.config import load_workflow
 from sandbox.contracts.errors import ConfigError, EngineError, RefusedError
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import TestRunRecord, read_record
+from sandbox.contracts.settings import runner_settings as runner_settings_of_this_host
 from sandbox.launch.runtime import POD_RUNSC_REFUSAL
 
 from .podrun import api_reason, connect
@@ -77,9 +78,13 @@ def claim_path(settings: BackendConfig, workflow_dir: Path) -> str:
 
 
 def _refuse_runsc(workflow_dir: Path) -> None:
-    """A workflow that asks for the gVisor wall is refused before its Job is made (the
-    runner would refuse it on its node: `POD_RUNSC_REFUSAL`); one the controller cannot
-    read is left to the runner, which reports why."""
+    """A run that asks for the gVisor wall is refused before its Job is made: the
+    workflow's ask (the runner would refuse it on its node: `POD_RUNSC_REFUSAL`), and the
+    controller's `SANDBOX_STEP_RUNTIME`, which the Job does not carry (the run would
+    have less than this host asked). A workflow the controller cannot read is left to
+    the runner, which reports why."""
+    if runner_settings_of_this_host().step_runtime() == "runsc":
+        raise ConfigError(POD_RUNSC_REFUSAL)
     try:
         wanted = load_workflow(workflow_dir).isolation.step_runtime
     except ConfigError:
