@@ -78,8 +78,9 @@ bench: images
 bench-load: images
 	$(BIN)/sandbox bench --load
 
-# A cluster's start-up figure: the host config's cluster, else the local test cluster
-# (tests/kubernetes), started for the benchmark and stopped after it.
+# A cluster's start-up figures (a run as a Pod, a run the scheduler places): the host
+# config's cluster, else the local test cluster (tests/kubernetes), started for the
+# benchmark and stopped after it; the rows join bench/results.json.
 bench-kubernetes: images
 	$(BIN)/sandbox bench --only kubernetes
 

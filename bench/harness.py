@@ -9,7 +9,8 @@ sample, the phase breakdown, the host) to `bench/results.json`.
 Benchmarks, one module each (see the README's Performance section for what each
 goal means): `startup`, `treecopy`, `dbcopy`, `guard`, `executor`, `scale`, `mcp`,
 `egress`, `walls`, `chain`, and `kubernetes` only when named (`--only kubernetes`: it
-needs a cluster); `results` is the arithmetic and the table, `common` what they share,
+needs a cluster; its rows join the saved `bench/results.json`, and a full run keeps
+the last ones); `results` is the arithmetic and the table, `common` what they share,
 and `programs/` the client programs they run inside containers. Peers run in
 the same benchmark as the guard: Squid and tinyproxy (`peers`, in containers built
 here) for egress, the log's sync alone for the guard. `--load` runs the same
@@ -50,7 +51,13 @@ from bench.mcp import bench_mcp
 from bench.results import BenchResults, HostInfo, Row, format_table, status_row
 from bench.scale import bench_scale
 from bench.startup import bench_startup
-from bench.summary import load_saved, readme_block, replace_block
+from bench.summary import (
+    CLUSTER_ROWS,
+    ON_REQUEST_NOTE,
+    load_saved,
+    readme_block,
+    replace_block,
+)
 from bench.treecopy import bench_copy
 from sandbox.backends.docker.client import connect
 from sandbox.backends.docker.images import REPO_ROOT
@@ -110,6 +117,35 @@ def _walls(b: Bench) -> list[Row]:
     from bench.walls import bench_walls
 
     return bench_walls(b)
+
+
+def on_request_note(results: BenchResults) -> str:
+    """When and under what load the rows of an on-request run were measured."""
+    load = results.host.loadavg_at_start[0]
+    return (
+        f"{ON_REQUEST_NOTE} {results.started_at:%Y-%m-%d %H:%M} UTC"
+        f" (load average {load:.1f} on {results.host.cpus} CPUs at its start)"
+    )
+
+
+def with_rows(saved: BenchResults, rows: list[Row], note: str = "") -> BenchResults:
+    """`saved` with `rows` in place of its rows of the same keys (and `note` in place of
+    an earlier on-request run's)."""
+    keys = {row.key for row in rows}
+    notes = [n for n in saved.notes if not n.startswith(ON_REQUEST_NOTE)]
+    return saved.model_copy(
+        update={
+            "rows": [r for r in saved.rows if r.key not in keys] + rows,
+            "notes": notes + ([note] if note else []),
+        }
+    )
+
+
+def cluster_rows(saved: BenchResults, results: BenchResults) -> list[Row]:
+    """The saved cluster figures (`summary.CLUSTER_ROWS`) a full run did not measure: a
+    plain `make bench` starts no cluster, and keeps the last `make bench-kubernetes`'s."""
+    measured = {row.key for row in results.rows}
+    return [r for r in saved.rows if r.key in CLUSTER_ROWS and r.key not in measured]
 
 
 def host_info(client: DockerClient) -> HostInfo:
@@ -218,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = QUICK if args.quick else Sizes()
     results = run(selected, sizes, load=args.load)
     results.complete = not args.quick and selected == list(ALL_BENCHMARKS)
+    on_request = not args.quick and not args.out and set(selected) <= set(ON_REQUEST)
     print(format_table(results.rows))
     print()
     for row in results.rows:
@@ -226,7 +263,17 @@ def main(argv: list[str] | None = None) -> int:
     for note in results.notes:
         print(f"- {note}")
     print(f"\ntotal {results.duration_s:.0f} s on {results.host.cpus} CPUs")
-    if results.complete or args.out:
+    if results.complete and out.is_file():
+        saved_run = load_saved(out)
+        kept = cluster_rows(saved_run, results)
+        results.rows += kept
+        if kept:
+            results.notes += [n for n in saved_run.notes if n.startswith(ON_REQUEST_NOTE)]
+    if on_request and out.is_file():
+        # Its figures join the saved full run, whose own figures stay as they were.
+        saved = BenchResults.model_validate_json(out.read_text())
+        results = with_rows(saved, results.rows, note=on_request_note(results))
+    if results.complete or args.out or on_request:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(results.model_dump_json(indent=2) + "\n")
         print(f"results: {out}")

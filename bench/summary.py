@@ -3,7 +3,8 @@ README and the performance page show, from the saved quiet and `--load` results.
 
 Pure (no Docker). `ROUTES` names the row that measures each route against its floor in
 the same run; `GOAL_ROWS` the figures issue 33 set goals for. The README's block between
-`README_START` and `README_END` is `readme_block()` of the saved results, written by
+`README_START` and `README_END` is `readme_block()` of the saved results (with the
+cluster figures of `CLUSTER_ROWS`), written by
 `python -m bench.harness --readme`; `tests/bench/test_results.py` fails when it drifts from them
 or when a saved run lacks a route, so the front page never shows figures the files do
 not hold.
@@ -47,6 +48,20 @@ GOAL_ROWS: dict[str, str] = {
     "mcp_vs_proxy": "MCP read call vs mcp-proxy, SDK client",
     "startup_cli_bare": "no-op `sandbox run` (CLI) vs bare `docker run --rm`",
 }
+
+# Figures only `make bench-kubernetes` measures (a cluster; issue 37 set no goal): row key
+# -> what the README calls it. They keep their place in `bench/results.json` across full
+# runs (`bench.harness`), and show as their ratio to the bare Pod of the same run.
+CLUSTER_ROWS: dict[str, str] = {
+    "kubernetes_startup": "no-op test run as a Pod vs a bare Pod (created to gone)",
+    "kubernetes_fleet_startup": (
+        "no-op run placed by the scheduler (submit to record read) vs a bare `true` Pod "
+        "(created to its end)"
+    ),
+}
+
+# How a saved run's note about its cluster rows begins (`bench.harness` writes it).
+ON_REQUEST_NOTE = "cluster rows from a run of"
 
 README_START = "<!-- bench:summary:start (python -m bench.harness --readme writes this block) -->"
 README_END = "<!-- bench:summary:end -->"
@@ -99,6 +114,31 @@ def goals_table(quiet: BenchResults, load: BenchResults) -> str:
     return "\n".join(lines)
 
 
+def cluster_table(quiet: BenchResults) -> str:
+    """The cluster figures of the saved run: each a ratio, with both times."""
+    rows = {row.key: row for row in quiet.rows}
+    lines = ["| on a cluster | ratio | ours | bare Pod | measured on |", "|---|---|---|---|---|"]
+    for key, name in CLUSTER_ROWS.items():
+        row = rows.get(key)
+        if row is None or row.ours is None or row.baseline is None or row.ratio is None:
+            cells = [name, "not measured" if row is None else row.status, "-", "-", "-"]
+        else:
+            where = row.note.split(", ", 1)[1] if ", " in row.note else row.note
+            cells = [
+                name,
+                f"{row.ratio:.2f}x",
+                fmt_value(row.ours, row.unit),
+                fmt_value(row.baseline, row.unit),
+                where,
+            ]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    when = [n for n in quiet.notes if n.startswith(ON_REQUEST_NOTE)]
+    if when:
+        said = when[-1].replace(ON_REQUEST_NOTE, "The cluster rows come from a run of", 1)
+        lines += ["", f"{said}."]
+    return "\n".join(lines)
+
+
 def readme_block(quiet: BenchResults, load: BenchResults) -> str:
     """The README's block: the goals table and the runs it comes from."""
 
@@ -109,6 +149,8 @@ def readme_block(quiet: BenchResults, load: BenchResults) -> str:
         [
             README_START,
             goals_table(quiet, load),
+            "",
+            cluster_table(quiet),
             "",
             f"From `bench/results.json` ({when(quiet)}) and `bench/results-load.json`"
             f" ({when(load)}), {quiet.host.cpus} CPUs.",

@@ -5,9 +5,10 @@
 `make bench-load` wrote them), each row with a bar chart of our figure against its
 baseline, drawn as inline SVG (no script, no request); `<!-- bench:goals -->` becomes
 the goals table (each goal figure, quiet and `--load`: `bench.summary.goals_table`, as the
-README shows it) and `<!-- bench:routes -->` the list of every route a step's call can
-take with the row that measures it. A missing results file is an error, so the site never
-shows stale or empty figures silently.
+README shows it), `<!-- bench:cluster -->` the cluster figures of the quiet run
+(`bench.summary.cluster_table`) and `<!-- bench:routes -->` the list of every route a
+step's call can take with the row that measures it. A missing results file is an
+error, so the site never shows stale or empty figures silently.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.results import BenchResults, Row, table_cells  # noqa: E402
-from bench.summary import ROUTES, goals_table, load_saved  # noqa: E402
+from bench.summary import ROUTES, cluster_table, goals_table, load_saved  # noqa: E402
 
 FILES = {"quiet": "bench/results.json", "load": "bench/results-load.json"}
 
@@ -101,4 +102,5 @@ def on_page_markdown(markdown: str, **kwargs: Any) -> str:
         .replace("<!-- bench:load -->", table("load"))
         .replace("<!-- bench:goals -->", goals())
         .replace("<!-- bench:routes -->", routes())
+        .replace("<!-- bench:cluster -->", cluster_table(_results("quiet")))
     )

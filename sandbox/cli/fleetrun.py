@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sandbox.contracts.errors import ConfigError
+from sandbox.launch.runtime import POD_RUNSC_REFUSAL
 
 if TYPE_CHECKING:
     from sandbox.backends.kubernetes.fleet import FleetRun
@@ -60,6 +61,8 @@ def run_on_fleet(
 ) -> TestRunRecord | None:
     """The record the runner sealed; None when a stop came before the runner named
     its run (at the run's first event): the Job is deleted and no record is known."""
+    if getattr(args, "step_runtime", None) == "runsc":
+        raise ConfigError(POD_RUNSC_REFUSAL)
     asked = [flag for name, flag in NOT_ON_THE_FLEET.items() if getattr(args, name, None)]
     if asked:
         raise ConfigError(

@@ -54,6 +54,19 @@ PIDS_FLOOR = 256
 # number (`runsc help syscalls`). A runsc whose table uses the Linux name drops the
 # alias as unknown, so naming both is right for either.
 SENTRY_SYSCALL_NAMES = {"pselect6": "pselect"}
+# Why the Kubernetes backend refuses runsc (measured: docs/dev/gvisor-on-kubernetes.md).
+# A RuntimeClass is per Pod, so the firewall init container and the guard would share
+# the step's gVisor sandbox: under runsc's host network the init container cannot
+# install the firewall (the sentry offers neither nftables nor iptables' tables), and
+# the node's firewall would see the sentry's uid 0 for the guard and the step alike,
+# so it could not let the guard out and keep the step in. Never run weaker: refuse.
+POD_RUNSC_REFUSAL = (
+    'step_runtime = "runsc" is not available on the Kubernetes backend: a RuntimeClass puts '
+    "the whole Pod (the firewall init container and the guard with the step) under gVisor, "
+    "where the Pod's firewall cannot be installed nor tell the guard's traffic from the "
+    "step's; run the step under gVisor on the Docker backend (an engine with a runsc "
+    "runtime), or under runc on the cluster"
+)
 
 
 def engine_runtime(runtime: StepRuntime) -> str | None:

@@ -29,8 +29,10 @@ from bench.results import (
 )
 from bench.summary import (
     GOAL_ROWS,
+    ON_REQUEST_NOTE,
     README_END,
     README_START,
+    cluster_table,
     figure_cell,
     load_saved,
     missing_routes,
@@ -296,3 +298,58 @@ def test_the_readme_block_is_replaced_whole() -> None:
     assert replace_block(text, "NEW") == "before\nNEW\nafter\n"
     with pytest.raises(ValueError):
         replace_block("no block here", "NEW")
+
+
+def _saved(rows: list[Row]) -> BenchResults:
+    return BenchResults(
+        started_at=datetime.now(UTC),
+        host=HostInfo(
+            cpus=2,
+            memory_mb=1024,
+            kernel="6",
+            python="3.11",
+            docker="20",
+            loadavg_at_start=(0.0, 0.0, 0.0),
+            foreign_containers_at_start=0,
+        ),
+        rows=rows,
+    )
+
+
+def _fleet_row(ours: float) -> Row:
+    return make_row(
+        "kubernetes_fleet_startup",
+        "start-up on a cluster: no-op run placed by the scheduler (submit to record read)",
+        "s",
+        ours,
+        2.0,
+        baseline_name="bare `true` Pod, created to its container's end",
+        note="median of 7, the local test cluster (two nodes), runs landed on 127.0.0.1",
+    )
+
+
+def test_the_cluster_table_shows_the_fleets_start_up_against_a_bare_pod() -> None:
+    table = cluster_table(_saved([_fleet_row(9.0)]))
+    fleet = next(line for line in table.splitlines() if "placed by the scheduler" in line)
+    assert "| 4.50x | 9.000 s | 2.000 s | the local test cluster (two nodes)" in fleet
+    pod = next(line for line in table.splitlines() if "as a Pod" in line)
+    assert "| not measured |" in pod
+    assert table in readme_block(_saved([_fleet_row(9.0)]), _saved([]))
+
+
+def test_cluster_figures_join_the_saved_run_and_outlive_a_full_run_without_a_cluster() -> None:
+    """`make bench-kubernetes` puts its rows in the saved run in place of the old ones;
+    a full `make bench` (no cluster) keeps them, unless it measured them itself."""
+    from bench.harness import cluster_rows, with_rows
+
+    old, new = _fleet_row(9.0), _fleet_row(8.0)
+    saved = _saved([*_rows(), old])
+    saved.notes = ["a note of the full run", f"{ON_REQUEST_NOTE} yesterday"]
+    merged = with_rows(saved, [new], note=f"{ON_REQUEST_NOTE} today")
+    assert [r for r in merged.rows if r.key == new.key] == [new]
+    assert len(merged.rows) == len(saved.rows)
+    assert merged.notes == ["a note of the full run", f"{ON_REQUEST_NOTE} today"]
+    assert cluster_table(merged).endswith("The cluster rows come from a run of today.")
+    full = _saved(_rows())
+    assert cluster_rows(merged, full) == [new]
+    assert cluster_rows(merged, _saved([*_rows(), old])) == []

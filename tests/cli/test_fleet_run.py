@@ -5,6 +5,7 @@ host in its place. (Runs through the fleet: tests/kubernetes/test_fleet.py.)"""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from sandbox.contracts.exitcodes import ExitCode
+from sandbox.contracts.settings import STEP_RUNTIME_ENV
+from sandbox.launch.runtime import POD_RUNSC_REFUSAL
 from tests.conftest import tree_digest, write_workflow
 
 
@@ -30,9 +33,13 @@ def _scheduler_host(tmp_path: Path) -> Path:
     return toml
 
 
-def _sandbox(*args: str) -> subprocess.CompletedProcess[str]:
+def _sandbox(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sandbox.cli", *args], capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "sandbox.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -41,7 +48,6 @@ def _sandbox(*args: str) -> subprocess.CompletedProcess[str]:
     [
         (["--timeout", "5"], "--timeout"),
         (["--allow-host", "example.org"], "--allow-host"),
-        (["--step-runtime", "runsc"], "--step-runtime"),
     ],
 )
 def test_run_options_the_fleet_does_not_carry_are_refused_before_submitting(
@@ -56,6 +62,31 @@ def test_run_options_the_fleet_does_not_carry_are_refused_before_submitting(
     assert flag in message and "scheduler" in message
     assert tree_digest(wf) == before
     assert not (wf / "runs").exists() or not list((wf / "runs").glob("test-*"))
+
+
+@pytest.mark.parametrize(
+    ("option", "extra_toml", "env"),
+    [
+        (["--step-runtime", "runsc"], "", {}),
+        ([], '[isolation]\nstep_runtime = "runsc"\n', {}),
+        ([], "", {STEP_RUNTIME_ENV: "runsc"}),
+    ],
+    ids=["run-option", "workflow", "environment"],
+)
+def test_the_gvisor_wall_is_refused_on_the_fleet_with_why_before_submitting(
+    tmp_path: Path, option: list[str], extra_toml: str, env: dict[str, str]
+) -> None:
+    """Asked by the run, the workflow or the controller's environment: refused with the
+    reason, never submitted (the kubeconfig does not exist: a submission would fail on
+    connecting instead)."""
+    wf = write_workflow(tmp_path, extra_toml=extra_toml)
+    before = tree_digest(wf)
+    host = _scheduler_host(tmp_path)
+    args = ("run", str(wf), "step1", "--host-config", str(host), "--json", *option)
+    done = _sandbox(*args, env=env)
+    assert done.returncode == ExitCode.CONFIG, done.stderr
+    assert json.loads(done.stderr)["error"]["message"] == POD_RUNSC_REFUSAL
+    assert tree_digest(wf) == before
 
 
 def test_a_chain_with_the_scheduler_placement_is_refused_not_run_on_this_host(

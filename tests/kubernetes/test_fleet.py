@@ -13,7 +13,6 @@ loopback address (what a real cluster's Service does for in-cluster clients).
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,59 +33,28 @@ from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import RunStatus, read_record
 from sandbox.hostfs import hostmount
 from tests.conftest import tree_digest, write_workflow
-from tests.kubernetes.cluster import REPO_ROOT, Cluster
+from tests.kubernetes.cluster import Cluster
+from tests.kubernetes.fleetparts import apply_runner_role, build_runner_image, local_api_env
 from tests.kubernetes.pods import no_pods_or_secrets, processes_of, run_objects
 from tests.kubernetes.test_storage_claim import claim  # noqa: F401 (a fixture)
 from tests.kubernetes.test_two_nodes import only_schedulable
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
 
-RUNNER_IMAGE = f"sandbox-runner:{names.IMAGE_TAG}"
-WHEELS = REPO_ROOT / "build" / "wheels" / "runner"
 RUN_DEADLINE_S = 300.0
 
 
 @pytest.fixture(scope="module")
 def runner_image(kube_cluster: Cluster) -> str:
     """The runner image, built from the guard image and loaded on both nodes."""
-    if not any(WHEELS.glob("kubernetes-*.whl")):
-        WHEELS.mkdir(parents=True, exist_ok=True)
-        pip = [str(Path(sys.executable).parent / "pip"), "wheel", "--quiet", "-w", str(WHEELS)]
-        subprocess.run([*pip, "kubernetes>=29,<38"], check=True, timeout=300)
-    context = REPO_ROOT / "build" / "runner-context"
-    shutil.rmtree(context, ignore_errors=True)
-    context.mkdir(parents=True)
-    shutil.copy(REPO_ROOT / "images" / "runner" / "Dockerfile", context / "Dockerfile")
-    shutil.copytree(WHEELS, context / "wheels")
-    subprocess.run(
-        [
-            "docker",
-            "build",
-            "--quiet",
-            "--build-arg",
-            f"GUARD_IMAGE={names.GUARD_IMAGE}",
-            "-t",
-            RUNNER_IMAGE,
-            str(context),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    shutil.rmtree(context, ignore_errors=True)
-    kube_cluster.load_docker_images(RUNNER_IMAGE)
-    return RUNNER_IMAGE
+    return build_runner_image(kube_cluster)
 
 
 @pytest.fixture
 def fleet_namespace(kube_api: Any, kube_namespace: str) -> str:
     """The namespace with the runner's service account, Role and binding, as an
     operator applies them (`fleet.runner_role`)."""
-    core, rbac = client.CoreV1Api(kube_api), client.RbacAuthorizationV1Api(kube_api)
-    account, role, binding = fleet.runner_role(kube_namespace)
-    core.create_namespaced_service_account(kube_namespace, account)
-    rbac.create_namespaced_role(kube_namespace, role)
-    rbac.create_namespaced_role_binding(kube_namespace, binding)
+    apply_runner_role(kube_api, kube_namespace)
     return kube_namespace
 
 
@@ -112,20 +80,13 @@ def fleet_settings(
     )
 
 
-def _local_api(kube_cluster: Cluster) -> dict[str, str]:
-    return {
-        "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-        "KUBERNETES_SERVICE_PORT": str(kube_cluster.state.ports.apiserver),
-    }
-
-
 def _submit(kube_cluster: Cluster, settings: BackendConfig, wf: Path, step: str) -> fleet.FleetRun:
     return fleet.FleetRun.submit(
         settings,
         wf,
         step,
         api=kube_cluster.api_client(),
-        env=_local_api(kube_cluster),
+        env=local_api_env(kube_cluster),
         host_network=True,
     )
 
@@ -334,7 +295,7 @@ def test_a_runner_killed_on_its_node_is_recorded_killed_by_gc_from_the_controlle
 
 def _cli_host_config(tmp_path: Path, kube_cluster: Cluster, settings: BackendConfig) -> Path:
     """The controller's host.toml: the fleet's settings, the runner's Pod on its node's
-    network naming the API server's loopback address (what `_local_api` does)."""
+    network naming the API server's loopback address (what `local_api_env` gives)."""
     fields: dict[str, Any] = {
         **settings.model_dump(exclude_defaults=True),
         "runner_host_network": True,

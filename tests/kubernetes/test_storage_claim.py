@@ -10,15 +10,11 @@ deleted at the end (the volume is `Retain`: deleting it leaves the folder).
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import watch
 
 from sandbox.backends.choose import connect_backend
 from sandbox.contracts.hostconfig import BackendConfig
@@ -26,6 +22,7 @@ from sandbox.contracts.record import RunStatus
 from sandbox.hostfs import hostmount
 from tests.conftest import ThreadedRun, tree_digest, write_workflow
 from tests.kubernetes.cluster import Cluster
+from tests.kubernetes.fleetparts import hostpath_claim
 from tests.kubernetes.pods import no_pods_or_secrets, pod_of
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
@@ -65,62 +62,8 @@ def _ownership(root: Path) -> dict[str, tuple[int, int, int]]:
 @pytest.fixture
 def claim(kube_cluster: Cluster, kube_core: Any, kube_namespace: str) -> Iterator[tuple[str, Path]]:
     """A claim bound to a hostPath volume at a fresh folder of the node's storage."""
-    root = kube_cluster.node_storage / f"claim-{secrets.token_hex(4)}"
-    root.mkdir()
-    root.chmod(0o755)
-    volume = f"{kube_namespace}-runs"
-    kube_core.create_persistent_volume(
-        {
-            "apiVersion": "v1",
-            "kind": "PersistentVolume",
-            "metadata": {"name": volume, "labels": {"sandbox.test": "claim"}},
-            "spec": {
-                "capacity": {"storage": "1Gi"},
-                "accessModes": ["ReadWriteMany"],
-                "persistentVolumeReclaimPolicy": "Retain",
-                "storageClassName": "",
-                "hostPath": {"path": str(root), "type": "Directory"},
-                "claimRef": {"namespace": kube_namespace, "name": "runs"},
-            },
-        }
-    )
-    try:
-        created = kube_core.create_namespaced_persistent_volume_claim(
-            kube_namespace,
-            {
-                "apiVersion": "v1",
-                "kind": "PersistentVolumeClaim",
-                "metadata": {"name": "runs"},
-                "spec": {
-                    "accessModes": ["ReadWriteMany"],
-                    "storageClassName": "",
-                    "volumeName": volume,
-                    "resources": {"requests": {"storage": "1Gi"}},
-                },
-            },
-        )
-        w = watch.Watch()
-        for event in w.stream(
-            kube_core.list_namespaced_persistent_volume_claim,
-            kube_namespace,
-            field_selector="metadata.name=runs",
-            resource_version=created.metadata.resource_version,
-            timeout_seconds=60,
-        ):
-            if event["object"].status.phase == "Bound":
-                w.stop()
-                break
-        else:
-            pytest.fail("the claim was not bound within 60 s")
-        yield "runs", root
-    finally:
-        kube_core.delete_namespaced_persistent_volume_claim("runs", kube_namespace)
-        kube_core.delete_persistent_volume(volume)
-        deadline = time.monotonic() + 180  # the claim goes once no Pod uses it
-        while kube_core.list_persistent_volume(field_selector=f"metadata.name={volume}").items:
-            assert time.monotonic() < deadline, f"the volume {volume} outlived its test"
-            time.sleep(0.2)
-        shutil.rmtree(root, ignore_errors=True)
+    with hostpath_claim(kube_cluster, kube_core, kube_namespace) as made:
+        yield made
 
 
 def test_the_run_folder_is_mounted_from_the_claim_by_subpath(

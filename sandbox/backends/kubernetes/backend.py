@@ -47,6 +47,7 @@ from sandbox.contracts.layout import MCP_UID_BASE
 from sandbox.contracts.names import LABEL_ROLE
 from sandbox.contracts.record import OutputTail, PeakMemorySource
 from sandbox.contracts.spec import ContainerSpec
+from sandbox.launch.runtime import POD_RUNSC_REFUSAL
 
 from . import pod as manifests
 from .podrun import ENGINE_ERRORS, PodRun, PodView, connect
@@ -271,10 +272,7 @@ class KubernetesBackend:
 
     def require_step_runtime(self, runtime: StepRuntime) -> None:
         if runtime != "runc":
-            raise ConfigError(
-                f"step_runtime = {runtime!r} is not available on the Kubernetes backend: "
-                "run the step on Docker, or give the cluster a RuntimeClass for it"
-            )
+            raise ConfigError(POD_RUNSC_REFUSAL)
 
     def pod_age_s(self) -> float:
         return time.monotonic() - self._created_at

@@ -35,9 +35,12 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from sandbox.contracts import names
+from sandbox.contracts.config import load_workflow
 from sandbox.contracts.errors import ConfigError, EngineError, RefusedError
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import TestRunRecord, read_record
+from sandbox.contracts.settings import runner_settings as runner_settings_of_this_host
+from sandbox.launch.runtime import POD_RUNSC_REFUSAL
 
 from .podrun import api_reason, connect
 
@@ -72,6 +75,22 @@ def claim_path(settings: BackendConfig, workflow_dir: Path) -> str:
     if not rel.parts or ".." in rel.parts:
         raise ConfigError(f"{workflow_dir}: not a folder under the claim's root")
     return rel.as_posix()
+
+
+def _refuse_runsc(workflow_dir: Path) -> None:
+    """A run that asks for the gVisor wall is refused before its Job is made: the
+    workflow's ask (the runner would refuse it on its node: `POD_RUNSC_REFUSAL`), and the
+    controller's `SANDBOX_STEP_RUNTIME`, which the Job does not carry (the run would
+    have less than this host asked). A workflow the controller cannot read is left to
+    the runner, which reports why."""
+    if runner_settings_of_this_host().step_runtime() == "runsc":
+        raise ConfigError(POD_RUNSC_REFUSAL)
+    try:
+        wanted = load_workflow(workflow_dir).isolation.step_runtime
+    except ConfigError:
+        return
+    if wanted != "runc":
+        raise ConfigError(POD_RUNSC_REFUSAL)
 
 
 def runner_settings(settings: BackendConfig) -> BackendConfig:
@@ -196,6 +215,7 @@ class FleetRun:
         host_network: bool = False,
     ) -> FleetRun:
         workflow = claim_path(settings, workflow_dir)
+        _refuse_runsc(Path(workflow_dir))
         name = f"sandbox-run-{secrets.token_hex(5)}"
         manifest = job_manifest(
             settings, workflow, step_id, name, env=env, host_network=host_network
