@@ -27,7 +27,7 @@ import contextlib
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,10 +97,13 @@ def job_manifest(
     *,
     env: dict[str, str] | None = None,
     host_network: bool = False,
+    runner_args: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The Job of one run (pure). `env` and `host_network` (added to the settings'
-    `runner_api_server` and `runner_host_network`) are for clusters whose Pods reach
-    the API server only through the node (the local test cluster)."""
+    """The Job of one run (pure). `runner_args`: what the runner does besides running
+    the step (`fleetrunner`'s options: `--verify`, a chain's step). `env` and
+    `host_network` (added to the settings' `runner_api_server` and
+    `runner_host_network`) are for clusters whose Pods reach the API server only
+    through the node (the local test cluster)."""
     if settings.placement != "scheduler" or settings.runner_image is None:
         raise ConfigError("a Job of the fleet needs placement = 'scheduler' and runner_image")
     labels = {LABEL_FLEET: "true", LABEL_JOB: name}
@@ -136,6 +139,7 @@ def job_manifest(
                     "sandbox.backends.kubernetes.fleetrunner",
                     workflow,
                     step_id,
+                    *runner_args,
                 ],
                 "env": container_env,
                 # Loop devices and mounts, as the root runner on a host; the run's own
@@ -194,11 +198,18 @@ class FleetRun:
         api: Any = None,
         env: dict[str, str] | None = None,
         host_network: bool = False,
+        runner_args: Sequence[str] = (),
     ) -> FleetRun:
         workflow = claim_path(settings, workflow_dir)
         name = f"sandbox-run-{secrets.token_hex(5)}"
         manifest = job_manifest(
-            settings, workflow, step_id, name, env=env, host_network=host_network
+            settings,
+            workflow,
+            step_id,
+            name,
+            env=env,
+            host_network=host_network,
+            runner_args=runner_args,
         )
         api = api if api is not None else connect(settings)
         run = cls(api, settings, Path(workflow_dir).absolute(), name)
