@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sandbox.contracts.errors import ConfigError, EngineError, RefusedError
+from sandbox.contracts.errors import EngineError, RefusedError
 
 if TYPE_CHECKING:
     from sandbox.backends.kubernetes.fleet import FleetRun
@@ -34,18 +34,6 @@ WAIT_CHUNK_S = 60.0  # one wait of the runner's Pod; the command waits as long a
 # After the Job is deleted: the runner's grace period (its clean-up, the record
 # sealed `killed`) and the Pod's deletion.
 CANCEL_WAIT_EXTRA_S = 30.0
-
-# What the runner's Job does not carry (it runs the step with the workflow's own
-# settings): refused, so a run never runs with less than was asked.
-NOT_ON_THE_FLEET = {
-    "timeout": "--timeout",
-    "upstream_bridge": "--upstream-bridge",
-    "upstream_network": "--upstream-network",
-    "allow_host": "--allow-host",
-    "canary": "--canary",
-    "step_runtime": "--step-runtime",
-    "replay": "--replay",
-}
 
 
 def fleet_config(args: argparse.Namespace) -> BackendConfig | None:
@@ -62,12 +50,23 @@ def fleet_config(args: argparse.Namespace) -> BackendConfig | None:
 
 
 def _refuse_not_carried(args: argparse.Namespace) -> None:
-    asked = [flag for name, flag in NOT_ON_THE_FLEET.items() if getattr(args, name, None)]
-    if asked:
-        raise ConfigError(
-            f"{', '.join(asked)}: not carried to a run the scheduler places "
-            "(placement = 'scheduler'); set it in the workflow, or run on this host"
+    """What the command was asked that a runner Job would drop: refused (ConfigError)."""
+    from sandbox.backends.choose import needs_client
+    from sandbox.contracts.options import RunOptions
+
+    with needs_client():
+        from sandbox.backends.kubernetes.fleet import refuse_not_carried
+    refuse_not_carried(
+        RunOptions(
+            timeout_s=args.timeout,
+            upstream_bridge=args.upstream_bridge,
+            upstream_networks=tuple(args.upstream_network),
+            allow_hosts=tuple(args.allow_host),
+            canary=args.canary,
+            step_runtime=args.step_runtime,
+            replay=getattr(args, "replay", None),
         )
+    )
 
 
 def _submitted(

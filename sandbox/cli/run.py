@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandbox.cli.output import emit, error, print_record, say_line
+from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.exitcodes import ExitCode
 from sandbox.contracts.status import RunStatus
 
@@ -224,9 +225,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_verify_workflow(args: argparse.Namespace) -> int:
+    from sandbox.cli.fleetrun import fleet_config
     from sandbox.verify.junit import write_workflow_junit
     from sandbox.verify.verifyworkflow import verify_workflow
 
+    if fleet_config(args) is not None:
+        raise ConfigError(
+            "verify-workflow does not run on the fleet (placement = 'scheduler'): verify "
+            "each step with `sandbox verify`, or run it on a host of its own"
+        )
     _stop_on_signals()
     with _follow(args) as printer:
         options = _workflow_options(args, printer)

@@ -31,7 +31,6 @@ from sandbox.contracts.errors import ConfigError, EngineError, RefusedError
 from sandbox.contracts.events import RunEvent
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.layout import WorkflowRunLayout
-from sandbox.contracts.options import RunOptions
 from sandbox.contracts.record import TestRunRecord, read_record
 from sandbox.contracts.workflow_record import WorkflowRunRecord
 from sandbox.run.cancel import RunInterrupted
@@ -49,29 +48,6 @@ if TYPE_CHECKING:
 
 WAIT_CHUNK_S = 5.0  # one wait of a step's runner; a `cancel()` is seen between two
 CANCEL_WAIT_EXTRA_S = 30.0  # after the runner's grace period: its Pod's deletion
-
-# RunOptions a runner Job does not carry (the runner runs the step with the
-# workflow's own settings), by the command-line flag that sets them.
-NOT_CARRIED = {
-    "timeout_s": "--timeout",
-    "upstream_bridge": "--upstream-bridge",
-    "upstream_networks": "--upstream-network",
-    "allow_hosts": "--allow-host",
-    "canary": "--canary",
-    "canary6": "a canary",
-    "step_runtime": "--step-runtime",
-    "replay": "--replay",
-}
-
-
-def refuse_not_carried(options: RunOptions) -> None:
-    """ConfigError naming every option set that a runner Job would drop."""
-    asked = [flag for name, flag in NOT_CARRIED.items() if getattr(options, name)]
-    if asked:
-        raise ConfigError(
-            f"{', '.join(asked)}: not carried to a run the scheduler places "
-            "(placement = 'scheduler'); set it in the workflow, or run on this host"
-        )
 
 
 class FleetWorkflowRun(WorkflowRun):
@@ -91,7 +67,7 @@ class FleetWorkflowRun(WorkflowRun):
         host_network: bool = False,
     ) -> None:
         super().__init__(workflow_dir, options)
-        from sandbox.backends.kubernetes.fleet import claim_path
+        from sandbox.backends.kubernetes.fleet import claim_path, refuse_not_carried
 
         if settings.kind != "kubernetes" or settings.placement != "scheduler":
             raise ConfigError(

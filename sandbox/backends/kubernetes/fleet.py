@@ -37,6 +37,7 @@ from kubernetes.client.exceptions import ApiException
 from sandbox.contracts import names
 from sandbox.contracts.errors import ConfigError, EngineError, RefusedError
 from sandbox.contracts.hostconfig import BackendConfig
+from sandbox.contracts.options import RunOptions
 from sandbox.contracts.record import TestRunRecord, read_record
 
 from .podrun import api_reason, connect
@@ -55,6 +56,30 @@ RUNNER_DEADLINE_S = 6 * 3600  # a Job whose runner hangs still ends
 RUNNER_GRACE_S = 60  # the runner's clean-up after SIGTERM (the run's Pod, its mounts)
 RUN_ID = re.compile(r"^test-[0-9A-Za-z_-]{1,80}$")
 WATCH_CHUNK_S = 10
+
+
+# RunOptions a runner Job does not carry (the runner runs the step with the
+# workflow's own settings), by the command-line flag that sets them.
+NOT_CARRIED = {
+    "timeout_s": "--timeout",
+    "upstream_bridge": "--upstream-bridge",
+    "upstream_networks": "--upstream-network",
+    "allow_hosts": "--allow-host",
+    "canary": "--canary",
+    "canary6": "a canary",
+    "step_runtime": "--step-runtime",
+    "replay": "--replay",
+}
+
+
+def refuse_not_carried(options: RunOptions) -> None:
+    """ConfigError naming every option set that a runner Job would drop."""
+    asked = [flag for name, flag in NOT_CARRIED.items() if getattr(options, name)]
+    if asked:
+        raise ConfigError(
+            f"{', '.join(asked)}: not carried to a run the scheduler places "
+            "(placement = 'scheduler'); set it in the workflow, or run on this host"
+        )
 
 
 def claim_path(settings: BackendConfig, workflow_dir: Path) -> str:
