@@ -132,6 +132,15 @@ def verify_on_fleet(
     claim (and into the workflow's history there, which `sandbox gate` reads); None
     as for `run_on_fleet`. A run whose runner left no verification is not verified:
     an error says why."""
+    # The expectations parse before anything runs, as on one host (a typo is a
+    # ConfigError): the runner reads them again where it judges the run.
+    from sandbox.contracts.config import load_workflow
+    from sandbox.verify.expect import load_expectations
+
+    _refuse_not_carried(args)
+    wf_dir = Path(args.workflow_dir)
+    workflow = load_workflow(wf_dir)
+    load_expectations(wf_dir, workflow, workflow.step(args.step_id))
     run = _submitted(args, config, printer, ["--verify"])
     if run is None:
         return None
@@ -140,7 +149,8 @@ def verify_on_fleet(
             raise RefusedError(run.refused)
         from sandbox.verify.finished import FinishedStep
 
-        assert run.run_id is not None
+        if run.run_id is None:
+            raise EngineError(f"the runner of Job {run.name} named no run (see its Pod's log)")
         finished = FinishedStep.load(run.workflow_dir / "runs" / run.run_id)
         verification = finished.verification
         if verification is None or verification.run_id != run.run_id:

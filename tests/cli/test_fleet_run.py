@@ -80,3 +80,13 @@ def test_a_chain_verification_with_the_scheduler_placement_is_refused_not_run_on
     done = _sandbox("verify-workflow", str(wf), str(expectations), "--host-config", str(host))
     assert done.returncode == ExitCode.CONFIG, (done.stdout, done.stderr)
     assert "placement = 'scheduler'" in done.stderr and "verify-workflow" in done.stderr
+
+
+def test_verify_on_the_fleet_parses_the_expectations_before_submitting(tmp_path: Path) -> None:
+    """As on one host: a step without expectations is a config error, and no Job is
+    submitted (the host config's kubeconfig does not even exist)."""
+    wf = write_workflow(tmp_path)
+    host = _scheduler_host(tmp_path)
+    done = _sandbox("verify", str(wf), "step1", "--host-config", str(host), "--json")
+    assert done.returncode == ExitCode.CONFIG, done.stderr
+    assert "no expectations" in json.loads(done.stderr)["error"]["message"]

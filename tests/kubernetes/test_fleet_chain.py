@@ -71,9 +71,10 @@ time.sleep(240)  # the chain is stopped long before
 """
 
 
-def _chain(root: Path, steps: dict[str, str]) -> Path:
-    """A workflow whose steps (in this order, one group `g`) run these Python bodies,
-    with a DB of one row and a real run whose `g` folder holds `earlier.txt`."""
+def _chain(root: Path, steps: dict[str, str], expect: str = "") -> Path:
+    """A workflow whose steps (in this order, one group `g`) run these Python bodies
+    (each with the `expect` tables after it), with a DB of one row and a real run whose
+    `g` folder holds `earlier.txt`."""
     wf = write_workflow(root, command="true", earlier_files={"earlier.txt": "real run"})
     toml = ['name = "wf"']
     for step_id, body in steps.items():
@@ -88,6 +89,7 @@ def _chain(root: Path, steps: dict[str, str]) -> Path:
                 timeout_s = 300
                 """
             )
+            + expect
         )
     (wf / "workflow.toml").write_text("\n".join(toml))
     return wf
@@ -206,7 +208,7 @@ def test_a_stopped_chain_on_the_fleet_records_killed_and_leaves_nothing_behind(
     )
     assert on_claim.status is RunStatus.KILLED
     step = read_record(wf / "runs" / chain.id / Path(str(chain.steps[0].record)).parent)
-    assert step.status is RunStatus.KILLED and step.node == second
+    assert step.status is RunStatus.KILLED
     assert tree_digest(wf) == before
     _no_jobs_left(kube_api, namespace)
     no_pods_or_secrets(kube_core, namespace)
@@ -215,12 +217,23 @@ def test_a_stopped_chain_on_the_fleet_records_killed_and_leaves_nothing_behind(
 
 
 GOOD = """\
-import pathlib
-pathlib.Path("out.txt").write_text("done")
+import os, sqlite3
+db = sqlite3.connect(os.environ["DB_PATH"])
+db.execute("INSERT INTO t VALUES (5, 'verified')")
+db.commit()
 """
 
 BAD = """\
 raise SystemExit(3)
+"""
+
+INSERTS_ROW_5 = """\
+[[steps.expect]]
+name = "inserts row 5"
+kind = "db"
+table = "t"
+where = { id = 5 }
+count = 1
 """
 
 
@@ -238,7 +251,7 @@ def test_verify_on_the_fleet_writes_the_verdict_on_the_claim_and_the_controller_
     step verifies (exit 0); a step that fails is not verified (exit 1), and the gate
     holds it back."""
     assert fleet_settings.claim_root is not None
-    wf = _chain(Path(fleet_settings.claim_root), {"good": GOOD, "bad": BAD})
+    wf = _chain(Path(fleet_settings.claim_root), {"good": GOOD, "bad": BAD}, INSERTS_ROW_5)
     before = tree_digest(wf)
     host = _cli_host_config(tmp_path, kube_cluster, fleet_settings)
     first = kube_cluster.node_names[0]
@@ -248,6 +261,7 @@ def test_verify_on_the_fleet_writes_the_verdict_on_the_claim_and_the_controller_
             argv = ["verify", str(wf), step, "--host-config", str(host), "--json"]
             proc = _sandbox_cli(*argv)
             out, err = proc.communicate(timeout=RUN_DEADLINE_S)
+            assert out, (step, proc.returncode, err)
             verdicts[step] = (proc.returncode, json.loads(out.splitlines()[-1]), err)
     code, good, err = verdicts["good"]
     assert code == 0 and good["passed"] is True, (good, err)
