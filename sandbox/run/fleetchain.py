@@ -21,6 +21,7 @@ carry are refused, never dropped.
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 from datetime import UTC, datetime
 from pathlib import Path
@@ -142,13 +143,17 @@ class FleetWorkflowRun(WorkflowRun):
         self.current = run
         started(place.layout.run_id, datetime.now(UTC))
         on_event = self._events(place)
+        stopped = False
         try:
             try:
                 while not run.wait(WAIT_CHUNK_S, on_event):
                     self.stop.check()
             except (KeyboardInterrupt, RunInterrupted):
+                stopped = True
                 run.cancel()
                 run.wait(RUNNER_GRACE_S + CANCEL_WAIT_EXTRA_S, on_event)
+            if (stopped or self.stop.requested) and not os.path.lexists(place.layout.record):
+                raise RunInterrupted()  # stopped before its runner began the step's record
             return self._step_record(run, place)
         finally:
             self.current = None
