@@ -31,9 +31,10 @@ def connect_backend(config: BackendConfig) -> Backend:
         # The runner of such a run is a Job's Pod on the node the scheduler picks; run
         # here, it would do the host-side work on this host instead.
         raise ConfigError(
-            "placement = 'scheduler' submits each run as a Job: `sandbox run` (or "
-            "sandbox.backends.kubernetes.fleet.FleetRun) runs it; chains and verify "
-            "do not run on the fleet yet"
+            "placement = 'scheduler' submits each run as a Job: `sandbox run`, "
+            "`run-workflow` and `verify` (or sandbox.backends.kubernetes.fleet.FleetRun, "
+            "sandbox.run.fleetchain.FleetWorkflowRun) submit it; `verify-workflow` does "
+            "not run on the fleet"
         )
     if config.kind == "kubernetes":
         with needs_client():

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sandbox.cli.output import emit, error, print_record, say_line
+from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.exitcodes import ExitCode
 from sandbox.contracts.status import RunStatus
 
@@ -140,6 +141,17 @@ def _follow(args: argparse.Namespace) -> Iterator[FollowPrinter | None]:
         printer.close()
 
 
+def _stopped_unnamed(args: argparse.Namespace) -> int:
+    """A fleet run stopped before its runner named it: no record to print."""
+    error(
+        ExitCode.INTERRUPTED,
+        "stopped before the runner named its run; the Job is deleted (a record it began "
+        "is under runs/ on the claim)",
+        as_json=args.json,
+    )
+    return ExitCode.INTERRUPTED
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from sandbox.cli.fleetrun import fleet_config, run_on_fleet
     from sandbox.run.testrun import TestRun
@@ -150,13 +162,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         with _follow(args) as printer:
             placed = run_on_fleet(args, fleet, printer)
         if placed is None:
-            error(
-                ExitCode.INTERRUPTED,
-                "stopped before the runner named its run; the Job is deleted (a record it began "
-                "is under runs/ on the claim)",
-                as_json=args.json,
-            )
-            return ExitCode.INTERRUPTED
+            return _stopped_unnamed(args)
         print_record(placed, args.json)
         return EXIT_BY_STATUS[placed.status]
     with _follow(args) as printer:
@@ -169,12 +175,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_run_workflow(args: argparse.Namespace) -> int:
+    from sandbox.cli.fleetrun import chain_on_fleet, fleet_config
     from sandbox.run.workflowrun import WorkflowRun
 
     _stop_on_signals()
+    fleet = fleet_config(args)
     with _follow(args) as printer:
-        options = _workflow_options(args, printer)
-        record = WorkflowRun(Path(args.workflow_dir), options, backend=_backend(args)).execute()
+        if fleet is not None:
+            record = chain_on_fleet(args, fleet, printer)
+        else:
+            options = _workflow_options(args, printer)
+            record = WorkflowRun(Path(args.workflow_dir), options, backend=_backend(args)).execute()
     print_record(record, args.json)
     return EXIT_BY_STATUS[record.status]
 
@@ -187,14 +198,23 @@ def cmd_verify(args: argparse.Namespace) -> int:
         from sandbox.verify.against import check_named, verify_against
 
         check_named(Path(args.workflow_dir), args.against)
+    from sandbox.cli.fleetrun import fleet_config, verify_on_fleet
+
     _stop_on_signals()
+    fleet = fleet_config(args)
     with _follow(args) as printer:
-        verification = verify_step(
-            Path(args.workflow_dir),
-            args.step_id,
-            _run_options(args, printer),
-            backend=_backend(args),
-        )
+        if fleet is not None:
+            placed = verify_on_fleet(args, fleet, printer)
+            if placed is None:
+                return _stopped_unnamed(args)
+            verification = placed
+        else:
+            verification = verify_step(
+                Path(args.workflow_dir),
+                args.step_id,
+                _run_options(args, printer),
+                backend=_backend(args),
+            )
     if args.junit:
         write_junit(Path(args.junit), verification)
     if args.against:
@@ -205,9 +225,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_verify_workflow(args: argparse.Namespace) -> int:
+    from sandbox.cli.fleetrun import fleet_config
     from sandbox.verify.junit import write_workflow_junit
     from sandbox.verify.verifyworkflow import verify_workflow
 
+    if fleet_config(args) is not None:
+        raise ConfigError(
+            "verify-workflow does not run on the fleet (placement = 'scheduler'): verify "
+            "each step with `sandbox verify`, or run it on a host of its own"
+        )
     _stop_on_signals()
     with _follow(args) as printer:
         options = _workflow_options(args, printer)

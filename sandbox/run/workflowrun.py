@@ -26,18 +26,18 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from sandbox.backends import Backend, BackendFactory
+from sandbox.backends import BackendFactory
 from sandbox.collect import dbdiff, stubgroups
 from sandbox.contracts.config import Step, Workflow, load_workflow
-from sandbox.contracts.errors import ConfigError, SandboxError
+from sandbox.contracts.errors import ConfigError, RefusedError, SandboxError
 from sandbox.contracts.events import EventCallback, EventKind, RunEvent
-from sandbox.contracts.layout import WorkflowRunLayout, make_private_dir, new_run_id
+from sandbox.contracts.layout import RunLayout, WorkflowRunLayout, make_private_dir, new_run_id
 from sandbox.contracts.record import RunStatus, TestRunRecord
 from sandbox.contracts.version import runner_version
 from sandbox.contracts.workflow_record import (
@@ -49,7 +49,7 @@ from sandbox.contracts.workflow_record import (
 )
 from sandbox.prepare.copytree import newest_real_run
 from sandbox.prepare.dbcopy import find_workflow_db
-from sandbox.prepare.lock import LockHeldError, workflow_run_lock
+from sandbox.prepare.lock import workflow_run_lock
 from sandbox.run.cancel import Cancel, RunInterrupted
 from sandbox.run.testrun import (
     RunOptions,
@@ -83,6 +83,24 @@ class WorkflowOptions:
     to_step: str | None = None
     keep_going: bool = False
     step: RunOptions = field(default_factory=RunOptions)
+
+
+@dataclass(frozen=True)
+class StepPlace:
+    """Where a chain's step runs: its place in the chain and its run root there."""
+
+    index: int  # 1-based
+    total: int
+    step: Step
+    layout: RunLayout
+    chain_id: str  # the chain's run id
+
+
+# The step's run began (its run id, when): the chain's record names it.
+StepStarted = Callable[[str, datetime], None]
+# One step of the chain, run in its place from its seed, to its sealed record: on this
+# host (`WorkflowRun`), or in a runner Job the scheduler places (`sandbox.run.fleetchain`).
+StepRunner = Callable[[StepPlace, Seed, StepStarted], TestRunRecord]
 
 
 @dataclass(frozen=True)
@@ -151,7 +169,16 @@ class WorkflowRun:
     def execute_read(self, read: ChainInputs) -> WorkflowRunRecord:
         """`execute` with the inputs already read (`read_inputs`)."""
         with contextlib.closing(self._connect()) as backend:
-            return self._execute(backend, read.workflow, read.chain, read.runs, read.inputs)
+
+            def run_step(place: StepPlace, seed: Seed, started: StepStarted) -> TestRunRecord:
+                run, inputs = read.runs[place.index - 1], read.inputs[place.index - 1]
+                step_record = run.new_record(
+                    backend, inputs, place.layout, workflow_run_id=place.chain_id
+                )
+                started(step_record.id, step_record.started_at)
+                return run.run_held(backend, inputs, place.layout, step_record, seed)
+
+            return self._execute(read.workflow, read.chain, run_step)
 
     def cancel(self) -> None:
         """Stop the chain from any thread: the step it is in ends `killed` (its
@@ -170,13 +197,15 @@ class WorkflowRun:
 
         return dataclasses.replace(self.options.step, on_event=on_event)
 
+    def _lock(self, layout: WorkflowRunLayout) -> contextlib.AbstractContextManager[object]:
+        """The workflow's exclusive lock, held from the first step to the last; raises
+        RefusedError (naming the holder) when another run holds it."""
+        return workflow_run_lock(
+            self.workflow_dir, exclusive=True, owner=f"sandbox workflow test run {layout.run_id}"
+        )
+
     def _execute(
-        self,
-        backend: Backend,
-        workflow: Workflow,
-        chain: list[Step],
-        runs: list[TestRun],
-        inputs: list[StepInputs],
+        self, workflow: Workflow, chain: list[Step], run_step: StepRunner
     ) -> WorkflowRunRecord:
         layout = WorkflowRunLayout(self.workflow_dir, new_run_id())
         record = WorkflowRunRecord(
@@ -194,12 +223,8 @@ class WorkflowRun:
             steps=[ChainStep(index=i, step_id=s.id, group=s.group) for i, s in enumerate(chain, 1)],
         )
         try:
-            lock = workflow_run_lock(
-                self.workflow_dir,
-                exclusive=True,
-                owner=f"sandbox workflow test run {layout.run_id}",
-            )
-        except LockHeldError as exc:
+            lock = self._lock(layout)
+        except RefusedError as exc:
             self._make_root(layout)
             return self._finish(layout, record, RunStatus.REFUSED, str(exc), skip=str(exc))
         with lock:
@@ -207,7 +232,7 @@ class WorkflowRun:
             write_workflow_record(layout.root, record)
             self._emit("workflow_start", record, total=len(chain))
             try:
-                return self._run_chain(backend, layout, record, chain, runs, inputs)
+                return self._run_chain(layout, record, chain, run_step)
             except (RunInterrupted, KeyboardInterrupt):
                 why = "the run was cancelled" if self.stop.requested else "the runner was stopped"
                 return self._end_early(layout, record, RunStatus.KILLED, why)
@@ -238,19 +263,17 @@ class WorkflowRun:
 
     def _run_chain(
         self,
-        backend: Backend,
         layout: WorkflowRunLayout,
         record: WorkflowRunRecord,
         chain: list[Step],
-        runs: list[TestRun],
-        inputs: list[StepInputs],
+        run_step: StepRunner,
     ) -> WorkflowRunRecord:
         # Looked up once, under the lock; what each step leaves is carried from then on.
         carried_db = find_workflow_db(self.workflow_dir)
         carried_groups: dict[str, Path | None] = {}
         first_baseline: Path | None = None
         stopped = ""  # why the rest of the chain does not run
-        for index, (step, run, step_inputs) in enumerate(zip(chain, runs, inputs, strict=True), 1):
+        for index, step in enumerate(chain, 1):
             entry = record.steps[index - 1]
             if stopped:
                 entry.status, entry.reason = StepState.SKIPPED, stopped
@@ -261,15 +284,22 @@ class WorkflowRun:
                 carried_groups[step.group] = newest_real_run(self.workflow_dir, step.group)
             seed = Seed(group=carried_groups[step.group], db=carried_db)
             make_private_dir(step_layout.root)
-            step_record = run.new_record(
-                backend, step_inputs, step_layout, workflow_run_id=layout.run_id
-            )
-            entry.status, entry.run_id = StepState.RUNNING, step_record.id
-            entry.record = str(step_layout.record.relative_to(layout.root))
-            entry.started_at = step_record.started_at
-            record.current_step = step.id
-            write_workflow_record(layout.root, record)
-            step_record = run.run_held(backend, step_inputs, step_layout, step_record, seed)
+
+            def started(
+                run_id: str,
+                at: datetime,
+                entry: ChainStep = entry,
+                path: str = str(step_layout.record.relative_to(layout.root)),
+            ) -> None:
+                """The step's run began: the chain's record names it before it runs."""
+                entry.status, entry.run_id = StepState.RUNNING, run_id
+                entry.record = path
+                entry.started_at = at
+                record.current_step = entry.step_id
+                write_workflow_record(layout.root, record)
+
+            place = StepPlace(index, len(chain), step, step_layout, layout.run_id)
+            step_record = run_step(place, seed, started)
             _fold(entry, step_record)
             record.stubbed, record.stubbed_cut = stubgroups.merge(
                 (e.step_id, e.stubbed, e.stubbed_cut) for e in record.steps

@@ -43,6 +43,7 @@ def _sandbox(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     )
 
 
+@pytest.mark.parametrize("command", [["run"], ["verify"], ["run-workflow"]])
 @pytest.mark.parametrize(
     ("option", "flag"),
     [
@@ -51,12 +52,13 @@ def _sandbox(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     ],
 )
 def test_run_options_the_fleet_does_not_carry_are_refused_before_submitting(
-    tmp_path: Path, option: list[str], flag: str
+    tmp_path: Path, command: list[str], option: list[str], flag: str
 ) -> None:
     wf = write_workflow(tmp_path)
     before = tree_digest(wf)
     host = _scheduler_host(tmp_path)
-    done = _sandbox("run", str(wf), "step1", "--host-config", str(host), "--json", *option)
+    step = [] if command == ["run-workflow"] else ["step1"]
+    done = _sandbox(*command, str(wf), *step, "--host-config", str(host), "--json", *option)
     assert done.returncode == ExitCode.CONFIG, done.stderr
     message = json.loads(done.stderr)["error"]["message"]
     assert flag in message and "scheduler" in message
@@ -89,11 +91,33 @@ def test_the_gvisor_wall_is_refused_on_the_fleet_with_why_before_submitting(
     assert tree_digest(wf) == before
 
 
-def test_a_chain_with_the_scheduler_placement_is_refused_not_run_on_this_host(
+def test_a_replay_is_refused_on_the_fleet_not_dropped(tmp_path: Path) -> None:
+    wf = write_workflow(tmp_path)
+    host = _scheduler_host(tmp_path)
+    for command in ("run", "verify"):
+        argv = [command, str(wf), "step1", "--host-config", str(host), "--json"]
+        done = _sandbox(*argv, "--replay", "test-x")
+        assert done.returncode == ExitCode.CONFIG, done.stderr
+        assert "--replay" in json.loads(done.stderr)["error"]["message"]
+
+
+def test_a_chain_verification_with_the_scheduler_placement_is_refused_not_run_on_this_host(
     tmp_path: Path,
 ) -> None:
     wf = write_workflow(tmp_path)
+    expectations = tmp_path / "expect.toml"
+    expectations.write_text("")
     host = _scheduler_host(tmp_path)
-    done = _sandbox("run-workflow", str(wf), "--host-config", str(host))
+    done = _sandbox("verify-workflow", str(wf), str(expectations), "--host-config", str(host))
     assert done.returncode == ExitCode.CONFIG, (done.stdout, done.stderr)
-    assert "placement = 'scheduler'" in done.stderr
+    assert "placement = 'scheduler'" in done.stderr and "verify-workflow" in done.stderr
+
+
+def test_verify_on_the_fleet_parses_the_expectations_before_submitting(tmp_path: Path) -> None:
+    """As on one host: a step without expectations is a config error, and no Job is
+    submitted (the host config's kubeconfig does not even exist)."""
+    wf = write_workflow(tmp_path)
+    host = _scheduler_host(tmp_path)
+    done = _sandbox("verify", str(wf), "step1", "--host-config", str(host), "--json")
+    assert done.returncode == ExitCode.CONFIG, done.stderr
+    assert "no expectations" in json.loads(done.stderr)["error"]["message"]

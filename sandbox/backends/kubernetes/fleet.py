@@ -27,7 +27,7 @@ import contextlib
 import re
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from sandbox.contracts import names
 from sandbox.contracts.config import load_workflow
 from sandbox.contracts.errors import ConfigError, EngineError, RefusedError
 from sandbox.contracts.hostconfig import BackendConfig
+from sandbox.contracts.options import RunOptions
 from sandbox.contracts.record import TestRunRecord, read_record
 from sandbox.contracts.settings import runner_settings as runner_settings_of_this_host
 from sandbox.launch.runtime import POD_RUNSC_REFUSAL
@@ -58,6 +59,33 @@ RUNNER_DEADLINE_S = 6 * 3600  # a Job whose runner hangs still ends
 RUNNER_GRACE_S = 60  # the runner's clean-up after SIGTERM (the run's Pod, its mounts)
 RUN_ID = re.compile(r"^test-[0-9A-Za-z_-]{1,80}$")
 WATCH_CHUNK_S = 10
+
+
+# RunOptions a runner Job does not carry (the runner runs the step with the
+# workflow's own settings), by the command-line flag that sets them.
+NOT_CARRIED = {
+    "timeout_s": "--timeout",
+    "upstream_bridge": "--upstream-bridge",
+    "upstream_networks": "--upstream-network",
+    "allow_hosts": "--allow-host",
+    "canary": "--canary",
+    "canary6": "a canary",
+    "step_runtime": "--step-runtime",
+    "replay": "--replay",
+}
+
+
+def refuse_not_carried(options: RunOptions) -> None:
+    """ConfigError naming every option set that a runner Job would drop; the gVisor
+    wall with the reason no Pod can have it (`POD_RUNSC_REFUSAL`)."""
+    if options.step_runtime == "runsc":
+        raise ConfigError(POD_RUNSC_REFUSAL)
+    asked = [flag for name, flag in NOT_CARRIED.items() if getattr(options, name)]
+    if asked:
+        raise ConfigError(
+            f"{', '.join(asked)}: not carried to a run the scheduler places "
+            "(placement = 'scheduler'); set it in the workflow, or run on this host"
+        )
 
 
 def claim_path(settings: BackendConfig, workflow_dir: Path) -> str:
@@ -116,10 +144,13 @@ def job_manifest(
     *,
     env: dict[str, str] | None = None,
     host_network: bool = False,
+    runner_args: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """The Job of one run (pure). `env` and `host_network` (added to the settings'
-    `runner_api_server` and `runner_host_network`) are for clusters whose Pods reach
-    the API server only through the node (the local test cluster)."""
+    """The Job of one run (pure). `runner_args`: what the runner does besides running
+    the step (`fleetrunner`'s options: `--verify`, a chain's step). `env` and
+    `host_network` (added to the settings' `runner_api_server` and
+    `runner_host_network`) are for clusters whose Pods reach the API server only
+    through the node (the local test cluster)."""
     if settings.placement != "scheduler" or settings.runner_image is None:
         raise ConfigError("a Job of the fleet needs placement = 'scheduler' and runner_image")
     labels = {LABEL_FLEET: "true", LABEL_JOB: name}
@@ -155,6 +186,7 @@ def job_manifest(
                     "sandbox.backends.kubernetes.fleetrunner",
                     workflow,
                     step_id,
+                    *runner_args,
                 ],
                 "env": container_env,
                 # Loop devices and mounts, as the root runner on a host; the run's own
@@ -213,12 +245,19 @@ class FleetRun:
         api: Any = None,
         env: dict[str, str] | None = None,
         host_network: bool = False,
+        runner_args: Sequence[str] = (),
     ) -> FleetRun:
         workflow = claim_path(settings, workflow_dir)
         _refuse_runsc(Path(workflow_dir))
         name = f"sandbox-run-{secrets.token_hex(5)}"
         manifest = job_manifest(
-            settings, workflow, step_id, name, env=env, host_network=host_network
+            settings,
+            workflow,
+            step_id,
+            name,
+            env=env,
+            host_network=host_network,
+            runner_args=runner_args,
         )
         api = api if api is not None else connect(settings)
         run = cls(api, settings, Path(workflow_dir).absolute(), name)

@@ -79,6 +79,7 @@ class WorkflowLease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lost: str | None = None
+        self._joined = False
 
     def _body(self, now: datetime, version: str | None = None) -> dict[str, Any]:
         metadata: dict[str, Any] = {
@@ -112,6 +113,35 @@ class WorkflowLease:
         self._thread = threading.Thread(target=self._renew, name="lease renew", daemon=True)
         self._thread.start()
 
+    def join(self) -> None:
+        """Share the Lease its holder (this identity) took: a chain's step runner under
+        its chain's Lease. Refused unless the Lease is live and that holder's; renewed
+        meanwhile (so a step outlives a controller that died only with the Lease
+        held), and left, never deleted, by `release()`: the holder deletes it."""
+        now = datetime.now(UTC)
+        try:
+            lease = self.coordination.read_namespaced_lease(self.name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise RefusedError(
+                    f"workflow {self.workflow}: the Lease of {self.holder} is gone "
+                    "(its chain ended or its controller stopped renewing it)"
+                ) from None
+            raise EngineError(f"reading the workflow's Lease: {api_reason(exc)}") from None
+        spec = lease.spec
+        renewed = _parse(spec.renew_time) or _parse(spec.acquire_time)
+        duration = spec.lease_duration_seconds or self.duration_s
+        live = renewed is not None and renewed + timedelta(seconds=duration) > now
+        if spec.holder_identity != self.holder or not live:
+            raise LeaseHeldError(
+                self.workflow,
+                f"{spec.holder_identity or 'nobody'}, not {self.holder}",
+                renewed.isoformat() if renewed else "never",
+            )
+        self._joined = True
+        self._thread = threading.Thread(target=self._renew, name="lease renew", daemon=True)
+        self._thread.start()
+
     def _take_over(self, now: datetime) -> None:
         try:
             lease = self.coordination.read_namespaced_lease(self.name, self.namespace)
@@ -141,10 +171,11 @@ class WorkflowLease:
                 lease.spec.renew_time = datetime.now(UTC)
                 self.coordination.replace_namespaced_lease(self.name, self.namespace, lease)
             except ApiException as exc:
-                if exc.status in (404, 409):
+                if exc.status == 404:
                     self._lost = api_reason(exc)
                     return
-                # A passing API error: the next renewal tries again within the duration.
+                # A passing API error, or a renewal that raced another one (the holder's
+                # and a joined step runner's): the next read says whose it is.
 
     @property
     def lost(self) -> str | None:
@@ -155,6 +186,8 @@ class WorkflowLease:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self._joined:
+            return  # the holder deletes it
         with contextlib.suppress(ApiException):
             lease = self.coordination.read_namespaced_lease(self.name, self.namespace)
             if lease.spec.holder_identity != self.holder:

@@ -1,0 +1,282 @@
+"""`run-workflow` and `verify` with the scheduler placement: each step its own runner Job.
+
+The controller is the command line in its own process (as a controller starts it):
+it sequences the chain on the claim and submits each step as a Job the scheduler
+places; the chain's state (the DB copy, the group folders) lives on the claim, so a
+step placed on the other node still sees what the step before it wrote. Which node
+may take a step is forced by cordoning the other one, as `kubectl cordon` does.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from sandbox.contracts.hostconfig import BackendConfig
+from sandbox.contracts.record import RunStatus, read_record
+from sandbox.contracts.workflow_record import StepState, WorkflowRunRecord
+from sandbox.hostfs import hostmount
+from tests.conftest import tree_digest, write_workflow
+from tests.kubernetes.cluster import Cluster
+from tests.kubernetes.pods import no_pods_or_secrets
+from tests.kubernetes.test_fleet import (  # noqa: F401 (fixtures)
+    RUN_DEADLINE_S,
+    _cli_host_config,
+    _no_jobs_left,
+    _sandbox_cli,
+    _step_of_a_run_running_on,
+    cleanup_jobs,
+    fleet_namespace,
+    fleet_settings,
+    runner_image,
+)
+from tests.kubernetes.test_storage_claim import claim  # noqa: F401 (a fixture)
+from tests.kubernetes.test_two_nodes import only_schedulable
+
+pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
+
+PICK = """\
+import os, pathlib, sqlite3
+db = sqlite3.connect(os.environ["DB_PATH"])
+db.execute("INSERT INTO t VALUES (2, 'claimed by pick')")
+db.commit()
+pathlib.Path("note.txt").write_text("from pick")
+"""
+
+SUBMIT = """\
+import os, pathlib, sqlite3
+db = sqlite3.connect(os.environ["DB_PATH"])
+row = db.execute("SELECT v FROM t WHERE id = 2").fetchone()
+assert row == ("claimed by pick",), row
+assert pathlib.Path("note.txt").read_text() == "from pick"
+assert pathlib.Path("earlier.txt").read_text() == "real run"
+db.execute("INSERT INTO t VALUES (3, 'submitted')")
+db.commit()
+pathlib.Path("proposal.txt").write_text("submitted")
+"""
+
+HOLD = """\
+import time
+print("holding", flush=True)
+time.sleep(240)  # the chain is stopped long before
+"""
+
+
+def _chain(root: Path, steps: dict[str, str], expect: str = "") -> Path:
+    """A workflow whose steps (in this order, one group `g`) run these Python bodies
+    (each with the `expect` tables after it), with a DB of one row and a real run whose
+    `g` folder holds `earlier.txt`."""
+    wf = write_workflow(root, command="true", earlier_files={"earlier.txt": "real run"})
+    toml = ['name = "wf"']
+    for step_id, body in steps.items():
+        (wf / "code" / f"{step_id}.py").write_text(body)
+        toml.append(
+            textwrap.dedent(
+                f"""\
+                [[steps]]
+                id = "{step_id}"
+                group = "g"
+                command = ["python3", "/workflow/code/{step_id}.py"]
+                timeout_s = 300
+                """
+            )
+            + expect
+        )
+    (wf / "workflow.toml").write_text("\n".join(toml))
+    return wf
+
+
+def _lines(proc: subprocess.Popen[str]) -> Iterator[dict[str, Any]]:
+    """The command's JSON lines as it prints them (it ends: the lines end)."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        yield json.loads(line)
+
+
+def test_a_chain_whose_steps_land_on_different_nodes_carries_its_db_copy_and_group_folder(
+    tmp_path: Path,
+    kube_cluster: Cluster,
+    kube_core: Any,
+    kube_api: Any,
+    fleet_settings: BackendConfig,  # noqa: F811
+    cleanup_jobs: None,  # noqa: F811
+) -> None:
+    """`sandbox run-workflow` on the fleet: step `pick` may land on the first node only,
+    then (once it was placed) step `submit` on the second only. `submit` sees the row
+    `pick` wrote into the chain's DB copy and the file it left in the group folder; the
+    records the controller reads name both nodes; the real workflow is unchanged."""
+    assert fleet_settings.claim_root is not None
+    wf = _chain(Path(fleet_settings.claim_root), {"pick": PICK, "submit": SUBMIT})
+    real_db = (wf / "db" / "db.sqlite").read_bytes()
+    before = tree_digest(wf)
+    host = _cli_host_config(tmp_path, kube_cluster, fleet_settings)
+    first, second = kube_cluster.node_names
+    argv = ["run-workflow", str(wf), "--backend", "kubernetes", "--host-config", str(host)]
+    events: list[dict[str, Any]] = []
+    with only_schedulable(kube_core, first, kube_cluster.node_names):
+        proc = _sandbox_cli(*argv, "--follow", "--json")
+        lines = _lines(proc)
+        for line in lines:
+            events.append(line)
+            if line.get("kind") == "placed":
+                break
+    with only_schedulable(kube_core, second, kube_cluster.node_names):
+        events.extend(lines)
+        out, err = proc.communicate(timeout=RUN_DEADLINE_S)
+    assert proc.returncode == 0, (events[-3:], out, err)
+    *events, last = events
+    chain = WorkflowRunRecord.model_validate(last)
+    assert chain.status is RunStatus.PASSED, chain.reason
+    placed = [(e["index"], e["step_id"], e["node"]) for e in events if e["kind"] == "placed"]
+    assert placed == [(1, "pick", first), (2, "submit", second)]
+
+    # The records the controller reads from the claim: each step's names its node.
+    root = wf / "runs" / chain.id
+    steps = {e.step_id: e for e in chain.steps}
+    assert [e.status for e in chain.steps] == [StepState.PASSED, StepState.PASSED]
+    pick = read_record(root / Path(str(steps["pick"].record)).parent)
+    submit = read_record(root / Path(str(steps["submit"].record)).parent)
+    assert (pick.node, submit.node) == (first, second)
+    assert pick.workflow_run_id == submit.workflow_run_id == chain.id
+    # What the chain carried: the last step's DB copy and group folder.
+    assert chain.db is not None and chain.groups["g"]
+    con = sqlite3.connect(root / chain.db)
+    assert con.execute("SELECT id, v FROM t ORDER BY id").fetchall() == [
+        (1, "one"),
+        (2, "claimed by pick"),
+        (3, "submitted"),
+    ]
+    con.close()
+    group = root / chain.groups["g"]
+    assert (group / "note.txt").read_text() == "from pick"
+    assert (group / "proposal.txt").read_text() == "submitted"
+    assert chain.db_diff is not None
+    # The real workflow folder and DB, byte for byte.
+    assert tree_digest(wf) == before
+    assert (wf / "db" / "db.sqlite").read_bytes() == real_db
+    assert not hostmount.mounts_below(wf)
+    _no_jobs_left(kube_api, fleet_settings.namespace)
+    no_pods_or_secrets(kube_core, fleet_settings.namespace)
+    leases = client.CoordinationV1Api(kube_api).list_namespaced_lease(fleet_settings.namespace)
+    assert [x.metadata.name for x in leases.items] == []
+
+
+def test_a_stopped_chain_on_the_fleet_records_killed_and_leaves_nothing_behind(
+    tmp_path: Path,
+    kube_cluster: Cluster,
+    kube_core: Any,
+    kube_api: Any,
+    fleet_settings: BackendConfig,  # noqa: F811
+    cleanup_jobs: None,  # noqa: F811
+) -> None:
+    """SIGTERM to `sandbox run-workflow` while its first step runs on a node: the
+    step's Job is deleted, its runner records the step `killed`, the chain's record
+    says `killed` with the rest skipped; the command prints it and exits 130, leaving
+    no Job, Pod, Secret or Lease."""
+    assert fleet_settings.claim_root is not None
+    wf = _chain(Path(fleet_settings.claim_root), {"hold": HOLD, "after": PICK})
+    before = tree_digest(wf)
+    host = _cli_host_config(tmp_path, kube_cluster, fleet_settings)
+    second = kube_cluster.node_names[1]
+    namespace = fleet_settings.namespace
+    argv = ["run-workflow", str(wf), "--backend", "kubernetes", "--host-config", str(host)]
+    with only_schedulable(kube_core, second, kube_cluster.node_names):
+        proc = _sandbox_cli(*argv, "--json")
+        try:
+            _step_of_a_run_running_on(kube_core, namespace, second)
+        except BaseException:
+            proc.kill()
+            proc.communicate()
+            raise
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=RUN_DEADLINE_S)
+    assert proc.returncode == 130, (out, err)
+    chain = WorkflowRunRecord.model_validate_json(out.splitlines()[-1])
+    assert chain.status is RunStatus.KILLED, chain.reason
+    assert [e.status for e in chain.steps] == [StepState.KILLED, StepState.SKIPPED]
+    on_claim = WorkflowRunRecord.model_validate_json(
+        (wf / "runs" / chain.id / "test_mode.json").read_text()
+    )
+    assert on_claim.status is RunStatus.KILLED
+    step = read_record(wf / "runs" / chain.id / Path(str(chain.steps[0].record)).parent)
+    assert step.status is RunStatus.KILLED
+    assert tree_digest(wf) == before
+    _no_jobs_left(kube_api, namespace)
+    no_pods_or_secrets(kube_core, namespace)
+    leases = client.CoordinationV1Api(kube_api).list_namespaced_lease(namespace).items
+    assert [x.metadata.name for x in leases] == []
+
+
+GOOD = """\
+import os, sqlite3
+db = sqlite3.connect(os.environ["DB_PATH"])
+db.execute("INSERT INTO t VALUES (5, 'verified')")
+db.commit()
+"""
+
+BAD = """\
+raise SystemExit(3)
+"""
+
+INSERTS_ROW_5 = """\
+[[steps.expect]]
+name = "inserts row 5"
+kind = "db"
+table = "t"
+where = { id = 5 }
+count = 1
+"""
+
+
+def test_verify_on_the_fleet_writes_the_verdict_on_the_claim_and_the_controller_reads_it(
+    tmp_path: Path,
+    kube_cluster: Cluster,
+    kube_core: Any,
+    kube_api: Any,
+    fleet_settings: BackendConfig,  # noqa: F811
+    cleanup_jobs: None,  # noqa: F811
+) -> None:
+    """`sandbox verify` on the fleet: the runner (on the node the scheduler picked)
+    judges the run and writes the verification beside its record and into the
+    workflow's history on the claim; the command prints what it reads there. A good
+    step verifies (exit 0); a step that fails is not verified (exit 1), and the gate
+    holds it back."""
+    assert fleet_settings.claim_root is not None
+    wf = _chain(Path(fleet_settings.claim_root), {"good": GOOD, "bad": BAD}, INSERTS_ROW_5)
+    before = tree_digest(wf)
+    host = _cli_host_config(tmp_path, kube_cluster, fleet_settings)
+    first = kube_cluster.node_names[0]
+    verdicts = {}
+    with only_schedulable(kube_core, first, kube_cluster.node_names):
+        for step in ("good", "bad"):
+            argv = ["verify", str(wf), step, "--host-config", str(host), "--json"]
+            proc = _sandbox_cli(*argv)
+            out, err = proc.communicate(timeout=RUN_DEADLINE_S)
+            assert out, (step, proc.returncode, err)
+            verdicts[step] = (proc.returncode, json.loads(out.splitlines()[-1]), err)
+    code, good, err = verdicts["good"]
+    assert code == 0 and good["passed"] is True, (good, err)
+    code, bad, err = verdicts["bad"]
+    assert code == 1 and bad["passed"] is False, (bad, err)
+    for verdict in (good, bad):
+        run_root = wf / "runs" / verdict["run_id"]
+        on_claim = json.loads((run_root / "verification.json").read_text())
+        assert on_claim["run_id"] == verdict["run_id"] and on_claim["passed"] == verdict["passed"]
+        assert read_record(run_root).node == first
+    history = (wf / "runs" / "test-verifications" / "verifications.jsonl").read_text()
+    assert good["run_id"] in history and bad["run_id"] in history
+    gate = _sandbox_cli("gate", str(wf), "bad", "--json")
+    out, err = gate.communicate(timeout=120)
+    assert gate.returncode == 1 and json.loads(out)["ok"] is False, (out, err)
+    assert tree_digest(wf) == before
+    _no_jobs_left(kube_api, fleet_settings.namespace)
+    no_pods_or_secrets(kube_core, fleet_settings.namespace)
