@@ -35,7 +35,8 @@ def _settings(root: Path) -> BackendConfig:
         (RunOptions(timeout_s=5), "--timeout"),
         (RunOptions(allow_hosts=("example.org",)), "--allow-host"),
         (RunOptions(upstream_networks=("net",)), "--upstream-network"),
-        (RunOptions(step_runtime="runsc"), "--step-runtime"),
+        (RunOptions(step_runtime="runc"), "--step-runtime"),
+        (RunOptions(step_runtime="runsc"), "gVisor"),
     ],
 )
 def test_options_a_runner_job_drops_are_refused(
