@@ -316,7 +316,8 @@ def runner_role(namespace: str, service_account: str = "sandbox-runner") -> list
         {
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
-            "verbs": ["create", "get", "update", "delete"],
+            # list: the normal runs' shared Leases a test run must not start beside
+            "verbs": ["create", "get", "list", "update", "delete"],
         },
     ]
     return [
@@ -345,3 +346,20 @@ def runner_role(namespace: str, service_account: str = "sandbox-runner") -> list
             ],
         },
     ]
+
+
+def run_pod_budget(namespace: str) -> dict[str, Any]:
+    """The PodDisruptionBudget an operator applies once per namespace: no run's Pod is
+    evicted on its own (`kubectl drain` waits); a drain evicts the runner's Pod, whose
+    runner ends the run `killed` and deletes the run's Pod itself within its grace
+    period (docs/guides/fleet.md). The runner's Pod has no budget: a drain never waits
+    on a run longer than that grace period."""
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "sandbox-run-pods", "namespace": namespace},
+        "spec": {
+            "maxUnavailable": 0,
+            "selector": {"matchLabels": {names.LABEL_MANAGED: "true"}},
+        },
+    }
