@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, watch
+from kubernetes import client, dynamic, watch
 
 from sandbox.backends.choose import collect_cluster
 from sandbox.backends.docker.gc import GcReport
@@ -94,8 +94,12 @@ def fleet_namespace(kube_api: Any, kube_namespace: str) -> str:
     core.create_namespaced_service_account(kube_namespace, account)
     rbac.create_namespaced_role(kube_namespace, role)
     rbac.create_namespaced_role_binding(kube_namespace, binding)
-    budget = fleet.run_pod_budget(kube_namespace)
-    client.PolicyV1Api(kube_api).create_namespaced_pod_disruption_budget(kube_namespace, budget)
+    # The local cluster's Kubernetes (1.20) serves the budget as policy/v1beta1.
+    budget = fleet.run_pod_budget(kube_namespace, "policy/v1beta1")
+    budgets = dynamic.DynamicClient(kube_api).resources.get(
+        api_version=budget["apiVersion"], kind=budget["kind"]
+    )
+    budgets.create(body=budget, namespace=kube_namespace)
     return kube_namespace
 
 

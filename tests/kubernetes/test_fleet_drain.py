@@ -45,7 +45,12 @@ pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
 
 def _evict(core: Any, namespace: str, name: str) -> str:
     """One eviction through the Eviction API: `evicted`, `refused` (429: a budget) or `gone`."""
-    body = client.V1Eviction(metadata=client.V1ObjectMeta(name=name, namespace=namespace))
+    # policy/v1beta1: the local cluster's Kubernetes (1.20), as its kubectl drain sends it
+    body = client.V1Eviction(
+        api_version="policy/v1beta1",
+        kind="Eviction",
+        metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+    )
     try:
         core.create_namespaced_pod_eviction(name, namespace, body)
     except ApiException as exc:

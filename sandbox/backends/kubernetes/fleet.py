@@ -39,6 +39,7 @@ from sandbox.contracts.errors import ConfigError, EngineError, RefusedError
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import TestRunRecord, read_record
 
+from .lease import drop_job_start
 from .podrun import api_reason, connect
 
 RUNNER_CLAIM_ROOT = "/claim"  # where the runner's Pod mounts the claim
@@ -181,6 +182,7 @@ class FleetRun:
         self.batch = client.BatchV1Api(api)
         self.core = client.CoreV1Api(api)
         self.node: str | None = None
+        self.runner_pod: str | None = None  # the Job's first Pod: the run's runner
         self.run_id: str | None = None
         self.refused: str | None = None  # why the runner refused to start the run
 
@@ -212,7 +214,8 @@ class FleetRun:
         pods = self.core.list_namespaced_pod(
             self.settings.namespace, label_selector=f"{LABEL_JOB}={self.name}"
         ).items
-        return pods[0] if pods else None
+        first = [p for p in pods if p.metadata.name == self.runner_pod]
+        return (first or sorted(pods, key=lambda p: p.metadata.creation_timestamp) or [None])[0]
 
     def wait(
         self, timeout_s: float, on_event: Callable[[str, dict[str, Any]], None] | None = None
@@ -231,6 +234,10 @@ class FleetRun:
                     timeout_seconds=int(min(WATCH_CHUNK_S, max(1, deadline - time.monotonic()))),
                 ):
                     pod = event["object"]
+                    if self.runner_pod is None:
+                        self.runner_pod = pod.metadata.name
+                    if pod.metadata.name != self.runner_pod:
+                        continue  # a Pod the Job made again after an eviction: it refuses
                     self._note_run_id(pod)
                     if pod.spec.node_name and self.node is None:
                         self.node = pod.spec.node_name
@@ -289,6 +296,7 @@ class FleetRun:
             self.batch.delete_namespaced_job(
                 self.name, self.settings.namespace, propagation_policy="Foreground"
             )
+        drop_job_start(self.api, self.settings.namespace, self.name)
 
     def delete(self) -> None:
         """The finished Job removed (its Pod with it)."""
@@ -296,6 +304,7 @@ class FleetRun:
             self.batch.delete_namespaced_job(
                 self.name, self.settings.namespace, propagation_policy="Background"
             )
+        drop_job_start(self.api, self.settings.namespace, self.name)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -348,14 +357,15 @@ def runner_role(namespace: str, service_account: str = "sandbox-runner") -> list
     ]
 
 
-def run_pod_budget(namespace: str) -> dict[str, Any]:
+def run_pod_budget(namespace: str, api_version: str = "policy/v1") -> dict[str, Any]:
     """The PodDisruptionBudget an operator applies once per namespace: no run's Pod is
     evicted on its own (`kubectl drain` waits); a drain evicts the runner's Pod, whose
     runner ends the run `killed` and deletes the run's Pod itself within its grace
     period (docs/guides/fleet.md). The runner's Pod has no budget: a drain never waits
-    on a run longer than that grace period."""
+    on a run longer than that grace period. `api_version`: `policy/v1beta1` for a
+    cluster older than Kubernetes 1.21."""
     return {
-        "apiVersion": "policy/v1",
+        "apiVersion": api_version,
         "kind": "PodDisruptionBudget",
         "metadata": {"name": "sandbox-run-pods", "namespace": namespace},
         "spec": {

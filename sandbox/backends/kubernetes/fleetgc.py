@@ -30,7 +30,7 @@ from sandbox.contracts.names import LABEL_RUN_ID
 
 from .fleet import ANNOTATION_RUN_ID, ANNOTATION_WORKFLOW, LABEL_FLEET, LABEL_JOB, RUN_ID
 from .fleetclean import REMOVED_MARK, cleanup_job_manifest
-from .lease import lease_name
+from .lease import drop_job_start, lease_name
 
 CLEANUP_WAIT_S = 120.0  # gc waits this long for the nodes' cleanup Jobs, all together
 
@@ -81,6 +81,7 @@ def collect_fleet(api: Any, settings: BackendConfig, report: GcReport) -> None:
             job = (runner.metadata.labels or {}).get(LABEL_JOB)
             if job:
                 batch.delete_namespaced_job(job, namespace, propagation_policy="Background")
+                drop_job_start(api, namespace, job)
         except ApiException as exc:
             if exc.status != 404:
                 report.errors.append(f"cluster: fleet runner {runner.metadata.name}: {exc.reason}")

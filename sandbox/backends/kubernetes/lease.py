@@ -43,6 +43,59 @@ ANNOTATION_WORKFLOW = "sandbox.workflow"
 HOLDER_MAX = 250
 
 
+STARTED_PREFIX = "sandbox-started-"
+
+
+def started_name(job: str) -> str:
+    """The Lease that marks a fleet Job's run as started (`claim_job_start`)."""
+    return STARTED_PREFIX + job
+
+
+def claim_job_start(api: Any, namespace: str, pod_name: str) -> str | None:
+    """Mark this runner's Job as started; None when this Pod is the Job's first runner,
+    else why this one must not run. A Job replaces a Pod that is deleted (an eviction,
+    a drain) on some Kubernetes versions, whatever its `backoffLimit`: the replacement
+    finds the mark and refuses, so a run is never repeated behind the controller. The
+    mark is owned by the Job (the cluster deletes it with the Job); the controller and
+    `sandbox gc` delete it when they delete the Job."""
+    core = client.CoreV1Api(api)
+    try:
+        me = core.read_namespaced_pod(pod_name, namespace)
+    except ApiException as exc:
+        raise EngineError(f"reading the runner's own Pod: {api_reason(exc)}") from None
+    jobs = [o for o in me.metadata.owner_references or [] if o.kind == "Job"]
+    if not jobs:
+        return f"the runner's Pod {pod_name} belongs to no Job"
+    job = jobs[0]
+    body = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": started_name(job.name),
+            "ownerReferences": [
+                {"apiVersion": "batch/v1", "kind": "Job", "name": job.name, "uid": job.uid}
+            ],
+        },
+        "spec": {"holderIdentity": pod_name, "acquireTime": _micro(datetime.now(UTC))},
+    }
+    try:
+        client.CoordinationV1Api(api).create_namespaced_lease(namespace, body)
+    except ApiException as exc:
+        if exc.status == 409:
+            return (
+                f"Job {job.name} already started its run (its first runner's Pod was evicted "
+                "or deleted): a run is never repeated"
+            )
+        raise EngineError(f"marking the Job started: {api_reason(exc)}") from None
+    return None
+
+
+def drop_job_start(api: Any, namespace: str, job: str) -> None:
+    """The Job's started mark deleted (gone already is fine)."""
+    with contextlib.suppress(ApiException):
+        client.CoordinationV1Api(api).delete_namespaced_lease(started_name(job), namespace)
+
+
 class LeaseHeldError(RefusedError):
     """The workflow's Leases refuse this taker: the message names the live holders."""
 
