@@ -215,7 +215,12 @@ class FleetRun:
             self.settings.namespace, label_selector=f"{LABEL_JOB}={self.name}"
         ).items
         first = [p for p in pods if p.metadata.name == self.runner_pod]
-        return (first or sorted(pods, key=lambda p: p.metadata.creation_timestamp) or [None])[0]
+        pod = (first or sorted(pods, key=lambda p: p.metadata.creation_timestamp) or [None])[0]
+        if pod is not None and self.runner_pod is None:
+            self.runner_pod = pod.metadata.name  # the runner this controller saw first
+        if pod is not None:
+            self._note_run_id(pod)
+        return pod
 
     def wait(
         self, timeout_s: float, on_event: Callable[[str, dict[str, Any]], None] | None = None
@@ -225,6 +230,8 @@ class FleetRun:
         deadline = time.monotonic() + timeout_s
         seen_phase = ""
         while time.monotonic() < deadline:
+            if self.runner_pod is not None and not self._exists(self.runner_pod):
+                return True  # ended and deleted (an eviction) between two watches
             w = watch.Watch()
             try:
                 for event in w.stream(
@@ -257,6 +264,15 @@ class FleetRun:
             finally:
                 w.stop()
         return False
+
+    def _exists(self, pod_name: str) -> bool:
+        try:
+            self.core.read_namespaced_pod(pod_name, self.settings.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise EngineError(f"reading the runner's Pod: {api_reason(exc)}") from None
+        return True
 
     def _note_run_id(self, pod: Any) -> None:
         """The run's id as the runner announced it on its Pod at the run's first event
