@@ -12,7 +12,8 @@ protocol: `lease.spec.md`). A Lease whose holder stopped renewing for its
 optimistic concurrency, a shared one is ignored and removed. Holders renew every
 third of the duration from a thread and delete their Lease when done (only their
 own: a delete preconditioned on its uid and resourceVersion). A holder that dies
-frees the workflow after the duration, never earlier.
+frees the workflow after the duration, never earlier. Apart from the lock, a Lease
+marks each fleet Job started (`claim_job_start`), so a Job never runs its run twice.
 """
 
 from __future__ import annotations
