@@ -285,6 +285,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             "--exclusive", action="store_true", help="hold the workflow alone (no run may start)"
         )
         lck.add_argument("--owner", default="", help="who holds it, as a refused run names it")
+        lck.add_argument(
+            "--host-config",
+            type=Path,
+            default=None,
+            help="the host's settings (TOML); on a fleet the lock is also the cluster's",
+        )
         _json(lck, "an error as one JSON object on stderr (stdout is the command's)")
         lck.add_argument("cmd", nargs="*", metavar="-- CMD [ARG ...]")
         lck.set_defaults(func=lock_cmd.cmd_lock)

@@ -100,6 +100,32 @@ def proc_status(pid: int) -> dict[str, str]:
     return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
 
 
+def node_mounts_of(cluster: Any, node: str, run_id: str) -> list[str]:
+    """The mount points in `node`'s mount namespace (its holder's) naming the run's
+    folder (as mount point or as the mounted folder's root)."""
+    holder_name = "namespaces" if node == cluster.node_name else f"namespaces-{node}"
+    (holder,) = [d for d in cluster.state.daemons if d.name == holder_name]
+    found = []
+    for line in Path(f"/proc/{holder.pid}/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if any(f"/{run_id}/" in f + "/" for f in fields[3:5]):
+            found.append(fields[4])
+    return found
+
+
+def loops_of(run_id: str) -> list[str]:
+    """The loop devices (one kernel for every node here) backed by a file of the run."""
+    found = []
+    for entry in Path("/sys/block").glob("loop*"):
+        try:
+            backing = (entry / "loop" / "backing_file").read_text()
+        except OSError:
+            continue
+        if f"/{run_id}/" in backing:
+            found.append(f"{entry.name}: {backing.strip()}")
+    return found
+
+
 def run_objects(core: Any, namespace: str) -> list[str]:
     """The names of the runs' Pods and Secrets left in the namespace."""
     selector = f"{names.LABEL_MANAGED}=true"

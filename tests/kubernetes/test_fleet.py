@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, watch
+from kubernetes import client, dynamic, watch
 
 from sandbox.backends.choose import collect_cluster
 from sandbox.backends.docker.gc import GcReport
@@ -35,7 +35,13 @@ from sandbox.hostfs import hostmount
 from tests.conftest import tree_digest, write_workflow
 from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.fleetparts import apply_runner_role, build_runner_image, local_api_env
-from tests.kubernetes.pods import no_pods_or_secrets, processes_of, run_objects
+from tests.kubernetes.pods import (
+    loops_of,
+    no_pods_or_secrets,
+    node_mounts_of,
+    processes_of,
+    run_objects,
+)
 from tests.kubernetes.test_storage_claim import claim  # noqa: F401 (a fixture)
 from tests.kubernetes.test_two_nodes import only_schedulable
 
@@ -52,9 +58,16 @@ def runner_image(kube_cluster: Cluster) -> str:
 
 @pytest.fixture
 def fleet_namespace(kube_api: Any, kube_namespace: str) -> str:
-    """The namespace with the runner's service account, Role and binding, as an
-    operator applies them (`fleet.runner_role`)."""
+    """The namespace with the runner's service account, Role and binding and the run
+    Pods' disruption budget, as an operator applies them (`fleet.runner_role`,
+    `fleet.run_pod_budget`)."""
     apply_runner_role(kube_api, kube_namespace)
+    # The local cluster's Kubernetes (1.20) serves the budget as policy/v1beta1.
+    budget = fleet.run_pod_budget(kube_namespace, "policy/v1beta1")
+    budgets = dynamic.DynamicClient(kube_api).resources.get(
+        api_version=budget["apiVersion"], kind=budget["kind"]
+    )
+    budgets.create(body=budget, namespace=kube_namespace)
     return kube_namespace
 
 
@@ -248,9 +261,10 @@ def test_a_runner_killed_on_its_node_is_recorded_killed_by_gc_from_the_controlle
     cleanup_jobs: None,
 ) -> None:
     """SIGKILL to every process of the runner's Pod (from the host, by the Pod's
-    cgroup): the Pod fails, the record on the claim still says `running`. `sandbox
-    gc` on the controller (no node) marks it `killed` and removes the run's Pod and
-    Secret, the dead runner's Lease and its Job."""
+    cgroup), as a node dying would: the Pod fails, the record on the claim still says
+    `running`, the step's disk and view stay mounted on the node. `sandbox gc` on the
+    controller (no node) marks it `killed`, removes the run's Pod and Secret, the dead
+    runner's Lease and its Job, and has its mounts and loop device removed on its node."""
     assert fleet_settings.claim_root is not None
     wf = write_workflow(
         Path(fleet_settings.claim_root),
@@ -265,7 +279,8 @@ def test_a_runner_killed_on_its_node_is_recorded_killed_by_gc_from_the_controlle
         run = _submit(kube_cluster, fleet_settings, wf, "step1")
         _step_running_on(kube_core, namespace, second_node, run)
     runner = run._pod()
-    assert (runner.metadata.annotations or {}).get(fleet.ANNOTATION_RUN_ID)
+    run_id = (runner.metadata.annotations or {}).get(fleet.ANNOTATION_RUN_ID)
+    assert run_id
     victims = processes_of(runner.metadata.uid, 0)
     assert victims
     for proc in victims:
@@ -274,11 +289,18 @@ def test_a_runner_killed_on_its_node_is_recorded_killed_by_gc_from_the_controlle
     run_dir = _the_run(wf)
     assert read_record(run_dir).status is RunStatus.RUNNING
     assert run_objects(kube_core, namespace)  # the run's Pod outlived its runner
+    # What the dead runner mounted stays on its node: the step's disk (on its loop
+    # device) and the workflow view, below the run folder.
+    left = node_mounts_of(kube_cluster, second_node, run_id)
+    assert any(line.endswith(f"{run_id}/.disk") for line in left), left
+    assert loops_of(run_id)
 
     report = GcReport()
     collect_cluster(fleet_settings, report)
     assert report.errors == []
     assert report.records_marked_killed == [str(run_dir)]
+    # Removed on the node by gc's cleanup Job pinned there, which gc waited for.
+    assert any(p.endswith(f"{run_id}/.disk") for p in report.mounts_removed), report
     record = read_record(run_dir)
     assert record.status is RunStatus.KILLED and "sandbox gc" in record.reason
     deadline = time.monotonic() + RUN_DEADLINE_S
@@ -289,7 +311,14 @@ def test_a_runner_killed_on_its_node_is_recorded_killed_by_gc_from_the_controlle
     assert [x.metadata.name for x in leases] == []
     batch = client.BatchV1Api(kube_api)
     while batch.list_namespaced_job(namespace).items:
-        assert time.monotonic() < deadline, "the dead runner's Job was not removed"
+        assert time.monotonic() < deadline, "the dead runner's or the cleanup's Job was left"
+        time.sleep(0.2)
+    # The loop device goes with the last user of its mount (the run's Pod, gone now).
+    while node_mounts_of(kube_cluster, second_node, run_id) or loops_of(run_id):
+        assert time.monotonic() < deadline, (
+            node_mounts_of(kube_cluster, second_node, run_id),
+            loops_of(run_id),
+        )
         time.sleep(0.2)
 
 

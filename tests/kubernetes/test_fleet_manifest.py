@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from sandbox.backends.kubernetes import fleet
+from sandbox.backends.kubernetes import fleet, fleetclean
 from sandbox.contracts import names
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.hostconfig import BackendConfig
@@ -98,3 +98,36 @@ def test_the_runner_api_settings_shape_the_job_and_stay_with_the_controller() ->
     for bad in ("127.0.0.1", "a b:1", "host:port"):
         with pytest.raises(ValidationError):
             _settings(runner_api_server=bad)
+
+
+def test_the_cleanup_job_is_pinned_to_the_dead_runners_node_and_holds_no_token() -> None:
+    """What `sandbox gc` submits for a dead runner: privileged on that node only (by
+    `nodeName`, so a cordoned node runs it), the claim as the runner mounts it (its
+    unmounts reach the node), no service-account token, a deadline."""
+    job = fleetclean.cleanup_job_manifest(
+        _settings(), "team/wf", "test-20260101-abc", "node-7", "sandbox-clean-x"
+    )
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["activeDeadlineSeconds"] == fleetclean.CLEANUP_DEADLINE_S
+    assert job["metadata"]["labels"] == {fleetclean.LABEL_CLEANUP: "test-20260101-abc"}
+    assert fleet.LABEL_FLEET not in job["spec"]["template"]["metadata"]["labels"]
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeName"] == "node-7"
+    assert pod["automountServiceAccountToken"] is False
+    assert "hostNetwork" not in pod and "hostPID" not in pod
+    (cleanup,) = pod["containers"]
+    assert cleanup["command"][-2:] == ["team/wf", "test-20260101-abc"]
+    assert cleanup["volumeMounts"] == [
+        {"name": "claim", "mountPath": "/claim", "mountPropagation": "Bidirectional"}
+    ]
+    assert "env" not in cleanup or all(e["name"] != fleet.SETTINGS_ENV for e in cleanup["env"])
+
+
+def test_the_run_pods_budget_refuses_every_eviction_of_a_runs_pod_only() -> None:
+    budget = fleet.run_pod_budget("runs")
+    assert budget["apiVersion"] == "policy/v1" and budget["kind"] == "PodDisruptionBudget"
+    assert budget["spec"]["maxUnavailable"] == 0
+    assert budget["spec"]["selector"] == {"matchLabels": {names.LABEL_MANAGED: "true"}}
+    job = fleet.job_manifest(_settings(), "team/wf", "step1", "sandbox-run-x")
+    runner_labels = job["spec"]["template"]["metadata"]["labels"]
+    assert names.LABEL_MANAGED not in runner_labels  # the runner's Pod: evicted by a drain

@@ -43,6 +43,7 @@ from sandbox.contracts.record import TestRunRecord, read_record
 from sandbox.contracts.settings import runner_settings as runner_settings_of_this_host
 from sandbox.launch.runtime import POD_RUNSC_REFUSAL
 
+from .lease import drop_job_start
 from .podrun import api_reason, connect
 
 RUNNER_CLAIM_ROOT = "/claim"  # where the runner's Pod mounts the claim
@@ -232,6 +233,7 @@ class FleetRun:
         self.batch = client.BatchV1Api(api)
         self.core = client.CoreV1Api(api)
         self.node: str | None = None
+        self.runner_pod: str | None = None  # the Job's first Pod: the run's runner
         self.run_id: str | None = None
         self.refused: str | None = None  # why the runner refused to start the run
 
@@ -271,7 +273,13 @@ class FleetRun:
         pods = self.core.list_namespaced_pod(
             self.settings.namespace, label_selector=f"{LABEL_JOB}={self.name}"
         ).items
-        return pods[0] if pods else None
+        first = [p for p in pods if p.metadata.name == self.runner_pod]
+        pod = (first or sorted(pods, key=lambda p: p.metadata.creation_timestamp) or [None])[0]
+        if pod is not None and self.runner_pod is None:
+            self.runner_pod = pod.metadata.name  # the runner this controller saw first
+        if pod is not None:
+            self._note_run_id(pod)
+        return pod
 
     def wait(
         self, timeout_s: float, on_event: Callable[[str, dict[str, Any]], None] | None = None
@@ -281,6 +289,8 @@ class FleetRun:
         deadline = time.monotonic() + timeout_s
         seen_phase = ""
         while time.monotonic() < deadline:
+            if self.runner_pod is not None and not self._exists(self.runner_pod):
+                return True  # ended and deleted (an eviction) between two watches
             w = watch.Watch()
             try:
                 for event in w.stream(
@@ -290,6 +300,10 @@ class FleetRun:
                     timeout_seconds=int(min(WATCH_CHUNK_S, max(1, deadline - time.monotonic()))),
                 ):
                     pod = event["object"]
+                    if self.runner_pod is None:
+                        self.runner_pod = pod.metadata.name
+                    if pod.metadata.name != self.runner_pod:
+                        continue  # a Pod the Job made again after an eviction: it refuses
                     self._note_run_id(pod)
                     if pod.spec.node_name and self.node is None:
                         self.node = pod.spec.node_name
@@ -309,6 +323,15 @@ class FleetRun:
             finally:
                 w.stop()
         return False
+
+    def _exists(self, pod_name: str) -> bool:
+        try:
+            self.core.read_namespaced_pod(pod_name, self.settings.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise EngineError(f"reading the runner's Pod: {api_reason(exc)}") from None
+        return True
 
     def _note_run_id(self, pod: Any) -> None:
         """The run's id as the runner announced it on its Pod at the run's first event
@@ -348,6 +371,7 @@ class FleetRun:
             self.batch.delete_namespaced_job(
                 self.name, self.settings.namespace, propagation_policy="Foreground"
             )
+        drop_job_start(self.api, self.settings.namespace, self.name)
 
     def delete(self) -> None:
         """The finished Job removed (its Pod with it)."""
@@ -355,6 +379,7 @@ class FleetRun:
             self.batch.delete_namespaced_job(
                 self.name, self.settings.namespace, propagation_policy="Background"
             )
+        drop_job_start(self.api, self.settings.namespace, self.name)
 
     def close(self) -> None:
         with contextlib.suppress(Exception):
@@ -375,7 +400,8 @@ def runner_role(namespace: str, service_account: str = "sandbox-runner") -> list
         {
             "apiGroups": ["coordination.k8s.io"],
             "resources": ["leases"],
-            "verbs": ["create", "get", "update", "delete"],
+            # list: the normal runs' shared Leases a test run must not start beside
+            "verbs": ["create", "get", "list", "update", "delete"],
         },
     ]
     return [
@@ -404,3 +430,21 @@ def runner_role(namespace: str, service_account: str = "sandbox-runner") -> list
             ],
         },
     ]
+
+
+def run_pod_budget(namespace: str, api_version: str = "policy/v1") -> dict[str, Any]:
+    """The PodDisruptionBudget an operator applies once per namespace: no run's Pod is
+    evicted on its own (`kubectl drain` waits); a drain evicts the runner's Pod, whose
+    runner ends the run `killed` and deletes the run's Pod itself within its grace
+    period (docs/guides/fleet.md). The runner's Pod has no budget: a drain never waits
+    on a run longer than that grace period. `api_version`: `policy/v1beta1` for a
+    cluster older than Kubernetes 1.21."""
+    return {
+        "apiVersion": api_version,
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": "sandbox-run-pods", "namespace": namespace},
+        "spec": {
+            "maxUnavailable": 0,
+            "selector": {"matchLabels": {names.LABEL_MANAGED: "true"}},
+        },
+    }

@@ -4,10 +4,12 @@ Started by `fleet.job_manifest` as `python3 -m sandbox.backends.kubernetes.fleet
 <workflow under the claim> <step> [options]`. Its settings come from the Job (the
 controller's, with the claim at `/claim` and in-cluster credentials), its node from
 the downward API: the run's Pod is pinned to this node, whose kernel holds the disk
-and view this runner mounts. Before the run it takes the workflow's Lease (`lease`):
-two runners on two nodes exclude each other as two runners of one host do. SIGTERM
-(the Job deleted) ends the run as `killed`, as it does for `sandbox run`. The last
-line names the run (or why it was refused), for the controller to read its record.
+and view this runner mounts. It first marks its Job started (a Pod the Job made
+again after an eviction refuses: a run is never repeated), then takes the workflow's
+Lease (`lease`): two runners on two nodes exclude each other as two runners of one
+host do. SIGTERM (the Job deleted, its Pod evicted) ends the run as `killed`, as it
+does for `sandbox run`. The last line names the run (or why it was refused), for
+the controller to read its record.
 
 What it does, one code path each as on a host:
 - a step's run (`TestRun.execute`);
@@ -54,7 +56,7 @@ from .fleet import (
     RUNNER_CLAIM_ROOT,
     SETTINGS_ENV,
 )
-from .lease import WorkflowLease
+from .lease import WorkflowLease, claim_job_start
 from .podrun import connect
 
 SEED_REAL = "real"  # the real DB / the newest real run of the step's group
@@ -91,6 +93,11 @@ def main(argv: list[str]) -> int:
     stopsignals.on_stop(signal.SIGTERM, RunInterrupted)
     api = connect(settings)
     pod = os.environ[POD_ENV]
+    repeated = claim_job_start(api, settings.namespace, pod)
+    if repeated is not None:
+        print(f"{REFUSED_MARK}{repeated}", flush=True)
+        api.close()
+        return 3
     lease = WorkflowLease(
         api, settings.namespace, rel.as_posix(), args.lease_holder if chained else pod
     )
