@@ -35,6 +35,7 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 
 from sandbox.contracts import names
+from sandbox.contracts.config import load_workflow
 from sandbox.contracts.errors import ConfigError, EngineError, RefusedError
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import TestRunRecord, read_record
@@ -72,6 +73,22 @@ def claim_path(settings: BackendConfig, workflow_dir: Path) -> str:
     if not rel.parts or ".." in rel.parts:
         raise ConfigError(f"{workflow_dir}: not a folder under the claim's root")
     return rel.as_posix()
+
+
+def refuse_what_a_pod_cannot_hold(workflow_dir: Path, step_id: str) -> None:
+    """Refused before any Job exists, from the controller's view of the workflow: a
+    step it does not have, and `[bridge] networks` (Docker networks: a run's Pod
+    reaches its upstream through the Pod network, so the guard would run without
+    them). Stdio MCP servers are not refused: they run as containers of the run's
+    Pod, on the runner's node."""
+    workflow = load_workflow(workflow_dir)
+    workflow.step(step_id)
+    if workflow.bridge.networks:
+        raise ConfigError(
+            f"[bridge] networks = {workflow.bridge.networks}: Docker networks, which a run "
+            "the scheduler places has none of; name the upstream in [bridge] upstream by an "
+            "address the cluster's Pods reach (a Service name or an IP address)"
+        )
 
 
 def runner_settings(settings: BackendConfig) -> BackendConfig:
@@ -196,6 +213,7 @@ class FleetRun:
         host_network: bool = False,
     ) -> FleetRun:
         workflow = claim_path(settings, workflow_dir)
+        refuse_what_a_pod_cannot_hold(Path(workflow_dir), step_id)
         name = f"sandbox-run-{secrets.token_hex(5)}"
         manifest = job_manifest(
             settings, workflow, step_id, name, env=env, host_network=host_network
