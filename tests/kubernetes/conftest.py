@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from sandbox.contracts.hostconfig import BackendConfig
 from tests.kubernetes.cluster import (
     KUBELET_SYSCTLS,
     PRIVATE_PATHS,
+    REPO_ROOT,
     SECCOMP_DIR,
     Cluster,
     stop_orphans,
@@ -37,6 +39,8 @@ from tests.kubernetes.cluster import (
 from tests.kubernetes.pods import namespace_of_its_own
 
 HERE = Path(__file__).resolve().parent
+RUNNER_IMAGE = f"sandbox-runner:{names.IMAGE_TAG}"
+WHEELS = REPO_ROOT / "build" / "wheels" / "runner"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -144,3 +148,41 @@ def node_dir(kube_cluster: Cluster) -> Iterator[Path]:
     path.mkdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def runner_image(kube_cluster: Cluster) -> str:
+    """The runner image, built from the guard image and loaded on both nodes."""
+    if not any(WHEELS.glob("kubernetes-*.whl")):
+        WHEELS.mkdir(parents=True, exist_ok=True)
+        pip = [str(Path(sys.executable).parent / "pip"), "wheel", "--quiet", "-w", str(WHEELS)]
+        subprocess.run([*pip, "kubernetes>=29,<38"], check=True, timeout=300)
+    context = REPO_ROOT / "build" / "runner-context"
+    shutil.rmtree(context, ignore_errors=True)
+    context.mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "images" / "runner" / "Dockerfile", context / "Dockerfile")
+    shutil.copytree(WHEELS, context / "wheels")
+    subprocess.run(
+        [
+            "docker",
+            "build",
+            "--quiet",
+            "--build-arg",
+            f"GUARD_IMAGE={names.GUARD_IMAGE}",
+            "-t",
+            RUNNER_IMAGE,
+            str(context),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    shutil.rmtree(context, ignore_errors=True)
+    kube_cluster.load_docker_images(RUNNER_IMAGE)
+    return RUNNER_IMAGE
+
+
+@pytest.fixture(scope="session")
+def mcp_image(kube_cluster: Cluster) -> None:
+    """The stdio MCP servers' image, loaded on both nodes."""
+    kube_cluster.load_docker_images(names.MCP_IMAGE)

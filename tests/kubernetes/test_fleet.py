@@ -13,7 +13,6 @@ loopback address (what a real cluster's Service does for in-cluster clients).
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -34,48 +33,14 @@ from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import RunStatus, read_record
 from sandbox.hostfs import hostmount
 from tests.conftest import tree_digest, write_workflow
-from tests.kubernetes.cluster import REPO_ROOT, Cluster
+from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.pods import no_pods_or_secrets, processes_of, run_objects
 from tests.kubernetes.test_storage_claim import claim  # noqa: F401 (a fixture)
 from tests.kubernetes.test_two_nodes import only_schedulable
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
 
-RUNNER_IMAGE = f"sandbox-runner:{names.IMAGE_TAG}"
-WHEELS = REPO_ROOT / "build" / "wheels" / "runner"
 RUN_DEADLINE_S = 300.0
-
-
-@pytest.fixture(scope="module")
-def runner_image(kube_cluster: Cluster) -> str:
-    """The runner image, built from the guard image and loaded on both nodes."""
-    if not any(WHEELS.glob("kubernetes-*.whl")):
-        WHEELS.mkdir(parents=True, exist_ok=True)
-        pip = [str(Path(sys.executable).parent / "pip"), "wheel", "--quiet", "-w", str(WHEELS)]
-        subprocess.run([*pip, "kubernetes>=29,<38"], check=True, timeout=300)
-    context = REPO_ROOT / "build" / "runner-context"
-    shutil.rmtree(context, ignore_errors=True)
-    context.mkdir(parents=True)
-    shutil.copy(REPO_ROOT / "images" / "runner" / "Dockerfile", context / "Dockerfile")
-    shutil.copytree(WHEELS, context / "wheels")
-    subprocess.run(
-        [
-            "docker",
-            "build",
-            "--quiet",
-            "--build-arg",
-            f"GUARD_IMAGE={names.GUARD_IMAGE}",
-            "-t",
-            RUNNER_IMAGE,
-            str(context),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    shutil.rmtree(context, ignore_errors=True)
-    kube_cluster.load_docker_images(RUNNER_IMAGE)
-    return RUNNER_IMAGE
 
 
 @pytest.fixture

@@ -56,9 +56,7 @@ from tests.kubernetes.test_fleet import (  # noqa: F401 (fixtures)
     cleanup_jobs,
     fleet_namespace,
     fleet_settings,
-    runner_image,
 )
-from tests.kubernetes.test_mcp_on_pods import mcp_image  # noqa: F401 (a fixture)
 from tests.kubernetes.test_storage_claim import claim  # noqa: F401 (a fixture)
 from tests.kubernetes.test_two_nodes import only_schedulable
 from tests.paths import REPO
@@ -276,7 +274,7 @@ def test_a_stdio_mcp_server_runs_beside_the_step_on_the_runners_node(
     kube_core: Any,
     fleet_settings: BackendConfig,  # noqa: F811
     cleanup_jobs: None,  # noqa: F811
-    mcp_image: None,  # noqa: F811
+    mcp_image: None,
 ) -> None:
     """A stdio server in the run's Pod on the node the scheduler picked (the second):
     its read-only tool answered, its write stubbed, both in the action log."""
