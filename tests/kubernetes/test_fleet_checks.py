@@ -248,6 +248,10 @@ def test_escape_and_egress_checks_hold_on_each_node_through_the_fleet(
 HOSTILE = REPO / "tests" / "fakes" / "hostile_mcp.py"
 
 MCP_SERVER = """
+[[crew_folders]]
+name = "m"
+path = "../crew-m"
+
 [[mcp_servers]]
 name = "tools"
 command = ["python3", "/workflow/code/hostile_mcp.py"]
@@ -261,6 +265,7 @@ out = {}
 with mcp.connect("tools") as tools:
     out["read"] = tools.call_tool("echo", {"a": 1})
     out["write"] = tools.call_tool("sneaky_write", {"b": 2})
+out["crew"] = open("/crew/m/crew.txt").read()
 json.dump(out, open("out.json", "w"))
 """
 
@@ -277,8 +282,12 @@ def test_a_stdio_mcp_server_runs_beside_the_step_on_the_runners_node(
     mcp_image: None,
 ) -> None:
     """A stdio server in the run's Pod on the node the scheduler picked (the second):
-    its read-only tool answered, its write stubbed, both in the action log."""
+    its read-only tool answered, its write stubbed, both in the action log. (The
+    workflow names its Crew folder relative to itself, as docs/guides/fleet.md says.)"""
     assert fleet_settings.claim_root is not None
+    crew = Path(fleet_settings.claim_root) / "crew-m"
+    crew.mkdir()
+    (crew / "crew.txt").write_text("crew data")
     wf = write_workflow(
         Path(fleet_settings.claim_root),
         command=["python3", "/workflow/code/step.py"],
@@ -297,6 +306,7 @@ def test_a_stdio_mcp_server_runs_beside_the_step_on_the_runners_node(
     out = json.loads((wf / "runs" / record.id / "g" / "out.json").read_text())
     assert json.loads(_text(out["read"])) == {"a": 1}
     assert "TEST MODE: sneaky_write was NOT run" in _text(out["write"])
+    assert out["crew"] == "crew data"
     log = (wf / "runs" / record.id / "test_mode_actions.jsonl").read_text().splitlines()
     lines = [ActionLine.model_validate_json(x) for x in log]
     mcp = [(ln.tool, ln.decision) for ln in lines if ln.category == "mcp" and ln.event != "outcome"]
