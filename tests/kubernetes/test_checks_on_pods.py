@@ -13,6 +13,7 @@ node its Pod ran on.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -275,7 +276,9 @@ def test_a_guard_killed_mid_call_fails_the_call_closed_and_the_record_says_so(
         guards = processes_of(pod.metadata.uid, GUARD_UID)
         assert guards
         for proc in guards:
-            os.kill(proc.pid, signal.SIGKILL)
+            # One may end before its turn (its parent killed first): gone is the aim.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)
     assert run.finished, "the run went on without its guard"
     record = validated(run.record, kube_cluster.node_names)
     assert record.status is RunStatus.ERROR and "guard stopped" in record.reason, record.reason
