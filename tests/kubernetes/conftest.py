@@ -34,6 +34,7 @@ from tests.kubernetes.cluster import (
     Cluster,
     stop_orphans,
 )
+from tests.kubernetes.fleetparts import build_runner_image
 from tests.kubernetes.pods import namespace_of_its_own
 
 HERE = Path(__file__).resolve().parent
@@ -144,3 +145,15 @@ def node_dir(kube_cluster: Cluster) -> Iterator[Path]:
     path.mkdir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def runner_image(kube_cluster: Cluster) -> str:
+    """The runner image, built from the guard image and loaded on both nodes."""
+    return build_runner_image(kube_cluster)
+
+
+@pytest.fixture(scope="session")
+def mcp_image(kube_cluster: Cluster) -> None:
+    """The stdio MCP servers' image, loaded on both nodes."""
+    kube_cluster.load_docker_images(names.MCP_IMAGE)

@@ -34,7 +34,7 @@ from sandbox.contracts.record import RunStatus, read_record
 from sandbox.hostfs import hostmount
 from tests.conftest import tree_digest, write_workflow
 from tests.kubernetes.cluster import Cluster
-from tests.kubernetes.fleetparts import apply_runner_role, build_runner_image, local_api_env
+from tests.kubernetes.fleetparts import apply_runner_role, local_api_env
 from tests.kubernetes.pods import (
     loops_of,
     no_pods_or_secrets,
@@ -48,12 +48,6 @@ from tests.kubernetes.test_two_nodes import only_schedulable
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
 
 RUN_DEADLINE_S = 300.0
-
-
-@pytest.fixture(scope="module")
-def runner_image(kube_cluster: Cluster) -> str:
-    """The runner image, built from the guard image and loaded on both nodes."""
-    return build_runner_image(kube_cluster)
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from sandbox.backends.kubernetes import fleet, fleetclean
 from sandbox.contracts import names
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.hostconfig import BackendConfig
+from tests.conftest import write_workflow
 
 pytestmark = pytest.mark.kubernetes
 
@@ -131,3 +132,19 @@ def test_the_run_pods_budget_refuses_every_eviction_of_a_runs_pod_only() -> None
     job = fleet.job_manifest(_settings(), "team/wf", "step1", "sandbox-run-x")
     runner_labels = job["spec"]["template"]["metadata"]["labels"]
     assert names.LABEL_MANAGED not in runner_labels  # the runner's Pod: evicted by a drain
+
+
+def test_what_a_run_s_pod_cannot_hold_is_refused_from_the_controller_s_view(
+    tmp_path: Path,
+) -> None:
+    """Docker networks and a step the workflow lacks: refused before any Job; stdio
+    MCP servers pass (they run in the run's Pod)."""
+    servers = '[[mcp_servers]]\nname = "tools"\ncommand = ["python3", "/workflow/code/s.py"]\n'
+    wf = write_workflow(tmp_path, "served", extra_toml=servers)
+    fleet.refuse_what_a_pod_cannot_hold(wf, "step1")
+    with pytest.raises(ConfigError, match="unknown step"):
+        fleet.refuse_what_a_pod_cannot_hold(wf, "nope")
+    networks = '[bridge]\nupstream = "http://up:8080"\nnetworks = ["upstreams"]\n'
+    wf = write_workflow(tmp_path, "networked", extra_toml=networks)
+    with pytest.raises(ConfigError, match=r"\[bridge\] networks = \['upstreams'\]"):
+        fleet.refuse_what_a_pod_cannot_hold(wf, "step1")

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from sandbox.backends import BackendFactory
-from sandbox.contracts import names
 from sandbox.contracts.record import RunStatus, TestRunRecord
 from sandbox.contracts.wire import ActionLine
 from sandbox.hostfs import hostmount
@@ -28,7 +27,6 @@ from sandbox.launch import firewall
 from sandbox.launch import specs as launch
 from sandbox.run.testrun import TestRun
 from tests.conftest import call_lines, write_workflow
-from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.pods import no_pods_or_secrets, start_server
 from tests.kubernetes.test_pod_shape import OUTSIDE_PORT, outside_server_pod
 
@@ -72,11 +70,6 @@ out["step_to_relays"] = {str(p): tcp("127.0.0.1", p) for p in (3128, 3129)}
 out["step_direct"] = tcp("OUTSIDE", PORT)
 json.dump(out, open("out.json", "w"))
 """
-
-
-@pytest.fixture(scope="module")
-def mcp_image(kube_cluster: Cluster) -> None:
-    kube_cluster.load_docker_images(names.MCP_IMAGE)
 
 
 def _text(result: dict[str, Any]) -> str:

@@ -106,20 +106,26 @@ def claim_path(settings: BackendConfig, workflow_dir: Path) -> str:
     return rel.as_posix()
 
 
-def _refuse_runsc(workflow_dir: Path) -> None:
-    """A run that asks for the gVisor wall is refused before its Job is made: the
-    workflow's ask (the runner would refuse it on its node: `POD_RUNSC_REFUSAL`), and the
+def refuse_what_a_pod_cannot_hold(workflow_dir: Path, step_id: str) -> None:
+    """Refused before any Job exists, from the controller's view of the workflow: a
+    step it does not have; `[bridge] networks` (Docker networks: a run's Pod reaches
+    its upstream through the Pod network, so the guard would run without them); and
+    the gVisor wall (`POD_RUNSC_REFUSAL`), asked by the workflow or by the
     controller's `SANDBOX_STEP_RUNTIME`, which the Job does not carry (the run would
-    have less than this host asked). A workflow the controller cannot read is left to
-    the runner, which reports why."""
+    have less than this host asked). Stdio MCP servers are not refused: they run as
+    containers of the run's Pod, on the runner's node."""
     if runner_settings_of_this_host().step_runtime() == "runsc":
         raise ConfigError(POD_RUNSC_REFUSAL)
-    try:
-        wanted = load_workflow(workflow_dir).isolation.step_runtime
-    except ConfigError:
-        return
-    if wanted != "runc":
+    workflow = load_workflow(workflow_dir)
+    workflow.step(step_id)
+    if workflow.isolation.step_runtime != "runc":
         raise ConfigError(POD_RUNSC_REFUSAL)
+    if workflow.bridge.networks:
+        raise ConfigError(
+            f"[bridge] networks = {workflow.bridge.networks}: Docker networks, which a run "
+            "the scheduler places has none of; name the upstream in [bridge] upstream by an "
+            "address the cluster's Pods reach (a Service name or an IP address)"
+        )
 
 
 def runner_settings(settings: BackendConfig) -> BackendConfig:
@@ -250,7 +256,7 @@ class FleetRun:
         runner_args: Sequence[str] = (),
     ) -> FleetRun:
         workflow = claim_path(settings, workflow_dir)
-        _refuse_runsc(Path(workflow_dir))
+        refuse_what_a_pod_cannot_hold(Path(workflow_dir), step_id)
         name = f"sandbox-run-{secrets.token_hex(5)}"
         manifest = job_manifest(
             settings,
