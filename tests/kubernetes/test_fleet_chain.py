@@ -37,7 +37,6 @@ from tests.kubernetes.test_fleet import (  # noqa: F401 (fixtures)
     cleanup_jobs,
     fleet_namespace,
     fleet_settings,
-    runner_image,
 )
 from tests.kubernetes.test_storage_claim import claim  # noqa: F401 (a fixture)
 from tests.kubernetes.test_two_nodes import only_schedulable
