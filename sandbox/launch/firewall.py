@@ -61,7 +61,7 @@ class PodPeers:
 SYNTHETIC_V4 = "198.18.0.0/15"
 NAT_CHAIN = "SANDBOX-STEP-OUT"
 # How much of each refused packet the log rule copies to the guard (headers and a
-# datagram's first bytes): sandbox.guard.nflog.COPY_BYTES.
+# datagram's first bytes): sandbox.guard.nflogbind.COPY_BYTES.
 NFLOG_BYTES = 128
 NFLOG = f"-j NFLOG --nflog-group {NFLOG_GROUP} --nflog-size {NFLOG_BYTES}"
 
@@ -338,9 +338,9 @@ def _drop_line(guard_command: list[str], guard_uid: int, *, bind_nflog: bool) ->
     ]
     if bind_nflog:
         # Bound to the refused packets' log group while NET_ADMIN is still held; the
-        # guard inherits the socket (`sandbox.guard.nflog`). guard_command[0] is the
-        # guard image's Python.
-        drop = [guard_command[0], "-m", "sandbox.guard.nflog", *drop]
+        # guard inherits the socket (`sandbox.guard.nflogbind`; `sandbox.guard.nflog`
+        # reads it). guard_command[0] is the guard image's Python.
+        drop = [guard_command[0], "-m", "sandbox.guard.nflogbind", *drop]
     return "exec " + " ".join(shlex.quote(part) for part in drop)
 
 

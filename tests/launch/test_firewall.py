@@ -51,7 +51,7 @@ def test_script_installs_reads_back_then_drops_to_the_guard() -> None:
     check = lines.index('[ "$got" = "$expected" ] || { echo "FIREWALL-MISMATCH"; exit 1; }')
     assert lines[check + 1] == f"echo {READY_MARK}"
     # The log group's socket is bound while NET_ADMIN is held, then the drop.
-    assert lines[-1].startswith("exec guard -m sandbox.guard.nflog setpriv ")
+    assert lines[-1].startswith("exec guard -m sandbox.guard.nflogbind setpriv ")
     assert lines[-1].endswith("-- tini -- guard --x")
     assert lines.index(f"echo {READY_MARK}") == len(lines) - 2
     subprocess.run(["sh", "-n"], input=script, text=True, check=True)

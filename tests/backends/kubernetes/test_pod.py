@@ -124,7 +124,7 @@ def test_the_pod_guard_runs_the_docker_entrys_bind_and_drop(tmp_path: Path) -> N
     docker_entry = (launch.guard_spec(p).entrypoint or [""])[-1]
     drop = script.splitlines()[-1]
     assert drop == docker_entry.splitlines()[-1]
-    assert drop.startswith(f"exec {launch.GUARD_COMMAND[0]} -m sandbox.guard.nflog setpriv ")
+    assert drop.startswith(f"exec {launch.GUARD_COMMAND[0]} -m sandbox.guard.nflogbind setpriv ")
     for flag in ("--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"):
         assert flag in drop
     assert f"--reuid={GUARD_UID}" in drop and f"--regid={GUARD_UID}" in drop
