@@ -262,10 +262,11 @@ class TestRun:
                 status, reason = finish.judged(record, plan, guarded, collected)
                 return self._finish(layout, record, status, reason)
             except (RunInterrupted, KeyboardInterrupt):
-                prepare_pool.shutdown()  # the record is written once the prepare stopped filling it
+                _prepare_ended(prepare_pool)
                 return self._finish(layout, record, RunStatus.KILLED, self._stopped_reason())
             except Exception as exc:
-                prepare_pool.shutdown()
+                if not _prepare_ended(prepare_pool):
+                    return self._finish(layout, record, RunStatus.KILLED, self._stopped_reason())
                 if self.stop.requested:  # what the cancel's kill made fail is the cancel
                     return self._finish(layout, record, RunStatus.KILLED, self._stopped_reason())
                 engine_failed = isinstance(exc, backend.engine_errors) and not isinstance(
@@ -356,6 +357,17 @@ def _error_reason(backend: Backend, progress: _Progress, exc: Exception) -> str:
         return str(exc)
     # Whatever went wrong, the record ends with the phase and the error.
     return internal_reason(progress.phase, exc)
+
+
+def _prepare_ended(pool: HeldPool) -> bool:
+    """Wait for the step's side of the prepare (it fills the record, which is written
+    once it no longer does); False when a stop came meanwhile (the run then ends
+    `killed`, the stop acted on here rather than cutting the record's final write)."""
+    try:
+        pool.shutdown()
+    except (RunInterrupted, KeyboardInterrupt):
+        return False
+    return True
 
 
 def _discard_unstarted(layout: RunLayout, record: TestRunRecord, progress: _Progress) -> None:
