@@ -17,7 +17,6 @@ import importlib
 import os
 import signal
 import socket
-import sys
 from collections.abc import Awaitable
 from types import FrameType, ModuleType
 
@@ -30,13 +29,6 @@ from sandbox.guard.network import serving_network
 
 WEB_MODULE = "sandbox.guard.serve"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-# How long a thread that wants the interpreter lock waits before the running one must
-# let go of it (Python's default: 5 ms). The action log's threads hand lines between
-# the loop and themselves (the writer while a group-commit sync runs, the syncer
-# finishing its sync): with the loop busy serving other clients, each such hand-off
-# waited up to the whole default, a forwarded call's tail. The threads mostly sleep,
-# so a shorter interval costs nothing when nothing contends.
-SWITCH_INTERVAL_S = 0.0005
 
 
 def serve(
@@ -54,7 +46,6 @@ def serve(
     `mcp` / `mcp_egress`: each stdio MCP server's socket and egress socket. `direct`:
     the interception listener and the DNS server's UDP and TCP sockets. `packets`: the
     firewall's log of the step's refused packets (`sandbox.guard.nflog`)."""
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     config = GuardConfig.model_validate_json(raw_config)
     log = ActionLog(
         config.actions_path,
