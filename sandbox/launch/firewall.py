@@ -61,7 +61,7 @@ class PodPeers:
 SYNTHETIC_V4 = "198.18.0.0/15"
 NAT_CHAIN = "SANDBOX-STEP-OUT"
 # How much of each refused packet the log rule copies to the guard (headers and a
-# datagram's first bytes): sandbox.guard.nflog.COPY_BYTES.
+# datagram's first bytes): sandbox.guard.nflogbind.COPY_BYTES.
 NFLOG_BYTES = 128
 NFLOG = f"-j NFLOG --nflog-group {NFLOG_GROUP} --nflog-size {NFLOG_BYTES}"
 
@@ -120,7 +120,10 @@ def nat6_rules(
 
 def _nat_lines(guard_uid: int, *, redirect_root: bool, only_uid: int | None = None) -> list[str]:
     """Shell lines that add the nat rules beside the engine's own (its resolver's DNAT
-    for the guard stays: `--noflush`), then check each is in (`-C`)."""
+    for the guard stays: `--noflush`), then check that OUTPUT jumps to their chain
+    (`-C`) and that the chain reads back exactly as written (`-S`: the rule texts are
+    in the canonical form it prints). One read-back per family, not one `-C` per rule:
+    each is a process on the way to the guard's start."""
     v4 = nat_rules(guard_uid, redirect_root=redirect_root, only_uid=only_uid)
     v6 = nat6_rules(guard_uid, redirect_root=redirect_root, only_uid=only_uid)
     table = ["*nat", f":{NAT_CHAIN} - [0:0]", f"-I OUTPUT 1 -j {NAT_CHAIN}", *v4]
@@ -128,9 +131,13 @@ def _nat_lines(guard_uid: int, *, redirect_root: bool, only_uid: int | None = No
     lines += [*table, "COMMIT", "NAT"]
     table6 = ["*nat", f":{NAT_CHAIN} - [0:0]", f"-I OUTPUT 1 -j {NAT_CHAIN}", *v6]
     lines += ["ip6tables-restore -w --noflush <<'NAT'", *table6, "COMMIT", "NAT"]
-    for tool, checks in (("iptables", v4), ("ip6tables", v6)):
+    for tool, chain in (("iptables", v4), ("ip6tables", v6)):
         lines.append(f"{tool} -w -t nat -C OUTPUT -j {NAT_CHAIN}")
-        lines += [f"{tool} -w -t nat -C {rule[3:]}" for rule in checks]
+        expected = shlex.quote("\n".join([f"-N {NAT_CHAIN}", *chain]))
+        lines.append(
+            f'[ "$({tool} -w -t nat -S {NAT_CHAIN})" = {expected} ]'
+            ' || { echo "FIREWALL-MISMATCH"; exit 1; }'
+        )
     return lines
 
 
@@ -338,9 +345,9 @@ def _drop_line(guard_command: list[str], guard_uid: int, *, bind_nflog: bool) ->
     ]
     if bind_nflog:
         # Bound to the refused packets' log group while NET_ADMIN is still held; the
-        # guard inherits the socket (`sandbox.guard.nflog`). guard_command[0] is the
-        # guard image's Python.
-        drop = [guard_command[0], "-m", "sandbox.guard.nflog", *drop]
+        # guard inherits the socket (`sandbox.guard.nflogbind`; `sandbox.guard.nflog`
+        # reads it). guard_command[0] is the guard image's Python.
+        drop = [guard_command[0], "-m", "sandbox.guard.nflogbind", *drop]
     return "exec " + " ".join(shlex.quote(part) for part in drop)
 
 

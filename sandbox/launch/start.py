@@ -20,13 +20,16 @@ from sandbox.contracts.record import TestRunRecord
 from sandbox.launch import firewall
 from sandbox.launch import specs as launch
 from sandbox.prepare.plan import RunPlan
-from sandbox.prepare.rundir import write_guard_config
+from sandbox.prepare.rundir import Prepared, write_guard_config
 from sandbox.stepfs import lifecycle as stepfs
 from sandbox.stopsignals import HeldPool
 
 GUARD_START_DEADLINE_S = 60.0
 
 McpJobs = dict[str, concurrent.futures.Future[RunContainer]]
+# The step's side of the prepare (`sandbox.prepare.rundir.prepare_step`) under way,
+# with the seconds it took.
+Preparing = concurrent.futures.Future[tuple[Prepared, float]]
 
 
 @dataclass(frozen=True)
@@ -39,12 +42,17 @@ class Launched:
 
 
 def start_mcp_servers(
-    backend: Backend, plan: RunPlan, pool: concurrent.futures.ThreadPoolExecutor, jobs: McpJobs
+    backend: Backend,
+    plan: RunPlan,
+    pool: concurrent.futures.ThreadPoolExecutor,
+    jobs: McpJobs,
+    prepared: Preparing,
 ) -> None:
-    """Each stdio server's container created and started in `pool`, its job in `jobs`
-    (the run waits for them only once the step runs)."""
+    """Each stdio server's container created and started in `pool` once the step's side
+    is prepared (the servers mount the workflow's view and trust the run's CA bundle),
+    its job in `jobs` (the run waits for them only once the step runs)."""
     for index, server in launch.stdio_servers(plan.workflow):
-        jobs[server.name] = pool.submit(start_mcp, backend, plan, index, server)
+        jobs[server.name] = pool.submit(start_mcp, backend, plan, index, server, prepared)
 
 
 def started_mcp(jobs: McpJobs) -> dict[str, RunContainer]:
@@ -52,15 +60,22 @@ def started_mcp(jobs: McpJobs) -> dict[str, RunContainer]:
     return {name: job.result() for name, job in jobs.items()}
 
 
-def start_mcp(backend: Backend, plan: RunPlan, index: int, server: McpServer) -> RunContainer:
+def start_mcp(
+    backend: Backend, plan: RunPlan, index: int, server: McpServer, prepared: Preparing
+) -> RunContainer:
+    prepared.result()
     container = backend.create(launch.mcp_server_spec(plan, index, server), independent=True)
     container.start()
     return container
 
 
-def start_guard(backend: Backend, plan: RunPlan) -> tuple[RunContainer, RunContainer]:
+def start_guard(
+    backend: Backend, plan: RunPlan, prepared: Preparing
+) -> tuple[RunContainer, RunContainer, tuple[Prepared, float]]:
     """The guard up with its firewall in and read back right, and the step's
-    container started.
+    container started once `prepared` (the step's disk, view and copies: made in
+    another thread while the engine creates and starts the guard's container, which
+    mounts none of them) is done.
 
     The step is created beside the guard's start and started as soon as the guard's
     container runs (it joins its network namespace), so the firewall's install, the
@@ -76,14 +91,19 @@ def start_guard(backend: Backend, plan: RunPlan) -> tuple[RunContainer, RunConta
     guard = backend.create(launch.guard_spec(plan))
     backend.connect_networks(guard, plan.networks[1:])
     spec = launch.step_spec(plan, guard.id, has_ca_bundle=plan.egress_ca is not None)
+
     # Leaving the pool waits for the creation on every way out, so an interrupted
     # launch never leaves a container that the backend does not hold (HeldPool: a
     # stop cannot land between the pool starting its thread and counting it).
+    def create_step() -> tuple[RunContainer, tuple[Prepared, float]]:
+        ready = prepared.result()  # the step's mounts exist
+        return backend.create(spec), ready
+
     with HeldPool(max_workers=1) as pool:
-        early_step = pool.submit(backend.create, spec)
+        early_step = pool.submit(create_step)
         with guard.follow_output(deadline_s=GUARD_START_DEADLINE_S) as output:
             guard.start()
-            step = early_step.result()
+            step, ready = early_step.result()
             try:
                 step.start()
             except Exception:
@@ -101,7 +121,7 @@ def start_guard(backend: Backend, plan: RunPlan) -> tuple[RunContainer, RunConta
             peers = launch.pod_peers(plan) if backend.kind == "kubernetes" else None
             if plan.install_firewall and installed != firewall.expected_readback(peers):
                 raise LaunchError(f"the run's firewall reads back wrong: {' | '.join(installed)}")
-    return guard, step
+    return guard, step, ready
 
 
 def discard_unstarted(layout: RunLayout, record: TestRunRecord) -> None:

@@ -51,19 +51,13 @@ def make_run_root(layout: RunLayout) -> None:
         raise PrepareError(f"cannot create {layout.root}: {exc}") from None
 
 
-def prepare(
-    plan: RunPlan,
-    files: stepfs.StepFs,
-    seed: Seed,
-    prompt: str | None,
-    record: TestRunRecord,
-) -> Prepared:
-    """The guard's folders, the step's disk with the copies on it, the prompt; the
-    copy and DB-copy reports go into the record."""
-    workflow, layout, ids = plan.workflow, plan.layout, plan.ids
-    step_uid, step_gid = step_user()
-    # Host ids: what the engine's user namespace shows the step and guard as theirs.
-    uid, gid = ids.host_uid(step_uid), ids.host_gid(step_gid)
+def prepare_guard(plan: RunPlan, record: TestRunRecord) -> None:
+    """What the guard's container mounts and reads at its start: its log file and its
+    folder (with the recording a replay reads), the stdio servers' socket folders.
+    Nothing of the step's: the guard's container may start before the step's disk is
+    made (`prepare_step`), and the step's container only once it is."""
+    layout, ids = plan.layout, plan.ids
+    # Host ids: what the engine's user namespace shows the guard as its own.
     guard_uid, guard_gid = ids.host_uid(GUARD_UID), ids.host_gid(GUARD_UID)
     # The guard's alone: no other uid of the run may write (or read) it.
     layout.actions.touch(mode=0o600)
@@ -75,7 +69,23 @@ def prepare(
         record.replay = copy_recording(
             plan.replay_from, layout.guard_dir / REPLAY_DIR, plan.recording.cap_bytes
         )
-    prepare_mcp(workflow, layout, ids)
+    prepare_mcp(plan.workflow, layout, ids)
+
+
+def prepare_step(
+    plan: RunPlan,
+    files: stepfs.StepFs,
+    seed: Seed,
+    prompt: str | None,
+    record: TestRunRecord,
+) -> Prepared:
+    """The step's disk with the copies on it, its view of the workflow, the prompt and
+    the CA bundle (before any container that trusts it exists); the copy and DB-copy
+    reports go into the record. After `prepare_guard`."""
+    workflow, layout, ids = plan.workflow, plan.layout, plan.ids
+    step_uid, step_gid = step_user()
+    # Host ids: what the engine's user namespace shows the step as its own.
+    uid, gid = ids.host_uid(step_uid), ids.host_gid(step_gid)
     disk = files.open()
     t0 = time.monotonic()
     source = seed.group

@@ -38,7 +38,7 @@ from sandbox.backends import Backend, BackendFactory
 from sandbox.collect import harvest
 from sandbox.collect.guarding import run_guarded
 from sandbox.contracts.config import Step, StepRuntime
-from sandbox.contracts.errors import ConfigError, SandboxError, internal_reason
+from sandbox.contracts.errors import ConfigError, PrepareError, SandboxError, internal_reason
 from sandbox.contracts.events import REASON_CHARS, EventCallback, EventKind, RunEvent
 from sandbox.contracts.hostconfig import load_host_config
 from sandbox.contracts.layout import RunLayout, new_run_id
@@ -230,17 +230,27 @@ class TestRun:
             # The MCP servers' containers are created and started in these threads, beside
             # the guard's and the step's start; the run waits for them only once the step runs.
             mcp_pool = cleanup.enter_context(HeldPool(max_workers=max(1, len(servers))))
+            # The step's disk, view and copies are made in this thread while the engine
+            # creates and starts the guard's container (it mounts none of them); leaving
+            # it waits for that work, before the containers and the mounts go.
+            prepare_pool = cleanup.enter_context(HeldPool(max_workers=1))
             try:
                 with self._phase(progress, record, "prepare", "prepare_s"):
-                    prepared = rundir.prepare(plan, files, seed, prompt, record)
+                    rundir.prepare_guard(plan, record)
+                    preparing = prepare_pool.submit(
+                        self._prepare_step, backend, plan, files, seed, prompt, record
+                    )
                 with self._phase(progress, record, "launch", "container_start_s"):
                     harvest.warm_up()
-                    start.start_mcp_servers(backend, plan, mcp_pool, progress.mcp_jobs)
-                    guard, step = start.start_guard(backend, plan)
+                    start.start_mcp_servers(backend, plan, mcp_pool, progress.mcp_jobs, preparing)
+                    guard, step, (prepared, prepare_step_s) = start.start_guard(
+                        backend, plan, preparing
+                    )
                     progress.step_started = True
                     self.stop.on_request(step.kill)  # a cancel ends the step's wait
                     mcp = start.started_mcp(progress.mcp_jobs)
                     launched = start.Launched(guard=guard, step=step, mcp=mcp)
+                record.phases.prepare_s += prepare_step_s
                 with self._phase(progress, record, "the step", "step_s"):
                     timeout_s = self.options.timeout_s or plan.step.timeout_s
                     on_action = None if self.options.on_event is None else self._on_action(record)
@@ -252,8 +262,11 @@ class TestRun:
                 status, reason = finish.judged(record, plan, guarded, collected)
                 return self._finish(layout, record, status, reason)
             except (RunInterrupted, KeyboardInterrupt):
+                _prepare_ended(prepare_pool)
                 return self._finish(layout, record, RunStatus.KILLED, self._stopped_reason())
             except Exception as exc:
+                if not _prepare_ended(prepare_pool):
+                    return self._finish(layout, record, RunStatus.KILLED, self._stopped_reason())
                 if self.stop.requested:  # what the cancel's kill made fail is the cancel
                     return self._finish(layout, record, RunStatus.KILLED, self._stopped_reason())
                 engine_failed = isinstance(exc, backend.engine_errors) and not isinstance(
@@ -262,6 +275,27 @@ class TestRun:
                 progress.discard = not progress.step_started and not engine_failed
                 reason = _error_reason(backend, progress, exc)
                 return self._finish(layout, record, RunStatus.ERROR, reason)
+
+    @staticmethod
+    def _prepare_step(
+        backend: Backend,
+        plan: RunPlan,
+        files: stepfs.StepFs,
+        seed: Seed,
+        prompt: str | None,
+        record: TestRunRecord,
+    ) -> tuple[rundir.Prepared, float]:
+        """`rundir.prepare_step` and the seconds it took (the record's prepare phase: it
+        runs beside the launch); an error nobody planned for names the prepare, as it
+        did in its own phase."""
+        t0 = time.monotonic()
+        try:
+            prepared = rundir.prepare_step(plan, files, seed, prompt, record)
+        except Exception as exc:
+            if isinstance(exc, (SandboxError, *backend.engine_errors)):
+                raise
+            raise PrepareError(internal_reason("prepare", exc)) from exc
+        return prepared, time.monotonic() - t0
 
     @contextlib.contextmanager
     def _phase(
@@ -323,6 +357,17 @@ def _error_reason(backend: Backend, progress: _Progress, exc: Exception) -> str:
         return str(exc)
     # Whatever went wrong, the record ends with the phase and the error.
     return internal_reason(progress.phase, exc)
+
+
+def _prepare_ended(pool: HeldPool) -> bool:
+    """Wait for the step's side of the prepare (it fills the record, which is written
+    once it no longer does); False when a stop came meanwhile (the run then ends
+    `killed`, the stop acted on here rather than cutting the record's final write)."""
+    try:
+        pool.shutdown()
+    except (RunInterrupted, KeyboardInterrupt):
+        return False
+    return True
 
 
 def _discard_unstarted(layout: RunLayout, record: TestRunRecord, progress: _Progress) -> None:

@@ -8,11 +8,14 @@ from pathlib import Path
 
 from sandbox.contracts.layout import GUARD_UID
 from sandbox.launch.firewall import (
+    NAT_CHAIN,
     READY_MARK,
     RULES_MARK,
     expected_readback,
     guard_entry_script,
     installed_rules,
+    nat6_rules,
+    nat_rules,
     rules,
 )
 
@@ -51,7 +54,7 @@ def test_script_installs_reads_back_then_drops_to_the_guard() -> None:
     check = lines.index('[ "$got" = "$expected" ] || { echo "FIREWALL-MISMATCH"; exit 1; }')
     assert lines[check + 1] == f"echo {READY_MARK}"
     # The log group's socket is bound while NET_ADMIN is held, then the drop.
-    assert lines[-1].startswith("exec guard -m sandbox.guard.nflog setpriv ")
+    assert lines[-1].startswith("exec guard -m sandbox.guard.nflogbind setpriv ")
     assert lines[-1].endswith("-- tini -- guard --x")
     assert lines.index(f"echo {READY_MARK}") == len(lines) - 2
     subprocess.run(["sh", "-n"], input=script, text=True, check=True)
@@ -64,10 +67,27 @@ def test_without_install_the_script_still_reads_back_and_drops() -> None:
     assert "-restore" not in script and "exec setpriv " in script
 
 
-def _run_entry_script(tmp_path: Path, readback_v4: list[str]) -> tuple[int, str, bool]:
+def _read_back(filter_rules: list[str], nat_chain: list[str]) -> str:
+    """A stand-in iptables tool: `-C` finds the rule; `-t nat -S` prints the nat chain,
+    any other `-S` the filter's OUTPUT."""
+    nat = " ".join(shlex.quote(a) for a in [f"-N {NAT_CHAIN}", *nat_chain])
+    out = " ".join(shlex.quote(a) for a in filter_rules)
+    return (
+        'case "$*" in *" -C "*) exit 0;; *"-t nat -S"*) printf \'%s\\n\' '
+        + nat
+        + ";; *) printf '%s\\n' "
+        + out
+        + ";; esac"
+    )
+
+
+def _run_entry_script(
+    tmp_path: Path, readback_v4: list[str], nat_v4: list[str] | None = None
+) -> tuple[int, str, bool]:
     """The entry script under `sh`, with stand-ins for ip, the iptables tools and setpriv
     on PATH (the real ones need NET_ADMIN): its exit code, its output, whether it
-    went on to start the guard."""
+    went on to start the guard. `nat_v4`: what the nat chain reads back (default: its
+    rules as written)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     started = tmp_path / "guard-started"
@@ -76,9 +96,8 @@ def _run_entry_script(tmp_path: Path, readback_v4: list[str]) -> tuple[int, str,
         "ip": "exit 0",
         "iptables-restore": "cat > /dev/null",
         "ip6tables-restore": "cat > /dev/null",
-        "iptables": "printf '%s\\n' " + " ".join(shlex.quote(a) for a in readback_v4),
-        "ip6tables": "printf '%s\\n' "
-        + " ".join(shlex.quote(a) for a in expected_readback()[len(v4) :]),
+        "iptables": _read_back(readback_v4, nat_rules() if nat_v4 is None else nat_v4),
+        "ip6tables": _read_back(expected_readback()[len(v4) :], nat6_rules()),
         "setpriv": f"touch {shlex.quote(str(started))}",
         "guard": 'shift 2; exec "$@"',  # the guard's Python binding the log group
     }
@@ -111,6 +130,19 @@ def test_a_wrong_readback_ends_the_script_before_the_guard(tmp_path: Path) -> No
     never starts keeps the step from ever running."""
     wrong = expected_readback()[: len(rules()["iptables"]) - 1]  # the last rule missing
     code, out, started = _run_entry_script(tmp_path, wrong)
+    assert (code, started) == (1, False), out
+    assert "FIREWALL-MISMATCH" in out and READY_MARK not in out
+
+
+def test_a_nat_chain_that_reads_back_with_a_rule_more_ends_the_script_before_the_guard(
+    tmp_path: Path,
+) -> None:
+    """Every rule present is not enough: a rule more in the chain (one that lets a
+    connection past the redirect) reads back wrong and the guard never starts."""
+    more = [*nat_rules()[:2], f"-A {NAT_CHAIN} -p tcp -j ACCEPT", *nat_rules()[2:]]
+    code, out, started = _run_entry_script(
+        tmp_path, expected_readback()[: len(rules()["iptables"])], more
+    )
     assert (code, started) == (1, False), out
     assert "FIREWALL-MISMATCH" in out and READY_MARK not in out
 

@@ -93,8 +93,8 @@ def test_the_guard_holds_net_admin_only_in_its_entry_script(tmp_path: Path) -> N
     assert spec.entrypoint is not None and spec.entrypoint[:2] == ["/bin/sh", "-c"]
     script = spec.entrypoint[2]
     drop = script.strip().splitlines()[-1]
-    # Still root: bind the refused packets' log group (sandbox.guard.nflog), then the drop.
-    bind = f"exec {launch.GUARD_COMMAND[0]} -m sandbox.guard.nflog "
+    # Still root: bind the refused packets' log group (sandbox.guard.nflogbind), then the drop.
+    bind = f"exec {launch.GUARD_COMMAND[0]} -m sandbox.guard.nflogbind "
     assert drop.startswith(bind + "setpriv ")
     for flag in (f"--reuid={GUARD_UID}", f"--regid={GUARD_UID}", "--clear-groups"):
         assert flag in drop

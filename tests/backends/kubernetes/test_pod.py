@@ -124,7 +124,7 @@ def test_the_pod_guard_runs_the_docker_entrys_bind_and_drop(tmp_path: Path) -> N
     docker_entry = (launch.guard_spec(p).entrypoint or [""])[-1]
     drop = script.splitlines()[-1]
     assert drop == docker_entry.splitlines()[-1]
-    assert drop.startswith(f"exec {launch.GUARD_COMMAND[0]} -m sandbox.guard.nflog setpriv ")
+    assert drop.startswith(f"exec {launch.GUARD_COMMAND[0]} -m sandbox.guard.nflogbind setpriv ")
     for flag in ("--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"):
         assert flag in drop
     assert f"--reuid={GUARD_UID}" in drop and f"--regid={GUARD_UID}" in drop
@@ -159,8 +159,11 @@ def test_the_pods_firewall_redirects_the_step_to_the_guard_and_lets_no_one_else_
     p = plan(tmp_path)
     script = containers(build(p, SETTINGS)[0])["firewall"]["args"][0]
     assert "iptables-restore -w --noflush <<'NAT'" in script
+    # Installed, then the chain read back exactly as written.
+    chain = "\n".join(["-N SANDBOX-STEP-OUT", *firewall.nat_rules()])
+    assert f"""[ "$(iptables -w -t nat -S SANDBOX-STEP-OUT)" = '{chain}' ]""" in script
     for rule in firewall.nat_rules():
-        assert rule in script and f"iptables -w -t nat -C {rule[3:]}" in script
+        assert f"{rule}\n" in script.split("NAT\n")[0]
     shared = firewall.init_container_script(
         peers=firewall.PodPeers(step_uid=10001, guard_ports=(8790,), servers=((10101, 3129),))
     )

@@ -132,4 +132,4 @@ def test_ipv6_is_logged_for_everyone_but_the_guard_and_never_accepted() -> None:
     script = guard_entry_script(["/opt/guard/bin/python", "-m", "sandbox.guard"])
     assert "ip6tables-restore -w --noflush <<'NAT'" in script
     assert "ip6tables -w -t nat -C OUTPUT -j SANDBOX-STEP-OUT" in script
-    assert "sandbox.guard.nflog" not in guard_entry_script(["guard"], install=False)
+    assert "sandbox.guard.nflogbind" not in guard_entry_script(["guard"], install=False)
