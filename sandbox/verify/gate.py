@@ -41,14 +41,20 @@ class GateResult:
 
 
 def current_content(workflow_dir: Path, workflow: Workflow, step: Step) -> ContentHash:
-    """The hash a test run of the step would record now (the images' ids from the
-    engine, through the same backend a run uses)."""
-    from sandbox.backends.docker.backend import DockerBackend
+    """The hash a test run of the step would record now: the images as the backend the
+    host's config names gives them to a run (the Docker engine's ids; on Kubernetes the
+    references its Pods run, which need no connection to the cluster)."""
+    wanted = {"step": names.STEP_IMAGE}
+    if launch.stdio_servers(workflow):
+        wanted["mcp"] = names.MCP_IMAGE
+    settings = load_host_config().backend
+    if settings.kind == "kubernetes":
+        used = {role: settings.image_ref(image) for role, image in wanted.items()}
+    else:
+        from sandbox.backends.docker.backend import DockerBackend
 
-    with contextlib.closing(DockerBackend.connect()) as backend:
-        used = {"step": backend.require_image(names.STEP_IMAGE)}
-        if launch.stdio_servers(workflow):
-            used["mcp"] = backend.require_image(names.MCP_IMAGE)
+        with contextlib.closing(DockerBackend.connect()) as backend:
+            used = {role: backend.require_image(image) for role, image in wanted.items()}
     return content_hash(workflow_dir, workflow, step, used)
 
 
