@@ -18,7 +18,6 @@ from sandbox.prepare import contenthash, treehash
 from sandbox.prepare.contenthash import changed_parts, content_hash, policy_version
 from tests.conftest import write_workflow
 
-
 IMAGE_ID = "sha256:" + "1" * 64
 
 

@@ -5,12 +5,14 @@ server asked), vouches for a verification whose images were named by digest, and
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from sandbox.backends.kubernetes.backend import KubernetesBackend
+from sandbox.cli import main
 from sandbox.contracts import names
 from sandbox.contracts.config import load_workflow
 from sandbox.contracts.hostconfig import PATH_ENV, BackendConfig, load_host_config
@@ -92,7 +94,10 @@ def test_a_cluster_verification_with_images_by_digest_passes_the_gate(
 
 @pytest.mark.parametrize("placement", ["", FLEET], ids=["runner", "scheduler"])
 def test_a_cluster_verification_with_images_by_tag_is_not_verified_naming_the_tag(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, placement: str
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    placement: str,
 ) -> None:
     settings = _host(tmp_path, monkeypatch, f'{placement}image_prefix = "registry.example/"\n')
     wf = write_workflow(tmp_path / "w")
@@ -103,6 +108,11 @@ def test_a_cluster_verification_with_images_by_tag_is_not_verified_naming_the_ta
         "step1 not verified: the version hash could not cover image step: "
         f"registry.example/{names.STEP_IMAGE} is named by tag, not by content"
     )
+    # `sandbox gate --host-config` names the same settings as the run's.
+    monkeypatch.delenv(PATH_ENV)
+    args = ["gate", str(wf), "step1", "--host-config", str(tmp_path / "host.toml"), "--json"]
+    assert main(args) == 1
+    assert json.loads(capsys.readouterr().out) == {"ok": False, "reason": result.reason}
 
 
 def test_a_digest_mapping_must_name_a_digest(
