@@ -21,6 +21,7 @@ namespace = "sandbox-runs"
 node_selector = { "sandbox.io/runner" = "true" }
 storage = "hostPath"             # or "pvc" with claim and claim_root
 run_without_landlock = false     # true: Pods run on nodes without Landlock (a hole accepted)
+image_digests = { "sandbox-step:current" = "registry.example/sandbox-step@sha256:<64 hex>" }
 ```
 """
 

@@ -1,16 +1,18 @@
 """`sandbox gate`: the Pulse rule for a step with external effects.
 
 A step passes the gate when its current version (its content hash, computed now from
-the workflow folder and the images on this host exactly as a test run computes it; see
-`sandbox.prepare.contenthash`) has a passing verification under its current
-expectations, run with every wall of a normal run (`Walls.full`), whose run's action log
-was sealed (see sandbox.verify.seal). With `allow_no_effects`, a step also passes when
-it has test runs at the current hash, each with every wall, and none of them showed an
-external effect (`sandbox.verify.effects`: no stubbed, refused or denied call, no DB
-write, a whole log). Anything else fails the gate with what is missing, naming the
-parts that changed since the last verification. A version whose hash could not cover
-everything is never vouched for, and a run whose reads were replayed from a recording
-counts only when the host's config accepts replayed verifications.
+the workflow folder and the images as the backend the host's config names gives them
+to a test run: the engine's ids, or a cluster's references; see
+`sandbox.prepare.contenthash`, where an image named by tag leaves the hash incomplete)
+has a passing verification under its current expectations, run with every wall of a
+normal run (`Walls.full`), whose run's action log was sealed (see sandbox.verify.seal).
+With `allow_no_effects`, a step also passes when it has test runs at the current hash,
+each with every wall, and none of them showed an external effect
+(`sandbox.verify.effects`: no stubbed, refused or denied call, no DB write, a whole
+log). Anything else fails the gate with what is missing, naming the parts that changed
+since the last verification. A version whose hash could not cover everything is never
+vouched for, and a run whose reads were replayed from a recording counts only when the
+host's config accepts replayed verifications.
 """
 
 from __future__ import annotations
