@@ -171,7 +171,7 @@ def bare_pod_s(
             "containers": [
                 {
                     "name": "c",
-                    "image": settings.image_prefix + names.STEP_IMAGE,
+                    "image": settings.image_ref(names.STEP_IMAGE),
                     "imagePullPolicy": settings.image_pull_policy,
                     "command": ["true"],
                 }

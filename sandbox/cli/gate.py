@@ -25,13 +25,19 @@ def cmd_gate(args: argparse.Namespace) -> int:
             args.workflow,
             from_step=args.from_step,
             to_step=args.to_step,
+            host_config=args.host_config,
         )
     elif args.step_id is None:
         raise UsageError("give a step to gate, or --workflow FILE to gate the chain")
     elif args.from_step is not None or args.to_step is not None:
         raise UsageError("--from and --to go with --workflow")
     else:
-        result = gate(Path(args.workflow_dir), args.step_id, allow_no_effects=args.allow_no_effects)
+        result = gate(
+            Path(args.workflow_dir),
+            args.step_id,
+            allow_no_effects=args.allow_no_effects,
+            host_config=args.host_config,
+        )
     if args.json:
         emit({"ok": result.ok, "reason": result.reason})
     else:

@@ -190,6 +190,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             action="store_true",
             help="also pass a step whose test runs at this version showed no external effect",
         )
+        gat.add_argument(
+            "--host-config",
+            type=Path,
+            default=None,
+            help="the host's settings (TOML) the runs used: the backend that names the images",
+        )
         _json(gat, 'the answer as one JSON line: {"ok": ..., "reason": ...}')
         gat.set_defaults(func=gate_cmd.cmd_gate)
 

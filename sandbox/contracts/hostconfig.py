@@ -21,6 +21,7 @@ namespace = "sandbox-runs"
 node_selector = { "sandbox.io/runner" = "true" }
 storage = "hostPath"             # or "pvc" with claim and claim_root
 run_without_landlock = false     # true: Pods run on nodes without Landlock (a hole accepted)
+image_digests = { "sandbox-step:current" = "registry.example/sandbox-step@sha256:<64 hex>" }
 ```
 """
 
@@ -30,8 +31,16 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from sandbox.contracts import names
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.hostpath import DEFAULT_PATH as DEFAULT_PATH
 from sandbox.contracts.hostpath import PATH_ENV as PATH_ENV
@@ -104,6 +113,18 @@ class BackendConfig(BaseModel):
             "`sandbox-step:<tag>` and `sandbox-guard:<tag>` from."
         ),
     )
+    # The gate vouches only for images named by content: a tag can name other code later.
+    image_digests: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Kubernetes: each project image (`sandbox-step:<tag>`, `sandbox-guard:<tag>`, "
+            "`sandbox-mcp:<tag>`) mapped to the reference by digest the nodes run "
+            "(`registry/sandbox-step@sha256:<64 hex>`, `image_prefix` not added); the "
+            "Pods and the records name that digest, so `sandbox gate` can vouch for a "
+            "run. An image left out is named by `image_prefix` + its tag, which the "
+            "gate never vouches for."
+        ),
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="Kubernetes: the Pods' image pull policy."
     )
@@ -172,6 +193,21 @@ class BackendConfig(BaseModel):
             "server; none: the cluster's `kubernetes` Service, as any in-cluster client."
         ),
     )
+
+    def image_ref(self, image: str) -> str:
+        """The reference a Pod runs for one of the project's images (and its record names)."""
+        return self.image_digests.get(image) or self.image_prefix + image
+
+    @field_validator("image_digests")
+    @classmethod
+    def _by_digest(cls, value: dict[str, str]) -> dict[str, str]:
+        for image, ref in value.items():
+            if not names.is_digest_ref(ref):
+                raise ValueError(
+                    f"image_digests[{image!r}] = {ref!r} is not a reference by digest "
+                    "(NAME@sha256:<64 hex>)"
+                )
+        return value
 
     @model_validator(mode="after")
     def _pvc_has_claim(self) -> BackendConfig:

@@ -9,6 +9,7 @@ and start time.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from sandbox.contracts.settings import runner_settings
@@ -17,6 +18,21 @@ IMAGE_TAG: Final = runner_settings().image_tag
 STEP_IMAGE: Final = f"sandbox-step:{IMAGE_TAG}"
 GUARD_IMAGE: Final = f"sandbox-guard:{IMAGE_TAG}"
 MCP_IMAGE: Final = f"sandbox-mcp:{IMAGE_TAG}"
+
+# What names an image's content: an engine's image id, or a reference by digest. A tag
+# names whatever was pushed under it last, so a version hash over a tag covers no code.
+IMAGE_ID_PATTERN: Final = r"sha256:[0-9a-f]{64}"
+DIGEST_REF_PATTERN: Final = r"[^@\s]+@sha256:[0-9a-f]{64}"
+
+
+def names_content(image: str) -> bool:
+    """True for an image id (`sha256:<64 hex>`) or a digest reference (`...@sha256:<64 hex>`)."""
+    return re.fullmatch(IMAGE_ID_PATTERN, image) is not None or is_digest_ref(image)
+
+
+def is_digest_ref(image: str) -> bool:
+    return re.fullmatch(DIGEST_REF_PATTERN, image) is not None
+
 
 LABEL_MANAGED: Final = "sandbox.managed"
 LABEL_RUN_ID: Final = "sandbox.run-id"

@@ -15,7 +15,8 @@ A verification counts for exactly the version it tested. The version is:
   expectations, ...), so the gate can name the section that changed;
 - the files the step names, wherever they live, even inside data: each `/workflow/...`
   path in its command (the program it runs), its `prompt_file`, the egress CA files;
-- the command line, the policy table's version and the images' ids.
+- the command line, the policy table's version and the images' ids. An image named by
+  tag (as a cluster's Pods may name it) names no content: the hash does not cover it.
 
 Crew folders are not part of it: they belong to another project (their own version is
 that project's) and are the step's read-only input, like the DB; their names and paths
@@ -36,6 +37,7 @@ import shlex
 from pathlib import Path
 from typing import Any, Final
 
+from sandbox.contracts import names
 from sandbox.contracts.config import SPEC_DATA, WORKFLOW_FILE, Step, Workflow
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.layout import C_WORKFLOW
@@ -144,7 +146,10 @@ def content_hash(
             parts[rel] = file_part(workflow_dir, rel, tree)
     if TOML_PART not in parts:  # a workflow.toml it could not read is not a version
         tree.miss(f"{TOML_PART}: not hashed")
-    parts.update({f"image {role}": image for role, image in sorted(images.items())})
+    for role, image in sorted(images.items()):
+        parts[f"image {role}"] = image
+        if not names.names_content(image):
+            tree.miss(f"image {role}: {image} is named by tag, not by content")
     missed = tree.not_covered
     shown = missed[:MAX_REASONS] + (
         [f"and {len(missed) - MAX_REASONS} more"] if len(missed) > MAX_REASONS else []

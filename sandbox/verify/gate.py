@@ -1,16 +1,18 @@
 """`sandbox gate`: the Pulse rule for a step with external effects.
 
 A step passes the gate when its current version (its content hash, computed now from
-the workflow folder and the images on this host exactly as a test run computes it; see
-`sandbox.prepare.contenthash`) has a passing verification under its current
-expectations, run with every wall of a normal run (`Walls.full`), whose run's action log
-was sealed (see sandbox.verify.seal). With `allow_no_effects`, a step also passes when
-it has test runs at the current hash, each with every wall, and none of them showed an
-external effect (`sandbox.verify.effects`: no stubbed, refused or denied call, no DB
-write, a whole log). Anything else fails the gate with what is missing, naming the
-parts that changed since the last verification. A version whose hash could not cover
-everything is never vouched for, and a run whose reads were replayed from a recording
-counts only when the host's config accepts replayed verifications.
+the workflow folder and the images as the backend the host's config names gives them
+to a test run: the engine's ids, or a cluster's references; see
+`sandbox.prepare.contenthash`, where an image named by tag leaves the hash incomplete)
+has a passing verification under its current expectations, run with every wall of a
+normal run (`Walls.full`), whose run's action log was sealed (see sandbox.verify.seal).
+With `allow_no_effects`, a step also passes when it has test runs at the current hash,
+each with every wall, and none of them showed an external effect
+(`sandbox.verify.effects`: no stubbed, refused or denied call, no DB write, a whole
+log). Anything else fails the gate with what is missing, naming the parts that changed
+since the last verification. A version whose hash could not cover everything is never
+vouched for, and a run whose reads were replayed from a recording counts only when the
+host's config accepts replayed verifications.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from sandbox.contracts import names
 from sandbox.contracts.config import Step, Workflow, load_workflow
-from sandbox.contracts.hostconfig import load_host_config
+from sandbox.contracts.hostconfig import BackendConfig, load_host_config
 from sandbox.contracts.layout import TEST_RUN_PREFIX, is_test_run
 from sandbox.contracts.record import ContentHash, TestRunRecord, Walls, read_record
 from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record
@@ -40,15 +42,24 @@ class GateResult:
     reason: str
 
 
-def current_content(workflow_dir: Path, workflow: Workflow, step: Step) -> ContentHash:
-    """The hash a test run of the step would record now (the images' ids from the
-    engine, through the same backend a run uses)."""
-    from sandbox.backends.docker.backend import DockerBackend
+def current_content(
+    workflow_dir: Path, workflow: Workflow, step: Step, settings: BackendConfig | None = None
+) -> ContentHash:
+    """The hash a test run of the step would record now: the images as the backend the
+    host's config names gives them to a run (the Docker engine's ids; on Kubernetes the
+    references its Pods run, which need no connection to the cluster)."""
+    wanted = {"step": names.STEP_IMAGE}
+    if launch.stdio_servers(workflow):
+        wanted["mcp"] = names.MCP_IMAGE
+    if settings is None:
+        settings = load_host_config().backend
+    if settings.kind == "kubernetes":
+        used = {role: settings.image_ref(image) for role, image in wanted.items()}
+    else:
+        from sandbox.backends.docker.backend import DockerBackend
 
-    with contextlib.closing(DockerBackend.connect()) as backend:
-        used = {"step": backend.require_image(names.STEP_IMAGE)}
-        if launch.stdio_servers(workflow):
-            used["mcp"] = backend.require_image(names.MCP_IMAGE)
+        with contextlib.closing(DockerBackend.connect()) as backend:
+            used = {role: backend.require_image(image) for role, image in wanted.items()}
     return content_hash(workflow_dir, workflow, step, used)
 
 
@@ -119,11 +130,20 @@ def weaker_walls(walls: Walls | None) -> str:
     return "; ".join(walls.lacking) or "it did not have every wall of a normal run"
 
 
-def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = False) -> GateResult:
+def gate(
+    workflow_dir: Path | str,
+    step_id: str,
+    *,
+    allow_no_effects: bool = False,
+    host_config: Path | None = None,
+) -> GateResult:
+    """`host_config`: the host's settings (None: `$SANDBOX_HOST_CONFIG`, else the default
+    path), the ones the runs used: they name the backend that gives the images."""
     wf_dir = Path(workflow_dir).absolute()
     workflow = load_workflow(wf_dir)
     step = workflow.step(step_id)
-    now = current_content(wf_dir, workflow, step)
+    host = load_host_config(host_config)
+    now = current_content(wf_dir, workflow, step, host.backend)
     if not now.complete:
         return GateResult(False, f"{step_id} not verified: {not_covered_reason(now)}")
     past = history.read(wf_dir, step_id)
@@ -136,7 +156,7 @@ def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = Fal
     passing = [e for e in at_now if e.passed and e.expectations_digest == expectations]
     walled = [e for e in passing if not weaker_walls(e.walls)]
     replayed = [e for e in walled if replayed_from(wf_dir, e.run_id) is not None]
-    if replayed and not load_host_config().accept_replayed_verifications:
+    if replayed and not host.accept_replayed_verifications:
         walled = [e for e in walled if e not in replayed]
     sealed = [e for e in walled if not _run_unsealed(wf_dir, e.run_id)]
     if sealed:
@@ -160,7 +180,7 @@ def gate(workflow_dir: Path | str, step_id: str, *, allow_no_effects: bool = Fal
         )
     if allow_no_effects:
         runs = [r for r in _records_at(wf_dir, step_id, now.digest) if not weaker_walls(r.walls)]
-        if not load_host_config().accept_replayed_verifications:
+        if not host.accept_replayed_verifications:
             runs = [r for r in runs if r.replay is None]  # its reads were not the world's
         shown = [(r, unsealed(r) or why_not_effect_free(r)) for r in runs]
         if runs and not any(effect for _, effect in shown):
@@ -209,6 +229,7 @@ def gate_workflow(
     *,
     from_step: str | None = None,
     to_step: str | None = None,
+    host_config: Path | None = None,
 ) -> GateResult:
     """The Pulse rule for a chain: a passing workflow verification of these steps
     (`from_step`..`to_step`, the whole order by default) under the file's current
@@ -221,7 +242,8 @@ def gate_workflow(
     expectations = load_workflow_expectations(wf_dir, workflow, expectations_file)
     chain = chain_of(workflow, from_step, to_step)
     ids = [s.id for s in chain]
-    now = {s.id: current_content(wf_dir, workflow, s) for s in chain}
+    host = load_host_config(host_config)
+    now = {s.id: current_content(wf_dir, workflow, s, host.backend) for s in chain}
     what = f"the chain {' -> '.join(ids)} ({expectations.source})"
     for i in ids:
         if not now[i].complete:

@@ -84,6 +84,8 @@ def fleet_settings(
         claim_root=str(root),
         placement="scheduler",
         runner_image=runner_image,
+        # By digest, as an operator pins them so the gate can vouch for a run.
+        image_digests=kube_cluster.pin_by_digest(names.STEP_IMAGE, names.GUARD_IMAGE),
     )
 
 
@@ -324,7 +326,13 @@ def _cli_host_config(tmp_path: Path, kube_cluster: Cluster, settings: BackendCon
         "runner_host_network": True,
         "runner_api_server": f"127.0.0.1:{kube_cluster.state.ports.apiserver}",
     }
-    lines = ["[backend]", *(f"{k} = {json.dumps(v)}" for k, v in fields.items())]
+    lines = ["[backend]"]
+    for key, value in fields.items():
+        if isinstance(value, dict):  # a TOML inline table
+            pairs = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())
+            lines.append(f"{key} = {{{pairs}}}")
+        else:
+            lines.append(f"{key} = {json.dumps(value)}")
     path = tmp_path / "host.toml"
     path.write_text("\n".join(lines) + "\n")
     return path

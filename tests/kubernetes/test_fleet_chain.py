@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from sandbox.contracts import names
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import RunStatus, read_record
 from sandbox.contracts.workflow_record import StepState, WorkflowRunRecord
@@ -276,6 +277,27 @@ def test_verify_on_the_fleet_writes_the_verdict_on_the_claim_and_the_controller_
     gate = _sandbox_cli("gate", str(wf), "bad", "--json")
     out, err = gate.communicate(timeout=120)
     assert gate.returncode == 1 and json.loads(out)["ok"] is False, (out, err)
+    # The images ran by digest (the controller's mapping, carried to the runner): the
+    # gate, with the controller's config, vouches for the good step's verification.
+    step_ref = fleet_settings.image_digests[names.STEP_IMAGE]
+    content = read_record(wf / "runs" / good["run_id"]).content
+    assert content is not None and content.parts["image step"] == step_ref
+    gate = _sandbox_cli("gate", str(wf), "good", "--host-config", str(host), "--json")
+    out, err = gate.communicate(timeout=120)
+    assert gate.returncode == 0 and json.loads(out) == {
+        "ok": True,
+        "reason": f"good verified at its current version ({good['run_id']})",
+    }, (out, err)
+    # Named by tag, the same images are no version the gate can vouch for.
+    (tmp_path / "tags").mkdir()
+    by_tag = fleet_settings.model_copy(update={"image_digests": {}})
+    tags = _cli_host_config(tmp_path / "tags", kube_cluster, by_tag)
+    gate = _sandbox_cli("gate", str(wf), "good", "--host-config", str(tags), "--json")
+    out, err = gate.communicate(timeout=120)
+    assert gate.returncode == 1 and json.loads(out)["reason"] == (
+        "good not verified: the version hash could not cover image step: "
+        f"{names.STEP_IMAGE} is named by tag, not by content"
+    ), (out, err)
     assert tree_digest(wf) == before
     _no_jobs_left(kube_api, fleet_settings.namespace)
     no_pods_or_secrets(kube_core, fleet_settings.namespace)

@@ -84,6 +84,16 @@ def test_only_the_runner_is_privileged_and_it_holds_only_its_namespaced_role() -
     ]
 
 
+def test_the_runner_runs_the_images_by_the_digests_the_controller_names() -> None:
+    digests = {names.STEP_IMAGE: "registry.example.org/sandbox-step@sha256:" + "c" * 64}
+    job = fleet.job_manifest(_settings(image_digests=digests), "team/wf", "step1", "run-x")
+    (runner,) = job["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in runner["env"]}
+    inner = BackendConfig.model_validate_json(env[fleet.SETTINGS_ENV])
+    assert inner.image_digests == digests
+    assert inner.image_ref(names.STEP_IMAGE) == digests[names.STEP_IMAGE]
+
+
 def test_the_runner_api_settings_shape_the_job_and_stay_with_the_controller() -> None:
     """`runner_host_network` and `runner_api_server` (a cluster whose Pods reach the API
     server only through their node) go into the Job, not into the runner's settings."""

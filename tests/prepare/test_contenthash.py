@@ -18,11 +18,13 @@ from sandbox.prepare import contenthash, treehash
 from sandbox.prepare.contenthash import changed_parts, content_hash, policy_version
 from tests.conftest import write_workflow
 
+IMAGE_ID = "sha256:" + "1" * 64
+
 
 def _content(wf: Path, images: dict[str, str] | None = None) -> ContentHash:
     workflow = load_workflow(wf)
     step = workflow.step("step1")
-    return content_hash(wf, workflow, step, images or {"step": "sha256:1"})
+    return content_hash(wf, workflow, step, images or {"step": IMAGE_ID})
 
 
 def _hash(wf: Path, images: dict[str, str] | None = None) -> dict[str, str]:
@@ -57,7 +59,7 @@ def test_each_part_is_named_and_one_byte_changes_only_its_part(tmp_path: Path) -
     assert changed_parts(before, _hash(wf)) == ["code/lib/b.py"]
     (wf / "prompt.md").write_text("Do it!\n")
     assert "prompt.md" in changed_parts(before, _hash(wf))
-    assert changed_parts(before, _hash(wf, {"step": "sha256:2"})) == [
+    assert changed_parts(before, _hash(wf, {"step": "sha256:" + "2" * 64})) == [
         "code/lib/b.py",
         "image step",
         "prompt.md",
@@ -213,4 +215,39 @@ def test_every_module_of_the_policy_is_in_its_version() -> None:
     policy_modules = {f"sandbox.{m.name}" for m in pkgutil.iter_modules([str(package)])}
     assert {m for m in policy_modules if m.startswith("sandbox.policy")} == set(
         contenthash.POLICY_MODULES
+    )
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        IMAGE_ID,
+        "registry.example/sandbox-step@sha256:" + "a" * 64,
+        "sandbox-step:h1@sha256:" + "b" * 64,
+    ],
+)
+def test_an_image_named_by_content_is_covered(tmp_path: Path, image: str) -> None:
+    content = _content(write_workflow(tmp_path), {"step": image, "mcp": IMAGE_ID})
+    assert content.complete, content.not_covered
+    assert content.parts["image step"] == image
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "registry.example/sandbox-step:h1",
+        "sandbox-step:h1",
+        "sha256:1",
+        "registry.example/sandbox-step@sha256:" + "A" * 64,
+        "registry.example/sandbox-step@sha256:" + "a" * 63,
+    ],
+)
+def test_an_image_named_by_tag_leaves_the_version_uncovered(tmp_path: Path, image: str) -> None:
+    """A tag names whatever was pushed under it last: vouching for it would vouch for code
+    never hashed (a cluster's Pods name their images by reference, not by id)."""
+    content = _content(write_workflow(tmp_path), {"step": IMAGE_ID, "mcp": image})
+    assert not content.complete
+    assert content.not_covered == [f"image mcp: {image} is named by tag, not by content"]
+    assert contenthash.not_covered_reason(content) == (
+        f"the version hash could not cover image mcp: {image} is named by tag, not by content"
     )

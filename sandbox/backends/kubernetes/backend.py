@@ -239,7 +239,7 @@ class KubernetesBackend:
 
     def require_image(self, ref: str) -> str:
         """The reference the nodes run (they hold or pull it; the record names it)."""
-        return self.settings.image_prefix + ref
+        return self.settings.image_ref(ref)
 
     def create(self, spec: ContainerSpec, *, independent: bool = False) -> RunContainer:
         role = spec.labels.get(LABEL_ROLE, "")

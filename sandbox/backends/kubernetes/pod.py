@@ -250,7 +250,7 @@ def _env(env: dict[str, str]) -> list[dict[str, str]]:
 
 
 def _image(settings: BackendConfig, image: str) -> str:
-    return settings.image_prefix + image
+    return settings.image_ref(image)
 
 
 def _tmpfs_size(options: str) -> str | None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sandbox.backends.kubernetes import pod as manifests
+from sandbox.backends.kubernetes.backend import KubernetesBackend
 from sandbox.contracts import names
 from sandbox.contracts.config import Workflow
 from sandbox.contracts.errors import ConfigError
@@ -330,6 +331,24 @@ def test_node_placement_and_registry(tmp_path: Path) -> None:
     for container in containers(pod).values():
         assert container["image"].startswith("registry.example/sandbox-")
         assert container["imagePullPolicy"] == "Always"
+
+
+def test_images_mapped_to_a_digest_run_by_that_digest(tmp_path: Path) -> None:
+    """The reference a Pod runs is the one its backend's `require_image` gives the
+    record: by digest where the host maps it, else the prefixed tag."""
+    step_ref = "registry.example/sandbox-step@sha256:" + "a" * 64
+    guard_ref = "registry.example/sandbox-guard@sha256:" + "b" * 64
+    settings = BackendConfig(
+        kind="kubernetes",
+        image_prefix="registry.example/",
+        image_digests={names.STEP_IMAGE: step_ref, names.GUARD_IMAGE: guard_ref},
+    )
+    pod = build(plan(tmp_path), settings)[0]
+    images = {name: c["image"] for name, c in containers(pod).items()}
+    assert images == {"firewall": guard_ref, "guard": guard_ref, "step": step_ref}
+    backend = KubernetesBackend(settings, api=None)
+    assert backend.require_image(names.STEP_IMAGE) == step_ref
+    assert backend.require_image(names.MCP_IMAGE) == "registry.example/" + names.MCP_IMAGE
 
 
 def test_what_a_pod_cannot_hold_is_refused(tmp_path: Path) -> None:

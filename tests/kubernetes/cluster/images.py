@@ -57,6 +57,32 @@ def pause_image_archive(pause_binary: Path, reference: str) -> bytes:
 
 
 class Images(ClusterBase):
+    def pin_by_digest(self, *references: str) -> dict[str, str]:
+        """Each loaded image (`name:tag`) also named by its manifest's digest on every
+        node, as a registry pull names it (`ctr import` names it by tag only, and the
+        CRI finds an image only by a name it holds): {reference: name@sha256:<digest>}."""
+        sockets = [
+            self.state.containerd_socket,
+            *(n.containerd_socket for n in self.state.extra_nodes),
+        ]
+        pinned: dict[str, str] = {}
+        for reference in references:
+            full = reference if "/" in reference else f"docker.io/library/{reference}"
+            name = full.rpartition(":")[0]
+            digests = set()
+            for sock in sockets:
+                listed = self.ctr("images", "ls", f"name=={full}", socket=sock).stdout.decode()
+                rows = [line.split() for line in listed.splitlines()[1:] if line.strip()]
+                if len(rows) != 1:
+                    raise ClusterError(f"{full} is not loaded on {sock}: {listed!r}")
+                digest = rows[0][2]
+                self.ctr("images", "tag", "--force", full, f"{name}@{digest}", socket=sock)
+                digests.add(digest)
+            if len(digests) != 1:
+                raise ClusterError(f"{full} has different digests on the nodes: {digests}")
+            pinned[reference] = f"{name}@{digests.pop()}"
+        return pinned
+
     def load_docker_images(self, *references: str) -> None:
         """Copy images from the host's Docker engine into every node (`docker save | ctr import`)."""
         if not self.state.extra_nodes:
