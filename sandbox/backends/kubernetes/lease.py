@@ -24,6 +24,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any
@@ -36,6 +37,10 @@ from sandbox.contracts.errors import EngineError, RefusedError
 from .podrun import api_reason
 
 LEASE_DURATION_S = 30
+# A share that meets a test run's Lease younger than this waits up to this long for it to
+# go: a racing test run backs off at once when it sees the share (lease.spec.md).
+RACE_SETTLE_S = 2.0
+RACE_POLL_S = 0.05
 LEASE_PREFIX = "sandbox-workflow-"
 SHARED_PREFIX = "sandbox-shared-"
 LABEL_LEASE = "sandbox.workflow-lease"
@@ -395,17 +400,27 @@ class SharedLease(_HeldLease):
         self._start_renewing()
 
     def _no_live_test_run(self) -> None:
-        """After this Lease is written: a live exclusive Lease refuses the share."""
-        try:
-            held = self.coordination.read_namespaced_lease(self.exclusive_name, self.namespace)
-        except ApiException as exc:
-            if exc.status == 404:
+        """After this Lease is written: a live exclusive Lease refuses the share. One
+        taken less than `RACE_SETTLE_S` ago may be a racing test run that saw this share
+        and is backing off: the share waits that long for it to go before refusing."""
+        deadline = time.monotonic() + RACE_SETTLE_S
+        while True:
+            try:
+                held = self.coordination.read_namespaced_lease(self.exclusive_name, self.namespace)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                raise EngineError(f"reading the workflow's Lease: {api_reason(exc)}") from None
+            now = datetime.now(UTC)
+            if not _live(held, now, self.duration_s):
                 return
-            raise EngineError(f"reading the workflow's Lease: {api_reason(exc)}") from None
-        if _live(held, datetime.now(UTC), self.duration_s):
-            renewed = _renewed(held)
-            when = renewed.isoformat() if renewed else "?"
-            raise LockedByTestRunError(self.workflow, held.spec.holder_identity, when)
+            taken = _parse(held.spec.acquire_time)
+            settling = taken is not None and now - taken < timedelta(seconds=RACE_SETTLE_S)
+            if not settling or time.monotonic() >= deadline:
+                renewed = _renewed(held)
+                when = renewed.isoformat() if renewed else "?"
+                raise LockedByTestRunError(self.workflow, held.spec.holder_identity, when)
+            time.sleep(RACE_POLL_S)
 
 
 class LockedByTestRunError(LeaseHeldError):
