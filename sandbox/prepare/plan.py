@@ -13,6 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sandbox.contracts import names
 from sandbox.contracts.config import Egress, EgressEntry, McpServer, Step, StepRuntime, Workflow
 from sandbox.contracts.hostconfig import DEFAULT_DURABILITY, Durability, load_host_config
 from sandbox.contracts.ids import NO_REMAP, IdMap
@@ -97,6 +98,15 @@ def egress_for_run(workflow: Workflow, extra_hosts: tuple[str, ...]) -> Egress:
 def stdio_servers(workflow: Workflow) -> list[tuple[int, McpServer]]:
     """The workflow's stdio MCP servers with their index (which names their uid)."""
     return [(i, s) for i, s in enumerate(workflow.mcp_servers) if s.command is not None]
+
+
+def images_of(workflow: Workflow) -> dict[str, str]:
+    """The project images a run of the workflow uses, by role (what its version hash
+    names): the step's, and the MCP servers' when it has stdio servers."""
+    wanted = {"step": names.STEP_IMAGE}
+    if stdio_servers(workflow):
+        wanted["mcp"] = names.MCP_IMAGE
+    return wanted
 
 
 def needs_egress_ca(workflow: Workflow, egress: Egress) -> bool:

@@ -16,7 +16,6 @@ from pathlib import Path
 from sandbox.backends import Backend
 from sandbox.collect.guarding import Guarded
 from sandbox.collect.harvest import Collected
-from sandbox.contracts import names
 from sandbox.contracts.config import StepRuntime
 from sandbox.contracts.layout import RunLayout
 from sandbox.contracts.record import RunnerInfo, RunStatus, TestRunRecord, write_record
@@ -24,7 +23,7 @@ from sandbox.contracts.version import runner_version
 from sandbox.hostfs.procstart import process_start, start_identity
 from sandbox.prepare.contenthash import content_hash
 from sandbox.prepare.inputs import StepInputs
-from sandbox.prepare.plan import RunPlan, stdio_servers
+from sandbox.prepare.plan import RunPlan, images_of
 from sandbox.record.outcome import status_and_reason
 
 
@@ -54,9 +53,9 @@ def new_record(
     """The run's first record (`running`); the images it needs must exist."""
     workflow, step = inputs.workflow, inputs.step
     backend.require_step_runtime(step_runtime)
-    used_images = {"step": backend.require_image(names.STEP_IMAGE)}
-    if stdio_servers(workflow):
-        used_images["mcp"] = backend.require_image(names.MCP_IMAGE)
+    used_images = {
+        role: backend.require_image(image) for role, image in images_of(workflow).items()
+    }
     return TestRunRecord(
         runner_version=runner_version(),
         id=layout.run_id,

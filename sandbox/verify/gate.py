@@ -21,14 +21,13 @@ import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from sandbox.contracts import names
 from sandbox.contracts.config import Step, Workflow, load_workflow
 from sandbox.contracts.hostconfig import BackendConfig, load_host_config
 from sandbox.contracts.layout import TEST_RUN_PREFIX, is_test_run
 from sandbox.contracts.record import ContentHash, TestRunRecord, Walls, read_record
 from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record
-from sandbox.launch import specs as launch
 from sandbox.prepare.contenthash import changed_parts, content_hash, not_covered_reason
+from sandbox.prepare.plan import images_of
 from sandbox.verify import history
 from sandbox.verify.effects import why_not_effect_free
 from sandbox.verify.expect import expectations_digest, load_expectations
@@ -48,9 +47,7 @@ def current_content(
     """The hash a test run of the step would record now: the images as the backend the
     host's config names gives them to a run (the Docker engine's ids; on Kubernetes the
     references its Pods run, which need no connection to the cluster)."""
-    wanted = {"step": names.STEP_IMAGE}
-    if launch.stdio_servers(workflow):
-        wanted["mcp"] = names.MCP_IMAGE
+    wanted = images_of(workflow)
     if settings is None:
         settings = load_host_config().backend
     if settings.kind == "kubernetes":
