@@ -162,7 +162,7 @@ def build_base(client: DockerClient, rebuilt: list[str]) -> str:
             "mmdebstrap is not installed (apt-get install mmdebstrap), or pass BASE_IMAGE"
         )
     _log(f"building {tag} with mmdebstrap ({suite}); this takes about half a minute")
-    BUILD_DIR.mkdir(exist_ok=True)
+    BUILD_DIR.mkdir(parents=True, exist_ok=True)
     tarball = BUILD_DIR / "base.tar"
     cmd = [
         "mmdebstrap",
@@ -335,14 +335,14 @@ def _mcp_servers(into: Path) -> None:
     `into/mcp-wheels` (wheels and a requirements.txt, installed with no index)
     and `into/mcp-node` (an npm prefix, install scripts off), cached in build/
     by the list's hash so an unchanged list is never fetched again."""
-    listing = images_dir() / "mcp" / "mcp-servers.txt"
+    listing = _mcp_listing()
     entries = [ln.split() for ln in listing.read_text().splitlines() if ln.strip()]
     pypi = [e[1] for e in entries if e[0] == "pypi" and len(e) == 2]
     npm = [e[1] for e in entries if e[0] == "npm" and len(e) == 2]
-    cache = BUILD_DIR / ("mcp-" + _hash_files([listing]))
+    cache = mcp_servers_cache()
     if not cache.is_dir():
         _log("fetching the MCP servers on the host (pip wheel, npm install)")
-        BUILD_DIR.mkdir(exist_ok=True)
+        BUILD_DIR.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=BUILD_DIR))
         (tmp / "mcp-wheels").mkdir()
         if pypi:
@@ -363,6 +363,16 @@ def _mcp_servers(into: Path) -> None:
         tmp.rename(cache)
     shutil.copytree(cache / "mcp-wheels", into / "mcp-wheels")
     shutil.copytree(cache / "mcp-node", into / "mcp-node", symlinks=True)
+
+
+def _mcp_listing() -> Path:
+    return images_dir() / "mcp" / "mcp-servers.txt"
+
+
+def mcp_servers_cache() -> Path:
+    """Where the MCP servers built on the host are cached: by their list's hash
+    (`mcp-wheels/` holds every wheel they need, `mcp-node/` the npm prefix)."""
+    return BUILD_DIR / ("mcp-" + _hash_files([_mcp_listing()]))
 
 
 def _pip(args: list[str]) -> None:
