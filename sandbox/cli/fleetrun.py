@@ -9,8 +9,9 @@ chain as its own Job (`sandbox.run.fleetchain`), so each step lands wherever the
 scheduler puts it. `--follow` prints what the controller sees: the node each run
 landed on and its runner Pod's phases. A stop (Ctrl-C, SIGTERM) deletes the running
 Job: the runner gets SIGTERM and seals the record `killed`, which is read once the
-runner's Pod is gone (exit 130). Run options the Job does not carry to the runner are
-refused, never dropped.
+runner's Pod is gone (exit 130). The host config's `durability` and `[recording]` go
+with the Job to the runner (`fleet.Carried`), as a one-host run honours them; run
+options the Job does not carry to the runner are refused, never dropped.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sandbox.contracts.errors import EngineError, RefusedError
 if TYPE_CHECKING:
     from sandbox.backends.kubernetes.fleet import FleetRun
     from sandbox.contracts.hostconfig import BackendConfig
+    from sandbox.contracts.options import RunOptions
     from sandbox.contracts.record import TestRunRecord
     from sandbox.contracts.workflow_record import WorkflowRunRecord
     from sandbox.progress import FollowPrinter
@@ -47,6 +49,16 @@ def fleet_config(args: argparse.Namespace) -> BackendConfig | None:
     if config.kind != "kubernetes" or config.placement != "scheduler":
         return None
     return config
+
+
+def _host_settings(args: argparse.Namespace) -> RunOptions:
+    """The controller's host settings a run honours (`durability`, `[recording]`), as
+    `sandbox run` on one host reads them: the Job carries them to the runner."""
+    from sandbox.contracts.hostconfig import load_host_config
+    from sandbox.contracts.options import RunOptions
+
+    host = load_host_config(args.host_config)
+    return RunOptions(durability=host.durability, recording=host.recording)
 
 
 def _refuse_not_carried(args: argparse.Namespace) -> None:
@@ -84,10 +96,11 @@ def _submitted(
     from sandbox.run.cancel import RunInterrupted
 
     with needs_client():
-        from sandbox.backends.kubernetes.fleet import RUNNER_GRACE_S, FleetRun
+        from sandbox.backends.kubernetes.fleet import RUNNER_GRACE_S, Carried, FleetRun
+    carried = Carried.of(_host_settings(args))
     with stopsignals.held():  # a stop lands once the Job is ours to delete
         run = FleetRun.submit(
-            config, Path(args.workflow_dir), args.step_id, runner_args=runner_args
+            config, Path(args.workflow_dir), args.step_id, runner_args=runner_args, carried=carried
         )
     stopped = False
     try:
@@ -170,8 +183,9 @@ def chain_on_fleet(
 ) -> WorkflowRunRecord:
     """The chain, each step submitted as its own Job (`FleetWorkflowRun`)."""
     _refuse_not_carried(args)
+    import dataclasses
+
     from sandbox.backends.choose import needs_client
-    from sandbox.run.testrun import RunOptions
     from sandbox.run.workflowrun import WorkflowOptions
 
     with needs_client():
@@ -181,7 +195,7 @@ def chain_on_fleet(
             from_step=args.from_step,
             to_step=args.to_step,
             keep_going=args.keep_going,
-            step=RunOptions(on_event=printer),
+            step=dataclasses.replace(_host_settings(args), on_event=printer),
         )
         chain = FleetWorkflowRun(config, Path(args.workflow_dir), options)
     return chain.execute()

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,18 +67,22 @@ class FleetWorkflowRun(WorkflowRun):
         host_network: bool = False,
     ) -> None:
         super().__init__(workflow_dir, options)
-        from sandbox.backends.kubernetes.fleet import claim_path, refuse_not_carried
+        from sandbox.backends.kubernetes.fleet import Carried, claim_path, refuse_not_carried
 
         if settings.kind != "kubernetes" or settings.placement != "scheduler":
             raise ConfigError(
                 "a chain on the fleet needs kind = 'kubernetes' and placement = 'scheduler'"
             )
         refuse_not_carried(self.options.step)
+        # Each step's runner honours these as a one-host step honours its host's.
+        self.carried = Carried.of(self.options.step)
         self.settings = settings
         self.claim_workflow = claim_path(settings, self.workflow_dir)
         self._api, self._env, self._host_network = api, env, host_network
+        from sandbox.backends.kubernetes.lease import chain_holder
+
         # The chain's Lease holder: this controller, and each step's runner with it.
-        self.holder = f"sandbox-chain-{secrets.token_hex(6)}"
+        self.holder = chain_holder()
         self.current: FleetRun | None = None  # the step's Job while it runs
 
     def execute(self) -> WorkflowRunRecord:
@@ -104,13 +107,22 @@ class FleetWorkflowRun(WorkflowRun):
 
     def _lock(self, layout: WorkflowRunLayout) -> contextlib.AbstractContextManager[object]:
         """The workflow's Lease, taken now (LeaseHeldError, a RefusedError, names a live
-        holder) and released when the chain ends."""
-        from sandbox.backends.kubernetes.lease import WorkflowLease
+        holder) and released when the chain ends; with it the chain's marker, by which
+        `sandbox gc` finds the chain if this controller dies (`fleetgc`)."""
+        from sandbox.backends.kubernetes.lease import WorkflowLease, mark_chain, unmark_chain
 
-        lease = WorkflowLease(self._conn, self.settings.namespace, self.claim_workflow, self.holder)
+        namespace = self.settings.namespace
+        lease = WorkflowLease(self._conn, namespace, self.claim_workflow, self.holder)
         lease.acquire()
+        try:
+            mark_chain(self._conn, namespace, self.claim_workflow, self.holder, layout.run_id)
+        except BaseException:
+            lease.release()
+            raise
         held = contextlib.ExitStack()
         held.callback(lease.release)
+        # Run first (the chain's record is sealed by then), then the Lease released.
+        held.callback(unmark_chain, self._conn, namespace, self.holder)
         return held
 
     def _run_step(self, place: StepPlace, seed: Seed, started: StepStarted) -> TestRunRecord:
@@ -139,6 +151,8 @@ class FleetWorkflowRun(WorkflowRun):
                 env=self._env,
                 host_network=self._host_network,
                 runner_args=args,
+                carried=self.carried,
+                chain_id=place.chain_id,
             )
         self.current = run
         started(place.layout.run_id, datetime.now(UTC))

@@ -146,11 +146,13 @@ def orphaned(labels: dict[str, str]) -> bool:
         return True
 
 
-def mark_killed(run_root: Path, *, runner_dead: bool = False) -> bool:
+def mark_killed(run_root: Path, *, runner_dead: bool = False, who: str = "runner") -> bool:
     """Rewrite an orphaned `running` record as `killed`; True when it did.
 
-    `runner_dead`: the caller knows the runner ended (a fleet runner's Pod did), so
-    the record's runner, on another node, is not looked up here."""
+    `runner_dead`: the caller knows the runner ended (a fleet runner's Pod did, a
+    fleet chain's controller is gone), so the record's runner, on another node, is not
+    looked up here. `who`: what died, as the reason names it (a fleet chain's
+    `controller`)."""
     if run_root.is_symlink() or not (run_root / RECORD_FILE).is_file():
         return False
     try:
@@ -162,29 +164,29 @@ def mark_killed(run_root: Path, *, runner_dead: bool = False) -> bool:
     if not runner_dead and record_runner_alive(record.runner):
         return False
     record.status = RunStatus.KILLED
-    record.reason = "the runner died before the run finished; cleaned up by `sandbox gc`"
+    record.reason = f"the {who} died before the run finished; cleaned up by `sandbox gc`"
     record.finished_at = utcnow()
     record.duration_s = (record.finished_at - record.started_at).total_seconds()
     if isinstance(record, WorkflowRunRecord):
-        _mark_chain_killed(record)
+        _mark_chain_killed(record, who)
         write_workflow_record(run_root, record)
     else:
         write_record(run_root, record)
     return True
 
 
-def _mark_chain_killed(record: WorkflowRunRecord) -> None:
+def _mark_chain_killed(record: WorkflowRunRecord, who: str) -> None:
     """The step the chain was in is killed with it; the steps after it never ran."""
     if record.current_step is not None:
         record.reason = (
-            f"the runner died in step {record.current_step} before the workflow run finished;"
+            f"the {who} died in step {record.current_step} before the workflow run finished;"
             " cleaned up by `sandbox gc`"
         )
     for entry in record.steps:
         if entry.status is StepState.RUNNING:
-            entry.status, entry.reason = StepState.KILLED, "the runner died during this step"
+            entry.status, entry.reason = StepState.KILLED, f"the {who} died during this step"
         elif entry.status is StepState.PENDING:
-            entry.status, entry.reason = StepState.SKIPPED, "the runner died before this step"
+            entry.status, entry.reason = StepState.SKIPPED, f"the {who} died before this step"
 
 
 def collect(

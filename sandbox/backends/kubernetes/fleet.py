@@ -33,13 +33,20 @@ from typing import Any
 
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
+from pydantic import BaseModel, ConfigDict, Field
 
 from sandbox.contracts import names
 from sandbox.contracts.config import load_workflow
 from sandbox.contracts.errors import ConfigError, EngineError, RefusedError
-from sandbox.contracts.hostconfig import BackendConfig
+from sandbox.contracts.hostconfig import (
+    DEFAULT_DURABILITY,
+    BackendConfig,
+    Durability,
+    load_host_config,
+)
 from sandbox.contracts.options import RunOptions
 from sandbox.contracts.record import TestRunRecord, read_record
+from sandbox.contracts.recording import RecordingSettings
 from sandbox.contracts.settings import runner_settings as runner_settings_of_this_host
 from sandbox.launch.runtime import POD_RUNSC_REFUSAL
 
@@ -48,6 +55,7 @@ from .podrun import api_reason, connect
 
 RUNNER_CLAIM_ROOT = "/claim"  # where the runner's Pod mounts the claim
 SETTINGS_ENV = "SANDBOX_FLEET_SETTINGS"
+CARRIED_ENV = "SANDBOX_FLEET_CARRIED"  # the controller's host settings the run honours
 NODE_ENV = "SANDBOX_NODE_NAME"
 POD_ENV = "SANDBOX_RUNNER_POD"  # the runner's Pod: the holder of the workflow's Lease
 RUN_ID_MARK = "sandbox-fleet-run-id: "
@@ -56,6 +64,7 @@ LABEL_FLEET = "sandbox.fleet-runner"
 LABEL_JOB = "sandbox.fleet-job"
 ANNOTATION_WORKFLOW = "sandbox.workflow"  # the workflow's path in the claim (the controller's)
 ANNOTATION_RUN_ID = "sandbox.run-id"  # set by the runner at its run's first event
+ANNOTATION_CHAIN = "sandbox.chain-run-id"  # a chain's step: the chain's run id
 RUNNER_DEADLINE_S = 6 * 3600  # a Job whose runner hangs still ends
 RUNNER_GRACE_S = 60  # the runner's clean-up after SIGTERM (the run's Pod, its mounts)
 RUN_ID = re.compile(r"^test-[0-9A-Za-z_-]{1,80}$")
@@ -74,6 +83,30 @@ NOT_CARRIED = {
     "step_runtime": "--step-runtime",
     "replay": "--replay",
 }
+
+
+class Carried(BaseModel):
+    """The controller's host settings (`host.toml`) that a one-host run honours and that
+    change the record or the action log's durability, carried to the runner by its Job:
+    `durability` (how the guard syncs the action log) and `[recording]` (what the guard
+    keeps of each allowed read, and its caps, which the record names). The rest of
+    `host.toml` is the controller's own (`[backend]`: how it reaches the cluster;
+    `accept_replayed_verifications`: its gate's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    durability: Durability = DEFAULT_DURABILITY
+    recording: RecordingSettings = Field(default_factory=RecordingSettings)
+
+    @classmethod
+    def of(cls, options: RunOptions) -> Carried:
+        """What a run with these options honours: the options' own, else the host
+        config's in effect (as `prepare.plan` resolves them on one host)."""
+        host = load_host_config()
+        return cls(
+            durability=options.durability or host.durability,
+            recording=options.recording or host.recording,
+        )
 
 
 def refuse_not_carried(options: RunOptions) -> None:
@@ -152,9 +185,13 @@ def job_manifest(
     env: dict[str, str] | None = None,
     host_network: bool = False,
     runner_args: Sequence[str] = (),
+    carried: Carried | None = None,
+    chain_id: str | None = None,
 ) -> dict[str, Any]:
     """The Job of one run (pure). `runner_args`: what the runner does besides running
-    the step (`fleetrunner`'s options: `--verify`, a chain's step). `env` and
+    the step (`fleetrunner`'s options: `--verify`, a chain's step); `carried`: the
+    controller's host settings the run honours; `chain_id`: the chain whose step this
+    is (an annotation `sandbox gc` reads). `env` and
     `host_network` (added to the settings' `runner_api_server` and
     `runner_host_network`) are for clusters whose Pods reach the API server only
     through the node (the local test cluster)."""
@@ -171,6 +208,7 @@ def job_manifest(
         {"name": NODE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": POD_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": SETTINGS_ENV, "value": runner_settings(settings).model_dump_json()},
+        {"name": CARRIED_ENV, "value": (carried or Carried()).model_dump_json()},
         {"name": "PYTHONDONTWRITEBYTECODE", "value": "1"},
         # The run's Pod runs the images this controller names.
         {"name": "SANDBOX_IMAGE_TAG", "value": names.IMAGE_TAG},
@@ -216,6 +254,11 @@ def job_manifest(
         pod_spec["hostNetwork"] = True
     if settings.node_selector:
         pod_spec["nodeSelector"] = dict(settings.node_selector)
+    annotations = {ANNOTATION_WORKFLOW: workflow}
+    if chain_id is not None:
+        if not RUN_ID.match(chain_id):
+            raise ConfigError(f"{chain_id!r} is not a chain's run id")
+        annotations[ANNOTATION_CHAIN] = chain_id
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -224,7 +267,7 @@ def job_manifest(
             "backoffLimit": 0,  # a run is never repeated behind the controller's back
             "activeDeadlineSeconds": RUNNER_DEADLINE_S,
             "template": {
-                "metadata": {"labels": labels, "annotations": {ANNOTATION_WORKFLOW: workflow}},
+                "metadata": {"labels": labels, "annotations": annotations},
                 "spec": pod_spec,
             },
         },
@@ -254,7 +297,11 @@ class FleetRun:
         env: dict[str, str] | None = None,
         host_network: bool = False,
         runner_args: Sequence[str] = (),
+        carried: Carried | None = None,
+        chain_id: str | None = None,
     ) -> FleetRun:
+        """The run's Job created. `carried`: the host settings the run honours (None:
+        the host config in effect here, `Carried.of`)."""
         workflow = claim_path(settings, workflow_dir)
         refuse_what_a_pod_cannot_hold(Path(workflow_dir), step_id)
         name = f"sandbox-run-{secrets.token_hex(5)}"
@@ -266,6 +313,8 @@ class FleetRun:
             env=env,
             host_network=host_network,
             runner_args=runner_args,
+            carried=carried if carried is not None else Carried.of(RunOptions()),
+            chain_id=chain_id,
         )
         api = api if api is not None else connect(settings)
         run = cls(api, settings, Path(workflow_dir).absolute(), name)

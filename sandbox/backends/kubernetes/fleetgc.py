@@ -11,6 +11,19 @@ node (the step's disk and view) only a privileged Pod on that node can remove: g
 submits a cleanup Job pinned there (`fleetclean`), waits for it (bounded), reports
 what it removed and deletes it; one that has not ended by then is left to finish
 (it has a deadline and goes by itself once ended) and named in the report's errors.
+A chain's step runner is found the same way; its record is the step's folder under
+the chain's `steps/`, and its cleanup Job reaps the whole chain's folder.
+
+A chain whose controller died (`fleetchain`: SIGKILL, its host lost) leaves its own
+record `running`. Its controller left a marker (`lease.mark_chain`) beside the
+workflow's Lease it holds: when that Lease is gone (deleted, taken by another
+holder, or expired: `lease.chain_gone`) and no runner Pod of the chain is still
+running (a step's runner renews the Lease while it runs, and seals its own record),
+the controller is provably gone. Then the chain is recorded `killed` as a chain
+whose runner died on one host (`mark_killed`: the step it was in killed, the rest
+skipped; a step record its dead runner left `running` marked `killed` first), its
+remaining Jobs and the dead Lease deleted, and the marker with them. A live chain
+(its Lease renewed, or a step's runner running) is never touched.
 """
 
 from __future__ import annotations
@@ -26,23 +39,67 @@ from kubernetes.client.exceptions import ApiException
 
 from sandbox.backends.docker.gc import GcReport, mark_killed
 from sandbox.contracts.hostconfig import BackendConfig
+from sandbox.contracts.layout import STEPS_DIR, new_step_run_id
 from sandbox.contracts.names import LABEL_RUN_ID
+from sandbox.contracts.record import RunStatus
+from sandbox.contracts.workflow_record import WorkflowRunRecord, read_any_record
 
-from .fleet import ANNOTATION_RUN_ID, ANNOTATION_WORKFLOW, LABEL_FLEET, LABEL_JOB, RUN_ID
+from .fleet import (
+    ANNOTATION_CHAIN,
+    ANNOTATION_RUN_ID,
+    ANNOTATION_WORKFLOW,
+    LABEL_FLEET,
+    LABEL_JOB,
+    RUN_ID,
+)
 from .fleetclean import REMOVED_MARK, cleanup_job_manifest
-from .lease import drop_job_start, lease_name
+from .lease import (
+    ANNOTATION_CHAIN_RUN,
+    chain_gone,
+    chain_markers,
+    drop_job_start,
+    lease_name,
+    unmark_chain,
+)
 
 CLEANUP_WAIT_S = 120.0  # gc waits this long for the nodes' cleanup Jobs, all together
 
 
 def _run_root(settings: BackendConfig, annotations: dict[str, str]) -> Path | None:
+    """The run folder on the controller's view of the claim: `runs/<id>`, or for a
+    chain's step its folder under the chain's `steps/` (each name checked)."""
     workflow, run_id = annotations.get(ANNOTATION_WORKFLOW), annotations.get(ANNOTATION_RUN_ID)
     if settings.claim_root is None or not workflow or not run_id or not RUN_ID.match(run_id):
         return None
     rel = PurePosixPath(workflow)
     if rel.is_absolute() or ".." in rel.parts or not rel.parts:
         return None
-    return Path(settings.claim_root) / rel / "runs" / run_id
+    runs = Path(settings.claim_root) / rel / "runs"
+    chain = annotations.get(ANNOTATION_CHAIN)
+    if chain is None:
+        return runs / run_id
+    if not RUN_ID.match(chain):
+        return None
+    return _step_root(runs / chain, run_id)
+
+
+def _step_root(chain_root: Path, step_run_id: str) -> Path | None:
+    """A chain step's folder (`steps/<index>-<step>`, a real folder) by its run id."""
+    index = step_run_id.rpartition("-s")[2]
+    if not index.isdigit() or new_step_run_id(chain_root.name, int(index)) != step_run_id:
+        return None
+    steps = chain_root / STEPS_DIR
+    try:
+        if steps.is_symlink():
+            return None
+        found = [
+            p
+            for p in steps.iterdir()
+            if p.name.startswith(f"{int(index)}-") and p.is_dir() and not p.is_symlink()
+        ]
+    except OSError:
+        return None
+    return found[0] if len(found) == 1 else None
 
 
 def collect_fleet(api: Any, settings: BackendConfig, report: GcReport) -> None:
@@ -75,7 +132,9 @@ def collect_fleet(api: Any, settings: BackendConfig, report: GcReport) -> None:
             workflow = annotations.get(ANNOTATION_WORKFLOW)
             node = runner.spec.node_name
             if root is not None and workflow and run_id and node:
-                cleanups.append((_submit_cleanup(batch, settings, workflow, run_id, node), node))
+                # A chain's step: the chain's id, whose cleanup reaps every step's folder.
+                cleanup = annotations.get(ANNOTATION_CHAIN) or run_id
+                cleanups.append((_submit_cleanup(batch, settings, workflow, cleanup, node), node))
             if workflow:
                 _drop_lease(coordination, namespace, lease_name(workflow), runner.metadata.name)
             job = (runner.metadata.labels or {}).get(LABEL_JOB)
@@ -85,7 +144,84 @@ def collect_fleet(api: Any, settings: BackendConfig, report: GcReport) -> None:
         except ApiException as exc:
             if exc.status != 404:
                 report.errors.append(f"cluster: fleet runner {runner.metadata.name}: {exc.reason}")
+    running = {
+        (r.metadata.annotations or {}).get(ANNOTATION_CHAIN)
+        for r in runners
+        if (r.status.phase or "") not in ("Succeeded", "Failed")
+    }
+    _collect_dead_chains(api, settings, running, report)
     _await_cleanups(core, batch, namespace, cleanups, report)
+
+
+def _collect_dead_chains(
+    api: Any, settings: BackendConfig, running: set[str | None], report: GcReport
+) -> None:
+    """Each chain whose controller is provably gone, recorded `killed` (module doc).
+    `running`: the chains of the runner Pods that had not ended when listed."""
+    namespace = settings.namespace
+    try:
+        markers = chain_markers(api, namespace)
+    except ApiException as exc:
+        report.errors.append(f"cluster: listing fleet chains in {namespace}: {exc.reason}")
+        return
+    for marker in markers:
+        holder = marker.metadata.name
+        annotations = marker.metadata.annotations or {}
+        workflow, chain_id = (
+            annotations.get(ANNOTATION_WORKFLOW),
+            annotations.get(ANNOTATION_CHAIN_RUN),
+        )
+        if not workflow or not chain_id or chain_id in running:
+            continue  # a step's runner still runs (it renews the chain's Lease)
+        try:
+            if not chain_gone(api, namespace, workflow, holder):
+                continue  # its controller (or a step's runner) renews the Lease
+        except ApiException as exc:
+            report.errors.append(f"cluster: the Lease of chain {chain_id}: {exc.reason}")
+            continue
+        root = _run_root(settings, {ANNOTATION_WORKFLOW: workflow, ANNOTATION_RUN_ID: chain_id})
+        if root is not None:
+            _mark_chain_killed(root, report)
+        try:
+            _delete_chain_jobs(api, namespace, chain_id)
+        except ApiException as exc:
+            report.errors.append(f"cluster: the Jobs of chain {chain_id}: {exc.reason}")
+            continue
+        unmark_chain(api, namespace, holder)
+
+
+def _mark_chain_killed(root: Path, report: GcReport) -> None:
+    """A chain left `running`: the step record its dead runner left `running` killed,
+    then the chain, as on one host (`mark_killed`)."""
+    try:
+        chain = read_any_record(root)
+    except (OSError, ValueError):
+        return
+    if not isinstance(chain, WorkflowRunRecord) or chain.status is not RunStatus.RUNNING:
+        return
+    for entry in chain.steps:
+        rel = PurePosixPath(entry.record or "")
+        if not entry.record or rel.is_absolute() or ".." in rel.parts or len(rel.parts) < 2:
+            continue
+        step_root = root / rel.parent
+        if step_root.is_relative_to(root / STEPS_DIR) and mark_killed(step_root, runner_dead=True):
+            report.records_marked_killed.append(str(step_root))
+    if mark_killed(root, runner_dead=True, who="controller"):
+        report.records_marked_killed.append(str(root))
+
+
+def _delete_chain_jobs(api: Any, namespace: str, chain_id: str) -> None:
+    """The chain's step Jobs still there (their runners ended), and their start marks."""
+    batch = client.BatchV1Api(api)
+    for job in batch.list_namespaced_job(namespace, label_selector=f"{LABEL_FLEET}=true").items:
+        template = job.spec.template.metadata
+        if ((template and template.annotations) or {}).get(ANNOTATION_CHAIN) != chain_id:
+            continue
+        with contextlib.suppress(ApiException):
+            batch.delete_namespaced_job(
+                job.metadata.name, namespace, propagation_policy="Background"
+            )
+        drop_job_start(api, namespace, job.metadata.name)
 
 
 def _submit_cleanup(

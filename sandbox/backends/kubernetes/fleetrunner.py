@@ -2,7 +2,9 @@
 
 Started by `fleet.job_manifest` as `python3 -m sandbox.backends.kubernetes.fleetrunner
 <workflow under the claim> <step> [options]`. Its settings come from the Job (the
-controller's, with the claim at `/claim` and in-cluster credentials), its node from
+controller's, with the claim at `/claim` and in-cluster credentials; the controller's
+`durability` and `[recording]`, `fleet.Carried`, which the run honours as a one-host
+run honours its host's), its node from
 the downward API: the run's Pod is pinned to this node, whose kernel holds the disk
 and view this runner mounts. It first marks its Job started (a Pod the Job made
 again after an eviction refuses: a run is never repeated), then takes the workflow's
@@ -48,6 +50,7 @@ from sandbox.run.testrun import RunInterrupted, RunOptions, Seed, TestRun
 
 from .fleet import (
     ANNOTATION_RUN_ID,
+    CARRIED_ENV,
     NODE_ENV,
     POD_ENV,
     REFUSED_MARK,
@@ -55,6 +58,7 @@ from .fleet import (
     RUN_ID_MARK,
     RUNNER_CLAIM_ROOT,
     SETTINGS_ENV,
+    Carried,
 )
 from .lease import WorkflowLease, claim_job_start
 from .podrun import connect
@@ -90,6 +94,8 @@ def main(argv: list[str]) -> int:
         return 2
     settings = BackendConfig.model_validate_json(os.environ[SETTINGS_ENV])
     settings = settings.model_copy(update={"node_name": os.environ[NODE_ENV]})
+    # The controller's host settings the run honours (its durability, its recording).
+    carried = Carried.model_validate_json(os.environ.get(CARRIED_ENV) or "{}")
     stopsignals.on_stop(signal.SIGTERM, RunInterrupted)
     api = connect(settings)
     pod = os.environ[POD_ENV]
@@ -120,7 +126,9 @@ def main(argv: list[str]) -> int:
         core.patch_namespaced_pod(pod, settings.namespace, body)
 
     workflow_dir = Path(RUNNER_CLAIM_ROOT) / rel
-    options = RunOptions(on_event=announce)
+    options = RunOptions(
+        on_event=announce, durability=carried.durability, recording=carried.recording
+    )
     run = TestRun(workflow_dir, args.step_id, options, lambda: connect_backend(settings))
     try:
         if chained:

@@ -434,3 +434,79 @@ class LockedByTestRunError(LeaseHeldError):
             "then retry.",
         )
         self.holder = holder
+
+
+# A chain on the fleet: its controller holds the workflow's Lease as `sandbox-chain-<random>`
+# and leaves beside it a marker naming the chain, so `sandbox gc` finds a chain whose
+# controller died (its Lease expired or deleted, and no step's runner left running).
+CHAIN_PREFIX = "sandbox-chain-"
+LABEL_CHAIN = "sandbox.fleet-chain"
+ANNOTATION_CHAIN_RUN = "sandbox.run-id"
+
+
+def chain_holder() -> str:
+    """A chain's holder identity: also the name of its marker (a valid Lease name)."""
+    return CHAIN_PREFIX + secrets.token_hex(6)
+
+
+def mark_chain(api: Any, namespace: str, workflow: str, holder: str, chain_id: str) -> None:
+    """The chain's marker: a Lease named by its holder, naming the workflow and the chain's
+    run id. Never renewed: the chain's liveness is its workflow Lease's."""
+    body = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": holder,
+            "labels": {LABEL_CHAIN: "true"},
+            "annotations": {ANNOTATION_WORKFLOW: workflow[:250], ANNOTATION_CHAIN_RUN: chain_id},
+        },
+        "spec": {"holderIdentity": holder, "acquireTime": _micro(datetime.now(UTC))},
+    }
+    try:
+        client.CoordinationV1Api(api).create_namespaced_lease(namespace, body)
+    except ApiException as exc:
+        raise EngineError(f"marking the chain on the cluster: {api_reason(exc)}") from None
+
+
+def unmark_chain(api: Any, namespace: str, holder: str) -> None:
+    """The chain's marker deleted (gone already is fine)."""
+    with contextlib.suppress(ApiException):
+        client.CoordinationV1Api(api).delete_namespaced_lease(holder, namespace)
+
+
+def chain_markers(api: Any, namespace: str) -> list[Any]:
+    """Every chain's marker in the namespace (raises ApiException)."""
+    coordination = client.CoordinationV1Api(api)
+    return list(
+        coordination.list_namespaced_lease(namespace, label_selector=f"{LABEL_CHAIN}=true").items
+    )
+
+
+def chain_gone(api: Any, namespace: str, workflow: str, holder: str) -> bool:
+    """Whether the chain's controller is provably gone by its Lease: the workflow's
+    Lease deleted, held by another holder, or this holder's and expired (by this
+    reader's clock). A dead one of this holder is deleted (preconditioned on its uid
+    and resourceVersion: a renewal meanwhile keeps it). Raises ApiException on a read
+    that did not answer (then nothing is known)."""
+    coordination = client.CoordinationV1Api(api)
+    try:
+        held = coordination.read_namespaced_lease(lease_name(workflow), namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise
+    if held.spec.holder_identity != holder:
+        return True
+    if _live(held, datetime.now(UTC), LEASE_DURATION_S):
+        return False
+    with contextlib.suppress(ApiException):
+        coordination.delete_namespaced_lease(
+            held.metadata.name,
+            namespace,
+            body=client.V1DeleteOptions(
+                preconditions=client.V1Preconditions(
+                    uid=held.metadata.uid, resource_version=held.metadata.resource_version
+                )
+            ),
+        )
+    return True
