@@ -20,11 +20,12 @@ from typing import Any
 
 import docker
 import pytest
-from kubernetes import client
+from kubernetes import client, dynamic
 
 from sandbox.backends import BackendFactory
 from sandbox.backends.choose import connect_backend
 from sandbox.backends.docker import images
+from sandbox.backends.kubernetes import fleet
 from sandbox.contracts import names
 from sandbox.contracts.hostconfig import BackendConfig
 from tests.kubernetes.cluster import (
@@ -34,7 +35,12 @@ from tests.kubernetes.cluster import (
     Cluster,
     stop_orphans,
 )
-from tests.kubernetes.fleetparts import build_runner_image
+from tests.kubernetes.fleetparts import (
+    apply_runner_role,
+    build_runner_image,
+    delete_jobs,
+    hostpath_claim,
+)
 from tests.kubernetes.pods import namespace_of_its_own
 
 HERE = Path(__file__).resolve().parent
@@ -157,3 +163,57 @@ def runner_image(kube_cluster: Cluster) -> str:
 def mcp_image(kube_cluster: Cluster) -> None:
     """The stdio MCP servers' image, loaded on both nodes."""
     kube_cluster.load_docker_images(names.MCP_IMAGE)
+
+
+@pytest.fixture
+def claim(kube_cluster: Cluster, kube_core: Any, kube_namespace: str) -> Iterator[tuple[str, Path]]:
+    """A claim bound to a hostPath volume at a fresh folder of the node's storage."""
+    with hostpath_claim(kube_cluster, kube_core, kube_namespace) as made:
+        yield made
+
+
+@pytest.fixture
+def fleet_namespace(kube_api: Any, kube_namespace: str) -> str:
+    """The namespace with the runner's service account, Role and binding and the run
+    Pods' disruption budget, as an operator applies them (`fleet.runner_role`,
+    `fleet.run_pod_budget`)."""
+    apply_runner_role(kube_api, kube_namespace)
+    # The local cluster's Kubernetes (1.20) serves the budget as policy/v1beta1.
+    budget = fleet.run_pod_budget(kube_namespace, "policy/v1beta1")
+    budgets = dynamic.DynamicClient(kube_api).resources.get(
+        api_version=budget["apiVersion"], kind=budget["kind"]
+    )
+    budgets.create(body=budget, namespace=kube_namespace)
+    return kube_namespace
+
+
+@pytest.fixture
+def fleet_settings(
+    kube_cluster: Cluster,
+    fleet_namespace: str,
+    runner_image: str,
+    claim: tuple[str, Path],
+) -> BackendConfig:
+    """The controller's `[backend]` for the scheduler placement, on the test's claim."""
+    claim_name, root = claim
+    return BackendConfig(
+        kind="kubernetes",
+        kubeconfig=str(kube_cluster.kubeconfig),
+        namespace=fleet_namespace,
+        image_pull_policy="Never",
+        seccomp_profile="step.json",
+        storage="pvc",
+        claim=claim_name,
+        claim_root=str(root),
+        placement="scheduler",
+        runner_image=runner_image,
+        # By digest, as an operator pins them so the gate can vouch for a run.
+        image_digests=kube_cluster.pin_by_digest(names.STEP_IMAGE, names.GUARD_IMAGE),
+    )
+
+
+@pytest.fixture
+def cleanup_jobs(kube_api: Any, fleet_namespace: str) -> Iterator[None]:
+    """The namespace's Jobs deleted after the test, whatever it left."""
+    yield
+    delete_jobs(kube_api, fleet_namespace)

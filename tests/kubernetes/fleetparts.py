@@ -1,14 +1,19 @@
 """What the scheduler placement needs on the local cluster, as an operator installs it:
 the runner image, the runner's RBAC, a ReadWriteMany claim both nodes mount, and the
-API server's address for the runner's Pod.
+API server's address for the runner's Pod; and what the fleet's tests do with it: a
+node made the only schedulable one, a run submitted, a run held on a node, the
+controller's `host.toml`, the command line in its own process.
 
-Shared by the cluster tests (`test_fleet.py`, `test_storage_claim.py`) and the
-Kubernetes bench (`bench/kubefleet.py`), so both run the fleet the same way.
+Shared by the cluster tests (`test_fleet*.py`, `test_storage_claim.py`,
+`test_two_nodes.py`; their fixtures are in `conftest.py`) and the Kubernetes bench
+(`bench/kubefleet.py`), so all run the fleet the same way.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import secrets
 import shutil
 import subprocess
@@ -18,10 +23,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from kubernetes import client, watch
 
 from sandbox.backends.kubernetes import fleet
 from sandbox.contracts import names
+from sandbox.contracts.guardconfig import CONFIG_FILE_NAME, GuardConfig
+from sandbox.contracts.hostconfig import BackendConfig
+from tests.conftest import write_workflow
 from tests.kubernetes.cluster import REPO_ROOT, Cluster
 
 RUNNER_IMAGE = f"sandbox-runner:{names.IMAGE_TAG}"
@@ -143,3 +152,143 @@ def hostpath_claim(cluster: Cluster, core: Any, namespace: str) -> Iterator[tupl
                 raise TimeoutError(f"the volume {volume} outlived its user")
             time.sleep(0.2)
         shutil.rmtree(root, ignore_errors=True)
+
+
+# --- what the fleet's tests do -------------------------------------------------------
+
+RUN_DEADLINE_S = 300.0
+STEP_RUNNING_S = 240
+
+# A step that holds until its run is stopped (cancelled, drained, its controller gone).
+HOLD_STEP = r"""
+import time
+print("holding", flush=True)
+time.sleep(240)  # the run is cancelled long before
+"""
+
+
+@contextlib.contextmanager
+def only_schedulable(core: Any, node: str, nodes: list[str]) -> Iterator[None]:
+    """Every node but `node` cordoned (as `kubectl cordon`) for the block."""
+    others = [n for n in nodes if n != node]
+    try:
+        for other in others:
+            core.patch_node(other, {"spec": {"unschedulable": True}})
+        yield
+    finally:
+        for other in others:
+            core.patch_node(other, {"spec": {"unschedulable": False}})
+
+
+def submit(cluster: Cluster, settings: BackendConfig, wf: Path, step: str) -> fleet.FleetRun:
+    """A run submitted as the controller does, its runner's Pod on its node's network."""
+    return fleet.FleetRun.submit(
+        settings,
+        wf,
+        step,
+        api=cluster.api_client(),
+        env=local_api_env(cluster),
+        host_network=True,
+    )
+
+
+def hold_workflow(root: Path) -> Path:
+    """A workflow under `root` whose one step (`step1`) holds (`HOLD_STEP`), no DB."""
+    wf = write_workflow(
+        root, command=["python3", "/workflow/code/hold.py"], timeout_s=300, db_sql=None
+    )
+    (wf / "code" / "hold.py").write_text(HOLD_STEP)
+    return wf
+
+
+def step_running_on(core: Any, namespace: str, node: str, run: fleet.FleetRun | None = None) -> Any:
+    """The run's Pod once a run's step runs on `node` (watched, with a deadline); `run`,
+    when known, has its runner's state and log named if none does."""
+    w = watch.Watch()
+    for event in w.stream(
+        core.list_namespaced_pod,
+        namespace,
+        label_selector=f"{names.LABEL_MANAGED}=true",
+        timeout_seconds=STEP_RUNNING_S,
+    ):
+        pod = event["object"]
+        for status in pod.status.container_statuses or []:
+            if status.name == "step" and status.state.running is not None:
+                w.stop()
+                assert pod.spec.node_name == node
+                return pod
+    runner = run._pod() if run is not None else None
+    log = ""
+    if runner is not None:
+        log = core.read_namespaced_pod_log(runner.metadata.name, namespace, tail_lines=30)
+    pytest.fail(
+        f"no run's step ran within {STEP_RUNNING_S} s; the runner: "
+        f"{runner and runner.status}\n{log}"
+    )
+
+
+def guard_config_of(core: Any, namespace: str, run_pod: Any) -> GuardConfig:
+    """What the guard of this run's Pod reads: its config, from the run's Secret."""
+    run_id = run_pod.metadata.labels[names.LABEL_RUN_ID]
+    (secret,) = core.list_namespaced_secret(
+        namespace, label_selector=f"{names.LABEL_RUN_ID}={run_id}"
+    ).items
+    return GuardConfig.model_validate_json(base64.b64decode(secret.data[CONFIG_FILE_NAME]))
+
+
+def the_run(wf: Path) -> Path:
+    """The workflow's one test run folder."""
+    (run_dir,) = (wf / "runs").glob("test-*")
+    return run_dir
+
+
+def delete_jobs(api: Any, namespace: str) -> None:
+    batch = client.BatchV1Api(api)
+    for job in batch.list_namespaced_job(namespace).items:
+        batch.delete_namespaced_job(job.metadata.name, namespace, propagation_policy="Background")
+
+
+def no_jobs_left(api: Any, namespace: str) -> None:
+    """Until the namespace holds no Job (polled, with a deadline)."""
+    batch = client.BatchV1Api(api)
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    while batch.list_namespaced_job(namespace).items:
+        assert time.monotonic() < deadline, "the command left its Job behind"
+        time.sleep(0.2)
+
+
+def leases_of(api: Any, namespace: str) -> list[str]:
+    """The names of the namespace's Leases."""
+    items = client.CoordinationV1Api(api).list_namespaced_lease(namespace).items
+    return [x.metadata.name for x in items]
+
+
+def cli_host_config(folder: Path, cluster: Cluster, settings: BackendConfig, top: str = "") -> Path:
+    """The controller's host.toml in `folder`: `top` (settings before any table), then
+    the fleet's settings, the runner's Pod on its node's network naming the API server's
+    loopback address (what `local_api_env` gives)."""
+    fields: dict[str, Any] = {
+        **settings.model_dump(exclude_defaults=True),
+        "runner_host_network": True,
+        "runner_api_server": f"127.0.0.1:{cluster.state.ports.apiserver}",
+    }
+    lines = [top, "[backend]"] if top else ["[backend]"]
+    for key, value in fields.items():
+        if isinstance(value, dict):  # a TOML inline table
+            pairs = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())
+            lines.append(f"{key} = {{{pairs}}}")
+        else:
+            lines.append(f"{key} = {json.dumps(value)}")
+    path = folder / "host.toml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def sandbox_cli(*args: str) -> subprocess.Popen[str]:
+    """The real command line in its own process, as a controller starts it."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "sandbox"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )

@@ -14,6 +14,7 @@ import signal
 import sqlite3
 import subprocess
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,9 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from sandbox.backends.choose import collect_cluster
+from sandbox.backends.docker.gc import GcReport
+from sandbox.backends.kubernetes import lease
 from sandbox.contracts import names
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import RunStatus, read_record
@@ -28,19 +32,19 @@ from sandbox.contracts.workflow_record import StepState, WorkflowRunRecord
 from sandbox.hostfs import hostmount
 from tests.conftest import tree_digest, write_workflow
 from tests.kubernetes.cluster import Cluster
-from tests.kubernetes.pods import no_pods_or_secrets
-from tests.kubernetes.test_fleet import (  # noqa: F401 (fixtures)
+from tests.kubernetes.fleetparts import (
     RUN_DEADLINE_S,
-    _cli_host_config,
-    _no_jobs_left,
-    _sandbox_cli,
-    _step_of_a_run_running_on,
-    cleanup_jobs,
-    fleet_namespace,
-    fleet_settings,
+    cli_host_config,
+    delete_jobs,
+    guard_config_of,
+    leases_of,
+    no_jobs_left,
+    only_schedulable,
+    sandbox_cli,
+    step_running_on,
+    the_run,
 )
-from tests.kubernetes.test_storage_claim import claim  # noqa: F401 (a fixture)
-from tests.kubernetes.test_two_nodes import only_schedulable
+from tests.kubernetes.pods import no_pods_or_secrets, run_objects
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
 
@@ -107,8 +111,8 @@ def test_a_chain_whose_steps_land_on_different_nodes_carries_its_db_copy_and_gro
     kube_cluster: Cluster,
     kube_core: Any,
     kube_api: Any,
-    fleet_settings: BackendConfig,  # noqa: F811
-    cleanup_jobs: None,  # noqa: F811
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
 ) -> None:
     """`sandbox run-workflow` on the fleet: step `pick` may land on the first node only,
     then (once it was placed) step `submit` on the second only. `submit` sees the row
@@ -118,12 +122,12 @@ def test_a_chain_whose_steps_land_on_different_nodes_carries_its_db_copy_and_gro
     wf = _chain(Path(fleet_settings.claim_root), {"pick": PICK, "submit": SUBMIT})
     real_db = (wf / "db" / "db.sqlite").read_bytes()
     before = tree_digest(wf)
-    host = _cli_host_config(tmp_path, kube_cluster, fleet_settings)
+    host = cli_host_config(tmp_path, kube_cluster, fleet_settings)
     first, second = kube_cluster.node_names
     argv = ["run-workflow", str(wf), "--backend", "kubernetes", "--host-config", str(host)]
     events: list[dict[str, Any]] = []
     with only_schedulable(kube_core, first, kube_cluster.node_names):
-        proc = _sandbox_cli(*argv, "--follow", "--json")
+        proc = sandbox_cli(*argv, "--follow", "--json")
         lines = _lines(proc)
         for line in lines:
             events.append(line)
@@ -164,7 +168,7 @@ def test_a_chain_whose_steps_land_on_different_nodes_carries_its_db_copy_and_gro
     assert tree_digest(wf) == before
     assert (wf / "db" / "db.sqlite").read_bytes() == real_db
     assert not hostmount.mounts_below(wf)
-    _no_jobs_left(kube_api, fleet_settings.namespace)
+    no_jobs_left(kube_api, fleet_settings.namespace)
     no_pods_or_secrets(kube_core, fleet_settings.namespace)
     leases = client.CoordinationV1Api(kube_api).list_namespaced_lease(fleet_settings.namespace)
     assert [x.metadata.name for x in leases.items] == []
@@ -175,8 +179,8 @@ def test_a_stopped_chain_on_the_fleet_records_killed_and_leaves_nothing_behind(
     kube_cluster: Cluster,
     kube_core: Any,
     kube_api: Any,
-    fleet_settings: BackendConfig,  # noqa: F811
-    cleanup_jobs: None,  # noqa: F811
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
 ) -> None:
     """SIGTERM to `sandbox run-workflow` while its first step runs on a node: the
     step's Job is deleted, its runner records the step `killed`, the chain's record
@@ -185,14 +189,14 @@ def test_a_stopped_chain_on_the_fleet_records_killed_and_leaves_nothing_behind(
     assert fleet_settings.claim_root is not None
     wf = _chain(Path(fleet_settings.claim_root), {"hold": HOLD, "after": PICK})
     before = tree_digest(wf)
-    host = _cli_host_config(tmp_path, kube_cluster, fleet_settings)
+    host = cli_host_config(tmp_path, kube_cluster, fleet_settings)
     second = kube_cluster.node_names[1]
     namespace = fleet_settings.namespace
     argv = ["run-workflow", str(wf), "--backend", "kubernetes", "--host-config", str(host)]
     with only_schedulable(kube_core, second, kube_cluster.node_names):
-        proc = _sandbox_cli(*argv, "--json")
+        proc = sandbox_cli(*argv, "--json")
         try:
-            _step_of_a_run_running_on(kube_core, namespace, second)
+            step_running_on(kube_core, namespace, second)
         except BaseException:
             proc.kill()
             proc.communicate()
@@ -210,7 +214,7 @@ def test_a_stopped_chain_on_the_fleet_records_killed_and_leaves_nothing_behind(
     step = read_record(wf / "runs" / chain.id / Path(str(chain.steps[0].record)).parent)
     assert step.status is RunStatus.KILLED
     assert tree_digest(wf) == before
-    _no_jobs_left(kube_api, namespace)
+    no_jobs_left(kube_api, namespace)
     no_pods_or_secrets(kube_core, namespace)
     leases = client.CoordinationV1Api(kube_api).list_namespaced_lease(namespace).items
     assert [x.metadata.name for x in leases] == []
@@ -242,8 +246,8 @@ def test_verify_on_the_fleet_writes_the_verdict_on_the_claim_and_the_controller_
     kube_cluster: Cluster,
     kube_core: Any,
     kube_api: Any,
-    fleet_settings: BackendConfig,  # noqa: F811
-    cleanup_jobs: None,  # noqa: F811
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
 ) -> None:
     """`sandbox verify` on the fleet: the runner (on the node the scheduler picked)
     judges the run and writes the verification beside its record and into the
@@ -253,13 +257,13 @@ def test_verify_on_the_fleet_writes_the_verdict_on_the_claim_and_the_controller_
     assert fleet_settings.claim_root is not None
     wf = _chain(Path(fleet_settings.claim_root), {"good": GOOD, "bad": BAD}, INSERTS_ROW_5)
     before = tree_digest(wf)
-    host = _cli_host_config(tmp_path, kube_cluster, fleet_settings)
+    host = cli_host_config(tmp_path, kube_cluster, fleet_settings)
     first = kube_cluster.node_names[0]
     verdicts = {}
     with only_schedulable(kube_core, first, kube_cluster.node_names):
         for step in ("good", "bad"):
             argv = ["verify", str(wf), step, "--host-config", str(host), "--json"]
-            proc = _sandbox_cli(*argv)
+            proc = sandbox_cli(*argv)
             out, err = proc.communicate(timeout=RUN_DEADLINE_S)
             assert out, (step, proc.returncode, err)
             verdicts[step] = (proc.returncode, json.loads(out.splitlines()[-1]), err)
@@ -274,7 +278,7 @@ def test_verify_on_the_fleet_writes_the_verdict_on_the_claim_and_the_controller_
         assert read_record(run_root).node == first
     history = (wf / "runs" / "test-verifications" / "verifications.jsonl").read_text()
     assert good["run_id"] in history and bad["run_id"] in history
-    gate = _sandbox_cli("gate", str(wf), "bad", "--json")
+    gate = sandbox_cli("gate", str(wf), "bad", "--json")
     out, err = gate.communicate(timeout=120)
     assert gate.returncode == 1 and json.loads(out)["ok"] is False, (out, err)
     # The images ran by digest (the controller's mapping, carried to the runner): the
@@ -282,7 +286,7 @@ def test_verify_on_the_fleet_writes_the_verdict_on_the_claim_and_the_controller_
     step_ref = fleet_settings.image_digests[names.STEP_IMAGE]
     content = read_record(wf / "runs" / good["run_id"]).content
     assert content is not None and content.parts["image step"] == step_ref
-    gate = _sandbox_cli("gate", str(wf), "good", "--host-config", str(host), "--json")
+    gate = sandbox_cli("gate", str(wf), "good", "--host-config", str(host), "--json")
     out, err = gate.communicate(timeout=120)
     assert gate.returncode == 0 and json.loads(out) == {
         "ok": True,
@@ -291,13 +295,97 @@ def test_verify_on_the_fleet_writes_the_verdict_on_the_claim_and_the_controller_
     # Named by tag, the same images are no version the gate can vouch for.
     (tmp_path / "tags").mkdir()
     by_tag = fleet_settings.model_copy(update={"image_digests": {}})
-    tags = _cli_host_config(tmp_path / "tags", kube_cluster, by_tag)
-    gate = _sandbox_cli("gate", str(wf), "good", "--host-config", str(tags), "--json")
+    tags = cli_host_config(tmp_path / "tags", kube_cluster, by_tag)
+    gate = sandbox_cli("gate", str(wf), "good", "--host-config", str(tags), "--json")
     out, err = gate.communicate(timeout=120)
     assert gate.returncode == 1 and json.loads(out)["reason"] == (
         "good not verified: the version hash could not cover image step: "
         f"{names.STEP_IMAGE} is named by tag, not by content"
     ), (out, err)
     assert tree_digest(wf) == before
-    _no_jobs_left(kube_api, fleet_settings.namespace)
+    no_jobs_left(kube_api, fleet_settings.namespace)
     no_pods_or_secrets(kube_core, fleet_settings.namespace)
+
+
+def _chain_record(wf: Path) -> WorkflowRunRecord:
+    """The chain's record on the claim, validated."""
+    return WorkflowRunRecord.model_validate_json((the_run(wf) / "test_mode.json").read_text())
+
+
+def _gc(settings: BackendConfig) -> GcReport:
+    """`sandbox gc`'s cluster part, as the command runs it with the controller's config."""
+    report = GcReport()
+    collect_cluster(settings, report)
+    assert report.errors == [], report
+    return report
+
+
+def test_gc_records_a_chain_killed_once_its_controller_is_gone_and_never_while_it_lives(
+    tmp_path: Path,
+    kube_cluster: Cluster,
+    kube_core: Any,
+    kube_api: Any,
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
+) -> None:
+    """`sandbox run-workflow` on the fleet, its first step holding on a node (its runner
+    honours the controller's `durability = "per-call"`). `sandbox gc` while the controller
+    lives leaves the chain `running`, its Job and its Lease. The controller is SIGKILLed:
+    its step's runner still runs and renews the chain's Lease, so gc leaves it again.
+    Once the step's Job is deleted (its runner records the step `killed`) and the
+    chain's Lease has expired, gc records the chain `killed` (the step it was in killed,
+    the next skipped), its record still valid, and nothing is left: no Job, Pod, Secret,
+    Lease or mount."""
+    assert fleet_settings.claim_root is not None
+    wf = _chain(Path(fleet_settings.claim_root), {"hold": HOLD, "after": PICK})
+    host = cli_host_config(tmp_path, kube_cluster, fleet_settings, 'durability = "per-call"')
+    second = kube_cluster.node_names[1]
+    namespace = fleet_settings.namespace
+    argv = ["run-workflow", str(wf), "--backend", "kubernetes", "--host-config", str(host)]
+    with only_schedulable(kube_core, second, kube_cluster.node_names):
+        proc = sandbox_cli(*argv, "--json")
+        try:
+            pod = step_running_on(kube_core, namespace, second)
+        except BaseException:
+            proc.kill()
+            proc.communicate()
+            raise
+    try:
+        assert guard_config_of(kube_core, namespace, pod).durability == "per-call"
+        workflow_lease = lease.lease_name("wf")
+        # The controller lives: gc leaves its chain, its step's Job and its Lease.
+        report = _gc(fleet_settings)
+        assert report.records_marked_killed == []
+        assert _chain_record(wf).status is RunStatus.RUNNING
+        assert client.BatchV1Api(kube_api).list_namespaced_job(namespace).items
+        assert workflow_lease in leases_of(kube_api, namespace)
+
+        proc.kill()  # SIGKILL: the controller cleans up nothing
+        proc.communicate(timeout=60)
+        # Its step's runner still runs (and renews the chain's Lease): left alone again.
+        assert _gc(fleet_settings).records_marked_killed == []
+        assert _chain_record(wf).status is RunStatus.RUNNING
+        assert run_objects(kube_core, namespace)
+
+        delete_jobs(kube_api, namespace)  # the step's Job, as an operator deletes it
+        deadline = time.monotonic() + RUN_DEADLINE_S
+        while _chain_record(wf).status is RunStatus.RUNNING:
+            assert time.monotonic() < deadline, "gc never recorded the dead controller's chain"
+            _gc(fleet_settings)
+            time.sleep(1.0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    chain = _chain_record(wf)
+    assert chain.status is RunStatus.KILLED, chain.reason
+    assert "the controller died in step hold" in chain.reason, chain.reason
+    assert [e.status for e in chain.steps] == [StepState.KILLED, StepState.SKIPPED]
+    step = read_record(the_run(wf) / Path(str(chain.steps[0].record)).parent)
+    assert step.status is RunStatus.KILLED
+    no_jobs_left(kube_api, namespace)
+    no_pods_or_secrets(kube_core, namespace)
+    while leases_of(kube_api, namespace):  # a Job's start mark goes with its Job
+        assert time.monotonic() < deadline, leases_of(kube_api, namespace)
+        time.sleep(0.2)
+    assert not hostmount.mounts_below(wf)

@@ -48,17 +48,8 @@ from tests.kubernetes.battery import (
     validated,
 )
 from tests.kubernetes.cluster import Cluster
+from tests.kubernetes.fleetparts import RUN_DEADLINE_S, cli_host_config, only_schedulable, submit
 from tests.kubernetes.pods import exec_in, no_pods_or_secrets, server_pod, start_server
-from tests.kubernetes.test_fleet import (  # noqa: F401 (fixtures)
-    RUN_DEADLINE_S,
-    _cli_host_config,
-    _submit,
-    cleanup_jobs,
-    fleet_namespace,
-    fleet_settings,
-)
-from tests.kubernetes.test_storage_claim import claim  # noqa: F401 (a fixture)
-from tests.kubernetes.test_two_nodes import only_schedulable
 from tests.paths import REPO
 from tests.security.conftest import assert_attempts_match
 
@@ -95,7 +86,7 @@ def _on_each_node(
                 runs: list[fleet.FleetRun] = []
                 placed.append(runs)
                 for wf in workflows:
-                    runs.append(_submit(kube_cluster, settings, wf, step))
+                    runs.append(submit(kube_cluster, settings, wf, step))
                 for run in runs:
                     _bound(run, node)
         for runs in placed:
@@ -119,8 +110,8 @@ JOBBOARD_UPSTREAM = 'upstream = "http://jobboard:8080"'
 def test_job_board_bid_submit_passes_with_its_stubs_on_each_node(
     kube_cluster: Cluster,
     kube_core: Any,
-    fleet_settings: BackendConfig,  # noqa: F811
-    cleanup_jobs: None,  # noqa: F811
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
 ) -> None:
     """The example's bid-submit, a copy of the workflow per node, its fake API in a Pod
     of its own. The copy names that Pod's address as its `[bridge] upstream` (the
@@ -179,8 +170,8 @@ def test_job_board_bid_submit_passes_with_its_stubs_on_each_node(
 def test_escape_and_egress_checks_hold_on_each_node_through_the_fleet(
     kube_cluster: Cluster,
     kube_core: Any,
-    fleet_settings: BackendConfig,  # noqa: F811
-    cleanup_jobs: None,  # noqa: F811
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
 ) -> None:
     """Two fleet runs per node, all four at once: the whole escape battery in one step
     program (every attempt of `battery.SAFE`: files, mounts, /proc, privileges,
@@ -277,8 +268,8 @@ def _text(result: dict[str, Any]) -> str:
 def test_a_stdio_mcp_server_runs_beside_the_step_on_the_runners_node(
     kube_cluster: Cluster,
     kube_core: Any,
-    fleet_settings: BackendConfig,  # noqa: F811
-    cleanup_jobs: None,  # noqa: F811
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
     mcp_image: None,
 ) -> None:
     """A stdio server in the run's Pod on the node the scheduler picked (the second):
@@ -298,7 +289,7 @@ def test_a_stdio_mcp_server_runs_beside_the_step_on_the_runners_node(
     before = tree_digest(wf)
     node = kube_cluster.node_names[1]
     with only_schedulable(kube_core, node, kube_cluster.node_names):
-        run = _submit(kube_cluster, fleet_settings, wf, "step1")
+        run = submit(kube_cluster, fleet_settings, wf, "step1")
         _bound(run, node)
     assert run.wait(RUN_DEADLINE_S)
     record = validated(run.record(), [node], wf)
@@ -321,8 +312,8 @@ def test_bridge_networks_are_refused_when_the_run_is_submitted(
     tmp_path: Path,
     kube_cluster: Cluster,
     kube_api: Any,
-    fleet_settings: BackendConfig,  # noqa: F811
-    cleanup_jobs: None,  # noqa: F811
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
 ) -> None:
     """Docker networks a run's Pod cannot join: refused by `FleetRun.submit` and by
     `sandbox run` (exit 4, configuration), with no Job made, rather than run without
@@ -334,8 +325,8 @@ def test_bridge_networks_are_refused_when_the_run_is_submitted(
         extra_toml='[bridge]\nupstream = "http://upstream:8080"\nnetworks = ["upstreams"]\n',
     )
     with pytest.raises(ConfigError, match=r"\[bridge\] networks"):
-        _submit(kube_cluster, fleet_settings, wf, "step1")
-    host = _cli_host_config(tmp_path, kube_cluster, fleet_settings)
+        submit(kube_cluster, fleet_settings, wf, "step1")
+    host = cli_host_config(tmp_path, kube_cluster, fleet_settings)
     argv = ["run", str(wf), "step1", "--backend", "kubernetes", "--host-config", str(host)]
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "sandbox"), *argv],

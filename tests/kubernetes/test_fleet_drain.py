@@ -22,22 +22,18 @@ from kubernetes.client.exceptions import ApiException
 
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import RunStatus, read_record
-from tests.conftest import write_workflow
 from tests.kubernetes.cluster import Cluster
-from tests.kubernetes.pods import loops_of, no_pods_or_secrets, node_mounts_of
-from tests.kubernetes.test_fleet import (  # noqa: F401 (fixtures)
-    HOLD_STEP,
+from tests.kubernetes.fleetparts import (
     RUN_DEADLINE_S,
-    _cli_host_config,
-    _step_running_on,
-    _submit,
-    _the_run,
-    cleanup_jobs,
-    fleet_namespace,
-    fleet_settings,
+    cli_host_config,
+    hold_workflow,
+    leases_of,
+    only_schedulable,
+    step_running_on,
+    submit,
+    the_run,
 )
-from tests.kubernetes.test_storage_claim import claim  # noqa: F401 (a fixture)
-from tests.kubernetes.test_two_nodes import only_schedulable
+from tests.kubernetes.pods import loops_of, no_pods_or_secrets, node_mounts_of
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
 
@@ -91,8 +87,8 @@ def test_a_node_drained_mid_run_ends_it_killed_and_frees_the_workflow(
     kube_cluster: Cluster,
     kube_core: Any,
     kube_api: Any,
-    fleet_settings: BackendConfig,  # noqa: F811
-    cleanup_jobs: None,  # noqa: F811
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
 ) -> None:
     """While the step runs on the second node, a normal run's shared lock is refused
     (exit 3, naming the runner). The node is drained, the run's own Pod asked first:
@@ -100,20 +96,14 @@ def test_a_node_drained_mid_run_ends_it_killed_and_frees_the_workflow(
     never `passed`; the run's Pod, Secret, Lease and mounts go; the drain ends; a
     normal run then takes the workflow."""
     assert fleet_settings.claim_root is not None
-    wf = write_workflow(
-        Path(fleet_settings.claim_root),
-        command=["python3", "/workflow/code/hold.py"],
-        timeout_s=300,
-        db_sql=None,
-    )
-    (wf / "code" / "hold.py").write_text(HOLD_STEP)
+    wf = hold_workflow(Path(fleet_settings.claim_root))
     node = kube_cluster.node_names[1]
     namespace = fleet_settings.namespace
     with only_schedulable(kube_core, node, kube_cluster.node_names):
-        run = _submit(kube_cluster, fleet_settings, wf, "step1")
-        run_pod = _step_running_on(kube_core, namespace, node, run)
+        run = submit(kube_cluster, fleet_settings, wf, "step1")
+        run_pod = step_running_on(kube_core, namespace, node, run)
     runner = run._pod()
-    host = _cli_host_config(tmp_path, kube_cluster, fleet_settings)
+    host = cli_host_config(tmp_path, kube_cluster, fleet_settings)
     refused = _lock_shared(host, wf)
     assert refused.returncode == 3, (refused.stdout, refused.stderr)
     error = json.loads(refused.stderr.splitlines()[-1])
@@ -130,12 +120,11 @@ def test_a_node_drained_mid_run_ends_it_killed_and_frees_the_workflow(
     assert run.wait(RUN_DEADLINE_S)
     record = run.record()
     assert record.status is RunStatus.KILLED, (record.status, record.reason)
-    assert read_record(_the_run(wf)).status is RunStatus.KILLED  # one run, never repeated
+    assert read_record(the_run(wf)).status is RunStatus.KILLED  # one run, never repeated
     run.delete()
     run.close()
     no_pods_or_secrets(kube_core, namespace)
-    leases = client.CoordinationV1Api(kube_api).list_namespaced_lease(namespace).items
-    assert [x.metadata.name for x in leases] == []
+    assert leases_of(kube_api, namespace) == []
     assert node_mounts_of(kube_cluster, node, record.id) == []
     deadline = time.monotonic() + RUN_DEADLINE_S
     while loops_of(record.id):

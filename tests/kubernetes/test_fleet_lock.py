@@ -28,16 +28,7 @@ from sandbox.contracts.errors import RefusedError
 from sandbox.contracts.hostconfig import BackendConfig
 from tests.conftest import write_workflow
 from tests.kubernetes.cluster import Cluster
-from tests.kubernetes.test_fleet import (  # noqa: F401 (fixtures)
-    RUN_DEADLINE_S,
-    _cli_host_config,
-    _submit,
-    cleanup_jobs,
-    fleet_namespace,
-    fleet_settings,
-)
-from tests.kubernetes.test_storage_claim import claim  # noqa: F401 (a fixture)
-from tests.kubernetes.test_two_nodes import only_schedulable
+from tests.kubernetes.fleetparts import RUN_DEADLINE_S, cli_host_config, only_schedulable, submit
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
 
@@ -89,14 +80,14 @@ def test_shared_holders_coexist_and_keep_test_runs_out_on_either_node(
     kube_cluster: Cluster,
     kube_core: Any,
     kube_api: Any,
-    fleet_settings: BackendConfig,  # noqa: F811
-    cleanup_jobs: None,  # noqa: F811
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
 ) -> None:
     """Two `sandbox lock --shared` hold the workflow at once; a test run placed on the
     first node, then one on the second, is refused naming them; once both ended their
     Leases are gone and the workflow's exclusive Lease can be taken."""
     wf = _workflow(fleet_settings)
-    host = _cli_host_config(tmp_path, kube_cluster, fleet_settings)
+    host = cli_host_config(tmp_path, kube_cluster, fleet_settings)
     namespace = fleet_settings.namespace
     with (
         _shared_holder(host, wf, "nightly import") as first,
@@ -105,7 +96,7 @@ def test_shared_holders_coexist_and_keep_test_runs_out_on_either_node(
         assert len(_shared_leases(kube_api, namespace)) == 2
         for node in kube_cluster.node_names:
             with only_schedulable(kube_core, node, kube_cluster.node_names):
-                run = _submit(kube_cluster, fleet_settings, wf, "step1")
+                run = submit(kube_cluster, fleet_settings, wf, "step1")
                 assert run.wait(RUN_DEADLINE_S)
             assert run.node == node
             with pytest.raises(RefusedError, match=r"nightly import|ad-hoc report"):
@@ -125,12 +116,12 @@ def test_a_dead_shared_holders_lease_expires(
     tmp_path: Path,
     kube_cluster: Cluster,
     kube_api: Any,
-    fleet_settings: BackendConfig,  # noqa: F811
+    fleet_settings: BackendConfig,
 ) -> None:
     """The wrapper killed outright (SIGKILL) stops renewing its Lease: a test run is
     refused while the Lease is live and takes the workflow once it expired."""
     wf = _workflow(fleet_settings)
-    host = _cli_host_config(tmp_path, kube_cluster, fleet_settings)
+    host = cli_host_config(tmp_path, kube_cluster, fleet_settings)
     namespace = fleet_settings.namespace
     with _shared_holder(host, wf, "killed holder") as holder:
         holder.send_signal(signal.SIGKILL)
@@ -154,7 +145,7 @@ def test_a_dead_shared_holders_lease_expires(
 def test_shared_and_exclusive_taken_at_the_same_instant_never_both_get_in(
     kube_cluster: Cluster,
     kube_api: Any,
-    fleet_settings: BackendConfig,  # noqa: F811
+    fleet_settings: BackendConfig,
 ) -> None:
     """A normal run's share and a test run's Lease taken at once, many times, through
     two API clients: never both held; the workflow's Leases gone after each round."""

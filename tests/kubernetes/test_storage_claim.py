@@ -10,7 +10,6 @@ deleted at the end (the volume is `Retain`: deleting it leaves the folder).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,6 @@ from sandbox.contracts.record import RunStatus
 from sandbox.hostfs import hostmount
 from tests.conftest import ThreadedRun, tree_digest, write_workflow
 from tests.kubernetes.cluster import Cluster
-from tests.kubernetes.fleetparts import hostpath_claim
 from tests.kubernetes.pods import no_pods_or_secrets, pod_of
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
@@ -57,13 +55,6 @@ def _ownership(root: Path) -> dict[str, tuple[int, int, int]]:
                 st.st_mode,
             )
     return out
-
-
-@pytest.fixture
-def claim(kube_cluster: Cluster, kube_core: Any, kube_namespace: str) -> Iterator[tuple[str, Path]]:
-    """A claim bound to a hostPath volume at a fresh folder of the node's storage."""
-    with hostpath_claim(kube_cluster, kube_core, kube_namespace) as made:
-        yield made
 
 
 def test_the_run_folder_is_mounted_from_the_claim_by_subpath(

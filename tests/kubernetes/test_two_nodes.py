@@ -9,8 +9,6 @@ the stand-in for the network file system a real fleet's claim would be.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +19,7 @@ from sandbox.contracts.record import RunStatus
 from sandbox.run.testrun import TestRun
 from tests.conftest import tree_digest, write_workflow
 from tests.kubernetes.cluster import Cluster
+from tests.kubernetes.fleetparts import only_schedulable
 from tests.kubernetes.pods import no_pods_or_secrets, start_server
 from tests.kubernetes.test_pod_shape import (
     OUTSIDE_PORT,
@@ -29,24 +28,10 @@ from tests.kubernetes.test_pod_shape import (
     small,
     watch_pod,
 )
-from tests.kubernetes.test_storage_claim import claim  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
 
 SHARED_UID = 10002  # the guard image's user: the writer of the shared folder
-
-
-@contextmanager
-def only_schedulable(core: Any, node: str, nodes: list[str]) -> Iterator[None]:
-    """Every node but `node` cordoned (as `kubectl cordon`) for the block."""
-    others = [n for n in nodes if n != node]
-    try:
-        for other in others:
-            core.patch_node(other, {"spec": {"unschedulable": True}})
-        yield
-    finally:
-        for other in others:
-            core.patch_node(other, {"spec": {"unschedulable": False}})
 
 
 def test_the_cluster_has_two_ready_nodes_with_their_own_runtimes(
@@ -104,7 +89,7 @@ def test_both_nodes_mount_the_read_write_many_claim(
     kube_cluster: Cluster,
     kube_core: Any,
     kube_namespace: str,
-    claim: tuple[str, Path],  # noqa: F811
+    claim: tuple[str, Path],
 ) -> None:
     claim_name, root = claim
     shared = root / "shared"
