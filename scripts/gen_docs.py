@@ -394,6 +394,13 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "runner's Pod runs with. See [A fleet](../guides/fleet.md).",
     ),
     EnvVar(
+        "SANDBOX_FLEET_CARRIED",
+        "sandbox.backends.kubernetes.fleet.CARRIED_ENV",
+        "internal",
+        "Set by the controller in a fleet runner's Job: its host config's `durability` and "
+        "`[recording]`, which the runner's run honours. See [A fleet](../guides/fleet.md).",
+    ),
+    EnvVar(
         "SANDBOX_NODE_NAME",
         "sandbox.backends.kubernetes.fleet.NODE_ENV",
         "internal",
