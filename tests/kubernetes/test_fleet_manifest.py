@@ -158,3 +158,30 @@ def test_what_a_run_s_pod_cannot_hold_is_refused_from_the_controller_s_view(
     wf = write_workflow(tmp_path, "networked", extra_toml=networks)
     with pytest.raises(ConfigError, match=r"\[bridge\] networks = \['upstreams'\]"):
         fleet.refuse_what_a_pod_cannot_hold(wf, "step1")
+
+
+def test_the_job_carries_the_controllers_durability_and_recording_and_a_chains_id() -> None:
+    """`fleet.Carried` (the controller's `durability` and `[recording]`) in the runner's
+    environment, and a chain's step annotated with its chain's run id."""
+    from sandbox.contracts.recording import RecordingSettings
+
+    carried = fleet.Carried(
+        durability="per-call", recording=RecordingSettings(cap_bytes=5, body_cap_bytes=3)
+    )
+    job = fleet.job_manifest(
+        _settings(), "team/wf", "step1", "sandbox-run-x", carried=carried, chain_id="test-c1"
+    )
+    template = job["spec"]["template"]
+    assert template["metadata"]["annotations"] == {
+        fleet.ANNOTATION_WORKFLOW: "team/wf",
+        fleet.ANNOTATION_CHAIN: "test-c1",
+    }
+    (runner,) = template["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in runner["env"]}
+    assert fleet.Carried.model_validate_json(env[fleet.CARRIED_ENV]) == carried
+    plain = fleet.job_manifest(_settings(), "team/wf", "step1", "sandbox-run-y")
+    (runner,) = plain["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in runner["env"]}
+    assert fleet.Carried.model_validate_json(env[fleet.CARRIED_ENV]) == fleet.Carried()
+    with pytest.raises(ConfigError):
+        fleet.job_manifest(_settings(), "team/wf", "s", "sandbox-run-z", chain_id="../x")
