@@ -14,8 +14,11 @@ on the claim, never on a node. The spec: `fleetchain.spec.md`.
 The workflow's exclusion is the fleet's: the chain's Lease, held by this controller
 from the first step to the last, joined by each step's runner while its step runs.
 A stop (SIGTERM, Ctrl-C, `cancel()`) deletes the running step's Job: its runner
-records the step `killed`, and so the chain. Run options a runner Job does not
-carry are refused, never dropped.
+records the step `killed`, and so the chain. A controller killed outright leaves
+the chain's marker beside its Lease, by which `sandbox gc` records the chain `killed`
+once the controller is provably gone (`fleetgc`). Each step's Job carries the
+controller's `durability` and `[recording]` (`fleet.Carried`); run options a runner
+Job does not carry are refused, never dropped.
 """
 
 from __future__ import annotations
