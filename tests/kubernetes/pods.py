@@ -1,6 +1,11 @@
-"""What the cluster tests share: server Pods for the outside world, exec, the run's Pod
-and its processes read from the host (by the Pod's cgroup, never by name: other runs
-on this host use the same uids)."""
+"""What the cluster tests share: the outside world's server Pods (locked down, small),
+a watch on one Pod until it is where a test needs it, exec, the run's Pod and its
+processes read from the host (by the Pod's cgroup, never by name: other runs on this
+host use the same uids), and a namespace of a test's own.
+
+Public helpers, no fixtures (those are in `conftest.py`): no test module imports
+another, so `test_pod_shape.py` takes its Pod parts from here like the others.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +16,92 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 from kubernetes import stream, watch
 
 from sandbox.contracts import names
-from tests.kubernetes.test_pod_shape import container_state, outside_server_pod, watch_pod
+
+OUTSIDE_PORT = 8080
+WATCH_DEADLINE_S = 120
+
+
+def locked_down(uid: int, seccomp: dict[str, str] | None = None) -> dict[str, Any]:
+    """A container's security context: `uid`, no capability, no privilege escalation,
+    a read-only root, `seccomp` (the runtime's default profile unless given)."""
+    return {
+        "runAsUser": uid,
+        "runAsGroup": uid,
+        "runAsNonRoot": uid != 0,
+        "capabilities": {"drop": ["ALL"]},
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": seccomp or {"type": "RuntimeDefault"},
+    }
+
+
+def small(cpu: str = "250m", memory: str = "128Mi") -> dict[str, Any]:
+    """A container's resources: these limits, a small CPU request."""
+    return {"limits": {"cpu": cpu, "memory": memory}, "requests": {"cpu": "10m", "memory": memory}}
+
+
+def outside_server_pod() -> dict[str, Any]:
+    """The outside world: `outside`, a Pod serving `/` over HTTP on OUTSIDE_PORT from
+    the guard image, locked down as nobody."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "outside", "labels": {"sandbox.test": "outside"}},
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "enableServiceLinks": False,
+            "containers": [
+                {
+                    "name": "server",
+                    "image": names.GUARD_IMAGE,
+                    "imagePullPolicy": "Never",
+                    "command": [
+                        "python3",
+                        "-m",
+                        "http.server",
+                        str(OUTSIDE_PORT),
+                        "--directory",
+                        "/",
+                    ],
+                    "securityContext": locked_down(65534),
+                    "resources": small(),
+                }
+            ],
+        },
+    }
+
+
+def watch_pod(core: Any, namespace: str, name: str, resource_version: str, done: Any) -> Any:
+    """Follow one Pod's events until `done(pod)` holds; fail if the watch ends first."""
+    w = watch.Watch()
+    for event in w.stream(
+        core.list_namespaced_pod,
+        namespace,
+        field_selector=f"metadata.name={name}",
+        resource_version=resource_version,
+        timeout_seconds=WATCH_DEADLINE_S,
+    ):
+        pod = event["object"]
+        if done(pod):
+            w.stop()
+            return pod
+        if pod.status.phase == "Failed":
+            w.stop()
+            pytest.fail(f"pod {name} failed: {pod.status}")
+    pytest.fail(f"pod {name}: no end seen within {WATCH_DEADLINE_S} s")
+
+
+def container_state(pod: Any, container: str) -> Any:
+    """The state of the Pod's `container`; None before the kubelet reports it."""
+    for status in pod.status.container_statuses or []:
+        if status.name == container:
+            return status.state
+    return None
 
 
 def server_pod(name: str, command: list[str], volumes: dict[str, Path]) -> dict[str, Any]:

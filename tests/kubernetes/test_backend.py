@@ -31,18 +31,16 @@ from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import ThreadedRun, call_lines, tree_digest, write_workflow
 from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.pods import (
+    OUTSIDE_PORT,
+    container_state,
     exec_in,
     no_pods_or_secrets,
+    outside_server_pod,
     pod_of,
     proc_status,
     processes_of,
     server_pod,
     start_server,
-)
-from tests.kubernetes.test_pod_shape import (
-    OUTSIDE_PORT,
-    container_state,
-    outside_server_pod,
     watch_pod,
 )
 

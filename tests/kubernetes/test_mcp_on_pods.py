@@ -27,8 +27,12 @@ from sandbox.launch import firewall
 from sandbox.launch import specs as launch
 from sandbox.run.testrun import TestRun
 from tests.conftest import call_lines, write_workflow
-from tests.kubernetes.pods import no_pods_or_secrets, start_server
-from tests.kubernetes.test_pod_shape import OUTSIDE_PORT, outside_server_pod
+from tests.kubernetes.pods import (
+    OUTSIDE_PORT,
+    no_pods_or_secrets,
+    outside_server_pod,
+    start_server,
+)
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
 

@@ -20,19 +20,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import watch
 
 from sandbox.contracts import names
 from sandbox.contracts.layout import GUARD_UID, STEP_UID
 from sandbox.launch import firewall
+from tests.kubernetes.pods import (
+    OUTSIDE_PORT,
+    container_state,
+    locked_down,
+    outside_server_pod,
+    small,
+    watch_pod,
+)
 
 # Room for a first build of the binaries when the fixture has to do it (make builds first).
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(1200)]
 
 GUARD_PORT = 8790
-OUTSIDE_PORT = 8080
 STEP_MEMORY = 256 * 1024 * 1024
-WATCH_DEADLINE_S = 120
 
 STEP_SCRIPT = r"""
 import ctypes, errno, json, os, socket, sys, time
@@ -127,52 +132,6 @@ def firewall_script() -> str:
     return "\n".join(lines) + "\n"
 
 
-def locked_down(uid: int, seccomp: dict[str, str] | None = None) -> dict[str, Any]:
-    return {
-        "runAsUser": uid,
-        "runAsGroup": uid,
-        "runAsNonRoot": uid != 0,
-        "capabilities": {"drop": ["ALL"]},
-        "allowPrivilegeEscalation": False,
-        "readOnlyRootFilesystem": True,
-        "seccompProfile": seccomp or {"type": "RuntimeDefault"},
-    }
-
-
-def small(cpu: str = "250m", memory: str = "128Mi") -> dict[str, Any]:
-    return {"limits": {"cpu": cpu, "memory": memory}, "requests": {"cpu": "10m", "memory": memory}}
-
-
-def outside_server_pod() -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": "outside", "labels": {"sandbox.test": "outside"}},
-        "spec": {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
-            "containers": [
-                {
-                    "name": "server",
-                    "image": names.GUARD_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": [
-                        "python3",
-                        "-m",
-                        "http.server",
-                        str(OUTSIDE_PORT),
-                        "--directory",
-                        "/",
-                    ],
-                    "securityContext": locked_down(65534),
-                    "resources": small(),
-                }
-            ],
-        },
-    }
-
-
 def run_pod(group: Path, workflow: Path, outside_ip: str, seccomp_profile: str) -> dict[str, Any]:
     env = [
         {"name": "OUTSIDE_IP", "value": outside_ip},
@@ -234,33 +193,6 @@ def run_pod(group: Path, workflow: Path, outside_ip: str, seccomp_profile: str) 
             ],
         },
     }
-
-
-def watch_pod(core: Any, namespace: str, name: str, resource_version: str, done: Any) -> Any:
-    """Follow one Pod's events until `done(pod)` holds; fail if the watch ends first."""
-    w = watch.Watch()
-    for event in w.stream(
-        core.list_namespaced_pod,
-        namespace,
-        field_selector=f"metadata.name={name}",
-        resource_version=resource_version,
-        timeout_seconds=WATCH_DEADLINE_S,
-    ):
-        pod = event["object"]
-        if done(pod):
-            w.stop()
-            return pod
-        if pod.status.phase == "Failed":
-            w.stop()
-            pytest.fail(f"pod {name} failed: {pod.status}")
-    pytest.fail(f"pod {name}: no end seen within {WATCH_DEADLINE_S} s")
-
-
-def container_state(pod: Any, container: str) -> Any:
-    for status in pod.status.container_statuses or []:
-        if status.name == container:
-            return status.state
-    return None
 
 
 def test_the_run_pod_holds_its_step_to_the_project_shape(

@@ -15,8 +15,12 @@ from sandbox.backends import BackendFactory
 from sandbox.contracts.record import RunStatus
 from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import tree_digest, write_workflow
-from tests.kubernetes.pods import no_pods_or_secrets, start_server
-from tests.kubernetes.test_pod_shape import OUTSIDE_PORT, outside_server_pod
+from tests.kubernetes.pods import (
+    OUTSIDE_PORT,
+    no_pods_or_secrets,
+    outside_server_pod,
+    start_server,
+)
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
 

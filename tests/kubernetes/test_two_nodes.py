@@ -20,12 +20,13 @@ from sandbox.run.testrun import TestRun
 from tests.conftest import tree_digest, write_workflow
 from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.fleetparts import only_schedulable
-from tests.kubernetes.pods import no_pods_or_secrets, start_server
-from tests.kubernetes.test_pod_shape import (
+from tests.kubernetes.pods import (
     OUTSIDE_PORT,
     locked_down,
+    no_pods_or_secrets,
     outside_server_pod,
     small,
+    start_server,
     watch_pod,
 )
 

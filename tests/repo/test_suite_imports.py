@@ -1,0 +1,146 @@
+"""No module imports a test module (`test_*.py` under tests/): what two test files
+share lives in a `conftest.py` (fixtures) or a helper module beside them (public
+names). A test module imported elsewhere runs its tests, its module-level marks and
+its collection twice over, and a change to one test file silently changes another's.
+
+Read from the source with `ast` (every import, also those inside a function, plain
+and relative), for the repository's Python outside the package: tests/, bench/,
+scripts/, examples/.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests import paths
+
+# Importers of a test module not yet moved to a helper; listed so the list can only
+# shrink (importer -> the test modules it imports).
+NOT_YET_MOVED: dict[str, frozenset[str]] = {
+    "tests.guard.bridge.test_client": frozenset({"tests.guard.bridge.test_routes"}),
+    "tests.guard.bridge.test_front": frozenset({"tests.guard.bridge.test_routes"}),
+    "tests.guard.egress.test_git_fetch": frozenset(
+        {"tests.guard.egress.test_proxy", "tests.guard.egress.test_upgrades"}
+    ),
+    "tests.guard.egress.test_upgrades": frozenset({"tests.guard.egress.test_proxy"}),
+    "tests.guard.mcp.test_calls": frozenset({"tests.guard.mcp.test_schema_instance"}),
+    "tests.guard.mcp.test_hotpath": frozenset({"tests.guard.mcp.test_proxy"}),
+    "tests.guard.test_serve_direct": frozenset(
+        {"tests.guard.bridge.test_front", "tests.guard.bridge.test_routes"}
+    ),
+    "tests.kubernetes.battery": frozenset(
+        {"tests.scenarios.test_egress_engine", "tests.security.test_escape_filesystem_process"}
+    ),
+    "tests.run.test_handle_engine": frozenset({"tests.scenarios.test_workflow_engine"}),
+    "tests.run.test_runner_identity": frozenset({"tests.launch.test_specs"}),
+    "tests.scenarios.test_client_corpus_engine": frozenset(
+        {"tests.scenarios.test_transparent_engine"}
+    ),
+    "tests.scenarios.test_packets_engine": frozenset({"tests.scenarios.test_egress_engine"}),
+    "tests.scenarios.test_transparent_engine": frozenset({"tests.scenarios.test_egress_engine"}),
+    "tests.verify.test_against": frozenset(
+        {"tests.verify.test_chaindiff", "tests.verify.test_finished"}
+    ),
+    "tests.verify.test_chaindiff": frozenset({"tests.verify.test_finished"}),
+    "tests.verify.test_diff": frozenset({"tests.verify.test_finished"}),
+    "tests.verify.test_finished": frozenset({"tests.collect.test_stubgroups"}),
+    "tests.verify.test_html_engine": frozenset({"tests.verify.test_finished"}),
+}
+
+IMPORTERS = ("tests", "bench", "scripts", "examples")
+
+
+def is_test_module(name: str) -> bool:
+    return name.rpartition(".")[2].startswith("test_")
+
+
+def imported_modules(source: str, name: str, is_package: bool = False) -> set[str]:
+    """The dotted names the module `name` imports, a name imported from a module counted
+    both as the module and as its possible submodule (`from a import b`: `a`, `a.b`)."""
+    package = name if is_package else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                up = parts[: len(parts) - node.level + 1]
+                base = ".".join([*up, *([base] if base else [])])
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return found
+
+
+def imported_test_modules(source: str, name: str, is_package: bool = False) -> set[str]:
+    """The test modules among what `name` imports."""
+    return {m for m in imported_modules(source, name, is_package) if is_test_module(m)}
+
+
+def repository_modules() -> dict[str, Path]:
+    """The repository's Python outside the package, by dotted name (a package by its
+    `__init__`), test data left out."""
+    found = {}
+    for root in IMPORTERS:
+        for path in sorted((paths.REPO / root).rglob("*.py")):
+            parts = list(path.relative_to(paths.REPO).with_suffix("").parts)
+            if "data" in parts:
+                continue
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def importers_of_test_modules() -> dict[str, frozenset[str]]:
+    """Each module that imports a test module, and those it imports."""
+    found = {}
+    for name, path in repository_modules().items():
+        source = path.read_text()
+        imported = imported_test_modules(source, name, path.name == "__init__.py")
+        imported.discard(name)
+        if imported:
+            found[name] = frozenset(imported)
+    return found
+
+
+def test_the_finder_sees_every_form_of_import() -> None:
+    name = "tests.kubernetes.pods"
+    for source in (
+        "import tests.kubernetes.test_pod_shape",
+        "import tests.kubernetes.test_pod_shape as shape",
+        "from tests.kubernetes import test_pod_shape",
+        "from tests.kubernetes.test_pod_shape import watch_pod",
+        "from .test_pod_shape import watch_pod",
+        "from . import test_pod_shape",
+        "def f():\n    from tests.kubernetes.test_pod_shape import watch_pod\n",
+    ):
+        assert "tests.kubernetes.test_pod_shape" in imported_test_modules(source, name), source
+    for source in (
+        "from tests.kubernetes.pods import watch_pod",
+        "from tests.conftest import write_workflow",
+        "from sandbox.contracts.layout import is_test_run",
+        "from . import pods",
+    ):
+        assert imported_test_modules(source, name) == set(), source
+    package = "tests.kubernetes"
+    assert imported_test_modules("from .test_backend import x", package, is_package=True) == {
+        "tests.kubernetes.test_backend"
+    }
+
+
+def test_no_module_imports_a_test_module() -> None:
+    found = importers_of_test_modules()
+    new = {
+        importer: sorted(imported - NOT_YET_MOVED.get(importer, frozenset()))
+        for importer, imported in found.items()
+    }
+    assert {k: v for k, v in new.items() if v} == {}
+    # One import moved to a helper takes it off the list.
+    stale = {
+        importer: sorted(imported - found.get(importer, frozenset()))
+        for importer, imported in NOT_YET_MOVED.items()
+    }
+    assert {k: v for k, v in stale.items() if v} == {}
