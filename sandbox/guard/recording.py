@@ -32,6 +32,10 @@ from sandbox.contracts.recording import (
 )
 
 INDEX_RESERVE = 4096  # room for the line that says the index is full
+# Blobs this recorder remembers having kept, so the same whole answer again (a bridge
+# call asked twice) writes no file: at most this many (then a repeat is written and
+# found on disk, as a streamed one always is).
+MAX_KEPT_MEMO = 4096
 
 
 class Recorder:
@@ -46,6 +50,7 @@ class Recorder:
         self._index_fd = -1
         self._index_bytes = 0
         self._opened = False  # made at the first answer: a run without reads leaves nothing
+        self._kept: set[str] = set()  # digests of blobs kept (at most MAX_KEPT_MEMO)
         self.unavailable = "" if settings.enabled else "recording is off"
 
     def _open(self) -> None:
@@ -105,6 +110,23 @@ class Recorder:
             IndexLine(key=key, kind=kind, what=what[:600], kept=False, bytes=0, replay="miss")
         )
 
+    def remember(self, digest: str) -> None:
+        """A blob with this digest is kept (in the folder, whole)."""
+        with self._lock:
+            if len(self._kept) < MAX_KEPT_MEMO:
+                self._kept.add(digest)
+
+    def kept_already(self, digest: str, size: int) -> bool:
+        """Whether an answer of `size` bytes whose blob this recorder kept already would
+        be kept again now: within both caps, exactly as a new copy would have to be."""
+        settings = self.settings
+        with self._lock:
+            return (
+                digest in self._kept
+                and size <= settings.body_cap_bytes
+                and self.used + size <= settings.cap_bytes
+            )
+
     def reserve(self, size: int) -> bool:
         with self._lock:
             if self.used + size > self.settings.cap_bytes:
@@ -135,8 +157,13 @@ class Tap:
         self._written = 0
         self._why_not = recorder.unavailable
         self._fd = -1
-        self._temp = recorder.root / BLOBS_DIR / f".part-{serial}"
+        self._serial = serial
         self._closed = False
+
+    @property
+    def _temp(self) -> Path:
+        """Where the copy is written until it is whole (made only when one is written)."""
+        return self._recorder.root / BLOBS_DIR / f".part-{self._serial}"
 
     @property
     def keeping(self) -> bool:
@@ -186,6 +213,25 @@ class Tap:
         except OSError as exc:
             self._drop(f"the copy could not be written ({exc.strerror or exc})")
 
+    def whole(self, data: bytes) -> None:
+        """`feed(data)` and `close()` for an answer already whole in memory (a bridge or
+        MCP result): the same index line and the same caps, but an answer whose blob
+        this recorder kept already is not written again only to be removed (one
+        answer asked many times costs no file per call)."""
+        if self.size or self._closed or self._why_not or self._hash is None:
+            self.feed(data)
+            self.close()
+            return
+        digest = hashlib.sha256(data).hexdigest()
+        if not self._recorder.kept_already(digest, len(data)):
+            self.feed(data)
+            self.close()
+            return
+        self._closed = True
+        self._hash = None
+        self.size = len(data)
+        self._note(kept=True, digest=digest)
+
     def close(self, *, complete: bool = True) -> None:
         """The answer ended (`complete` False: cut short, which is not kept)."""
         if self._closed:
@@ -197,6 +243,9 @@ class Tap:
         kept = False
         if not self._why_not and digest is not None:
             kept = self._commit(digest)
+        self._note(kept=kept, digest=digest)
+
+    def _note(self, *, kept: bool, digest: str | None) -> None:
         self._recorder.note(
             IndexLine(
                 key=self.key,
@@ -223,6 +272,7 @@ class Tap:
                 self._recorder.release(self._written)
             else:
                 os.rename(self._temp, blob)
+            self._recorder.remember(digest)
             return True
         except OSError as exc:
             self._drop(f"the copy could not be kept ({exc.strerror or exc})")
