@@ -192,6 +192,10 @@ class Tap:
         if self._hash is None:
             return  # given up (`rest_unseen`): the size is counted already
         self._hash.update(data)
+        self._keep_bytes(data)
+
+    def _keep_bytes(self, data: bytes | bytearray | memoryview) -> None:
+        """`feed` once `data` is hashed: counted, and written while within the caps."""
         self.size += len(data)
         if self._why_not:
             return
@@ -222,9 +226,11 @@ class Tap:
             self.feed(data)
             self.close()
             return
-        digest = hashlib.sha256(data).hexdigest()
+        hashed = hashlib.sha256(data)
+        digest = hashed.hexdigest()
         if not self._recorder.kept_already(digest, len(data)):
-            self.feed(data)
+            self._hash = hashed  # hashed once: what `feed` would have made of it
+            self._keep_bytes(data)
             self.close()
             return
         self._closed = True
