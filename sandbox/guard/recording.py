@@ -43,6 +43,7 @@ class Recorder:
 
     def __init__(self, root: Path, settings: RecordingSettings) -> None:
         self.root = root
+        self.blobs = os.path.join(root, BLOBS_DIR)  # a string: joined to once per answer
         self.settings = settings
         self.used = 0  # bytes kept or being written, never above settings.cap_bytes
         self._serial = 0
@@ -161,9 +162,9 @@ class Tap:
         self._closed = False
 
     @property
-    def _temp(self) -> Path:
+    def _temp(self) -> str:
         """Where the copy is written until it is whole (made only when one is written)."""
-        return self._recorder.root / BLOBS_DIR / f".part-{self._serial}"
+        return os.path.join(self._recorder.blobs, f".part-{self._serial}")
 
     @property
     def keeping(self) -> bool:
@@ -266,18 +267,19 @@ class Tap:
         )
 
     def _commit(self, digest: str) -> bool:
-        blob = self._recorder.root / BLOBS_DIR / digest
+        blob = os.path.join(self._recorder.blobs, digest)
         try:
             if self._fd < 0:  # an empty answer
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
                 self._fd = os.open(self._temp, flags, 0o600)
             os.close(self._fd)
             self._fd = -1
-            if blob.exists():  # the same answer kept already: one copy
-                os.unlink(self._temp)
+            temp = self._temp
+            if os.path.exists(blob):  # the same answer kept already: one copy
+                os.unlink(temp)
                 self._recorder.release(self._written)
             else:
-                os.rename(self._temp, blob)
+                os.rename(temp, blob)
             self._recorder.remember(digest)
             return True
         except OSError as exc:
