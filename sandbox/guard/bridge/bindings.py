@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from sandbox.policy import EFFECTS_TABLE
 
@@ -61,7 +61,7 @@ _BINDING_ROWS: Final[tuple[tuple[str, str, Bound], ...]] = (
 _ABSENT: Final = object()
 
 
-def _is_object(value: Any) -> bool:
+def _is_object(value: Any) -> TypeGuard[Mapping[str, Any]]:
     """A JSON object (a call's arguments parse to plain dicts: checked first, since the
     ABC check behind `isinstance(value, Mapping)` costs several times more)."""
     return type(value) is dict or isinstance(value, Mapping)
