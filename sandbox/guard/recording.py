@@ -4,7 +4,9 @@ content-addressed and capped, and the recording a replay serves from.
 The guard is the only writer. An answer streams through a `Tap` (hash and write,
 bounded): past the per-answer cap or the recording's cap it stops keeping, drops
 what it wrote and the index says what was not kept; the answer itself is always
-relayed whole. A failed write only loses the copy, never the answer.
+relayed whole. A failed write only loses the copy, never the answer. An answer
+already whole in memory (a bridge or MCP result) whose blob this recorder kept
+already is listed without writing its bytes again.
 (recording.spec.md: the key, the caps, the limits.)
 """
 
