@@ -4,7 +4,9 @@ content-addressed and capped, and the recording a replay serves from.
 The guard is the only writer. An answer streams through a `Tap` (hash and write,
 bounded): past the per-answer cap or the recording's cap it stops keeping, drops
 what it wrote and the index says what was not kept; the answer itself is always
-relayed whole. A failed write only loses the copy, never the answer.
+relayed whole. A failed write only loses the copy, never the answer. An answer
+already whole in memory (a bridge or MCP result) whose blob this recorder kept
+already is listed without writing its bytes again.
 (recording.spec.md: the key, the caps, the limits.)
 """
 
@@ -32,6 +34,10 @@ from sandbox.contracts.recording import (
 )
 
 INDEX_RESERVE = 4096  # room for the line that says the index is full
+# Blobs this recorder remembers having kept, so the same whole answer again (a bridge
+# call asked twice) writes no file: at most this many (then a repeat is written and
+# found on disk, as a streamed one always is).
+MAX_KEPT_MEMO = 4096
 
 
 class Recorder:
@@ -39,6 +45,7 @@ class Recorder:
 
     def __init__(self, root: Path, settings: RecordingSettings) -> None:
         self.root = root
+        self.blobs = os.path.join(root, BLOBS_DIR)  # a string: joined to once per answer
         self.settings = settings
         self.used = 0  # bytes kept or being written, never above settings.cap_bytes
         self._serial = 0
@@ -46,6 +53,7 @@ class Recorder:
         self._index_fd = -1
         self._index_bytes = 0
         self._opened = False  # made at the first answer: a run without reads leaves nothing
+        self._kept: set[str] = set()  # digests of blobs kept (at most MAX_KEPT_MEMO)
         self.unavailable = "" if settings.enabled else "recording is off"
 
     def _open(self) -> None:
@@ -105,6 +113,23 @@ class Recorder:
             IndexLine(key=key, kind=kind, what=what[:600], kept=False, bytes=0, replay="miss")
         )
 
+    def remember(self, digest: str) -> None:
+        """A blob with this digest is kept (in the folder, whole)."""
+        with self._lock:
+            if len(self._kept) < MAX_KEPT_MEMO:
+                self._kept.add(digest)
+
+    def kept_already(self, digest: str, size: int) -> bool:
+        """Whether an answer of `size` bytes whose blob this recorder kept already would
+        be kept again now: within both caps, exactly as a new copy would have to be."""
+        settings = self.settings
+        with self._lock:
+            return (
+                digest in self._kept
+                and size <= settings.body_cap_bytes
+                and self.used + size <= settings.cap_bytes
+            )
+
     def reserve(self, size: int) -> bool:
         with self._lock:
             if self.used + size > self.settings.cap_bytes:
@@ -135,8 +160,13 @@ class Tap:
         self._written = 0
         self._why_not = recorder.unavailable
         self._fd = -1
-        self._temp = recorder.root / BLOBS_DIR / f".part-{serial}"
+        self._serial = serial
         self._closed = False
+
+    @property
+    def _temp(self) -> str:
+        """Where the copy is written until it is whole (made only when one is written)."""
+        return os.path.join(self._recorder.blobs, f".part-{self._serial}")
 
     @property
     def keeping(self) -> bool:
@@ -165,6 +195,10 @@ class Tap:
         if self._hash is None:
             return  # given up (`rest_unseen`): the size is counted already
         self._hash.update(data)
+        self._keep_bytes(data)
+
+    def _keep_bytes(self, data: bytes | bytearray | memoryview) -> None:
+        """`feed` once `data` is hashed: counted, and written while within the caps."""
         self.size += len(data)
         if self._why_not:
             return
@@ -186,6 +220,27 @@ class Tap:
         except OSError as exc:
             self._drop(f"the copy could not be written ({exc.strerror or exc})")
 
+    def whole(self, data: bytes) -> None:
+        """`feed(data)` and `close()` for an answer already whole in memory (a bridge or
+        MCP result): the same index line and the same caps, but an answer whose blob
+        this recorder kept already is not written again only to be removed (one
+        answer asked many times costs no file per call)."""
+        if self.size or self._closed or self._why_not or self._hash is None:
+            self.feed(data)
+            self.close()
+            return
+        hashed = hashlib.sha256(data)
+        digest = hashed.hexdigest()
+        if not self._recorder.kept_already(digest, len(data)):
+            self._hash = hashed  # hashed once: what `feed` would have made of it
+            self._keep_bytes(data)
+            self.close()
+            return
+        self._closed = True
+        self._hash = None
+        self.size = len(data)
+        self._note(kept=True, digest=digest)
+
     def close(self, *, complete: bool = True) -> None:
         """The answer ended (`complete` False: cut short, which is not kept)."""
         if self._closed:
@@ -197,6 +252,9 @@ class Tap:
         kept = False
         if not self._why_not and digest is not None:
             kept = self._commit(digest)
+        self._note(kept=kept, digest=digest)
+
+    def _note(self, *, kept: bool, digest: str | None) -> None:
         self._recorder.note(
             IndexLine(
                 key=self.key,
@@ -211,18 +269,20 @@ class Tap:
         )
 
     def _commit(self, digest: str) -> bool:
-        blob = self._recorder.root / BLOBS_DIR / digest
+        blob = os.path.join(self._recorder.blobs, digest)
         try:
             if self._fd < 0:  # an empty answer
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
                 self._fd = os.open(self._temp, flags, 0o600)
             os.close(self._fd)
             self._fd = -1
-            if blob.exists():  # the same answer kept already: one copy
-                os.unlink(self._temp)
+            temp = self._temp
+            if os.path.exists(blob):  # the same answer kept already: one copy
+                os.unlink(temp)
                 self._recorder.release(self._written)
             else:
-                os.rename(self._temp, blob)
+                os.rename(temp, blob)
+            self._recorder.remember(digest)
             return True
         except OSError as exc:
             self._drop(f"the copy could not be kept ({exc.strerror or exc})")

@@ -130,3 +130,56 @@ def test_the_index_stops_at_what_the_host_reads_and_says_so(
     assert 1 < len(lines) < 50 and lines[-1].why_not == "index full"
     assert (tmp_path / INDEX_FILE).stat().st_size <= recording.INDEX_RESERVE + 2000
     assert all(line.kept for line in lines[:-1])
+
+
+def _sequence(recorder: Recorder, whole: bool) -> list[IndexLine]:
+    """The same answers, as whole ones (`Tap.whole`) or streamed (`feed`, `close`)."""
+    answers = [b"same", b"other", b"same", b"same", b"x" * 600]
+    for n, data in enumerate(answers):
+        tap = recorder.tap(key_of("bridge", tool="t", arguments={"n": n}), "bridge", f"t {n}")
+        if whole:
+            tap.whole(data)
+        else:
+            tap.feed(data)
+            tap.close()
+    return index(recorder.root)
+
+
+@pytest.mark.parametrize("cap", [64 * MIB, 12])
+def test_a_whole_answer_is_recorded_as_a_streamed_one_is(tmp_path: Path, cap: int) -> None:
+    """The same index lines, caps, blobs and bytes in use, whichever way an answer comes
+    (with a cap of 12 bytes a repeat is refused for the cap, kept answer or not)."""
+    settings = RecordingSettings(cap_bytes=cap, body_cap_bytes=500)
+    whole = Recorder(tmp_path / "whole", settings)
+    streamed = Recorder(tmp_path / "streamed", settings)
+    for recorder in (whole, streamed):
+        recorder.root.mkdir()
+    assert _sequence(whole, True) == _sequence(streamed, False)
+    assert whole.used == streamed.used
+    assert sorted(os.listdir(whole.root / BLOBS_DIR)) == sorted(
+        os.listdir(streamed.root / BLOBS_DIR)
+    )
+
+
+def test_a_whole_answer_kept_already_opens_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One answer asked many times (a bridge call repeated) costs one copy, and no file
+    written and removed for each repeat."""
+    recorder = Recorder(tmp_path, RecordingSettings())
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: str | Path, flags: int, mode: int = 0o777) -> int:
+        opened.append(os.fspath(path))
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    for n in range(5):
+        recorder.tap(key_of("bridge", tool="t", arguments={"n": n}), "bridge", "t").whole(b"same")
+    blob_opens = [path for path in opened if os.path.dirname(path) == str(tmp_path / BLOBS_DIR)]
+    assert len(blob_opens) == 1
+    lines = index(tmp_path)
+    assert len(lines) == 5 and all(line.kept for line in lines)
+    assert {line.sha256 for line in lines} == {hashlib.sha256(b"same").hexdigest()}
+    assert os.listdir(tmp_path / BLOBS_DIR) == [hashlib.sha256(b"same").hexdigest()]

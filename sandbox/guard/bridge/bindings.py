@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Any, Final
+from typing import Any, Final, TypeGuard
 
 from sandbox.policy import EFFECTS_TABLE
 
@@ -61,6 +61,12 @@ _BINDING_ROWS: Final[tuple[tuple[str, str, Bound], ...]] = (
 _ABSENT: Final = object()
 
 
+def _is_object(value: Any) -> TypeGuard[Mapping[str, Any]]:
+    """A JSON object (a call's arguments parse to plain dicts: checked first, since the
+    ABC check behind `isinstance(value, Mapping)` costs several times more)."""
+    return type(value) is dict or isinstance(value, Mapping)
+
+
 class UnboundIdentity(Exception):
     """The guard has no value for a bound path: the call must not run unbound."""
 
@@ -95,7 +101,7 @@ def _with(node: Mapping[str, Any], path: Path, value: Any) -> dict[str, Any]:
         out[key] = value
     else:
         child = node.get(key)
-        out[key] = _with(child if isinstance(child, Mapping) else {}, path[1:], value)
+        out[key] = _with(child if _is_object(child) else {}, path[1:], value)
     return out
 
 
@@ -109,7 +115,7 @@ def _without(node: Mapping[str, Any], path: Path) -> dict[str, Any]:
         del out[key]
         return out
     child = out[key]
-    if isinstance(child, Mapping):
+    if _is_object(child):
         rest = _without(child, path[1:])
         if rest or not child:
             out[key] = rest
@@ -145,7 +151,7 @@ def overwritten(tool: str, arguments: Mapping[str, Any]) -> list[str]:
     for path in IDENTITY_BINDINGS.get(tool, {}):
         node: Any = arguments
         for key in path:
-            node = node.get(key, _ABSENT) if isinstance(node, Mapping) else _ABSENT
+            node = node.get(key, _ABSENT) if _is_object(node) else _ABSENT
         if node is not _ABSENT:
             found.append(".".join(path))
     return found

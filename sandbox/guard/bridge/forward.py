@@ -13,12 +13,36 @@ import json
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import to_json
 
 from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.contracts.wire import RUN_KIND_HEADER, ToolResult, UpstreamCall
 from sandbox.guard import limits
 from sandbox.guard.bridge.client import BridgeClient
 from sandbox.guard.bridge.upstream import ReplyTooLarge, UpstreamError
+
+
+def upstream_body(
+    *, tool: str, arguments: dict[str, Any], run_id: str, session: str, workflow: str, step: str
+) -> bytes:
+    """`UpstreamCall(...).model_dump_json()`'s bytes, without a model per call: the
+    arguments were validated at the bridge's boundary (the step's `ToolCall`), every
+    other field is the guard's own string, so a second validation checks nothing; the
+    serializer is the model's own (pydantic-core's `to_json`, NaN and infinity as null as
+    the model writes them). tests/guard/bridge/test_forward.py holds it to the model."""
+    fields = {
+        "tool": tool,
+        "arguments": arguments,
+        "run_id": run_id,
+        "session": session,
+        "workflow": workflow,
+        "step": step,
+        "run_kind": _RUN_KIND,
+    }
+    return to_json(fields, inf_nan_mode="null")
+
+
+_RUN_KIND = UpstreamCall.model_fields["run_kind"].default  # "test": the only kind a guard sends
 
 
 class UpstreamForward:
@@ -41,7 +65,7 @@ class UpstreamForward:
         if self._client is None:
             return ToolResult(text=f"{tool}: no upstream bridge is configured", is_error=True)
         budget = self._config.budget_for(tool)
-        call = UpstreamCall(
+        body = upstream_body(
             tool=tool,
             arguments=arguments,
             run_id=self._config.run_id,
@@ -55,7 +79,7 @@ class UpstreamForward:
             async with asyncio.timeout(budget), self._slots:
                 reply = await self._client.post(
                     "/v1/tools/call",
-                    call.model_dump_json().encode(),
+                    body,
                     {RUN_KIND_HEADER: "test", "Content-Type": "application/json"},
                 )
         except TimeoutError:

@@ -17,7 +17,7 @@ from sandbox.contracts.recording import key_of, miss_text
 from sandbox.contracts.wire import ToolResult
 from sandbox.guard.bridge import bindings
 from sandbox.guard.bridge.forward import UpstreamForward
-from sandbox.guard.recording import Reads
+from sandbox.guard.recording import Reads, Tap
 
 
 def bridge_key(tool: str, arguments: dict[str, Any]) -> str:
@@ -58,9 +58,8 @@ class RecordedForward:
         return result
 
 
-def _keep(tap: Any, data: bytes) -> None:
-    tap.feed(data)
-    tap.close()
+def _keep(tap: Tap, data: bytes) -> None:
+    tap.whole(data)
 
 
 def _parsed(data: bytes) -> ToolResult | None:

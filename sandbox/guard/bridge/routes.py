@@ -167,11 +167,10 @@ class Guard:
         if not self.sessions.known(session):
             reason = f"unknown session {session!r}; create one with POST /v1/sessions"
             return _refusal(call.tool, ROOT_SESSION, reason), {}, "session", False
-        verdict = policy.decide(
-            call.tool,
-            bindings.without_bound(call.tool, call.arguments),
-            has_db_copy=self.config.has_db,
-        )
+        # What the step controls: judged, and written in the start line (the same dict;
+        # neither the policy nor the line changes it).
+        own = bindings.without_bound(call.tool, call.arguments)
+        verdict = policy.decide(call.tool, own, has_db_copy=self.config.has_db)
         detail: dict[str, Any] = {}
         if verdict.fails_step:
             detail["fails_step"] = True
@@ -220,7 +219,7 @@ class Guard:
                 decision=decision,
                 reason=verdict.reason,
                 category=verdict.category,
-                arguments=bindings.without_bound(call.tool, call.arguments),
+                arguments=own,
                 detail=detail,
                 durable=False,  # written now; the outcome's sync covers it before the reply
             )

@@ -60,6 +60,4 @@ class Recorded:
 
     def _keep(self, data: bytes, mark: str) -> None:
         assert self._reads is not None
-        tap = self._reads.recorder.tap(self.key, "mcp", self.what, replay=mark)
-        tap.feed(data)
-        tap.close()
+        self._reads.recorder.tap(self.key, "mcp", self.what, replay=mark).whole(data)

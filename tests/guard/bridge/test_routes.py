@@ -487,3 +487,35 @@ def test_concurrent_forwarded_calls_share_syncs_and_no_reply_precedes_its_sync(
     assert sorted(ln.arguments["url"] for ln in lines_of(actions)) == sorted(
         f"https://a/{n}" for n in range(calls)
     )
+
+
+def test_forwarded_calls_with_the_same_answer_copy_it_once(
+    guard_at: Callable[[str | None], tuple[Guard, Path]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each forwarded call has its start and outcome lines and its index line; an answer
+    the recording holds already opens no file again (one copy of it, no file written and
+    removed per call)."""
+    upstream = Upstream(lambda n, body: ok("the same answer"))
+    guard, actions = guard_at(upstream.url)
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: str | Path, flags: int, mode: int = 0o777) -> int:
+        opened.append(os.fspath(path))
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    try:
+        replies = call_all(guard, [("generate_text_llm", {"prompt": f"p{n}"}) for n in range(6)])
+    finally:
+        upstream.close()
+    assert [r["result"]["text"] for r in replies] == ["the same answer"] * 6
+    assert len(upstream.requests) == 6
+    raw = [ActionLine.model_validate_json(line) for line in actions.read_text().splitlines()]
+    assert [line.event for line in raw] == ["start", "outcome"] * 6
+    blobs = actions.parent / "recording" / "blobs"
+    assert [path for path in opened if os.path.dirname(path) == str(blobs)] == [
+        str(blobs / ".part-1")
+    ]
+    index = (actions.parent / "recording" / "index.jsonl").read_text().splitlines()
+    assert len(index) == 6 and all(json.loads(line)["kept"] for line in index)
