@@ -18,3 +18,9 @@ READY_MARK = "GUARD-READY"  # on stdout once the guard serves (not just listens)
 # variable that names the guard's socket bound to it (`sandbox.guard.nflog`).
 NFLOG_GROUP = 34
 NFLOG_FD_ENV = "SANDBOX_GUARD_NFLOG_FD"
+# The read end of the firewall's gate the guard's entry hands the guard
+# (`sandbox.guard.nflogbind`): "ok" once the rules are in and read back right; closed
+# without it when they are not. The guard binds nothing before it says "ok".
+FIREWALL_GATE_FD_ENV = "SANDBOX_GUARD_FIREWALL_GATE_FD"
+FIREWALL_GATE_OK = b"ok\n"
+FIREWALL_GATE_WRITE_FD = 9  # the gate's write end in the install script's shell

@@ -34,7 +34,13 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from sandbox.contracts.guardprocess import DNS_PORT, NFLOG_GROUP, TRANSPARENT_PORT
+from sandbox.contracts.guardprocess import (
+    DNS_PORT,
+    FIREWALL_GATE_OK,
+    FIREWALL_GATE_WRITE_FD,
+    NFLOG_GROUP,
+    TRANSPARENT_PORT,
+)
 from sandbox.contracts.layout import GUARD_UID
 
 # Docker's embedded resolver lives on loopback and would resolve outside names.
@@ -313,8 +319,23 @@ def guard_entry_script(
     lines = ["set -eu", *_install_lines(guard_uid, install=install)]
     lines += _nat_lines(guard_uid, redirect_root=redirect_root) if install else []
     lines += _checked_readback(install=install, peers=None)
-    lines.append(_drop_line(guard_command, guard_uid, bind_nflog=install))
-    return "\n".join(lines) + "\n"
+    if not install:
+        lines.append(_drop_line(guard_command, guard_uid, bind_nflog=False))
+        return "\n".join(lines) + "\n"
+    # The install runs beside the drop (the guard's interpreter loads its modules
+    # meanwhile) and opens the guard's gate last (`sandbox.guard.nflogbind`).
+    opened = shlex.quote(FIREWALL_GATE_OK.decode().strip())
+    lines.append(f"echo {opened} >&{FIREWALL_GATE_WRITE_FD}")
+    install_script = "\n".join(lines) + "\n"
+    drop = _drop_line(guard_command, guard_uid, bind_nflog=True, firewall=install_script)
+    return "\n".join(["set -eu", drop]) + "\n"
+
+
+def install_script_of(entry: str) -> str:
+    """The install script an entry script (`guard_entry_script`) runs beside the drop
+    ("" for one that starts none)."""
+    words = shlex.split(entry)
+    return words[words.index("--firewall") + 1] if "--firewall" in words else ""
 
 
 def pod_guard_entry_script(
@@ -327,9 +348,12 @@ def pod_guard_entry_script(
     return "\n".join(["set -eu", _drop_line(guard_command, guard_uid, bind_nflog=install)]) + "\n"
 
 
-def _drop_line(guard_command: list[str], guard_uid: int, *, bind_nflog: bool) -> str:
-    """The entry's last line: (bind the log group, then) drop to the guard's uid with
-    every capability gone from all sets and exec tini and the guard."""
+def _drop_line(
+    guard_command: list[str], guard_uid: int, *, bind_nflog: bool, firewall: str | None = None
+) -> str:
+    """The entry's last line: (bind the log group, start the `firewall` script beside
+    the drop with the guard's gate, then) drop to the guard's uid with every capability
+    gone from all sets and exec tini and the guard."""
     drop = [
         "setpriv",
         f"--reuid={guard_uid}",
@@ -347,7 +371,8 @@ def _drop_line(guard_command: list[str], guard_uid: int, *, bind_nflog: bool) ->
         # Bound to the refused packets' log group while NET_ADMIN is still held; the
         # guard inherits the socket (`sandbox.guard.nflogbind`; `sandbox.guard.nflog`
         # reads it). guard_command[0] is the guard image's Python.
-        drop = [guard_command[0], "-m", "sandbox.guard.nflogbind", *drop]
+        gate = [] if firewall is None else ["--firewall", firewall]
+        drop = [guard_command[0], "-m", "sandbox.guard.nflogbind", *gate, *drop]
     return "exec " + " ".join(shlex.quote(part) for part in drop)
 
 
