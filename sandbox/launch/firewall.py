@@ -306,13 +306,16 @@ def guard_entry_script(
 ) -> str:
     """Shell the guard container starts with, as root holding NET_ADMIN for a moment.
 
-    It installs the rules in the namespace the guard owns, prints them back and
-    checks them against `expected_readback()` (a mismatch ends it: the guard never
-    starts, so it never listens, and the step's executor, which starts the step only
-    once the guard listens, never does), then drops to the guard's uid with every
-    capability gone from all sets, the bounding set included, so neither the guard nor
-    anything it starts (stdio MCP servers) can ever regain NET_ADMIN. tini stays pid 1
-    after the drop, reaping orphans.
+    Its install script installs the rules in the namespace the guard owns, prints them
+    back and checks them against `expected_readback()`, then opens the guard's gate.
+    It runs beside the drop (`sandbox.guard.nflogbind` starts it), so the guard's
+    interpreter loads its modules meanwhile; the guard binds nothing before the gate
+    says `ok`, and a mismatch ends the script without it (the guard exits, it never
+    listens, and the step's executor, which starts the step only once the guard
+    listens, never does). The drop is to the guard's uid with every capability gone
+    from all sets, the bounding set included, so neither the guard nor anything it
+    starts (stdio MCP servers) can ever regain NET_ADMIN. tini stays pid 1 after the
+    drop, reaping orphans (the finished install script too).
 
     `install=False` exists only so tests can prove the preflight catches an open
     namespace; a real run always installs. `redirect_root`: see `nat_rules`."""
