@@ -1,22 +1,12 @@
 """The guard entry's moment as root: bind the firewall's packet log, then exec the rest.
 
-`python -m sandbox.guard.nflogbind [--firewall SCRIPT] <command...>` runs in the
-guard's entry while it still holds NET_ADMIN (`sandbox.launch.firewall`): it binds a
-netlink socket to the log group the firewall copies the step's refused packets to,
-leaves it open (its number in `NFLOG_FD_ENV`) and execs the drop to the guard's uid,
-then the guard (`sandbox.guard.nflog` reads what arrives).
-
-With `--firewall`, the firewall's install (SCRIPT, run by `/bin/sh` as root with
-NET_ADMIN) runs in a child beside the drop, so the guard's interpreter loads its
-modules while the rules go in. The two are joined by a pipe, the gate: the script
-writes `ok` to it (fd FIREWALL_GATE_WRITE_FD) only once the rules are in and read
-back exactly; the guard gets the read end (its number in `FIREWALL_GATE_FD_ENV`)
-and binds nothing before it reads `ok` (a script that fails closes the pipe without
-it, and the guard exits). Nothing else holds the write end: this process closes it before the exec.
-
-This interpreter is on the path to the guard's first answer and does nothing else, so
-it imports only what binding takes (os, socket, struct: no dataclasses, no
-ipaddress, no pydantic): a test pins that.
+`python -m sandbox.guard.nflogbind <command...>` runs in the guard's entry while it
+still holds NET_ADMIN (`sandbox.launch.firewall`): it binds a netlink socket to the
+log group the firewall copies the step's refused packets to, leaves it open (its
+number in `NFLOG_FD_ENV`) and execs the drop to the guard's uid, then the guard
+(`sandbox.guard.nflog` reads what arrives). This interpreter is on the path to the
+guard's first answer and does nothing else, so it imports only what binding takes
+(os, socket, struct: no dataclasses, no ipaddress, no pydantic): a test pins that.
 """
 
 from __future__ import annotations
@@ -26,12 +16,7 @@ import socket
 import struct
 import sys
 
-from sandbox.contracts.guardprocess import (
-    FIREWALL_GATE_FD_ENV,
-    FIREWALL_GATE_WRITE_FD,
-    NFLOG_FD_ENV,
-    NFLOG_GROUP,
-)
+from sandbox.contracts.guardprocess import NFLOG_FD_ENV, NFLOG_GROUP
 
 NETLINK_NETFILTER = 12
 NFNL_SUBSYS_ULOG = 4
@@ -94,38 +79,11 @@ def bind_group() -> socket.socket:
     return sock
 
 
-def start_firewall(script: str) -> int:
-    """Run `script` with /bin/sh in a child, its write end of the gate at
-    FIREWALL_GATE_WRITE_FD; the read end, for the guard (this process keeps no write
-    end). Forked while this process has one thread; the child is reaped by tini, pid 1
-    after the drop."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: only the script, with its end of the gate
-        try:
-            os.close(read_end)
-            os.dup2(write_end, FIREWALL_GATE_WRITE_FD)
-            os.set_inheritable(FIREWALL_GATE_WRITE_FD, True)  # the script's shell writes to it
-            os.execv("/bin/sh", ["sh", "-c", script])
-        finally:
-            os._exit(127)
-    os.close(write_end)
-    os.set_inheritable(read_end, True)
-    return read_end
-
-
 def main(argv: list[str]) -> int:
-    """Bind the group (and start the firewall's install, with `--firewall SCRIPT`),
-    then exec `argv` with the socket (and the gate) open: the entry's next step."""
-    gate = None
-    if argv[:1] == ["--firewall"] and len(argv) >= 2:
-        gate = start_firewall(argv[1])
-        argv = argv[2:]
+    """Bind the group, then exec `argv` with the socket open (the entry's next step)."""
     if not argv:
         print("nflog: no command to run", file=sys.stderr)
         return 2
-    if gate is not None:
-        os.environ[FIREWALL_GATE_FD_ENV] = str(gate)
     sock = bind_group()
     sock.set_inheritable(True)
     os.environ[NFLOG_FD_ENV] = str(sock.fileno())

@@ -36,7 +36,9 @@ from dataclasses import dataclass
 
 from sandbox.contracts.guardprocess import (
     DNS_PORT,
+    FIREWALL_GATE_FD_ENV,
     FIREWALL_GATE_OK,
+    FIREWALL_GATE_READ_FD,
     FIREWALL_GATE_WRITE_FD,
     NFLOG_GROUP,
     TRANSPARENT_PORT,
@@ -306,39 +308,52 @@ def guard_entry_script(
 ) -> str:
     """Shell the guard container starts with, as root holding NET_ADMIN for a moment.
 
-    Its install script installs the rules in the namespace the guard owns, prints them
-    back and checks them against `expected_readback()`, then opens the guard's gate.
-    It runs beside the drop (`sandbox.guard.nflogbind` starts it), so the guard's
-    interpreter loads its modules meanwhile; the guard binds nothing before the gate
+    Its install (a subshell) installs the rules in the namespace the guard owns, prints
+    them back and checks them against `expected_readback()`, then opens the guard's
+    gate. It runs beside the drop, so the guard's interpreter loads its modules
+    meanwhile; the guard binds nothing before the gate
     says `ok`, and a mismatch ends the script without it (the guard exits, it never
     listens, and the step's executor, which starts the step only once the guard
     listens, never does). The drop is to the guard's uid with every capability gone
     from all sets, the bounding set included, so neither the guard nor anything it
     starts (stdio MCP servers) can ever regain NET_ADMIN. tini stays pid 1 after the
-    drop, reaping orphans (the finished install script too).
+    drop, reaping orphans (the finished install subshell too).
 
     `install=False` exists only so tests can prove the preflight catches an open
     namespace; a real run always installs. `redirect_root`: see `nat_rules`."""
-    lines = ["set -eu", *_install_lines(guard_uid, install=install)]
+    lines = [*_install_lines(guard_uid, install=install)]
     lines += _nat_lines(guard_uid, redirect_root=redirect_root) if install else []
     lines += _checked_readback(install=install, peers=None)
     if not install:
-        lines.append(_drop_line(guard_command, guard_uid, bind_nflog=False))
-        return "\n".join(lines) + "\n"
-    # The install runs beside the drop (the guard's interpreter loads its modules
-    # meanwhile) and opens the guard's gate last (`sandbox.guard.nflogbind`).
+        drop = _drop_line(guard_command, guard_uid, bind_nflog=False)
+        return "\n".join(["set -eu", *lines, drop]) + "\n"
+    return (
+        "\n".join(
+            ["set -eu", *_gated(lines), _drop_line(guard_command, guard_uid, bind_nflog=True)]
+        )
+        + "\n"
+    )
+
+
+def _gated(install: list[str]) -> list[str]:
+    """The install (`install`: shell lines) in a subshell beside the drop, joined to the
+    guard by a pipe (a FIFO in a private folder, opened at both ends, then deleted): the
+    subshell writes `ok` to it last, so only once every line before succeeded; the
+    entry keeps the read end alone (it opens it after the subshell holds the write
+    end, and no write end) and hands it to the guard."""
+    write, read = FIREWALL_GATE_WRITE_FD, FIREWALL_GATE_READ_FD
     opened = shlex.quote(FIREWALL_GATE_OK.decode().strip())
-    lines.append(f"echo {opened} >&{FIREWALL_GATE_WRITE_FD}")
-    install_script = "\n".join(lines) + "\n"
-    drop = _drop_line(guard_command, guard_uid, bind_nflog=True, firewall=install_script)
-    return "\n".join(["set -eu", drop]) + "\n"
-
-
-def install_script_of(entry: str) -> str:
-    """The install script an entry script (`guard_entry_script`) runs beside the drop
-    ("" for one that starts none)."""
-    words = shlex.split(entry)
-    return words[words.index("--firewall") + 1] if "--firewall" in words else ""
+    return [
+        'gate_dir="$(mktemp -d)"',
+        'mkfifo -m 600 "$gate_dir/gate"',
+        f'( exec {write}>"$gate_dir/gate"',
+        *install,
+        f"echo {opened} >&{write}",
+        ") &",
+        f'exec {read}<"$gate_dir/gate"',
+        'rm -r "$gate_dir"',
+        f"export {FIREWALL_GATE_FD_ENV}={read}",
+    ]
 
 
 def pod_guard_entry_script(
@@ -351,12 +366,9 @@ def pod_guard_entry_script(
     return "\n".join(["set -eu", _drop_line(guard_command, guard_uid, bind_nflog=install)]) + "\n"
 
 
-def _drop_line(
-    guard_command: list[str], guard_uid: int, *, bind_nflog: bool, firewall: str | None = None
-) -> str:
-    """The entry's last line: (bind the log group, start the `firewall` script beside
-    the drop with the guard's gate, then) drop to the guard's uid with every capability
-    gone from all sets and exec tini and the guard."""
+def _drop_line(guard_command: list[str], guard_uid: int, *, bind_nflog: bool) -> str:
+    """The entry's last line: (bind the log group, then) drop to the guard's uid with
+    every capability gone from all sets and exec tini and the guard."""
     drop = [
         "setpriv",
         f"--reuid={guard_uid}",
@@ -374,8 +386,7 @@ def _drop_line(
         # Bound to the refused packets' log group while NET_ADMIN is still held; the
         # guard inherits the socket (`sandbox.guard.nflogbind`; `sandbox.guard.nflog`
         # reads it). guard_command[0] is the guard image's Python.
-        gate = [] if firewall is None else ["--firewall", firewall]
-        drop = [guard_command[0], "-m", "sandbox.guard.nflogbind", *gate, *drop]
+        drop = [guard_command[0], "-m", "sandbox.guard.nflogbind", *drop]
     return "exec " + " ".join(shlex.quote(part) for part in drop)
 
 

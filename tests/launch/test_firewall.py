@@ -7,7 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sandbox.contracts.guardprocess import FIREWALL_GATE_WRITE_FD
+from sandbox.contracts.guardprocess import (
+    FIREWALL_GATE_FD_ENV,
+    FIREWALL_GATE_READ_FD,
+    FIREWALL_GATE_WRITE_FD,
+)
 from sandbox.contracts.layout import GUARD_UID
 from sandbox.launch.firewall import (
     NAT_CHAIN,
@@ -15,7 +19,6 @@ from sandbox.launch.firewall import (
     RULES_MARK,
     expected_readback,
     guard_entry_script,
-    install_script_of,
     installed_rules,
     nat6_rules,
     nat_rules,
@@ -38,18 +41,18 @@ def test_engine_dns_is_rejected_before_loopback_is_accepted() -> None:
     assert dns < v4.index("-A OUTPUT -o lo -m addrtype --dst-type LOCAL -j ACCEPT")
 
 
+def _install_part(entry: str) -> list[str]:
+    """The lines the entry's install subshell runs (between its open and its `) &`)."""
+    lines = entry.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("( exec "))
+    return lines[start + 1 : lines.index(") &", start)]
+
+
 def test_script_installs_reads_back_then_drops_to_the_guard() -> None:
-    entry = guard_entry_script(["guard", "--x"])
-    words = shlex.split(entry)
-    assert words[:2] == ["set", "-eu"]
-    # Still root: the log group's socket is bound and the install started beside the
-    # drop (sandbox.guard.nflogbind), then the drop itself.
-    assert words[2:7] == ["exec", "guard", "-m", "sandbox.guard.nflogbind", "--firewall"]
-    assert words[8] == "setpriv" and words[-4:] == ["tini", "--", "guard", "--x"]
-    script = install_script_of(entry)
-    assert script == words[7]
-    lines = script.splitlines()
-    assert lines[0] == "set -eu"
+    script = guard_entry_script(["guard", "--x"])
+    entry = script.splitlines()
+    assert entry[0] == "set -eu"
+    lines = _install_part(script)
     for tool, args in rules().items():
         restore = lines.index(f"{tool}-restore -w <<'RULES'")
         table = lines[restore + 1 : lines.index("RULES", restore)]
@@ -65,8 +68,15 @@ def test_script_installs_reads_back_then_drops_to_the_guard() -> None:
     assert lines[expected + 1 : lines.index("EXPECTED", expected)] == expected_readback()
     check = lines.index('[ "$got" = "$expected" ] || { echo "FIREWALL-MISMATCH"; exit 1; }')
     assert lines[check + 1 :] == [f"echo {READY_MARK}", f"echo ok >&{FIREWALL_GATE_WRITE_FD}"]
-    for part in (entry, script):
-        subprocess.run(["sh", "-n"], input=part, text=True, check=True)
+    # The install runs beside the drop; the entry hands the gate's read end to the guard,
+    # then binds the log group while NET_ADMIN is held, then the drop.
+    assert entry[-3:-1] == [
+        'rm -r "$gate_dir"',
+        f"export {FIREWALL_GATE_FD_ENV}={FIREWALL_GATE_READ_FD}",
+    ]
+    assert entry[-1].startswith("exec guard -m sandbox.guard.nflogbind setpriv ")
+    assert entry[-1].endswith("-- tini -- guard --x")
+    subprocess.run(["sh", "-n"], input=script, text=True, check=True)
     assert len(expected_readback()) == sum(len(a) for a in rules().values())
 
 
@@ -74,7 +84,7 @@ def test_without_install_the_script_still_reads_back_and_drops() -> None:
     """The test-only open namespace: no rules, the same drop (the preflight must catch it)."""
     script = guard_entry_script(["guard"], install=False)
     assert "-restore" not in script and "exec setpriv " in script
-    assert install_script_of(script) == "" and "nflogbind" not in script
+    assert "gate" not in script and "nflogbind" not in script
 
 
 def _read_back(filter_rules: list[str], nat_chain: list[str]) -> str:
@@ -91,14 +101,6 @@ def _read_back(filter_rules: list[str], nat_chain: list[str]) -> str:
     )
 
 
-# The entry's Python binding the log group (`sandbox.guard.nflogbind`) as it runs, but
-# with a plain socket for the netlink one (binding that needs NET_ADMIN).
-BINDER = (
-    "import socket, sys\n"
-    "import sandbox.guard.nflogbind as binder\n"
-    "binder.bind_group = socket.socket\n"
-    "sys.exit(binder.main(sys.argv[1:]))\n"
-)
 # The drop's stand-in: what the guard does with its gate, said in a file.
 DROP = (
     "import os, sys\n"
@@ -111,9 +113,8 @@ def _run_entry_script(
     tmp_path: Path, readback_v4: list[str], nat_v4: list[str] | None = None
 ) -> tuple[str, str]:
     """The entry script under `sh`, with stand-ins for ip, the iptables tools and setpriv
-    on PATH (the real ones need NET_ADMIN), and the real binder starting the install
-    beside the drop: the install's output, and what the guard's gate said ("open",
-    "closed"). `nat_v4`: what the nat chain reads back (default: its rules as
+    on PATH (the real ones need NET_ADMIN), and the guard's own reading of its gate as
+    the drop: the install's output, and what the gate said ("open", "closed"). `nat_v4`: what the nat chain reads back (default: its rules as
     written)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -127,7 +128,7 @@ def _run_entry_script(
         "iptables": _read_back(readback_v4, nat_rules() if nat_v4 is None else nat_v4),
         "ip6tables": _read_back(expected_readback()[len(v4) :], nat6_rules()),
         "setpriv": f"exec {python} -c {shlex.quote(DROP)} {shlex.quote(str(gate))}",
-        "guard": f'shift 2; exec {python} -c {shlex.quote(BINDER)} "$@"',
+        "guard": 'shift 2; exec "$@"',  # the guard's Python binding the log group
     }
     assert len(v6) == len(expected_readback()) - len(v4)
     for name, body in stand_ins.items():
@@ -136,7 +137,7 @@ def _run_entry_script(
         path.chmod(0o755)
     done = subprocess.run(
         ["/bin/sh", "-c", guard_entry_script(["guard"])],
-        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(REPO)},
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=30,

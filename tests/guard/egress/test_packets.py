@@ -15,7 +15,7 @@ from sandbox.guard import nflog
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.egress import packets
 from sandbox.guard.egress.packets import PacketRecorder
-from sandbox.launch.firewall import guard_entry_script, install_script_of, nat6_rules
+from sandbox.launch.firewall import guard_entry_script, nat6_rules
 
 
 def _attr(kind: int, value: bytes) -> bytes:
@@ -129,7 +129,7 @@ def test_ipv6_is_logged_for_everyone_but_the_guard_and_never_accepted() -> None:
     assert "! -d ::1/128" in rules[-1]
     assert not any("ACCEPT" in r or "REDIRECT" in r for r in rules)
     assert nat6_rules(redirect_root=True) == [rules[0], rules[-1]]
-    script = install_script_of(guard_entry_script(["/opt/guard/bin/python", "-m", "sandbox.guard"]))
+    script = guard_entry_script(["/opt/guard/bin/python", "-m", "sandbox.guard"])
     assert "ip6tables-restore -w --noflush <<'NAT'" in script
     assert "ip6tables -w -t nat -C OUTPUT -j SANDBOX-STEP-OUT" in script
     assert "sandbox.guard.nflogbind" not in guard_entry_script(["guard"], install=False)

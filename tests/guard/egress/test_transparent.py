@@ -21,7 +21,7 @@ from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.egress.dns import PREFLIGHT_ZONE, DnsServer, Names, clean_name, preflight_proof
 from sandbox.guard.egress.transparent import classify, server_name
 from sandbox.guard.listeners import DNS_PORT, TRANSPARENT_PORT
-from sandbox.launch.firewall import guard_entry_script, install_script_of, nat_rules
+from sandbox.launch.firewall import guard_entry_script, nat_rules
 from sandbox.verify import html
 from sandbox.verify.evidence import Call
 
@@ -50,7 +50,7 @@ def test_nat_redirects_everyone_but_the_guard_and_never_accepts() -> None:
     assert rules[-1].endswith("! -d 127.0.0.0/8 -j NFLOG --nflog-group 34 --nflog-size 128")
     with pytest.raises(ValueError):
         nat_rules(0)
-    script = install_script_of(guard_entry_script(["guard"]))
+    script = guard_entry_script(["guard"])
     assert "iptables-restore -w --noflush <<'NAT'" in script
     assert "-I OUTPUT 1 -j SANDBOX-STEP-OUT" in script
     assert "NAT" not in guard_entry_script(["guard"], install=False)
