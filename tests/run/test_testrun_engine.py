@@ -73,7 +73,9 @@ def test_the_containers_go_while_the_files_are_read_and_before_the_disk_is_unmou
         return collect(files, has_db=has_db)
 
     def close_counting(files: StepFs) -> None:
-        run_filter = {"label": f"{LABEL_RUN_ID}={files.layout.run_id}"}
+        run_filter: dict[str, str | list[str] | bool] = {
+            "label": f"{LABEL_RUN_ID}={files.layout.run_id}"
+        }
         seen.setdefault(
             "left_at_unmount", len(engine.containers.list(all=True, filters=run_filter))
         )
@@ -87,5 +89,4 @@ def test_the_containers_go_while_the_files_are_read_and_before_the_disk_is_unmou
     assert record.status is RunStatus.PASSED, record.reason
     assert seen["reading_when_removed"] is True
     assert seen["left_at_unmount"] == 0
-    run_filter = {"label": f"{LABEL_RUN_ID}={record.id}"}
-    assert engine.containers.list(all=True, filters=run_filter) == []
+    assert engine.containers.list(all=True, filters={"label": f"{LABEL_RUN_ID}={record.id}"}) == []
