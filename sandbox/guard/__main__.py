@@ -1,10 +1,10 @@
 """`python -m sandbox.guard`: bind the ports, then start the guard from its config file.
 
 The guard's modules (`sandbox.guard.startup`: pydantic, the config's models, the
-network side) load first: in a Docker run the firewall's rules go in beside this
-interpreter (`sandbox.guard.nflogbind`), and nothing is bound until its gate says
-they are in and read back right; a gate that closes without that ends the guard
-before it listens (fail closed: the step's executor starts the step only once the
+network side) load first: in a Docker run the entry's install subshell puts the
+firewall's rules in beside this interpreter (`sandbox.launch.firewall`), and nothing
+is bound until its gate says they are in and read back right; a gate that closes
+without that ends the guard before it listens (fail closed: the step's executor starts the step only once the
 guard listens). The guard is non-dumpable from the moment it holds the config's
 text (both tokens); once the ports and the MCP servers' sockets listen (see
 `sandbox.guard.listeners`), `sandbox.guard.startup` takes over: config, log and
@@ -66,7 +66,7 @@ def _firewall_in() -> bool:
     """Whether the firewall's gate the entry handed this process (if any) says the rules
     are in and read back right: blocks until the install script writes to it or ends.
     No gate (a Pod, whose init container installed the rules before any of its
-    containers started): True."""
+    containers started; the test-only entry that installs none): True."""
     raw = os.environ.pop(FIREWALL_GATE_FD_ENV, None)
     if raw is None:
         return True
