@@ -5,10 +5,10 @@ network side) load first: in a Docker run the entry's install subshell puts the
 firewall's rules in beside this interpreter (`sandbox.launch.firewall`), and nothing
 is bound until its gate says they are in and read back right; a gate that closes
 without that ends the guard before it listens (fail closed: the step's executor
-starts the step only once the guard listens). The guard is non-dumpable from the moment it holds the config's
-text (both tokens); once the ports and the MCP servers' sockets listen (see
-`sandbox.guard.listeners`), `sandbox.guard.startup` takes over: config, log and
-policy, the network side, then the web stack.
+starts the step only once the guard listens). The guard is non-dumpable from the
+moment it holds the config's text (both tokens); once the ports and the MCP servers'
+sockets listen (see `sandbox.guard.listeners`), `sandbox.guard.startup` takes over:
+config, log and policy, the network side, then the web stack.
 """
 
 from __future__ import annotations
