@@ -387,6 +387,14 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
         "step's refused packets to. Never set it yourself.",
     ),
     EnvVar(
+        "SANDBOX_GUARD_FIREWALL_GATE_FD",
+        "sandbox.contracts.guardprocess.FIREWALL_GATE_FD_ENV",
+        "internal",
+        "Set inside the guard's container by its entry: the pipe that says the firewall's "
+        "rules are in and read back right; the guard binds nothing before. Never set it "
+        "yourself.",
+    ),
+    EnvVar(
         "SANDBOX_FLEET_SETTINGS",
         "sandbox.backends.kubernetes.fleet.SETTINGS_ENV",
         "internal",

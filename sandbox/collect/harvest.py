@@ -29,6 +29,7 @@ from sandbox.launch import specs as launch
 from sandbox.launch.start import Launched, McpJobs
 from sandbox.prepare.rundir import Prepared
 from sandbox.stepfs import lifecycle as stepfs
+from sandbox.stopsignals import HeldPool
 
 if TYPE_CHECKING:
     from sandbox.collect import actionsummary
@@ -106,17 +107,22 @@ def collect(
     record.stderr = stepreports.without_reports(record.stderr)
     # What the servers said is read from the engine before their containers go.
     record.mcp_servers = collect_mcp(layout, launched.mcp)
-    # The step is dead: nothing writes its disk any more. Its folders move off the
-    # disk into the run folder, then the disk goes.
+    # The step is dead: nothing writes its disk any more (the servers see only the
+    # workflow's view, read-only). Every container goes while its folders move off the
+    # disk into the run folder and the DB and the log are read; the disk and the view
+    # are unmounted only once every container is gone (leaving the pool waits for the
+    # removal on every way out, a stop included).
     record.node = backend.node()
-    backend.remove_all()
-    collected = files.collect(has_db=not record.no_db)
+    with HeldPool(max_workers=1, thread_name_prefix="remove") as removal:
+        removing = removal.submit(backend.remove_all)
+        collected = files.collect(has_db=not record.no_db)
+        record.db_diff = db_diff(layout, record)
+        actions = actionsummary.read(layout.actions)
+    removing.result()  # what the removal raised, as when it ran here
     files.close()
     record.disk_used_bytes = collected.peak_bytes
     record.files = collected.files
     record.export_report = collected.export
-    record.db_diff = db_diff(layout, record)
-    actions = actionsummary.read(layout.actions)
     record.stubbed, record.stubbed_cut = actions.stubbed, actions.stubbed_cut
     record.actions = actions.counts
     record.egress = actions.egress

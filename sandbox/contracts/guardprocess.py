@@ -18,3 +18,11 @@ READY_MARK = "GUARD-READY"  # on stdout once the guard serves (not just listens)
 # variable that names the guard's socket bound to it (`sandbox.guard.nflog`).
 NFLOG_GROUP = 34
 NFLOG_FD_ENV = "SANDBOX_GUARD_NFLOG_FD"
+# The firewall's gate (`sandbox.launch.firewall.guard_entry_script`): a pipe from the
+# entry's install script, which writes "ok" to it (its fd FIREWALL_GATE_WRITE_FD) once
+# the rules are in and read back right and otherwise ends without; the guard gets the
+# read end (its number in FIREWALL_GATE_FD_ENV) and binds nothing before "ok".
+FIREWALL_GATE_FD_ENV = "SANDBOX_GUARD_FIREWALL_GATE_FD"
+FIREWALL_GATE_OK = b"ok\n"
+FIREWALL_GATE_WRITE_FD = 9
+FIREWALL_GATE_READ_FD = 8

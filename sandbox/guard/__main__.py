@@ -1,19 +1,26 @@
 """`python -m sandbox.guard`: bind the ports, then start the guard from its config file.
 
-Only the standard library is imported before the ports and the MCP servers'
-sockets listen (see `sandbox.guard.listeners`); then the guard makes itself
-non-dumpable (its memory holds both tokens) and `sandbox.guard.startup` takes over:
+The guard's modules (`sandbox.guard.startup`: pydantic, the config's models, the
+network side) load first: in a Docker run the entry's install subshell puts the
+firewall's rules in beside this interpreter (`sandbox.launch.firewall`), and nothing
+is bound until its gate says they are in and read back right; a gate that closes
+without that ends the guard before it listens (fail closed: the step's executor
+starts the step only once the guard listens). The guard is non-dumpable from the
+moment it holds the config's text (both tokens); once the ports and the MCP servers'
+sockets listen (see `sandbox.guard.listeners`), `sandbox.guard.startup` takes over:
 config, log and policy, the network side, then the web stack.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import socket
 import sys
 
+from sandbox.contracts.guardprocess import FIREWALL_GATE_FD_ENV, FIREWALL_GATE_OK
 from sandbox.guard.listeners import (
     BRIDGE_PORT,
     CONFIG_FILE_ENV,
@@ -55,6 +62,32 @@ def _take_config_text() -> bytes | None:
     return raw
 
 
+def _firewall_in() -> bool:
+    """Whether the firewall's gate the entry handed this process (if any) says the rules
+    are in and read back right: blocks until the install script writes to it or ends.
+    No gate (a Pod, whose init container installed the rules before any of its
+    containers started; the test-only entry that installs none): True."""
+    raw = os.environ.pop(FIREWALL_GATE_FD_ENV, None)
+    if raw is None:
+        return True
+    if not raw.isdigit():
+        return False
+    fd = int(raw)
+    got = b""
+    try:
+        while b"\n" not in got and len(got) <= len(FIREWALL_GATE_OK):
+            chunk = os.read(fd, len(FIREWALL_GATE_OK))
+            if not chunk:
+                break  # the script ended without opening the gate
+            got += chunk
+    except OSError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    return got == FIREWALL_GATE_OK
+
+
 def _port(document: object, key: str, default: int) -> int:
     value = document.get(key, default) if isinstance(document, dict) else default
     return value if isinstance(value, int) and 0 < value < 65536 else default
@@ -84,10 +117,21 @@ def main() -> int:
     raw = _take_config_text()
     if raw is None:
         return 2
+    # The text holds both tokens: before anything else loads or starts.
+    if not make_undumpable():
+        print("guard: cannot make itself non-dumpable", file=sys.stderr)
+        return 2
     try:
         document = json.loads(raw)
     except ValueError as exc:
         print(f"guard: config file is not JSON: {exc}", file=sys.stderr)
+        return 2
+    # Loaded while the firewall goes in (the longest part of the guard's start); it
+    # binds, reads and serves nothing.
+    from sandbox.guard.startup import serve  # the config, the log, then the network side
+
+    if not _firewall_in():
+        print("guard: the firewall did not come up; not listening", file=sys.stderr)
         return 2
     try:
         # Egress first: the bridge port listening is what the step waits for.
@@ -103,13 +147,6 @@ def main() -> int:
     except OSError as exc:
         print(f"guard: cannot listen: {exc}", file=sys.stderr)
         return 2
-    # Right after the ports listen (the step waits for them), before the web stack
-    # comes in or anything else starts.
-    if not make_undumpable():
-        print("guard: cannot make itself non-dumpable", file=sys.stderr)
-        return 2
-    from sandbox.guard.startup import serve  # the config, the log, then the network side
-
     return serve(
         raw,
         bridge=bridge,

@@ -34,7 +34,15 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from sandbox.contracts.guardprocess import DNS_PORT, NFLOG_GROUP, TRANSPARENT_PORT
+from sandbox.contracts.guardprocess import (
+    DNS_PORT,
+    FIREWALL_GATE_FD_ENV,
+    FIREWALL_GATE_OK,
+    FIREWALL_GATE_READ_FD,
+    FIREWALL_GATE_WRITE_FD,
+    NFLOG_GROUP,
+    TRANSPARENT_PORT,
+)
 from sandbox.contracts.layout import GUARD_UID
 
 # Docker's embedded resolver lives on loopback and would resolve outside names.
@@ -300,21 +308,52 @@ def guard_entry_script(
 ) -> str:
     """Shell the guard container starts with, as root holding NET_ADMIN for a moment.
 
-    It installs the rules in the namespace the guard owns, prints them back and
-    checks them against `expected_readback()` (a mismatch ends it: the guard never
-    starts, so it never listens, and the step's executor, which starts the step only
-    once the guard listens, never does), then drops to the guard's uid with every
-    capability gone from all sets, the bounding set included, so neither the guard nor
-    anything it starts (stdio MCP servers) can ever regain NET_ADMIN. tini stays pid 1
-    after the drop, reaping orphans.
+    Its install (a subshell) installs the rules in the namespace the guard owns, prints
+    them back and checks them against `expected_readback()`, then opens the guard's
+    gate. It runs beside the drop, so the guard's interpreter loads its modules
+    meanwhile; the guard binds nothing before the gate
+    says `ok`, and a mismatch ends the script without it (the guard exits, it never
+    listens, and the step's executor, which starts the step only once the guard
+    listens, never does). The drop is to the guard's uid with every capability gone
+    from all sets, the bounding set included, so neither the guard nor anything it
+    starts (stdio MCP servers) can ever regain NET_ADMIN. tini stays pid 1 after the
+    drop, reaping orphans (the finished install subshell too).
 
     `install=False` exists only so tests can prove the preflight catches an open
     namespace; a real run always installs. `redirect_root`: see `nat_rules`."""
-    lines = ["set -eu", *_install_lines(guard_uid, install=install)]
+    lines = [*_install_lines(guard_uid, install=install)]
     lines += _nat_lines(guard_uid, redirect_root=redirect_root) if install else []
     lines += _checked_readback(install=install, peers=None)
-    lines.append(_drop_line(guard_command, guard_uid, bind_nflog=install))
-    return "\n".join(lines) + "\n"
+    if not install:
+        drop = _drop_line(guard_command, guard_uid, bind_nflog=False)
+        return "\n".join(["set -eu", *lines, drop]) + "\n"
+    return (
+        "\n".join(
+            ["set -eu", *_gated(lines), _drop_line(guard_command, guard_uid, bind_nflog=True)]
+        )
+        + "\n"
+    )
+
+
+def _gated(install: list[str]) -> list[str]:
+    """The install (`install`: shell lines) in a subshell beside the drop, joined to the
+    guard by a pipe (a FIFO in a private folder, opened at both ends, then deleted): the
+    subshell writes `ok` to it last, so only once every line before succeeded; the
+    entry keeps the read end alone (it opens it after the subshell holds the write
+    end, and no write end) and hands it to the guard."""
+    write, read = FIREWALL_GATE_WRITE_FD, FIREWALL_GATE_READ_FD
+    opened = shlex.quote(FIREWALL_GATE_OK.decode().strip())
+    return [
+        'gate_dir="$(mktemp -d)"',
+        'mkfifo -m 600 "$gate_dir/gate"',
+        f'( exec {write}>"$gate_dir/gate"',
+        *install,
+        f"echo {opened} >&{write}",
+        ") &",
+        f'exec {read}<"$gate_dir/gate"',
+        'rm -r "$gate_dir"',
+        f"export {FIREWALL_GATE_FD_ENV}={read}",
+    ]
 
 
 def pod_guard_entry_script(

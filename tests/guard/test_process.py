@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.contracts.guardconfig import CONFIG_FILE_ENV, READY_MARK
+from sandbox.contracts.guardprocess import FIREWALL_GATE_FD_ENV, FIREWALL_GATE_OK
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.limits import MAX_HEADER_BYTES, TRANSPORT_MAX_HEAD_BYTES
 from sandbox.guard.serve import HEAD_TOO_LARGE
@@ -262,3 +263,86 @@ def test_an_upgrade_request_is_served_as_plain_http(tmp_path: Path, method: byte
         sock.sendall(_request(head))
         status, _, body = _read_reply(sock)
         assert status == (200 if method == b"GET" else 401), body
+
+
+def _reading(pid: int, fd: int) -> bool:
+    """The process sits in read(2) on `fd` (x86-64's syscall 0; /proc/PID/syscall)."""
+    try:
+        fields = Path(f"/proc/{pid}/syscall").read_text().split()
+    except OSError:
+        return False
+    return len(fields) > 1 and fields[0] == "0" and int(fields[1], 16) == fd
+
+
+def _refused(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S).close()
+    except ConnectionRefusedError:
+        return True
+    return False
+
+
+@contextlib.contextmanager
+def _guard_at_its_gate(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
+    """The guard's entry point as a Docker run's guard starts: with the firewall's gate
+    (`sandbox.guard.nflogbind`), once it waits there (its modules loaded); the process,
+    its bridge port and the gate's write end (the test's to open or close)."""
+    actions = tmp_path / "actions.jsonl"
+    actions.touch()
+    port, egress_port = free_ports(2)
+    config = guard_config(actions, bridge_port=port, egress_port=egress_port)
+    config_file = tmp_path / "config.json"
+    config_file.write_text(config.model_dump_json())
+    read_end, write_end = os.pipe()
+    env = {**os.environ, CONFIG_FILE_ENV: str(config_file), FIREWALL_GATE_FD_ENV: str(read_end)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sandbox.guard"],
+        cwd=REPO,
+        env=env,
+        pass_fds=(read_end,),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    os.close(read_end)  # the guard's is the only read end; the test holds the write end
+    try:
+        wait_for(lambda: _reading(proc.pid, read_end), DEADLINE_S, "the guard at its gate")
+        for listener in (port, egress_port):
+            assert _refused(listener)  # nothing bound while the rules may still go in
+        yield proc, port, write_end
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(write_end)
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def test_the_guard_binds_nothing_until_its_firewall_gate_says_ok(tmp_path: Path) -> None:
+    with _guard_at_its_gate(tmp_path) as (proc, port, gate):
+        os.write(gate, FIREWALL_GATE_OK)
+        os.close(gate)
+        assert proc.stdout is not None
+        out = b""
+        deadline = time.monotonic() + DEADLINE_S
+        while READY_MARK.encode() not in out:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no ready line; stdout {out!r}"
+            if select.select([proc.stdout], [], [], left)[0]:
+                chunk = os.read(proc.stdout.fileno(), 4096)
+                assert chunk, f"the guard ended: {proc.wait()}"
+                out += chunk
+        socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S).close()
+
+
+def test_a_gate_closed_without_ok_ends_the_guard_before_it_listens(tmp_path: Path) -> None:
+    """The install script failed (a rule missing, a wrong readback): it ends without
+    opening the gate, and the guard exits without ever listening."""
+    with _guard_at_its_gate(tmp_path) as (proc, port, gate):
+        os.close(gate)
+        assert proc.wait(timeout=DEADLINE_S) == 2
+        assert proc.stderr is not None
+        assert b"the firewall did not come up" in proc.stderr.read()
+        assert _refused(port)

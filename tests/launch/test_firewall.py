@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
+from sandbox.contracts.guardprocess import (
+    FIREWALL_GATE_FD_ENV,
+    FIREWALL_GATE_READ_FD,
+    FIREWALL_GATE_WRITE_FD,
+)
 from sandbox.contracts.layout import GUARD_UID
 from sandbox.launch.firewall import (
     NAT_CHAIN,
@@ -18,6 +24,7 @@ from sandbox.launch.firewall import (
     nat_rules,
     rules,
 )
+from tests.paths import REPO
 
 
 def test_only_the_guard_uid_leaves_and_everything_else_is_rejected() -> None:
@@ -34,10 +41,18 @@ def test_engine_dns_is_rejected_before_loopback_is_accepted() -> None:
     assert dns < v4.index("-A OUTPUT -o lo -m addrtype --dst-type LOCAL -j ACCEPT")
 
 
+def _install_part(entry: str) -> list[str]:
+    """The lines the entry's install subshell runs (between its open and its `) &`)."""
+    lines = entry.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("( exec "))
+    return lines[start + 1 : lines.index(") &", start)]
+
+
 def test_script_installs_reads_back_then_drops_to_the_guard() -> None:
     script = guard_entry_script(["guard", "--x"])
-    lines = script.splitlines()
-    assert lines[0] == "set -eu"
+    entry = script.splitlines()
+    assert entry[0] == "set -eu"
+    lines = _install_part(script)
     for tool, args in rules().items():
         restore = lines.index(f"{tool}-restore -w <<'RULES'")
         table = lines[restore + 1 : lines.index("RULES", restore)]
@@ -47,16 +62,20 @@ def test_script_installs_reads_back_then_drops_to_the_guard() -> None:
             a for a in args if a.startswith("-A")
         ]
     readback = lines.index('got="$(iptables -w -S OUTPUT; ip6tables -w -S OUTPUT)"')
-    # The guard starts only if the rules read back exactly as expected.
+    # The guard's gate opens only if the rules read back exactly as expected.
     expected = lines.index("expected=$(cat <<'EXPECTED'")
     assert readback < expected
     assert lines[expected + 1 : lines.index("EXPECTED", expected)] == expected_readback()
     check = lines.index('[ "$got" = "$expected" ] || { echo "FIREWALL-MISMATCH"; exit 1; }')
-    assert lines[check + 1] == f"echo {READY_MARK}"
-    # The log group's socket is bound while NET_ADMIN is held, then the drop.
-    assert lines[-1].startswith("exec guard -m sandbox.guard.nflogbind setpriv ")
-    assert lines[-1].endswith("-- tini -- guard --x")
-    assert lines.index(f"echo {READY_MARK}") == len(lines) - 2
+    assert lines[check + 1 :] == [f"echo {READY_MARK}", f"echo ok >&{FIREWALL_GATE_WRITE_FD}"]
+    # The install runs beside the drop; the entry hands the gate's read end to the guard,
+    # then binds the log group while NET_ADMIN is held, then the drop.
+    assert entry[-3:-1] == [
+        'rm -r "$gate_dir"',
+        f"export {FIREWALL_GATE_FD_ENV}={FIREWALL_GATE_READ_FD}",
+    ]
+    assert entry[-1].startswith("exec guard -m sandbox.guard.nflogbind setpriv ")
+    assert entry[-1].endswith("-- tini -- guard --x")
     subprocess.run(["sh", "-n"], input=script, text=True, check=True)
     assert len(expected_readback()) == sum(len(a) for a in rules().values())
 
@@ -65,6 +84,7 @@ def test_without_install_the_script_still_reads_back_and_drops() -> None:
     """The test-only open namespace: no rules, the same drop (the preflight must catch it)."""
     script = guard_entry_script(["guard"], install=False)
     assert "-restore" not in script and "exec setpriv " in script
+    assert "gate" not in script and "nflogbind" not in script
 
 
 def _read_back(filter_rules: list[str], nat_chain: list[str]) -> str:
@@ -81,24 +101,33 @@ def _read_back(filter_rules: list[str], nat_chain: list[str]) -> str:
     )
 
 
+# The drop's stand-in: what the guard does with its gate, said in a file.
+DROP = (
+    "import os, sys\n"
+    "from sandbox.guard.__main__ import _firewall_in\n"
+    "open(sys.argv[1], 'w').write('open' if _firewall_in() else 'closed')\n"
+)
+
+
 def _run_entry_script(
     tmp_path: Path, readback_v4: list[str], nat_v4: list[str] | None = None
-) -> tuple[int, str, bool]:
+) -> tuple[str, str]:
     """The entry script under `sh`, with stand-ins for ip, the iptables tools and setpriv
-    on PATH (the real ones need NET_ADMIN): its exit code, its output, whether it
-    went on to start the guard. `nat_v4`: what the nat chain reads back (default: its
-    rules as written)."""
+    on PATH (the real ones need NET_ADMIN), and the guard's own reading of its gate as
+    the drop: the install's output, and what the gate said ("open", "closed"). `nat_v4`: what the nat chain reads back (default: its rules as
+    written)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    started = tmp_path / "guard-started"
+    gate = tmp_path / "gate"
     v4, v6 = rules().values()
+    python = shlex.quote(sys.executable)
     stand_ins = {
         "ip": "exit 0",
         "iptables-restore": "cat > /dev/null",
         "ip6tables-restore": "cat > /dev/null",
         "iptables": _read_back(readback_v4, nat_rules() if nat_v4 is None else nat_v4),
         "ip6tables": _read_back(expected_readback()[len(v4) :], nat6_rules()),
-        "setpriv": f"touch {shlex.quote(str(started))}",
+        "setpriv": f"exec {python} -c {shlex.quote(DROP)} {shlex.quote(str(gate))}",
         "guard": 'shift 2; exec "$@"',  # the guard's Python binding the log group
     }
     assert len(v6) == len(expected_readback()) - len(v4)
@@ -108,42 +137,40 @@ def _run_entry_script(
         path.chmod(0o755)
     done = subprocess.run(
         ["/bin/sh", "-c", guard_entry_script(["guard"])],
-        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": str(REPO), "TMPDIR": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
     )
-    return done.returncode, done.stdout, started.exists()
+    assert done.returncode == 0, done.stderr
+    return done.stdout, gate.read_text()
 
 
-def test_the_guard_starts_only_after_the_rules_read_back_right(tmp_path: Path) -> None:
-    code, out, started = _run_entry_script(
-        tmp_path, expected_readback()[: len(rules()["iptables"])]
-    )
-    assert (code, started) == (0, True), out
+def test_the_guards_gate_opens_only_after_the_rules_read_back_right(tmp_path: Path) -> None:
+    out, gate = _run_entry_script(tmp_path, expected_readback()[: len(rules()["iptables"])])
+    assert gate == "open", out
     assert out.splitlines()[-1] == READY_MARK
 
 
-def test_a_wrong_readback_ends_the_script_before_the_guard(tmp_path: Path) -> None:
-    """The step's executor starts the step only once the guard listens: a guard that
-    never starts keeps the step from ever running."""
+def test_a_wrong_readback_closes_the_gate_before_the_guard_listens(tmp_path: Path) -> None:
+    """The step's executor starts the step only once the guard listens: a guard whose
+    gate closes without `ok` never binds (`tests/guard/test_process.py`), which keeps
+    the step from ever running."""
     wrong = expected_readback()[: len(rules()["iptables"]) - 1]  # the last rule missing
-    code, out, started = _run_entry_script(tmp_path, wrong)
-    assert (code, started) == (1, False), out
+    out, gate = _run_entry_script(tmp_path, wrong)
+    assert gate == "closed", out
     assert "FIREWALL-MISMATCH" in out and READY_MARK not in out
 
 
-def test_a_nat_chain_that_reads_back_with_a_rule_more_ends_the_script_before_the_guard(
+def test_a_nat_chain_that_reads_back_with_a_rule_more_closes_the_gate(
     tmp_path: Path,
 ) -> None:
     """Every rule present is not enough: a rule more in the chain (one that lets a
-    connection past the redirect) reads back wrong and the guard never starts."""
+    connection past the redirect) reads back wrong and the gate never opens."""
     more = [*nat_rules()[:2], f"-A {NAT_CHAIN} -p tcp -j ACCEPT", *nat_rules()[2:]]
-    code, out, started = _run_entry_script(
-        tmp_path, expected_readback()[: len(rules()["iptables"])], more
-    )
-    assert (code, started) == (1, False), out
+    out, gate = _run_entry_script(tmp_path, expected_readback()[: len(rules()["iptables"])], more)
+    assert gate == "closed", out
     assert "FIREWALL-MISMATCH" in out and READY_MARK not in out
 
 

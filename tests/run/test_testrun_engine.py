@@ -1,20 +1,23 @@
 """The order of a test run's phases on the real engine: the step's disk and copies are
-made while the engine starts the guard's container (which mounts none of them), and the
-record is written before any container exists."""
+made while the engine starts the guard's container (which mounts none of them), the
+record is written before any container exists, and at the end the step's files are read
+while the containers go, the disk and the view unmounted only once every one is gone."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 import pytest
 from docker import DockerClient
 
+from sandbox.backends.docker.backend import DockerBackend
 from sandbox.contracts.names import LABEL_ROLE, LABEL_RUN_ID
 from sandbox.contracts.record import RECORD_FILE, RunStatus
 from sandbox.run.testrun import TestRun
 from sandbox.stepfs.disk import StepDisk
-from sandbox.stepfs.lifecycle import StepFs
+from sandbox.stepfs.lifecycle import Collected, StepFs
 from tests.conftest import WorkflowFactory
 
 pytestmark = pytest.mark.engine
@@ -48,3 +51,42 @@ def test_the_guards_container_starts_while_the_steps_disk_is_made(
     assert record.status is RunStatus.PASSED, record.reason
     assert seen.get("guard") == "running"
     assert seen["record_first"] is True  # the record is on disk before any container
+
+
+def test_the_containers_go_while_the_files_are_read_and_before_the_disk_is_unmounted(
+    engine: DockerClient, make_workflow: WorkflowFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The removal waits here until the step's files are being read: a run that removed
+    its containers before reading them would wait out the deadline and say so. The disk
+    and the view go only once no container of the run is left, and `execute` returns
+    only then."""
+    reading = threading.Event()
+    seen: dict[str, object] = {}
+    remove_all, collect, close = DockerBackend.remove_all, StepFs.collect, StepFs.close
+
+    def remove_once_reading(backend: DockerBackend) -> None:
+        seen.setdefault("reading_when_removed", reading.wait(SEEN_WITHIN_S))  # the first
+        remove_all(backend)
+
+    def collect_marked(files: StepFs, *, has_db: bool) -> Collected:
+        reading.set()
+        return collect(files, has_db=has_db)
+
+    def close_counting(files: StepFs) -> None:
+        run_filter: dict[str, str | list[str] | bool] = {
+            "label": f"{LABEL_RUN_ID}={files.layout.run_id}"
+        }
+        seen.setdefault(
+            "left_at_unmount", len(engine.containers.list(all=True, filters=run_filter))
+        )
+        close(files)
+
+    monkeypatch.setattr(DockerBackend, "remove_all", remove_once_reading)
+    monkeypatch.setattr(StepFs, "collect", collect_marked)
+    monkeypatch.setattr(StepFs, "close", close_counting)
+    wf = make_workflow(command="true")
+    record = TestRun(Path(wf), "step1").execute()
+    assert record.status is RunStatus.PASSED, record.reason
+    assert seen["reading_when_removed"] is True
+    assert seen["left_at_unmount"] == 0
+    assert engine.containers.list(all=True, filters={"label": f"{LABEL_RUN_ID}={record.id}"}) == []
