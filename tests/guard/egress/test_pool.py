@@ -14,9 +14,10 @@ import contextlib
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -264,7 +265,7 @@ def test_a_request_that_failed_on_a_reused_connection_is_never_sent_again(
 # -- the loop's read watch on a kept upstream socket (on uvloop, as the guard runs) ------
 
 
-def _on_uvloop(test: Callable[[], Awaitable[None]]) -> None:
+def _on_uvloop(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(test())
 
