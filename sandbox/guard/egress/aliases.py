@@ -22,6 +22,10 @@ from sandbox.contracts.config import Egress
 from sandbox.contracts.hostnames import address_of, normalize_host
 
 RESOLVE_DEADLINE_S = 3.0
+# Hosts whose answer is remembered: every request of a step asks again for the same
+# few hosts, and the answer (from names resolved once) never changes. Bounded, since
+# the step chooses the hosts it names.
+MEMO_HOSTS = 256
 
 
 class HostAliases:
@@ -29,6 +33,7 @@ class HostAliases:
         names = [normalize_host(entry.host) for entry in egress.allow]
         self._names = sorted({n for n in names if address_of(n) is None and "*" not in n})
         self._known: dict[str, list[str] | None] = {}  # None: could not be resolved
+        self._memo: dict[str, dict[str, Any]] = {}
         self._lock = asyncio.Lock()
 
     async def _addresses(self, name: str) -> list[str] | None:
@@ -38,10 +43,19 @@ class HostAliases:
             return self._known[name]
 
     async def detail(self, host: str) -> dict[str, Any]:
-        """What an egress line to `host` adds to its detail (nothing for other names)."""
-        host = normalize_host(host)
-        if not self._names:
+        """What an egress line to `host` adds to its detail (nothing for other names);
+        a new dict each time (the caller's to change)."""
+        if not self._names:  # an allow list of addresses and wildcards: nothing to add
             return {}
+        found = self._memo.get(host)
+        if found is None:
+            found = await self._detail(normalize_host(host))
+            if len(self._memo) >= MEMO_HOSTS:
+                self._memo.clear()
+            self._memo[host] = found
+        return {key: list(value) for key, value in found.items()}
+
+    async def _detail(self, host: str) -> dict[str, Any]:
         if address_of(host) is not None:
             names, unresolved = [], []
             for name in self._names:

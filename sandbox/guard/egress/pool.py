@@ -70,6 +70,10 @@ class Upstream:
         self.reusable = True
         self.reused = False  # it came from the pool
         self.overread = False  # bytes arrived past the end of a reply
+        # Plain TCP: the loop watching the socket for reads (`_readable`), kept from a
+        # first wait until the socket is closed, and the wait it is for (None: none).
+        self._watching: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future[None] | None = None
 
     def looks_open(self) -> bool:
         """Plain TCP with no EOF and no byte waiting: the host has not closed it and sent
@@ -104,17 +108,51 @@ class Upstream:
 
     async def recv(self, size: int = CHUNK) -> bytes:
         """The host's next bytes (b"" at its end). Plain TCP tries the socket first:
-        a reply that is already there (it often is by the time the loop asks: the log's
-        writer sent the request) costs one recv, not a reader added and removed and a
-        turn of the loop."""
-        if self.sock is not None:
+        a reply that is already there costs one recv and no turn of the loop; else the
+        loop's watch on the socket (`_readable`) says when to try again."""
+        if self.sock is None:
+            assert self._streams is not None
+            async with asyncio.timeout(REPLY_TIMEOUT_S):
+                return await self._streams[0].read(size)
+        while True:
             with contextlib.suppress(BlockingIOError, InterruptedError):
                 return self.sock.recv(size)
-        async with asyncio.timeout(REPLY_TIMEOUT_S):
-            if self.sock is not None:
-                return await asyncio.get_running_loop().sock_recv(self.sock, size)
-            assert self._streams is not None
-            return await self._streams[0].read(size)
+            await self._wait_readable()
+
+    async def _wait_readable(self) -> None:
+        """Until the socket is readable (data, EOF or an error), at most REPLY_TIMEOUT_S.
+
+        The loop's reader on the socket is added at the first wait and stays until the
+        socket is closed, or until it fires with no wait for it (bytes or EOF while the
+        connection is idle in the pool, or while a splice thread reads it): uvloop makes
+        and unmakes its poll handle with every add and remove (about eight system calls,
+        three of them between the reply's arrival and its relay), so a kept-alive
+        connection's requests pay for them once, not once each."""
+        assert self.sock is not None
+        loop = asyncio.get_running_loop()
+        if self._watching is not loop:
+            self._unwatch()
+            loop.add_reader(self.sock.fileno(), self._readable)
+            self._watching = loop
+        waiter = self._waiter = loop.create_future()
+        try:
+            async with asyncio.timeout(REPLY_TIMEOUT_S):
+                await waiter
+        finally:
+            self._waiter = None
+
+    def _readable(self) -> None:
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            self._unwatch()  # nobody waits: level-triggered, it would fire every turn
+        else:
+            waiter.set_result(None)
+
+    def _unwatch(self) -> None:
+        loop, self._watching = self._watching, None
+        if loop is not None and self.sock is not None and self.sock.fileno() >= 0:
+            with contextlib.suppress(Exception):  # a loop already closed watches nothing
+                loop.remove_reader(self.sock.fileno())
 
     def shutdown_write(self) -> None:
         with contextlib.suppress(OSError):
@@ -124,6 +162,7 @@ class Upstream:
                 self._streams[1].write_eof()
 
     def close(self) -> None:
+        self._unwatch()  # before the descriptor's number can name another socket
         with contextlib.suppress(Exception):
             if self.sock is not None:
                 self.sock.close()

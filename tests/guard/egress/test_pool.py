@@ -11,19 +11,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import requests
+import uvloop
 
 from sandbox.collect.actionsummary import read
 from sandbox.contracts.config import Egress
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.egress import http1
+from sandbox.guard.egress.pool import Pool, Upstream
 from sandbox.guard.egress.proxy import EgressProxy
 from tests.conftest import in_process_guard
 from tests.fakes.keepalive_host import KeepAliveHost, big_body
@@ -255,3 +260,83 @@ def test_a_request_that_failed_on_a_reused_connection_is_never_sent_again(
     (outcome,) = [ln for ln in lines if ln.event == "outcome" and ln.call_id == start.call_id]
     assert start.event == "start" and start.detail.get("upstream_reused") is True
     assert outcome.event == "outcome" and outcome.outcome == "error"
+
+
+# -- the loop's read watch on a kept upstream socket (on uvloop, as the guard runs) ------
+
+
+def _on_uvloop(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(test())
+
+
+async def _turns_until(probe: Callable[[], bool], what: str, deadline_s: float = 10) -> None:
+    """Let the loop run until `probe` holds (turns of the loop, with a deadline)."""
+    deadline = time.monotonic() + deadline_s
+    while not probe():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.001)
+
+
+def test_a_closed_upstream_leaves_no_watch_on_the_socket_that_takes_its_number() -> None:
+    """A kept connection's socket is watched from its first wait until it is closed: a
+    watch left behind would make the loop's next socket with the same descriptor number
+    never be read (uvloop keeps one poll handle per number), and its reply would wait
+    out REPLY_TIMEOUT_S."""
+
+    async def test() -> None:
+        first, first_host = socket.socketpair()
+        first.setblocking(False)
+        upstream = Upstream("127.0.0.1", sock=first)
+        reading = asyncio.ensure_future(upstream.recv())
+        await _turns_until(lambda: upstream._waiter is not None, "the first wait")
+        first_host.send(b"one")
+        assert await asyncio.wait_for(reading, 10) == b"one"
+        number = first.fileno()
+        upstream.close()
+        first_host.close()
+        second, second_host = socket.socketpair()
+        assert second.fileno() == number  # the lowest free number: the one just closed
+        second.setblocking(False)
+        reused = Upstream("127.0.0.1", sock=second)
+        reading = asyncio.ensure_future(reused.recv())
+        await _turns_until(lambda: reused._waiter is not None, "the second wait")
+        second_host.send(b"two")
+        assert await asyncio.wait_for(reading, 10) == b"two"
+        reused.close()
+        second_host.close()
+
+    _on_uvloop(test)
+
+
+def test_an_idle_kept_upstream_the_host_closed_wakes_the_loop_once_and_is_not_reused() -> None:
+    """Idle in the pool, a watched socket that the host closes (or sends stray bytes on)
+    is readable for good: the watch is dropped at its first wake-up, not run at every
+    turn of the loop, and the connection is never taken again."""
+
+    async def test() -> None:
+        sock, host = socket.socketpair()
+        sock.setblocking(False)
+        upstream = Upstream("127.0.0.1", sock=sock)
+        wakes = [0]
+        readable = upstream._readable
+
+        def counted() -> None:
+            wakes[0] += 1
+            readable()
+
+        upstream._readable = counted  # type: ignore[method-assign]
+        reading = asyncio.ensure_future(upstream.recv())
+        await _turns_until(lambda: upstream._waiter is not None, "the wait")
+        host.send(b"reply")
+        assert await asyncio.wait_for(reading, 10) == b"reply"
+        pool = Pool()
+        pool.give_back("127.0.0.1", 80, upstream)
+        host.close()  # the host's idle timeout
+        await _turns_until(lambda: wakes[0] >= 2, "the wake-up for the host's close")
+        for _ in range(200):
+            await asyncio.sleep(0)
+        assert wakes[0] == 2  # the reply's, then the close's alone
+        assert pool.take("127.0.0.1", 80) is None
+
+    _on_uvloop(test)
