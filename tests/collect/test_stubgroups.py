@@ -5,7 +5,6 @@ definition of an effect the gate uses."""
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,32 +21,10 @@ from sandbox.contracts.record import (
 )
 from sandbox.contracts.reports import DbDiff, TableDiff
 from sandbox.contracts.workflow_record import WorkflowRunRecord
-from sandbox.guard.actionlog import ActionLog
-from sandbox.policy import UNKNOWN_REASON
 from sandbox.verify.effects import effect_lines, effects_of, why_not_effect_free
+from tests.collect.logparts import write_log
 
 SUBMIT = {"job_id": 42, "text": "my proposal", "connects": 16}
-
-
-def _write_log(path: Path, calls: list[tuple[str, str, dict[str, Any]]]) -> None:
-    """The calls as the guard logs them: (tool, decision, arguments), one line each."""
-    path.touch()
-    log = ActionLog(str(path), secrets=())
-
-    async def write_all() -> None:
-        for tool, decision, arguments in calls:
-            await log.write(
-                session="root",
-                tool=tool,
-                decision=decision,
-                reason=UNKNOWN_REASON if decision == "stub" else "runs against the copy",
-                category="unknown" if decision == "stub" else "workflow_db",
-                arguments=arguments,
-                duration_ms=0.1,
-            )
-
-    asyncio.run(write_all())
-    log.close()
 
 
 def _record(**fields: Any) -> TestRunRecord:
@@ -70,7 +47,7 @@ def test_600_harmless_stubs_then_a_submission_keeps_the_submission_and_counts_ex
 ) -> None:
     log = tmp_path / "actions.jsonl"
     harmless = [("record_goal_observations", "stub", {"n": i}) for i in range(600)]
-    _write_log(log, [*harmless, ("upwork_submit_proposal", "stub", SUBMIT)])
+    write_log(log, [*harmless, ("upwork_submit_proposal", "stub", SUBMIT)])
     summary = read(log)
     assert summary.counts.stub == 601
     by_tool = {g.tool: g for g in summary.stubbed}
@@ -113,7 +90,7 @@ def test_a_hostile_number_of_tool_names_is_cut_counted_never_the_effects_tables(
         *flood[500:],
         ("upwork_submit_proposal", "stub", SUBMIT),
     ]
-    _write_log(log, calls)
+    write_log(log, calls)
     summary = read(log)
     listed = {g.tool for g in summary.stubbed}
     cut = summary.stubbed_cut
@@ -176,7 +153,7 @@ def test_old_records_with_one_entry_per_call_still_load_and_show() -> None:
 
 def test_a_redirect_counts_as_a_write_unless_its_sql_is_a_read(tmp_path: Path) -> None:
     log = tmp_path / "actions.jsonl"
-    _write_log(
+    write_log(
         log,
         [
             ("query_workflow_db", "redirect", {"sql": "SELECT * FROM jobs"}),

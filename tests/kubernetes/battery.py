@@ -1,10 +1,10 @@
 """The escape battery and the egress step on a Pod, for the runner on this host and the fleet.
 
 The step programs are the Docker suite's own: the file, mount, /proc, privilege and
-device battery of `tests/security/test_escape_filesystem_process.py` (with a few
-attempts only a Pod offers: a service-account token, the kubelet's files in the
-container, the node's containerd socket, the kubelet's port), and the egress step of
-`tests/scenarios/test_egress_engine.py` with the fake outside server
+device battery of `tests/security/filesystemparts.py` (with a few attempts only a
+Pod offers: a service-account token, the kubelet's files in the container, the
+node's containerd socket, the kubelet's port), and the egress step of
+`tests/scenarios/egressparts.py` with the fake outside server
 (`tests/fakes/outside_server.py`) in a Pod of its own, named by its address (a Pod
 has no Docker network alias). `test_checks_on_pods.py` runs them with the runner on
 this host, `test_fleet_checks.py` through the fleet on each node: both build the
@@ -42,8 +42,8 @@ from tests.conftest import call_lines, tree_digest, write_workflow
 from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.pods import http_get_in, server_pod, start_server
 from tests.paths import TESTS
-from tests.scenarios.test_egress_engine import EGRESS_TOML, THROUGH_PROXY, assert_proxy_step_answers
-from tests.security import test_escape_filesystem_process as fs_battery
+from tests.scenarios.egressparts import EGRESS_TOML, THROUGH_PROXY, assert_proxy_step_answers
+from tests.security import filesystemparts as fs_battery
 from tests.security.conftest import Battery, build_workflow, check, parse_attempts
 
 FAKES = TESTS / "fakes"

@@ -7,35 +7,11 @@ from pathlib import Path
 from sandbox.contracts import names
 from sandbox.contracts.config import Workflow
 from sandbox.contracts.guardconfig import CONFIG_FILE_ENV, DATA_DIR
-from sandbox.contracts.layout import C_DB_PATH, GUARD_UID, MCP_UID_BASE, RunLayout
-from sandbox.contracts.record import RunnerInfo
+from sandbox.contracts.layout import C_DB_PATH, GUARD_UID, MCP_UID_BASE
 from sandbox.guard import limits
 from sandbox.launch import specs as launch
 from sandbox.prepare import plan as plan_module
-
-
-def plan(tmp_path: Path, **overrides: object) -> launch.RunPlan:
-    workflow = Workflow.model_validate(
-        {"name": "wf", "steps": [{"id": "s", "group": "g", "command": "true"}]}
-    )
-    values: dict[str, object] = {
-        "workflow_dir": tmp_path,
-        "workflow": workflow,
-        "step": workflow.step("s"),
-        "layout": RunLayout(tmp_path, "test-1", "g"),
-        "runner": RunnerInfo(pid=1, create_time=1.0, hostname="h"),
-        "crew": {"sales": tmp_path / "sales"},
-        "has_db": True,
-        "has_prompt": False,
-        "seccomp_profile": "{}",
-        "upstream": "http://up:8080",
-        "networks": ["net-a", "net-b"],
-        "egress": workflow.egress,
-        "trusted_ca_pem": "",
-        "mcp_host_env": {},
-    }
-    values.update(overrides)
-    return launch.RunPlan(**values)  # type: ignore[arg-type]
+from tests.launch.specparts import plan
 
 
 def test_only_the_group_folder_db_copy_and_tmp_are_writable(tmp_path: Path) -> None:

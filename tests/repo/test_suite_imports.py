@@ -29,23 +29,6 @@ NOT_YET_MOVED: dict[str, frozenset[str]] = {
     "tests.guard.test_serve_direct": frozenset(
         {"tests.guard.bridge.test_front", "tests.guard.bridge.test_routes"}
     ),
-    "tests.kubernetes.battery": frozenset(
-        {"tests.scenarios.test_egress_engine", "tests.security.test_escape_filesystem_process"}
-    ),
-    "tests.run.test_handle_engine": frozenset({"tests.scenarios.test_workflow_engine"}),
-    "tests.run.test_runner_identity": frozenset({"tests.launch.test_specs"}),
-    "tests.scenarios.test_client_corpus_engine": frozenset(
-        {"tests.scenarios.test_transparent_engine"}
-    ),
-    "tests.scenarios.test_packets_engine": frozenset({"tests.scenarios.test_egress_engine"}),
-    "tests.scenarios.test_transparent_engine": frozenset({"tests.scenarios.test_egress_engine"}),
-    "tests.verify.test_against": frozenset(
-        {"tests.verify.test_chaindiff", "tests.verify.test_finished"}
-    ),
-    "tests.verify.test_chaindiff": frozenset({"tests.verify.test_finished"}),
-    "tests.verify.test_diff": frozenset({"tests.verify.test_finished"}),
-    "tests.verify.test_finished": frozenset({"tests.collect.test_stubgroups"}),
-    "tests.verify.test_html_engine": frozenset({"tests.verify.test_finished"}),
 }
 
 IMPORTERS = ("tests", "bench", "scripts", "examples")

@@ -18,7 +18,7 @@ from sandbox.contracts.names import LABEL_MANAGED, LABEL_RUN_ID
 from sandbox.contracts.record import SCHEMA_PATH, read_record
 from sandbox.contracts.workflow_record import StepState
 from tests.conftest import WorkflowFactory, containers_of, tree_digest
-from tests.scenarios.test_workflow_engine import chain_workflow, the_run, validate
+from tests.scenarios.workflowparts import chain_workflow, the_run, validate
 
 pytestmark = pytest.mark.engine
 

@@ -20,7 +20,7 @@ from sandbox.hostfs import procstart
 from sandbox.launch import specs
 from sandbox.prepare import lock
 from sandbox.run.testrun import runner_info
-from tests.launch.test_specs import plan
+from tests.launch.specparts import plan
 from tests.polling import wait_for
 
 STEP_S = 3600.0  # the clock stepped by an hour since the runner recorded its start

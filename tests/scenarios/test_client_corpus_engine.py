@@ -32,7 +32,7 @@ from tests import paths
 from tests.conftest import WorkflowFactory, call_lines, tree_digest
 from tests.fakes.harness import ALIAS, Outside, outside_server, tls_files
 from tests.polling import wait_for
-from tests.scenarios.test_transparent_engine import fake_resolver
+from tests.scenarios.egressparts import fake_resolver
 
 pytestmark = pytest.mark.engine
 

@@ -4,24 +4,27 @@ from __future__ import annotations
 
 import hashlib
 import json
-import textwrap
 from collections.abc import Iterator
 from ipaddress import ip_address
 from pathlib import Path
-from typing import Any
 
 import pytest
 from docker import DockerClient
 
-from sandbox.contracts.record import RunStatus, TestRunRecord
-from sandbox.contracts.wire import ActionLine
+from sandbox.contracts.record import RunStatus
 from sandbox.guard.egress.dns import SYNTHETIC_V4 as SYNTHETIC
 from sandbox.guard.egress.transparent import FIRST_READ_S
 from sandbox.policy import stub_reply
 from sandbox.run.testrun import RunOptions, TestRun
-from tests.conftest import WorkflowFactory, call_lines, tree_digest
+from tests.conftest import WorkflowFactory, call_lines
 from tests.fakes.harness import ALIAS, Outside, outside_server
 from tests.polling import wait_for
+from tests.scenarios.egressparts import (
+    EGRESS_TOML,
+    THROUGH_PROXY,
+    assert_proxy_step_answers,
+    run_step,
+)
 
 pytestmark = pytest.mark.engine
 
@@ -30,85 +33,6 @@ pytestmark = pytest.mark.engine
 def outside(engine: DockerClient) -> Iterator[Outside]:
     with outside_server(engine) as server:
         yield server
-
-
-def run_step(
-    make_workflow: WorkflowFactory,
-    outside: Outside,
-    source: str,
-    egress_toml: str,
-    *,
-    timeout_s: float = 60,
-) -> tuple[TestRunRecord, dict[str, Any], list[ActionLine]]:
-    wf = make_workflow(
-        command=["python3", "/workflow/code/step.py"],
-        extra_toml=egress_toml,
-        db_sql=None,
-        timeout_s=timeout_s,
-    )
-    script = textwrap.dedent(source).replace("OUTSIDE_V4", outside.ipv4)
-    (wf / "code" / "step.py").write_text(script.replace("OUTSIDE_V6", outside.ipv6))
-    before = tree_digest(wf)
-    record = TestRun(wf, "step1", RunOptions(upstream_networks=(outside.network,))).execute()
-    assert tree_digest(wf) == before
-    # One line a call; each forwarded request's start line has its outcome after it.
-    lines = call_lines(wf / "runs" / record.id / "test_mode_actions.jsonl")
-    out = json.loads(record.stdout.text.strip().splitlines()[-1]) if record.stdout.text else {}
-    return record, out, lines
-
-
-THROUGH_PROXY = """
-import json, subprocess, urllib.request, urllib.error
-out = {}
-def fetch(method, url, body=None):
-    req = urllib.request.Request(url, data=body, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=20) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
-out["get"] = fetch("GET", "http://outside.test:8080/page")
-out["head"] = fetch("HEAD", "http://outside.test:8080/page")
-for m in ("POST", "PUT", "PATCH", "DELETE"):
-    out[m] = fetch(m, "http://outside.test:8080/effect", b"secret-payload-123")
-out["other_host"] = fetch("GET", "http://not-allowed.test:8080/x")
-out["wrong_port"] = fetch("GET", "http://outside.test:9090/x")
-out["websocket"] = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
-    "-H", "Upgrade: websocket", "-H", "Connection: Upgrade", "http://outside.test:8080/ws"],
-    capture_output=True, text=True).stdout
-out["connect_allowed"] = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_connect}",
-    "--max-time", "5", "https://outside.test:8443/"], capture_output=True, text=True).stdout
-out["connect_denied"] = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_connect}",
-    "--max-time", "5", "https://outside.test:8080/"], capture_output=True, text=True).stdout
-print(json.dumps(out))
-"""
-
-EGRESS_TOML = """
-[egress]
-allow = [
-  { host = "outside.test", port = 8080 },
-  { host = "outside.test", port = 8443, tls = true, inspect = false },
-]
-"""
-
-
-def assert_proxy_step_answers(out: dict[str, Any]) -> None:
-    """What THROUGH_PROXY's step must have been answered, on any backend: reads pass,
-    every other method is stubbed with the stub text, other hosts, ports, upgrades and
-    tunnels are refused."""
-    assert out["get"] == [200, "hello from outside /page"]
-    assert out["head"] == [200, ""]
-    for method in ("POST", "PUT", "PATCH", "DELETE"):
-        status, body = out[method]
-        assert status == 403
-        assert body.strip() == stub_reply(
-            f"HTTP {method}", f"HTTP {method} can have effects; only GET and HEAD pass"
-        )
-    assert out["other_host"][0] == 403 and "not on the egress allow list" in out["other_host"][1]
-    assert out["wrong_port"][0] == 403
-    assert out["websocket"] == "403"
-    assert out["connect_allowed"] == "200"
-    assert out["connect_denied"] == "403"  # 8080 is a plain-HTTP port: no blind tunnel to it
 
 
 def test_proxy_passes_reads_and_stubs_everything_else(

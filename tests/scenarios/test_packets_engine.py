@@ -12,7 +12,7 @@ from docker import DockerClient
 from sandbox.contracts.record import RunStatus
 from tests.conftest import WorkflowFactory
 from tests.fakes.harness import Outside, outside_server
-from tests.scenarios.test_egress_engine import run_step
+from tests.scenarios.egressparts import run_step
 
 pytestmark = pytest.mark.engine
 

@@ -3,15 +3,12 @@ reach the fake outside server through the guard, and DNS never leaves the run.""
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import textwrap
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import pytest
 from docker import DockerClient
-from docker.models.containers import Container
 
 from sandbox.contracts.names import STEP_IMAGE
 from sandbox.contracts.record import RunStatus
@@ -19,7 +16,7 @@ from sandbox.policy import stub_reply
 from tests.conftest import WorkflowFactory
 from tests.fakes.harness import ALIAS, Outside, outside_server
 from tests.polling import wait_for
-from tests.scenarios.test_egress_engine import run_step
+from tests.scenarios.egressparts import fake_resolver, run_step
 
 pytestmark = pytest.mark.engine
 
@@ -141,58 +138,10 @@ def test_clients_that_ignore_the_proxy_read_through_the_guard(
     assert {ALIAS, *(f"not-allowed-{n.replace('_', '-')}.test" for n in names)} <= asked
 
 
-@dataclass(frozen=True)
-class Resolver:
-    ipv4: str
-    container: Container
-
-    def queries(self) -> list[str]:
-        return [ln for ln in self.container.logs().decode().splitlines() if ln.startswith("query")]
-
-
-RESOLVER = r"""
-import socket, threading, sys
-def udp():
-    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", 53))
-    while True:
-        data, peer = s.recvfrom(4096); print("query udp", len(data), flush=True)
-def tcp():
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", 53)); s.listen(8)
-    while True:
-        c, _ = s.accept(); print("query tcp", len(c.recv(4096)), flush=True); c.close()
-threading.Thread(target=tcp, daemon=True).start()
-print("ready", flush=True)
-udp()
-"""
-
-
 @pytest.fixture
 def outside(engine: DockerClient) -> Iterator[Outside]:
     with outside_server(engine) as server:
         yield server
-
-
-@contextlib.contextmanager
-def fake_resolver(client: DockerClient, network: str) -> Iterator[Resolver]:
-    """A fake outside DNS server on the outside network that counts what reaches it."""
-    container = client.containers.run(
-        STEP_IMAGE,
-        ["python3", "-c", RESOLVER],
-        name=f"sandbox-fake-resolver-{secrets.token_hex(4)}",
-        user="10001:10001",
-        labels={"sandbox.fake": "1"},
-        sysctls={"net.ipv4.ip_unprivileged_port_start": "0"},
-        network=network,
-        detach=True,
-    )
-    try:
-        container.reload()
-        ipv4 = container.attrs["NetworkSettings"]["Networks"][network]["IPAddress"]
-        wait_for(lambda: b"ready" in container.logs(), 30, "the fake resolver")
-        yield Resolver(ipv4, container)
-    finally:
-        container.remove(force=True)
 
 
 EXFIL = r"""

@@ -2,53 +2,39 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-import jsonschema
 import pytest
 from docker import DockerClient
 
 from sandbox.backends.docker import gc
 from sandbox.contracts.events import RunEvent
-from sandbox.contracts.layout import TEST_RUN_PREFIX
 from sandbox.contracts.record import RunStatus, read_record
 from sandbox.contracts.reports import DbDiff
 from sandbox.contracts.wire import ActionLine
 from sandbox.contracts.workflow_record import (
-    WORKFLOW_SCHEMA_PATH,
     StepState,
     WorkflowRunRecord,
-    read_any_record,
 )
 from sandbox.prepare.lock import LockHeldError, workflow_run_lock
 from sandbox.run.testrun import RunOptions
 from sandbox.run.workflowrun import WorkflowOptions, WorkflowRun, execute_workflow
 from tests import paths
 from tests.conftest import containers_of, tree_digest
+from tests.scenarios.workflowparts import chain_workflow, the_run, validate
 
 pytestmark = pytest.mark.engine
 
 REPO = paths.REPO
 T = TypeVar("T")
-
-# Every step checks that it is in test mode, by its environment and by its prompt.
-IN_TEST_MODE = """\
-import json, os, pathlib, sqlite3, time, agentworks_bridge
-assert os.environ["AGENTWORKS_TEST_MODE"] == "1", os.environ.get("AGENTWORKS_TEST_MODE")
-assert "## TEST MODE" in pathlib.Path("/test/prompt.md").read_text()
-db = sqlite3.connect(os.environ["DB_PATH"])
-"""
 
 # A step that says which test run, step and step run its environment names.
 SAY_IDS = """\
@@ -83,57 +69,6 @@ ANNOUNCE = """\
 assert db.execute("SELECT v FROM t WHERE id = 2").fetchone() == ("claimed by pick",)
 assert not pathlib.Path("note.txt").exists()  # another group's folder
 """
-
-
-def chain_workflow(
-    root: Path, steps: list[tuple[str, str, str]], *, extra: str = "", name: str = "chain"
-) -> Path:
-    """`<root>/<name>/`: a workflow whose steps (id, group, Python body) run in that order,
-    a DB with one row, and a real run whose group folder `g` holds `earlier.txt`."""
-    wf = root / name
-    (wf / "code").mkdir(parents=True)
-    (wf / "prompt.md").write_text("Do the step.\n")
-    toml = [f'name = "{name}"']
-    for step_id, group, body in steps:
-        (wf / "code" / f"{step_id}.py").write_text(IN_TEST_MODE + textwrap.dedent(body))
-        toml.append(
-            textwrap.dedent(
-                f"""\
-                [[steps]]
-                id = "{step_id}"
-                group = "{group}"
-                command = ["python3", "/workflow/code/{step_id}.py"]
-                prompt_file = "prompt.md"
-                timeout_s = 120
-                """
-            )
-        )
-    (wf / "workflow.toml").write_text("\n".join(toml) + extra)
-    (wf / "db").mkdir()
-    con = sqlite3.connect(wf / "db" / "db.sqlite")
-    con.executescript(
-        "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t VALUES (1, 'one');"
-    )
-    con.commit()
-    con.close()
-    execution = wf / "runs" / "run-1" / "g" / "execution"
-    execution.mkdir(parents=True)
-    (execution / "earlier.txt").write_text("real run")
-    return wf
-
-
-def the_run(wf: Path) -> Path:
-    (root,) = [p for p in (wf / "runs").iterdir() if p.name.startswith(TEST_RUN_PREFIX)]
-    return root
-
-
-def validate(record_path: Path) -> WorkflowRunRecord:
-    """The workflow record on disk, checked against the published JSON Schema."""
-    data = json.loads(record_path.read_text())
-    jsonschema.validate(data, json.loads(WORKFLOW_SCHEMA_PATH.read_text()))
-    record = read_any_record(record_path.parent)
-    assert isinstance(record, WorkflowRunRecord)
-    return record
 
 
 def inserted(diff: DbDiff | None) -> int:

@@ -19,8 +19,7 @@ from sandbox.verify.diff import ArgumentChange
 from sandbox.verify.finished import FinishedStep
 from sandbox.verify.verification import Verification, write_verification
 from sandbox.verify.verifystep import judge, with_implicit_status
-from tests.verify.test_chaindiff import chain
-from tests.verify.test_finished import SUBMIT, finished_run
+from tests.verify.recordparts import SUBMIT, chain, finished_run
 
 
 def verified(wf: Path, run_id: str, connects: int, **fields: Any) -> Verification:

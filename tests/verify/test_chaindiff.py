@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -13,69 +11,18 @@ import sandbox
 from sandbox.cli import main
 from sandbox.contracts.errors import ConfigError
 from sandbox.contracts.exitcodes import ExitCode
-from sandbox.contracts.layout import WorkflowRunLayout
-from sandbox.contracts.record import RunStatus
-from sandbox.contracts.workflow_record import (
-    ChainStep,
-    StepState,
-    WorkflowRunRecord,
-    write_workflow_record,
-)
 from sandbox.verify.chaindiff import ChainComparison
 from sandbox.verify.compare import compare
 from sandbox.verify.diff import ArgumentChange
-from tests.verify.test_finished import SUBMIT, finished_run
-
-PICK = ("query_workflow_db", "redirect", {"sql": "UPDATE jobs SET claimed = 1"})
-CLICK = ("agent_browser", "stub", {"command": "click #submit"})
-SLACK = ("send_slack_message", "stub", {"channel": "@dana", "text": "hi"})
-
-Calls = list[tuple[str, str, dict[str, Any]]]
-
-
-def finished_chain(
-    wf: Path,
-    run_id: str,
-    steps: list[tuple[str, Calls | None]],
-    *,
-    sealed: bool = True,
-    **fields: Any,
-) -> Path:
-    """A whole-workflow run folder as the runner leaves it: the chain's record and each
-    step's run (None: the step was skipped, it has no run)."""
-    layout = WorkflowRunLayout(wf, run_id)
-    now = datetime.now(UTC)
-    entries = []
-    for index, (step_id, calls) in enumerate(steps, start=1):
-        entry = ChainStep(index=index, step_id=step_id, group="g", status=StepState.SKIPPED)
-        if calls is not None:
-            root = layout.step(index, step_id, "g").root
-            finished_run(root, calls, step_id=step_id)
-            entry.status, entry.run_id, entry.log_synced_at = StepState.PASSED, root.name, now
-        entries.append(entry)
-    record = WorkflowRunRecord(
-        id=run_id,
-        workflow_dir=str(wf),
-        workflow_name="job-board",
-        status=RunStatus.PASSED,
-        started_at=now,
-        order=[s for s, _ in steps],
-        steps=entries,
-        log_synced_at=now if sealed else None,
-        **fields,
-    )
-    write_workflow_record(layout.root, record)
-    return layout.root
-
-
-def chain(wf: Path, run_id: str, connects: int = 16, **kw: Any) -> Path:
-    submit = (SUBMIT[0], SUBMIT[1], SUBMIT[2] | {"connects": connects})
-    steps: list[tuple[str, Calls | None]] = [
-        ("bid-pick-job", [PICK]),
-        ("bid-submit", [submit, CLICK]),
-        ("outreach", [SLACK]),
-    ]
-    return finished_chain(wf, run_id, kw.pop("steps", steps), **kw)
+from tests.verify.recordparts import (
+    PICK,
+    SLACK,
+    SUBMIT,
+    Calls,
+    chain,
+    finished_chain,
+    finished_run,
+)
 
 
 def test_a_chains_diff_names_the_step_that_changed_first(tmp_path: Path) -> None:

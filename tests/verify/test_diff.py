@@ -16,7 +16,7 @@ from sandbox.contracts.record import EgressCounts
 from sandbox.contracts.reports import DbDiff, RowChange, TableDiff
 from sandbox.verify.compare import compare as compare_any
 from sandbox.verify.diff import ArgumentChange, RunComparison
-from tests.verify.test_finished import SUBMIT, finished_run
+from tests.verify.recordparts import SUBMIT, finished_run
 
 CLICK = ("agent_browser", "stub", {"command": "click #submit"})
 READ = ("query_workflow_db", "allow", {"sql": "SELECT 1"})

@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from sandbox.collect.actionsummary import read as summarize
 from sandbox.contracts.record import (
     ACTIONS_FILE,
     RECORD_FILE,
-    RunStatus,
-    TestRunRecord,
-    write_record,
 )
 from sandbox.contracts.status import VERIFICATION_FILE
 from sandbox.verify import html
@@ -25,37 +20,7 @@ from sandbox.verify.finished import FinishedStep, load_run
 from sandbox.verify.junit import junit_xml
 from sandbox.verify.verification import write_verification
 from sandbox.verify.verifystep import judge, with_implicit_status
-from tests.collect.test_stubgroups import _write_log
-
-SUBMIT = ("upwork_submit_proposal", "stub", {"job_id": 42, "connects": 16})
-
-
-def finished_run(
-    root: Path, calls: list[tuple[str, str, dict[str, Any]]] | None = None, **fields: Any
-) -> Path:
-    """A run folder as the runner leaves it: its record and its sealed action log."""
-    root.mkdir(parents=True)
-    (root / "g").mkdir()
-    _write_log(root / ACTIONS_FILE, [SUBMIT] if calls is None else calls)
-    now = datetime.now(UTC)
-    summary = summarize(root / ACTIONS_FILE)
-    base: dict[str, Any] = {
-        "stubbed": summary.stubbed,
-        "actions": summary.counts,
-        "id": root.name,
-        "workflow_dir": str(root.parent.parent),
-        "workflow_name": "wf",
-        "step_id": "s",
-        "group": "g",
-        "command": "true",
-        "status": RunStatus.PASSED,
-        "exit_code": 0,
-        "started_at": now,
-        "log_synced_at": now,
-        "no_db": True,
-    }
-    write_record(root, TestRunRecord(**(base | fields)))
-    return root
+from tests.verify.recordparts import finished_run
 
 
 def test_a_finished_run_is_read_once_and_every_output_renders_it(

@@ -21,7 +21,7 @@ from sandbox.cli import main
 from sandbox.contracts.layout import RunLayout
 from sandbox.verify.verifystep import verify_step
 from tests.conftest import write_workflow
-from tests.verify.test_finished import finished_run
+from tests.verify.recordparts import finished_run
 
 pytestmark = pytest.mark.engine
 
