@@ -47,6 +47,19 @@ from tests.engines.fixtures import (  # noqa: F401
     wall_engine,
 )
 
+# The helpers test modules share assert as tests do: pytest explains their failures too.
+pytest.register_assert_rewrite(
+    "tests.collect.logparts",
+    "tests.kubernetes.battery",
+    "tests.kubernetes.fleetparts",
+    "tests.kubernetes.pods",
+    "tests.launch.specparts",
+    "tests.scenarios.egressparts",
+    "tests.scenarios.workflowparts",
+    "tests.security.filesystemparts",
+    "tests.verify.recordparts",
+)
+
 SCENARIOS = Path(__file__).resolve().parent / "scenarios"
 
 
