@@ -15,6 +15,7 @@ import contextlib
 import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -53,8 +54,8 @@ def _pip(python: Path, *args: str) -> None:
 
 
 class Installed:
-    def __init__(self, bin_dir: Path, links: list[Path], cache: Path) -> None:
-        self.bin_dir, self.links, self.cache = bin_dir, links, cache
+    def __init__(self, bin_dir: Path, deps: Path, cache: Path) -> None:
+        self.bin_dir, self.deps, self.cache = bin_dir, deps, cache
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +70,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     deps = images.dependency_wheels(wheel)
     source = ["--no-index", "--find-links", str(deps)] if deps.is_dir() else []
     _pip(python, "install", *source, str(wheel))
-    # What the checkout's image build fetched: the dependencies' wheels and the MCP
-    # servers' (every wheel they need), so the installed build needs no index.
-    links = [deps, images.mcp_servers_cache() / "mcp-wheels"]
-    return Installed(python.parent, [p for p in links if p.is_dir()], root / "cache")
+    cache = root / "cache"
+    # The MCP servers the checkout's image build fetched, where the installed build
+    # looks for them (the same list hashes alike): neither pip nor npm fetches again.
+    fetched = images.mcp_servers_cache()
+    if fetched.is_dir():
+        shutil.copytree(fetched, cache / "sandbox" / fetched.name, symlinks=True)
+    return Installed(python.parent, deps, cache)
 
 
 def _outside(
@@ -80,13 +84,13 @@ def _outside(
 ) -> subprocess.CompletedProcess[str]:
     """A command of the installed venv, run where the checkout is not importable, with
     its own image tag and its own build cache (the wheels from the checkout's, when
-    the checkout's image build has made them all: no index needed)."""
+    the checkout's image build has made them: no index needed)."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PATH"] = f"{where.bin_dir}:{env.get('PATH', '')}"
     env["SANDBOX_IMAGE_TAG"] = TAG
     env["XDG_CACHE_HOME"] = str(where.cache)
-    if len(where.links) == 2:
-        env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=" ".join(str(p) for p in where.links))
+    if where.deps.is_dir():
+        env.update(PIP_NO_INDEX="1", PIP_FIND_LINKS=str(where.deps))
     return subprocess.run(
         [str(where.bin_dir / args[0]), *args[1:]],
         cwd=cwd,
