@@ -25,8 +25,16 @@ from sandbox.contracts.wire import ActionLine
 from sandbox.guard.app import build_app
 from sandbox.guard.limits import MAX_REQUEST_BYTES
 from sandbox.guard.serve import BridgeCycle, HeadCappedProtocol
-from tests.guard.bridge.test_front import REQUESTS, _call, _normal, _session_blind
-from tests.guard.bridge.test_routes import AUTH, Upstream, make_guard, ok
+from tests.guard.bridge.bridgeparts import (
+    AUTH,
+    REQUESTS,
+    Upstream,
+    call_body,
+    make_guard,
+    normal_line,
+    ok,
+    session_blind,
+)
 
 DEADLINE_S = 20.0
 
@@ -68,17 +76,17 @@ def _raw(method: str, path: str, headers: dict[str, Any], body: Any, *extra: str
 EXTRA: list[tuple[str, bytes]] = [
     ("HEAD health", b"HEAD /v1/health HTTP/1.1\r\nHost: x\r\n\r\n"),
     ("wrong method", _raw("GET", "/v1/tools/call", AUTH, b"")),
-    ("trailing slash", _raw("POST", "/v1/tools/call/", AUTH, _call("notify_user"))),
+    ("trailing slash", _raw("POST", "/v1/tools/call/", AUTH, call_body("notify_user"))),
     (
         "expect 100-continue",
-        _raw("POST", "/v1/tools/call", AUTH, _call("notify_user"), "Expect: 100-continue"),
+        _raw("POST", "/v1/tools/call", AUTH, call_body("notify_user"), "Expect: 100-continue"),
     ),
     (
         "HTTP/1.0",
         b"POST /v1/tools/call HTTP/1.0\r\nAuthorization: "
         + AUTH["Authorization"].encode()
-        + b"\r\nContent-Length: %d\r\n\r\n" % len(_call("notify_user"))
-        + _call("notify_user"),
+        + b"\r\nContent-Length: %d\r\n\r\n" % len(call_body("notify_user"))
+        + call_body("notify_user"),
     ),
     ("connection close", _raw("POST", "/v1/sessions", AUTH, b"{}", "Connection: close")),
 ]
@@ -130,7 +138,7 @@ def _blind(reply: bytes) -> bytes:
     head, _, body = reply.rpartition(b"\r\n\r\n")
     if not body:
         return reply
-    blinded = _session_blind(body)
+    blinded = session_blind(body)
     if blinded == body:
         return reply
     return head + b"\r\n\r\n" + blinded  # a minted session id: random on each side
@@ -144,7 +152,7 @@ class _Server:
 
     def lines(self) -> list[dict[str, Any]]:
         text = self.actions.read_text().splitlines()
-        return [_normal(ActionLine.model_validate_json(x)) for x in text]
+        return [normal_line(ActionLine.model_validate_json(x)) for x in text]
 
 
 @contextlib.asynccontextmanager
@@ -227,12 +235,12 @@ def test_pipelined_bridge_calls_are_answered_in_order_on_one_connection(tmp_path
     closes: every reply in order, the same bytes and lines both ways, the close last."""
     pipeline = b"".join(
         [
-            _raw("POST", "/v1/tools/call", AUTH, _call("generate_text_llm", prompt="p")),
-            _raw("POST", "/v1/tools/call", AUTH, _call("notify_user", text="hi")),
+            _raw("POST", "/v1/tools/call", AUTH, call_body("generate_text_llm", prompt="p")),
+            _raw("POST", "/v1/tools/call", AUTH, call_body("notify_user", text="hi")),
             _raw("POST", "/v1/sessions", AUTH, b"{}"),
-            _raw("POST", "/v1/tools/call", {}, _call("notify_user")),
+            _raw("POST", "/v1/tools/call", {}, call_body("notify_user")),
             _raw("GET", "/v1/health", {}, b""),
-            _raw("POST", "/v1/tools/call", AUTH, _call("notify_user"), "Connection: close"),
+            _raw("POST", "/v1/tools/call", AUTH, call_body("notify_user"), "Connection: close"),
         ]
     )
     direct, asgi = asyncio.run(_both(tmp_path, lambda port: _replies(port, pipeline, 6)))
@@ -261,9 +269,9 @@ def test_a_kept_alive_connection_carries_direct_and_asgi_requests_alike(tmp_path
         sock = socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S)
         with sock:
             for request in (
-                _raw("POST", "/v1/tools/call", AUTH, _call("notify_user")),
+                _raw("POST", "/v1/tools/call", AUTH, call_body("notify_user")),
                 _raw("GET", "/v1/nope", AUTH, b""),
-                _raw("POST", "/v1/tools/call", AUTH, _call("generate_text_llm", prompt="p")),
+                _raw("POST", "/v1/tools/call", AUTH, call_body("generate_text_llm", prompt="p")),
                 _raw("GET", "/mcp", AUTH, b""),
                 _raw("GET", "/v1/health", {}, b""),
             ):
@@ -291,7 +299,7 @@ def test_a_client_that_leaves_inside_its_body_gets_no_answer_and_no_line(tmp_pat
     ways alike; the server goes on serving the next connection."""
 
     def exchange(port: int) -> tuple[list[bytes], bool]:
-        request = _raw("POST", "/v1/tools/call", AUTH, _call("notify_user"))
+        request = _raw("POST", "/v1/tools/call", AUTH, call_body("notify_user"))
         with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S) as sock:
             sock.sendall(request[:-5])  # the head and most of the body
         return _replies(port, _raw("GET", "/v1/health", {}, b""), 1)

@@ -15,22 +15,6 @@ from pathlib import Path
 
 from tests import paths
 
-# Importers of a test module not yet moved to a helper; listed so the list can only
-# shrink (importer -> the test modules it imports).
-NOT_YET_MOVED: dict[str, frozenset[str]] = {
-    "tests.guard.bridge.test_client": frozenset({"tests.guard.bridge.test_routes"}),
-    "tests.guard.bridge.test_front": frozenset({"tests.guard.bridge.test_routes"}),
-    "tests.guard.egress.test_git_fetch": frozenset(
-        {"tests.guard.egress.test_proxy", "tests.guard.egress.test_upgrades"}
-    ),
-    "tests.guard.egress.test_upgrades": frozenset({"tests.guard.egress.test_proxy"}),
-    "tests.guard.mcp.test_calls": frozenset({"tests.guard.mcp.test_schema_instance"}),
-    "tests.guard.mcp.test_hotpath": frozenset({"tests.guard.mcp.test_proxy"}),
-    "tests.guard.test_serve_direct": frozenset(
-        {"tests.guard.bridge.test_front", "tests.guard.bridge.test_routes"}
-    ),
-}
-
 IMPORTERS = ("tests", "bench", "scripts", "examples")
 
 
@@ -115,15 +99,4 @@ def test_the_finder_sees_every_form_of_import() -> None:
 
 
 def test_no_module_imports_a_test_module() -> None:
-    found = importers_of_test_modules()
-    new = {
-        importer: sorted(imported - NOT_YET_MOVED.get(importer, frozenset()))
-        for importer, imported in found.items()
-    }
-    assert {k: v for k, v in new.items() if v} == {}
-    # One import moved to a helper takes it off the list.
-    stale = {
-        importer: sorted(imported - found.get(importer, frozenset()))
-        for importer, imported in NOT_YET_MOVED.items()
-    }
-    assert {k: v for k, v in stale.items() if v} == {}
+    assert importers_of_test_modules() == {}

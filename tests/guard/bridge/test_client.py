@@ -15,7 +15,7 @@ import uvloop
 from sandbox.guard.bridge.client import MAX_BODY_BYTES, MAX_HEAD_BYTES, BridgeClient
 from sandbox.guard.bridge.upstream import Reply, ReplyTooLarge, UpstreamError
 from sandbox.guard.limits import MAX_UPSTREAM_REPLY_BYTES
-from tests.guard.bridge.test_routes import Upstream, ok, oversized_reply
+from tests.guard.bridge.bridgeparts import Upstream, ok, oversized_reply
 
 T = TypeVar("T")
 DEADLINE_S = 20.0

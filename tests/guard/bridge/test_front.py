@@ -6,66 +6,25 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from sandbox.contracts.wire import MAX_REQUEST_BYTES, ActionLine
+from sandbox.contracts.wire import ActionLine
 from sandbox.guard.app import build_app
 from sandbox.guard.bridge.front import BridgeFront
-from tests.guard.bridge.test_routes import AUTH, TOKEN, Upstream, make_guard, ok
-
-# (method, path, headers, body): every kind of request the step can make on the bridge.
-# A header given as a list is sent once per value, in that order.
-Request = tuple[str, str, dict[str, Any], bytes | Callable[[], AsyncIterator[bytes]]]
-
-
-def _call(tool: str, **arguments: Any) -> bytes:
-    return json.dumps({"tool": tool, "arguments": arguments}).encode()
-
-
-async def _past_the_cap() -> AsyncIterator[bytes]:
-    """A body with no declared length that grows past the cap as it streams in."""
-    chunk = b" " * (1024 * 1024)
-    for _ in range(MAX_REQUEST_BYTES // len(chunk) + 2):
-        yield chunk
-
-
-REQUESTS: list[Request] = [
-    ("GET", "/v1/health", {}, b""),
-    ("POST", "/v1/tools/call", AUTH, _call("notify_user", text="hi")),  # stubbed
-    ("POST", "/v1/tools/call", AUTH, _call("generate_text_llm", prompt="p")),  # forwarded
-    ("POST", "/v1/tools/call", AUTH, _call("read_file", path="../../etc/passwd")),
-    ("POST", "/v1/tools/call", AUTH, _call("no_such_tool_anywhere")),
-    ("POST", "/v1/tools/call", AUTH, b'{"tool": "notify_user", "session": "s-nope"}'),
-    ("POST", "/v1/tools/call", {}, _call("notify_user")),  # no token
-    ("POST", "/v1/tools/call", {"Authorization": "Bearer wrong"}, _call("notify_user")),
-    ("POST", "/v1/tools/call", {"Authorization": TOKEN}, _call("notify_user")),  # no scheme
-    ("POST", "/v1/tools/call", AUTH, b""),
-    ("POST", "/v1/tools/call", {"Authorization": ["Bearer wrong", AUTH["Authorization"]]}, b"{}"),
-    ("POST", "/v1/tools/call", AUTH, b"{"),
-    ("POST", "/v1/tools/call", AUTH, b"[]"),
-    ("POST", "/v1/tools/call", AUTH, b'{"tool": 5}'),
-    ("POST", "/v1/tools/call", AUTH, b'{"tool": "notify_user", "arguments": []}'),
-    ("POST", "/v1/tools/call", AUTH, b"\xff\xfe"),
-    ("POST", "/v1/tools/call", AUTH, b" " * (MAX_REQUEST_BYTES + 1)),  # declared, past
-    ("POST", "/v1/tools/call", AUTH, _past_the_cap),  # streamed, past
-    ("POST", "/v1/tools/call", {**AUTH, "X-Pad": "x" * (17 * 1024)}, _call("notify_user")),
-    ("GET", "/v1/health", {"X-Pad": "x" * (17 * 1024)}, b""),
-    ("POST", "/v1/sessions", AUTH, b"{}"),
-    ("POST", "/v1/sessions", AUTH, b""),
-    ("POST", "/v1/sessions", AUTH, b'{"parent": "root"}'),
-    ("POST", "/v1/sessions", AUTH, b'{"parent": "s-unknown"}'),
-    ("POST", "/v1/sessions", AUTH, b"{"),
-    ("POST", "/v1/sessions", {}, b"{}"),
-    ("POST", "/v1/sessions", AUTH, _past_the_cap),
-    ("GET", "/v1/nope", AUTH, b""),  # not a bridge path: the app behind answers
-    ("GET", "/mcp", AUTH, b""),
-    ("GET", "/mcp", {}, b""),
-]
+from tests.guard.bridge.bridgeparts import (
+    AUTH,
+    REQUESTS,
+    Request,
+    Upstream,
+    call_body,
+    make_guard,
+    ok,
+)
 
 
 @pytest.fixture
@@ -98,32 +57,6 @@ async def _send(
                 )
             )
     return answers
-
-
-def _normal(line: ActionLine) -> dict[str, Any]:
-    """A line without what differs between two runs (time, ids, durations)."""
-    fields = line.model_dump(exclude={"time", "duration_ms", "call_id"})
-    fields["detail"] = {k: v for k, v in line.detail.items() if k != "child_session"}
-    if str(fields.get("session", "")).startswith("s-"):
-        fields["session"] = "s-*"
-    if isinstance(fields["arguments"], dict) and fields["tool"] == "session.create":
-        fields["arguments"] = {
-            k: ("s-*" if str(v).startswith("s-") else v) for k, v in fields["arguments"].items()
-        }
-    return fields
-
-
-def _session_blind(body: bytes) -> bytes:
-    """A reply with each minted session id replaced (they are random on each side)."""
-    try:
-        reply = json.loads(body)
-    except ValueError:
-        return body
-    text = json.dumps(reply, sort_keys=True)
-    for word in set(text.replace('"', " ").replace(".", " ").replace(",", " ").split()):
-        if word.startswith("s-") and len(word) == 14:
-            text = text.replace(word, "s-*")
-    return text.encode()
 
 
 # What each of REQUESTS gets: its status, and the line (tool, decision, category) each
@@ -201,10 +134,10 @@ def test_a_wrong_method_or_a_trailing_slash_is_refused_with_its_line(
     guard, actions = make_guard(tmp_path, "front", upstream.url)
     requests: list[Request] = [
         ("GET", "/v1/tools/call", AUTH, b""),
-        ("PUT", "/v1/tools/call", AUTH, _call("generate_text_llm", prompt="p")),
+        ("PUT", "/v1/tools/call", AUTH, call_body("generate_text_llm", prompt="p")),
         ("GET", "/v1/sessions", AUTH, b""),
         ("POST", "/v1/health", AUTH, b"{}"),
-        ("POST", "/v1/tools/call/", AUTH, _call("generate_text_llm", prompt="p")),
+        ("POST", "/v1/tools/call/", AUTH, call_body("generate_text_llm", prompt="p")),
         ("POST", "/v1/sessions//", AUTH, b"{}"),
     ]
 

@@ -7,10 +7,8 @@ servers that record every request they receive, byte for byte.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,80 +23,8 @@ from sandbox.guard.app import build_app
 from sandbox.guard.bridge.routes import Guard
 from sandbox.guard.bridge.upstream import Reply
 from sandbox.guard.limits import MAX_UPSTREAM_REPLY_BYTES
-from tests.conftest import BRIDGE_TOKEN, call_lines, guard_config
-from tests.fakes.loopback import LoopbackServer
-
-TOKEN = BRIDGE_TOKEN
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-class Upstream:
-    """A raw HTTP/1.1 server: `answer(n, body)` decides, per request on a connection,
-    the reply bytes (None: close the connection without a reply)."""
-
-    def __init__(
-        self, answer: Callable[[int, bytes], bytes | None], *, close_after_reply: bool = False
-    ) -> None:
-        self.answer = answer
-        self.close_after_reply = close_after_reply  # without saying Connection: close
-        self.requests: list[bytes] = []  # every request body, in arrival order
-        self.connections = 0
-        self.closed = 0
-        self._lock = threading.Lock()
-        self._server = LoopbackServer(self._serve)
-        self.url = self._server.url
-
-    def _serve(self, conn: socket.socket, number: int) -> None:
-        with self._lock:
-            self.connections += 1
-        buffer = b""
-        n = 0
-        # A reset is the guard dropping a reply past its cap: the exchange is over.
-        with conn, contextlib.suppress(ConnectionError):
-            while True:
-                while b"\r\n\r\n" not in buffer:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    buffer += chunk
-                if b"\r\n\r\n" not in buffer:
-                    break
-                head, _, buffer = buffer.partition(b"\r\n\r\n")
-                length = next(
-                    int(line.split(b":", 1)[1])
-                    for line in head.split(b"\r\n")
-                    if line.lower().startswith(b"content-length:")
-                )
-                while len(buffer) < length:
-                    buffer += conn.recv(65536)
-                body, buffer = buffer[:length], buffer[length:]
-                with self._lock:
-                    self.requests.append(body)
-                n += 1
-                reply = self.answer(n, body)
-                if reply is None:
-                    break  # a connection that dies after the request arrived
-                conn.sendall(reply)
-                if self.close_after_reply:
-                    break
-        with self._lock:
-            self.closed += 1
-
-    def close(self) -> None:
-        self._server.close()
-
-
-def ok(text: str = "done") -> bytes:
-    payload = json.dumps({"text": text}).encode()
-    return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload)
-
-
-def make_guard(tmp_path: Path, name: str, upstream: str | None) -> tuple[Guard, Path]:
-    """A guard in this process with its own action log (`<name>.jsonl`), no fsync."""
-    actions = tmp_path / f"{name}.jsonl"
-    actions.touch()
-    config = guard_config(actions, upstream=upstream)
-    return Guard(config, ActionLog(str(actions), secrets=(TOKEN,), durability="group")), actions
+from tests.conftest import call_lines, guard_config
+from tests.guard.bridge.bridgeparts import AUTH, TOKEN, Upstream, make_guard, ok, oversized_reply
 
 
 @pytest.fixture
@@ -157,18 +83,6 @@ def test_a_call_whose_bytes_were_written_is_never_sent_again(
     assert "TEST MODE" not in replies[1]["result"]["text"]
     assert [ln.decision for ln in lines_of(actions)] == ["allow", "allow"]
     assert lines_of(actions)[1].detail["error"].startswith("upstream bridge failed")
-
-
-def oversized_reply(framing: str) -> bytes:
-    """A reply past limits.MAX_UPSTREAM_REPLY_BYTES: its length declared one byte over
-    (`declared`, only the first MiB sent), or chunked with no length (`chunked`)."""
-    cap = MAX_UPSTREAM_REPLY_BYTES
-    piece = b"x" * (1024 * 1024)
-    if framing == "declared":
-        return b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (cap + 1) + piece
-    chunk = b"%x\r\n%s\r\n" % (len(piece), piece)
-    chunks = cap // len(piece) + 1
-    return b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunk * chunks + b"0\r\n\r\n"
 
 
 @pytest.mark.parametrize("framing", ["declared", "chunked"])

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from sandbox.policy import HttpKind, http_kind, stub_reply
-from tests.guard.egress.test_proxy import Host, _actions, _through
-from tests.guard.egress.test_upgrades import _proxy
+from tests.guard.egress.proxyparts import Host, actions_file, allowing_proxy, http_lines, through
 
 FETCH_TYPE = "application/x-git-upload-pack-request"
 PACK = b"HTTP/1.1 200 OK\r\nContent-Type: application/x-git-upload-pack-result\r\n"
@@ -59,17 +56,13 @@ def _post(port: int, path: str, content_type: str | None, body: bytes = WANT) ->
     return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
 
 
-def _lines(actions: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in actions.read_text().splitlines() if '"tool":"http"' in x]
-
-
 def test_a_git_fetch_is_forwarded_with_its_body_and_its_pack_relayed(tmp_path: Path) -> None:
-    with _actions(tmp_path) as actions:
+    with actions_file(tmp_path) as actions:
         host = BodyHost(actions, PACK)
         try:
-            proxy = _proxy(actions, host.port)
+            proxy = allowing_proxy(actions, host.port)
             payload = _post(host.port, "/repo.git/git-upload-pack", FETCH_TYPE)
-            answer = asyncio.run(_through(proxy, payload))
+            answer = asyncio.run(through(proxy, payload))
         finally:
             host.close()
             # the outcome line may still be with the log's writer (a sync was under way
@@ -79,7 +72,7 @@ def test_a_git_fetch_is_forwarded_with_its_body_and_its_pack_relayed(tmp_path: P
         (received,) = host.received
         assert received.startswith(b"POST /repo.git/git-upload-pack HTTP/1.1\r\n")
         assert received.endswith(b"\r\n\r\n" + WANT)
-        start, outcome = _lines(actions)
+        start, outcome = http_lines(actions)
         assert start["decision"] == "allow" and "git fetch" in start["reason"]
         assert start["detail"]["git"] == "upload-pack"
         assert outcome["detail"]["status"] == 200
@@ -101,16 +94,16 @@ ABUSES = [
 def test_a_post_that_only_resembles_a_git_fetch_is_stubbed_and_never_arrives(
     tmp_path: Path, path: str, content_type: str | None
 ) -> None:
-    with _actions(tmp_path) as actions:
+    with actions_file(tmp_path) as actions:
         host = BodyHost(actions, PACK)
         try:
-            proxy = _proxy(actions, host.port)
-            answer = asyncio.run(_through(proxy, _post(host.port, path, content_type)))
+            proxy = allowing_proxy(actions, host.port)
+            answer = asyncio.run(through(proxy, _post(host.port, path, content_type)))
         finally:
             host.close()
         assert answer.startswith(b"HTTP/1.1 403 ")
         assert host.received == []
-        (line,) = _lines(actions)
+        (line,) = http_lines(actions)
         assert line["decision"] == "stub"
         push = path.endswith("/git-receive-pack")
         reason = (

@@ -12,11 +12,8 @@ they receive and what the action log held at that moment.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import os
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,68 +27,8 @@ from sandbox.guard import actionlog
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.egress.proxy import EgressProxy
 from tests.conftest import call_lines, guard_config
-from tests.fakes.loopback import LoopbackServer
+from tests.guard.egress.proxyparts import OK, Host, actions_file, through
 from tests.polling import wait_for
-
-
-class Host:
-    """A raw TCP server: on each connection it reads up to the end of a request head (or,
-    `tunnel`, the first bytes), notes the action log's lines at that moment, then sends
-    `reply` and closes."""
-
-    def __init__(self, actions: Path, reply: bytes, *, tunnel: bool = False) -> None:
-        self.actions = actions
-        self.reply = reply
-        self.tunnel = tunnel
-        self.received: list[bytes] = []
-        self.log_when_received: list[list[ActionLine]] = []
-        self._server = LoopbackServer(self._serve)
-        self.port = self._server.port
-
-    def _serve(self, conn: socket.socket, number: int) -> None:
-        with conn, contextlib.suppress(ConnectionError):
-            data = b""
-            while (self.tunnel and not data) or (not self.tunnel and b"\r\n\r\n" not in data):
-                chunk = conn.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-            lines = self.actions.read_text().splitlines()
-            self.log_when_received.append([ActionLine.model_validate_json(x) for x in lines])
-            self.received.append(data)
-            conn.sendall(self.reply)
-
-    def close(self) -> None:
-        self._server.close()
-
-
-@contextlib.contextmanager
-def _actions(tmp_path: Path) -> Iterator[Path]:
-    path = tmp_path / "actions.jsonl"
-    path.touch()
-    yield path
-
-
-async def _through(proxy: EgressProxy, payload: bytes) -> bytes:
-    """Send `payload` to the proxy on a fresh connection; everything it answers."""
-    server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(payload)
-        await writer.drain()
-        data = await asyncio.wait_for(reader.read(), 20)
-        writer.close()
-        await writer.wait_closed()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 10
-        while proxy.open_connections or len(asyncio.all_tasks()) > 1:  # its handler is done
-            assert loop.time() < deadline, "the proxy's handler did not finish"
-            await asyncio.sleep(0.005)
-        return data
-    finally:
-        server.close()
-        proxy.close()  # its idle upstream connections too: the proxy is done
 
 
 def _closing_get(proxy: EgressProxy, port: int, path: str = "/p") -> bytes:
@@ -101,7 +38,7 @@ def _closing_get(proxy: EgressProxy, port: int, path: str = "/p") -> bytes:
     request = (
         f"GET http://{authority}{path} HTTP/1.1\r\nHost: {authority}\r\nConnection: close\r\n\r\n"
     )
-    return asyncio.run(_through(proxy, request.encode()))
+    return asyncio.run(through(proxy, request.encode()))
 
 
 def _local_proxy(
@@ -117,13 +54,10 @@ def _local_proxy(
     return EgressProxy(guard_config(actions, egress=egress), log, label=dict(label or {})), log
 
 
-OK = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
-
-
 def test_a_forwarded_read_is_started_on_disk_before_its_first_byte_leaves(
     tmp_path: Path,
 ) -> None:
-    with _actions(tmp_path) as actions:
+    with actions_file(tmp_path) as actions:
         host = Host(actions, OK)
         try:
             proxy, log = _local_proxy(actions, host.port)
@@ -147,7 +81,7 @@ def test_a_forwarded_read_is_started_on_disk_before_its_first_byte_leaves(
 
 
 def test_a_reply_cut_short_is_an_error_outcome(tmp_path: Path) -> None:
-    with _actions(tmp_path) as actions:
+    with actions_file(tmp_path) as actions:
         host = Host(actions, b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly-some")
         try:
             proxy, log = _local_proxy(actions, host.port)
@@ -161,7 +95,7 @@ def test_a_reply_cut_short_is_an_error_outcome(tmp_path: Path) -> None:
 
 
 def test_a_blind_tunnel_is_started_before_any_byte_and_has_its_outcome(tmp_path: Path) -> None:
-    with _actions(tmp_path) as actions:
+    with actions_file(tmp_path) as actions:
         host = Host(actions, b"from-host", tunnel=True)
         try:
             entry = {"host": "127.0.0.1", "port": host.port, "tls": True, "inspect": False}
@@ -170,7 +104,7 @@ def test_a_blind_tunnel_is_started_before_any_byte_and_has_its_outcome(tmp_path:
             proxy = EgressProxy(guard_config(actions, egress=egress), log)
             authority = f"127.0.0.1:{host.port}"
             connect = f"CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n\r\n"
-            reply = asyncio.run(_through(proxy, connect.encode() + b"tls-bytes"))
+            reply = asyncio.run(through(proxy, connect.encode() + b"tls-bytes"))
             log.close()
         finally:
             host.close()
@@ -197,7 +131,7 @@ def test_a_full_log_refuses_the_request_and_nothing_leaves(
         "arguments": {"x": "x" * 200},
         "duration_ms": 0.0,
     }
-    with _actions(tmp_path) as actions:
+    with actions_file(tmp_path) as actions:
         host = Host(actions, OK)
         try:
             egress = Egress(allow=[{"host": "127.0.0.1", "port": host.port}])  # type: ignore[list-item]
@@ -228,14 +162,14 @@ def test_a_full_log_refuses_the_request_and_nothing_leaves(
 
 
 def test_an_mcp_servers_proxy_names_the_server_on_every_line(tmp_path: Path) -> None:
-    with _actions(tmp_path) as actions:
+    with actions_file(tmp_path) as actions:
         host = Host(actions, OK)
         try:
             proxy, log = _local_proxy(actions, host.port, label={"mcp_server": "fetcher"})
             authority = f"127.0.0.1:{host.port}"
             write = f"POST http://{authority}/w HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 2\r\n\r\nhi"
             _closing_get(proxy, host.port)
-            asyncio.run(_through(proxy, write.encode()))
+            asyncio.run(through(proxy, write.encode()))
             log.close()
         finally:
             host.close()
@@ -250,7 +184,7 @@ def test_a_stubbed_body_that_arrives_after_its_head_is_still_measured(tmp_path: 
     the proxy must wait for the body, not take the end of the head for the end of the
     connection, so the stub line's size and hash are the body's."""
     body = b"secret-payload-123"
-    with _actions(tmp_path) as actions:
+    with actions_file(tmp_path) as actions:
         egress = Egress(allow=[{"host": "127.0.0.1", "port": 9}])  # type: ignore[list-item]
         log = ActionLog(str(actions), secrets=(), durability="group")
         proxy = EgressProxy(guard_config(actions, egress=egress), log)
@@ -306,7 +240,7 @@ def test_a_log_that_cannot_be_synced_fails_the_request_and_never_relays_its_repl
         raise OSError(5, "Input/output error")
 
     monkeypatch.setattr(os, "fdatasync", broken)
-    with _actions(tmp_path) as actions:
+    with actions_file(tmp_path) as actions:
         host = Host(actions, OK)
         try:
             proxy, log = _local_proxy(actions, host.port, durability="per-call")

@@ -12,23 +12,16 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-from sandbox.contracts.config import Egress
-from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.egress.proxy import EgressProxy
-from tests.conftest import guard_config
-from tests.guard.egress.test_proxy import OK, Host, _actions, _through
-
-
-def _proxy(actions: Path, port: int, **entry: Any) -> EgressProxy:
-    egress = Egress(allow=[{"host": "127.0.0.1", "port": port, **entry}])  # type: ignore[list-item]
-    log = ActionLog(str(actions), secrets=(), durability="group")
-    return EgressProxy(guard_config(actions, egress=egress), log)
-
-
-def _lines(actions: Path) -> list[dict[str, Any]]:
-    return [json.loads(x) for x in actions.read_text().splitlines() if '"tool":"http"' in x]
+from tests.guard.egress.proxyparts import (
+    OK,
+    Host,
+    actions_file,
+    allowing_proxy,
+    http_lines,
+    through,
+)
 
 
 def _head(port: int, first: str, *headers: str) -> bytes:
@@ -43,8 +36,8 @@ def _to_host(actions: Path, *payloads: Callable[[int], bytes]) -> tuple[list[byt
     the host received."""
     host = Host(actions, OK)
     try:
-        proxy = _proxy(actions, host.port)
-        answers = [asyncio.run(_through(proxy, payload(host.port))) for payload in payloads]
+        proxy = allowing_proxy(actions, host.port)
+        answers = [asyncio.run(through(proxy, payload(host.port))) for payload in payloads]
     finally:
         host.close()
     return answers, host.received
@@ -60,14 +53,14 @@ WEBSOCKET = (
 
 
 def test_an_h2c_upgrade_is_refused_and_recorded_and_never_arrives(tmp_path: Path) -> None:
-    with _actions(tmp_path) as actions:
+    with actions_file(tmp_path) as actions:
         (answer,), received = _to_host(
             actions, lambda port: _head(port, "GET {url}/h2 HTTP/1.1", *H2C)
         )
         assert answer.startswith(b"HTTP/1.1 403 ")
         assert b"X-Agentworks-Test-Mode: refused" in answer
         assert received == []
-        (line,) = _lines(actions)
+        (line,) = http_lines(actions)
         assert line["decision"] == "refuse"
         assert "h2c" in line["reason"]
         assert line["detail"]["upgrade"] == "h2c"
@@ -76,25 +69,25 @@ def test_an_h2c_upgrade_is_refused_and_recorded_and_never_arrives(tmp_path: Path
 
 
 def test_an_http2_preface_is_refused_and_recorded(tmp_path: Path) -> None:
-    with _actions(tmp_path) as actions:
-        proxy = _proxy(actions, 9)
-        answer = asyncio.run(_through(proxy, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
+    with actions_file(tmp_path) as actions:
+        proxy = allowing_proxy(actions, 9)
+        answer = asyncio.run(through(proxy, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"))
         assert answer.startswith(b"HTTP/1.1 505 ")
-        (line,) = _lines(actions)
+        (line,) = http_lines(actions)
         assert line["decision"] == "refuse"
         assert "prior-knowledge" in line["reason"]
         assert line["arguments"]["first_line"].startswith("PRI * HTTP/2.0")
 
 
 def test_a_websocket_is_stubbed_with_its_url_unless_the_host_opts_in(tmp_path: Path) -> None:
-    with _actions(tmp_path) as actions:
+    with actions_file(tmp_path) as actions:
         (answer,), received = _to_host(
             actions, lambda port: _head(port, "GET {url}/ws?room=1 HTTP/1.1", *WEBSOCKET)
         )
         assert answer.startswith(b"HTTP/1.1 403 ")
         assert b"X-Agentworks-Test-Mode: stubbed" in answer
         assert received == []
-        (line,) = _lines(actions)
+        (line,) = http_lines(actions)
         assert line["decision"] == "stub"
         assert "websocket = true" in line["reason"]
         assert line["detail"]["upgrade"] == "websocket"
@@ -172,8 +165,8 @@ def test_an_opted_in_websocket_is_relayed_both_ways_and_every_line_names_it(
             server.close()
             proxy.close()
 
-    with _actions(tmp_path) as actions, _echo() as host:
-        proxy = _proxy(actions, host.port, websocket=True)
+    with actions_file(tmp_path) as actions, _echo() as host:
+        proxy = allowing_proxy(actions, host.port, websocket=True)
         got = asyncio.run(session(proxy, host.port))
         assert got.startswith(b"HTTP/1.1 101 Switching Protocols\r\n")
         head, _, body = got.partition(b"\r\n\r\n")
@@ -191,7 +184,7 @@ def test_an_opted_in_websocket_is_relayed_both_ways_and_every_line_names_it(
 def test_expect_100_continue_on_a_stubbed_request_gets_the_stub_and_no_100(
     tmp_path: Path,
 ) -> None:
-    with _actions(tmp_path) as actions:
+    with actions_file(tmp_path) as actions:
         (answer,), received = _to_host(
             actions,
             lambda port: _head(
@@ -201,7 +194,7 @@ def test_expect_100_continue_on_a_stubbed_request_gets_the_stub_and_no_100(
         assert answer.startswith(b"HTTP/1.1 403 ")  # the final answer, never a 100
         assert b" 100 " not in answer
         assert received == []
-        (line,) = _lines(actions)
+        (line,) = http_lines(actions)
         assert line["decision"] == "stub"
         assert line["arguments"]["body_note"] == "not sent: the client waited for 100"
 
@@ -209,7 +202,7 @@ def test_expect_100_continue_on_a_stubbed_request_gets_the_stub_and_no_100(
 def test_a_get_with_a_body_is_stubbed_and_one_with_transfer_encoding_refused(
     tmp_path: Path,
 ) -> None:
-    with _actions(tmp_path) as actions:
+    with actions_file(tmp_path) as actions:
         (stubbed, refused), received = _to_host(
             actions,
             lambda port: _head(port, "GET {url}/g HTTP/1.1", "Content-Length: 3") + b"abc",
@@ -221,7 +214,7 @@ def test_a_get_with_a_body_is_stubbed_and_one_with_transfer_encoding_refused(
         assert stubbed.startswith(b"HTTP/1.1 403 ")
         assert refused.startswith(b"HTTP/1.1 400 ")
         assert received == []
-        stub, refusal = _lines(actions)
+        stub, refusal = http_lines(actions)
         assert (stub["decision"], stub["arguments"]["body_bytes"]) == ("stub", 3)
         assert refusal["decision"] == "refuse"
 
@@ -229,7 +222,7 @@ def test_a_get_with_a_body_is_stubbed_and_one_with_transfer_encoding_refused(
 def test_pipelined_requests_are_judged_in_order_until_a_denial_closes_the_connection(
     tmp_path: Path,
 ) -> None:
-    with _actions(tmp_path) as actions:
+    with actions_file(tmp_path) as actions:
         (answer,), received = _to_host(
             actions,
             lambda port: (
@@ -245,7 +238,7 @@ def test_pipelined_requests_are_judged_in_order_until_a_denial_closes_the_connec
         assert [r.split(b"\r\n")[0] for r in received] == [b"GET /one HTTP/1.1"]
         decisions = [
             (ln["decision"], ln["arguments"]["url"].rsplit("/", 1)[1])
-            for ln in _lines(actions)
+            for ln in http_lines(actions)
             if ln.get("event") != "outcome"
         ]
         assert decisions == [("allow", "one"), ("stub", "two")]  # /three was never read

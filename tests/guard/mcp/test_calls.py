@@ -6,7 +6,7 @@ import jsonschema
 
 from sandbox import policy
 from sandbox.guard.mcp.calls import annotations_of, stub_result
-from tests.guard.mcp.test_schema_instance import SCHEMAS
+from tests.guard.mcp.mcpparts import SCHEMAS
 
 
 def test_stub_result_is_a_successful_call_tool_result() -> None:

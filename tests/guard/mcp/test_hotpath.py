@@ -28,7 +28,7 @@ from sandbox.guard.mcp.hotpath import MAX_SESSIONS
 from sandbox.guard.mcp.proxy import McpProxy
 from tests.conftest import BRIDGE_TOKEN as TOKEN
 from tests.conftest import guard_config
-from tests.guard.mcp.test_proxy import JsonMcpServer
+from tests.guard.mcp.mcpparts import JsonMcpServer
 
 VERSION = "2025-11-25"
 TOOLS = [

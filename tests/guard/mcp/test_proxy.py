@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from sandbox.guard.bridge.routes import Guard
 from sandbox.guard.listeners import bind_unix
 from sandbox.stepside import agentworks_mcp as mcp_client
 from tests.conftest import BRIDGE_TOKEN, in_process_guard
+from tests.guard.mcp.mcpparts import JsonMcpServer
 
 
 def test_step_helper_parses_sse_bodies() -> None:
@@ -134,56 +134,6 @@ def test_oversized_requests_get_an_http_error_and_a_line(tmp_path: Path) -> None
         ("notify_user", "stub", "messaging"),
     ]
     assert "headers larger than 16 KiB" in lines[2].reason
-
-
-class JsonMcpServer(BaseHTTPRequestHandler):
-    """A fake streamable-HTTP MCP server (JSON replies, no event stream) for the
-    outside world: it answers `initialize` as `NAME`, accepts notifications, and
-    leaves every other request to `answer` (a JSON-RPC `result` or `error` member)."""
-
-    NAME = "fake"
-    SESSION_ID = "s1"
-
-    def log_message(self, format: str, *args: object) -> None:
-        return
-
-    def do_GET(self) -> None:  # no standalone event stream
-        self.send_response(405)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def do_DELETE(self) -> None:
-        self.do_GET()
-
-    def do_POST(self) -> None:
-        message = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        rid, method = message.get("id"), message.get("method")
-        if rid is None:
-            self.send_response(202)
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        params = message.get("params") or {}
-        if method == "initialize":
-            member: dict[str, Any] = {
-                "result": {
-                    "protocolVersion": params["protocolVersion"],
-                    "capabilities": {"tools": {}},
-                    "serverInfo": {"name": self.NAME, "version": "1"},
-                }
-            }
-        else:
-            member = self.answer(method, params)
-        data = json.dumps({"jsonrpc": "2.0", "id": rid, **member}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.send_header("Mcp-Session-Id", self.SESSION_ID)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def answer(self, method: str | None, params: dict[str, Any]) -> dict[str, Any]:
-        return {"error": {"code": -32601, "message": "no"}}
 
 
 class _HugeReplies(JsonMcpServer):
