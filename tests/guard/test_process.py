@@ -18,11 +18,17 @@ import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from sandbox.contracts.guardconfig import CONFIG_FILE_ENV, READY_MARK
-from sandbox.contracts.guardprocess import FIREWALL_GATE_FD_ENV, FIREWALL_GATE_OK
+from sandbox.contracts.guardconfig import CONFIG_FILE_ENV, READY_MARK, GuardConfig
+from sandbox.contracts.guardprocess import (
+    DNS_PORT,
+    FIREWALL_GATE_FD_ENV,
+    FIREWALL_GATE_OK,
+    TRANSPARENT_PORT,
+)
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.limits import MAX_HEADER_BYTES, TRANSPORT_MAX_HEAD_BYTES
 from sandbox.guard.serve import HEAD_TOO_LARGE
@@ -30,10 +36,74 @@ from tests import paths
 from tests.conftest import BRIDGE_TOKEN as TOKEN
 from tests.conftest import guard_config
 from tests.polling import wait_for
-from tests.ports import free_ports
 
 REPO = paths.REPO
 DEADLINE_S = 20.0
+# The ports the config asks for: never bound on the host (see ENTRY); not the
+# contract's defaults, so the guard is seen to take them from its config.
+BRIDGE_ASKED, EGRESS_ASKED = 18790, 18792
+
+# The guard's entry point (`python -m sandbox.guard`: its `main`, gate and all) with
+# every loopback port it binds given by the kernel, and each bind reported on stdout
+# (`BOUND [kind, port asked, port got]`). In a run the guard has a network namespace
+# of its own; here it shares the host's loopback with every other test session, where
+# its fixed ports (and any port picked free beforehand) may be taken.
+ENTRY = """
+import json, sys
+import sandbox.guard.__main__ as entry
+
+def kernel_given(kind, bind):
+    def bind_any(port):
+        sock = bind(0)
+        print("BOUND " + json.dumps([kind, port, sock.getsockname()[1]]), flush=True)
+        return sock
+    return bind_any
+
+entry.bind_loopback = kernel_given("tcp", entry.bind_loopback)
+entry.bind_udp_loopback = kernel_given("udp", entry.bind_udp_loopback)
+sys.exit(entry.main())
+"""
+ASKED = {
+    ("tcp", BRIDGE_ASKED),
+    ("tcp", EGRESS_ASKED),
+    ("tcp", TRANSPARENT_PORT),
+    ("tcp", DNS_PORT),
+    ("udp", DNS_PORT),
+}
+
+
+def _start(tmp_path: Path, config: GuardConfig, **popen: Any) -> subprocess.Popen[bytes]:
+    """The guard's entry point (see ENTRY) with `config` in its file."""
+    config_file = tmp_path / "config.json"
+    config_file.write_text(config.model_dump_json())
+    env = {**os.environ, **popen.pop("env", {}), CONFIG_FILE_ENV: str(config_file)}
+    return subprocess.Popen(
+        [sys.executable, "-c", ENTRY],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        **popen,
+    )
+
+
+def _ready(proc: subprocess.Popen[bytes]) -> dict[tuple[str, int], int]:
+    """Wait for the guard's ready line; the ports it bound before it (asked -> got),
+    which must be every port the guard listens on, each asked for once."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + DEADLINE_S
+    out = b""
+    while READY_MARK.encode() + b"\n" not in out:
+        left = deadline - time.monotonic()
+        assert left > 0, f"no ready line; stdout {out!r}"
+        if select.select([proc.stdout], [], [], left)[0]:
+            chunk = os.read(proc.stdout.fileno(), 4096)
+            assert chunk, f"the guard ended: {proc.wait()} {proc.stderr.read()!r}"  # type: ignore[union-attr]
+            out += chunk
+    bound = [json.loads(x[len(b"BOUND ") :]) for x in out.splitlines() if x.startswith(b"BOUND ")]
+    ports = {(kind, asked): got for kind, asked, got in bound}
+    assert len(ports) == len(bound) and set(ports) == ASKED, bound
+    return ports
 
 
 @dataclass
@@ -51,44 +121,29 @@ class GuardProcess:
         return sock
 
 
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
 @contextlib.contextmanager
 def guard_process(tmp_path: Path) -> Iterator[GuardProcess]:
     """The guard's entry point with a config file, once it printed its ready line
     (durability per-call: the log's writer thread hands back to the loop after a sync)."""
     actions = tmp_path / "actions.jsonl"
     actions.touch()
-    port, egress_port = free_ports(2)
-    config = guard_config(actions, bridge_port=port, egress_port=egress_port)
-    config = config.model_copy(update={"durability": "per-call"})
-    config_file = tmp_path / "config.json"
-    config_file.write_text(config.model_dump_json())
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sandbox.guard"],
-        cwd=REPO,
-        env={**os.environ, CONFIG_FILE_ENV: str(config_file)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    config = guard_config(actions, bridge_port=BRIDGE_ASKED, egress_port=EGRESS_ASKED)
+    proc = _start(tmp_path, config.model_copy(update={"durability": "per-call"}))
     try:
-        assert proc.stdout is not None
-        deadline = time.monotonic() + DEADLINE_S
-        out = b""
-        while READY_MARK.encode() not in out:
-            left = deadline - time.monotonic()
-            assert left > 0, f"no ready line; stdout {out!r}"
-            if select.select([proc.stdout], [], [], left)[0]:
-                chunk = os.read(proc.stdout.fileno(), 4096)
-                assert chunk, f"the guard ended: {proc.wait()} {proc.stderr.read()!r}"  # type: ignore[union-attr]
-                out += chunk
-        assert not config_file.exists()  # read once and removed
-        yield GuardProcess(proc, port, actions)
+        ports = _ready(proc)
+        assert not (tmp_path / "config.json").exists()  # read once and removed
+        yield GuardProcess(proc, ports[("tcp", BRIDGE_ASKED)], actions)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        _stop(proc)
 
 
 def _request(head_lines: list[bytes], body: bytes = b"") -> bytes:
@@ -274,75 +329,43 @@ def _reading(pid: int, fd: int) -> bool:
     return len(fields) > 1 and fields[0] == "0" and int(fields[1], 16) == fd
 
 
-def _refused(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S).close()
-    except ConnectionRefusedError:
-        return True
-    return False
-
-
 @contextlib.contextmanager
-def _guard_at_its_gate(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, int]]:
+def _guard_at_its_gate(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     """The guard's entry point as a Docker run's guard starts: with the firewall's gate
-    (`sandbox.guard.nflogbind`), once it waits there (its modules loaded); the process,
-    its bridge port and the gate's write end (the test's to open or close)."""
+    (`sandbox.guard.nflogbind`), once it waits there (its modules loaded) with no socket
+    and no port bound; the process and the gate's write end (the test's to open or close)."""
     actions = tmp_path / "actions.jsonl"
     actions.touch()
-    port, egress_port = free_ports(2)
-    config = guard_config(actions, bridge_port=port, egress_port=egress_port)
-    config_file = tmp_path / "config.json"
-    config_file.write_text(config.model_dump_json())
+    config = guard_config(actions, bridge_port=BRIDGE_ASKED, egress_port=EGRESS_ASKED)
     read_end, write_end = os.pipe()
-    env = {**os.environ, CONFIG_FILE_ENV: str(config_file), FIREWALL_GATE_FD_ENV: str(read_end)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "sandbox.guard"],
-        cwd=REPO,
-        env=env,
-        pass_fds=(read_end,),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )
+    proc = _start(tmp_path, config, env={FIREWALL_GATE_FD_ENV: str(read_end)}, pass_fds=(read_end,))
     os.close(read_end)  # the guard's is the only read end; the test holds the write end
     try:
         wait_for(lambda: _reading(proc.pid, read_end), DEADLINE_S, "the guard at its gate")
-        for listener in (port, egress_port):
-            assert _refused(listener)  # nothing bound while the rules may still go in
-        yield proc, port, write_end
+        # Nothing bound while the rules may still go in: no socket, no bind reported.
+        assert _sockets(proc.pid) == 0
+        assert proc.stdout is not None and not select.select([proc.stdout], [], [], 0)[0]
+        yield proc, write_end
     finally:
         with contextlib.suppress(OSError):
             os.close(write_end)
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        _stop(proc)
 
 
 def test_the_guard_binds_nothing_until_its_firewall_gate_says_ok(tmp_path: Path) -> None:
-    with _guard_at_its_gate(tmp_path) as (proc, port, gate):
+    with _guard_at_its_gate(tmp_path) as (proc, gate):
         os.write(gate, FIREWALL_GATE_OK)
         os.close(gate)
-        assert proc.stdout is not None
-        out = b""
-        deadline = time.monotonic() + DEADLINE_S
-        while READY_MARK.encode() not in out:
-            left = deadline - time.monotonic()
-            assert left > 0, f"no ready line; stdout {out!r}"
-            if select.select([proc.stdout], [], [], left)[0]:
-                chunk = os.read(proc.stdout.fileno(), 4096)
-                assert chunk, f"the guard ended: {proc.wait()}"
-                out += chunk
+        port = _ready(proc)[("tcp", BRIDGE_ASKED)]
         socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S).close()
 
 
 def test_a_gate_closed_without_ok_ends_the_guard_before_it_listens(tmp_path: Path) -> None:
     """The install script failed (a rule missing, a wrong readback): it ends without
     opening the gate, and the guard exits without ever listening."""
-    with _guard_at_its_gate(tmp_path) as (proc, port, gate):
+    with _guard_at_its_gate(tmp_path) as (proc, gate):
         os.close(gate)
         assert proc.wait(timeout=DEADLINE_S) == 2
-        assert proc.stderr is not None
+        assert proc.stderr is not None and proc.stdout is not None
         assert b"the firewall did not come up" in proc.stderr.read()
-        assert _refused(port)
+        assert b"BOUND" not in proc.stdout.read()  # not one port bound
