@@ -50,6 +50,7 @@ from tests.engines.fixtures import (  # noqa: F401
 # The helpers test modules share assert as tests do: pytest explains their failures too.
 pytest.register_assert_rewrite(
     "tests.collect.logparts",
+    "tests.guard.actionlogparts",
     "tests.guard.bridge.bridgeparts",
     "tests.guard.egress.proxyparts",
     "tests.guard.mcp.mcpparts",

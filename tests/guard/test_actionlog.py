@@ -24,8 +24,7 @@ from sandbox.guard.actionlog import (
     Started,
     redact,
 )
-
-EGRESS_CALL = {"session": "egress", "decision": "allow", "reason": "r", "category": "egress"}
+from tests.guard.actionlogparts import write_line
 
 
 def test_redact_masks_credential_keys_and_known_secrets() -> None:
@@ -49,10 +48,9 @@ def test_lines_are_valid_records_and_summarized(tmp_path: Path) -> None:
     path.touch()
     log = ActionLog(str(path), secrets=("tok",), durability="per-call")
     asyncio.run(
-        log.write(
-            session="root",
-            tool="notify_user",
-            decision="stub",
+        write_line(
+            log,
+            "notify_user",
             reason="messaging",
             category="messaging",
             arguments={"text": "hi tok"},
@@ -60,13 +58,12 @@ def test_lines_are_valid_records_and_summarized(tmp_path: Path) -> None:
         )
     )
     asyncio.run(
-        log.write(
-            session="root",
-            tool="crew",
+        write_line(
+            log,
+            "crew",
             decision="refuse",
             reason="crew calls refused",
             category="crew",
-            arguments={},
             duration_ms=0.1,
             detail={"fails_step": True},
         )
@@ -167,10 +164,9 @@ def test_secrets_are_redacted_in_every_field_of_a_line(tmp_path: Path) -> None:
     log = ActionLog(str(path), secrets=(token, "exec-token-abcdefghij"), durability="group")
 
     async def main() -> None:
-        await log.write(
-            session="root",
-            tool="notify_user",
-            decision="stub",
+        await write_line(
+            log,
+            "notify_user",
             reason=f"reason with {token}",
             category="messaging",
             arguments={"text": f"x{token}y", "password": "hunter2", "deep": [{"api_key": "k"}]},
@@ -269,10 +265,9 @@ def test_long_values_are_cut_and_hashed_and_huge_lines_summarized(tmp_path: Path
     log, path = _log(tmp_path)
     wide = {f"k{n}": "w" * 1500 for n in range(150)}  # each value fits; the line does not
     asyncio.run(
-        log.write(
-            session="root",
-            tool="notify_user",
-            decision="stub",
+        write_line(
+            log,
+            "notify_user",
             reason="messaging",
             category="messaging",
             arguments=wide,
@@ -290,12 +285,13 @@ def test_a_full_log_marks_itself_and_later_calls_are_stubbed(
 ) -> None:
     monkeypatch.setattr(actionlog, "MAX_LOG_BYTES", 2000)
     log, path = _log(tmp_path)
-    common = {"session": "root", "category": "model", "arguments": {"p": "x" * 300}}
+    arguments = {"p": "x" * 300}
+    common = {"session": "root", "category": "model", "arguments": arguments}
 
     async def calls() -> Started:
         before = await log.begin(tool="a", decision="allow", reason="r", **common)  # type: ignore[arg-type]
         for _ in range(10):
-            await log.write(tool="n", decision="stub", reason="r", duration_ms=0.1, **common)  # type: ignore[arg-type]
+            await write_line(log, "n", category="model", arguments=arguments, duration_ms=0.1)
         with pytest.raises(LogFull):
             await log.begin(tool="b", decision="allow", reason="r", **common)  # type: ignore[arg-type]
         await log.outcome(before, ok=True)  # a call already started still gets its outcome

@@ -19,6 +19,7 @@ from sandbox.collect.actionsummary import read
 from sandbox.collect.logseal import seal_log
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionlog import ActionLog
+from tests.guard.actionlogparts import write_line
 from tests.polling import wait_for
 
 CALL = {"session": "root", "decision": "allow", "reason": "r", "category": "t", "arguments": {}}
@@ -104,7 +105,7 @@ def test_group_commit_answers_without_waiting_for_the_disk_and_syncs_behind(
 
     async def calls() -> None:
         started = await log.begin(tool="a", **CALL)  # type: ignore[arg-type]
-        await log.write(tool="w", duration_ms=0.0, **CALL)  # type: ignore[arg-type]
+        await write_line(log, "w", decision="allow", category="t")
         await log.outcome(started, ok=True)
 
     try:
@@ -133,7 +134,7 @@ def test_per_call_syncs_each_line_before_its_call_is_answered(
 
     async def calls() -> None:
         for n in range(3):
-            await log.write(tool=f"w{n}", duration_ms=0.0, **CALL)  # type: ignore[arg-type]
+            await write_line(log, f"w{n}", decision="allow", category="t")
             sizes.append(path.stat().st_size)
             assert disk.covered and disk.covered[-1] == sizes[-1]
         started = await log.begin(tool="a", **CALL)  # type: ignore[arg-type]

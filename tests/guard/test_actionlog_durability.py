@@ -27,9 +27,8 @@ from sandbox.guard.actionlog import (
     ActionLog,
     Started,
 )
+from tests.guard.actionlogparts import EGRESS_CALL, write_line
 from tests.polling import wait_for
-
-EGRESS_CALL = {"session": "egress", "decision": "allow", "reason": "r", "category": "egress"}
 
 
 class _SlowDisk:
@@ -83,15 +82,7 @@ def test_concurrent_calls_are_logged_in_order_with_fewer_syncs_than_calls(
     covered: list[bool] = []
 
     async def call(n: int) -> None:
-        await log.write(
-            session="root",
-            tool=f"t{n}",
-            decision="stub",
-            reason="r",
-            category="test",
-            arguments={},
-            duration_ms=0.0,
-        )
+        await write_line(log, f"t{n}")
         # answered: this call's line (and every earlier one) is within a finished sync
         covered.append(_synced_through(path, disk, f"t{n}", last=False))
 

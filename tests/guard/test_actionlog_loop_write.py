@@ -15,9 +15,8 @@ import pytest
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard import actionlog
 from sandbox.guard.actionlog import ActionLog
+from tests.guard.actionlogparts import EGRESS_CALL, write_line
 from tests.polling import wait_for
-
-EGRESS_CALL = {"session": "egress", "decision": "allow", "reason": "r", "category": "egress"}
 
 
 class _Writes:
@@ -107,15 +106,7 @@ def test_lines_behind_a_busy_writer_keep_the_order_of_their_calls(
         for step in range(3):
             await asyncio.sleep(0.0005 * ((n * 7 + step) % 5))
             order.append(f"t{n}.{step}")
-            await log.write(
-                session="root",
-                tool=f"t{n}.{step}",
-                decision="stub",
-                reason="r",
-                category="test",
-                arguments={},
-                duration_ms=0.0,
-            )
+            await write_line(log, f"t{n}.{step}")
 
     async def main() -> int:
         await asyncio.gather(*(call(n) for n in range(40)))

@@ -5,7 +5,8 @@ its collection twice over, and a change to one test file silently changes anothe
 
 Read from the source with `ast` (every import, also those inside a function, plain
 and relative), for the repository's Python outside the package: tests/, bench/,
-scripts/, examples/.
+scripts/, examples/. A helper named `<name>parts` asserts as tests do (listed for
+pytest's assert rewriting in tests/conftest.py), so its failures are explained too.
 """
 
 from __future__ import annotations
@@ -100,3 +101,27 @@ def test_the_finder_sees_every_form_of_import() -> None:
 
 def test_no_module_imports_a_test_module() -> None:
     assert importers_of_test_modules() == {}
+
+
+def assert_rewritten() -> set[str]:
+    """The modules tests/conftest.py hands to `pytest.register_assert_rewrite`."""
+    tree = ast.parse((paths.TESTS / "conftest.py").read_text())
+    return {
+        arg.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "register_assert_rewrite"
+        for arg in node.args
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str)
+    }
+
+
+def test_every_parts_helper_asserts_as_tests_do() -> None:
+    helpers = {
+        name
+        for name in repository_modules()
+        if name.startswith("tests.") and name.rpartition(".")[2].endswith("parts")
+    }
+    assert "tests.collect.logparts" in helpers  # the finder sees them
+    assert helpers - assert_rewritten() == set()

@@ -24,6 +24,7 @@ from sandbox.guard.bridge.routes import Guard
 from sandbox.guard.bridge.upstream import Reply
 from sandbox.guard.limits import MAX_UPSTREAM_REPLY_BYTES
 from tests.conftest import call_lines, guard_config
+from tests.guard.actionlogparts import write_line
 from tests.guard.bridge.bridgeparts import AUTH, TOKEN, Upstream, make_guard, ok, oversized_reply
 
 
@@ -125,17 +126,7 @@ def test_with_the_action_log_full_a_call_is_stubbed_not_forwarded_and_counted_on
     try:
         guard, actions = guard_at(upstream.url)
         while not guard.log.full:
-            asyncio.run(
-                guard.log.write(
-                    session="root",
-                    tool="filler",
-                    decision="stub",
-                    reason="fill",
-                    category="test",
-                    arguments={"x": "x" * 200},
-                    duration_ms=0.0,
-                )
-            )
+            asyncio.run(write_line(guard.log, "filler", reason="fill", arguments={"x": "x" * 200}))
         replies = call_all(guard, [("web_fetch", {"url": "https://a/1"})])
         guard.log.close()
     finally:

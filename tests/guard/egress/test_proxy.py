@@ -27,6 +27,7 @@ from sandbox.guard import actionlog
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.egress.proxy import EgressProxy
 from tests.conftest import call_lines, guard_config
+from tests.guard.actionlogparts import write_line
 from tests.guard.egress.proxyparts import OK, Host, actions_file, through
 from tests.polling import wait_for
 
@@ -122,15 +123,10 @@ def test_a_full_log_refuses_the_request_and_nothing_leaves(
     """Already full: the host is not even dialled. Filled by the request's own start
     line: the host was dialled but gets no byte. Either way a refusal, counted once."""
     monkeypatch.setattr(actionlog, "MAX_LOG_BYTES", 1500)
-    filler = {
-        "session": "root",
-        "tool": "filler",
-        "decision": "stub",
-        "reason": "fill the log",
-        "category": "test",
-        "arguments": {"x": "x" * 200},
-        "duration_ms": 0.0,
-    }
+
+    def fill(log: ActionLog) -> None:
+        asyncio.run(write_line(log, "filler", reason="fill the log", arguments={"x": "x" * 200}))
+
     with actions_file(tmp_path) as actions:
         host = Host(actions, OK)
         try:
@@ -138,10 +134,10 @@ def test_a_full_log_refuses_the_request_and_nothing_leaves(
             log = ActionLog(str(actions), secrets=(), durability="group")
             if when == "already full":
                 while not log.full:
-                    asyncio.run(log.write(**filler))  # type: ignore[arg-type]
+                    fill(log)
             else:  # room for fillers, not for the request's start line
                 while actions.stat().st_size + 400 < actionlog.MAX_LOG_BYTES:
-                    asyncio.run(log.write(**filler))  # type: ignore[arg-type]
+                    fill(log)
                 assert not log.full
             proxy = EgressProxy(guard_config(actions, egress=egress), log)
             reply = _closing_get(proxy, host.port)

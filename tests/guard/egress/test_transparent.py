@@ -24,6 +24,7 @@ from sandbox.guard.listeners import DNS_PORT, TRANSPARENT_PORT
 from sandbox.launch.firewall import guard_entry_script, nat_rules
 from sandbox.verify import html
 from sandbox.verify.evidence import Call
+from tests.guard.actionlogparts import write_line
 
 
 def test_nat_redirects_everyone_but_the_guard_and_never_accepts() -> None:
@@ -145,9 +146,10 @@ def test_the_record_counts_every_lookup_and_how_each_host_was_reached(tmp_path: 
         ):
             await server.handle(DNSRecord.question(name, qtype).pack(), "udp")
         for via in ("direct", "direct", "proxy"):
-            await log.write(
+            await write_line(
+                log,
+                "http",
                 session="egress",
-                tool="http",
                 decision="allow",
                 reason="a read",
                 category="egress",
