@@ -1,7 +1,8 @@
-"""The guard as its container runs it (`python -m sandbox.guard`), as a process on the
-host's loopback: its event loop and HTTP parser, the head cap that parser lacks, the
-ready line and the exit on SIGTERM. No engine: the process and its sockets are real,
-the config file is the runner's shape."""
+"""The guard as its container runs it (the entry point of `python -m sandbox.guard`), as
+a process on the host's loopback: its event loop and HTTP parser, the head cap that
+parser lacks, the firewall's gate, the ready line and the exit on SIGTERM. No engine:
+the process and its sockets are real, on ports the kernel gives (see ENTRY), the config
+file is the runner's shape."""
 
 from __future__ import annotations
 
