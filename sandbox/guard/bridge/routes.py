@@ -73,7 +73,7 @@ class Guard:
         self.log = log
         self.sessions = Sessions()
         # Bridge calls in flight, so an egress line can name the tool call active then.
-        self._inflight: dict[int, str] = {}
+        self._inflight: dict[int, tuple[str, str | None]] = {}  # tool, session
         self.egress: EgressProxy | None = None  # set while the app runs
         # Forwarded calls whose reply may be held in memory at once (see limits).
         self.forward_slots = asyncio.Semaphore(limits.FORWARD_SLOTS)
@@ -92,7 +92,13 @@ class Guard:
         self._budgets: dict[str, float] = {}
 
     def active_calls(self) -> list[str]:
-        return sorted(set(self._inflight.values()))
+        # named here, not per call: an egress line asks, a call does not
+        return sorted(
+            {
+                f"{tool} (session {session or ROOT_SESSION})"
+                for tool, session in self._inflight.values()
+            }
+        )
 
     def idle(self) -> bool:
         """No bridge call in flight and no egress connection open: nothing left to record."""
@@ -131,7 +137,7 @@ class Guard:
             return await self.refused(400, f"malformed request: {where}: {first['msg']}", started)
         self._next_call += 1
         call_id = self._next_call
-        self._inflight[call_id] = f"{call.tool} (session {call.session or ROOT_SESSION})"
+        self._inflight[call_id] = (call.tool, call.session)
         try:
             reply, detail, category, logged = await self._handle(call, len(body))
         finally:
