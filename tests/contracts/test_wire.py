@@ -11,7 +11,7 @@ from sandbox.contracts.recording import IndexLine
 from sandbox.contracts.wire import ToolReply, ToolResult, json_of
 
 ODD_DATA = {
-    "text": "naïve 中文 \u2028 \x00 \"quoted\" \\ </script>",
+    "text": 'naïve 中文 \u2028 \x00 "quoted" \\ </script>',
     "nan": math.nan,
     "inf": [math.inf, -math.inf],
     "big": 2**80,
@@ -32,7 +32,9 @@ ODD_DATA = {
             reason="model calls are allowed",
             result=ToolResult(text="x", data=ODD_DATA),
         ),
-        IndexLine(key="a" * 64, kind="bridge", what="bridge ✓", kept=True, bytes=3, sha256="b" * 64),
+        IndexLine(
+            key="a" * 64, kind="bridge", what="bridge ✓", kept=True, bytes=3, sha256="b" * 64
+        ),
     ],
 )
 def test_json_of_is_the_models_own_json(model: BaseModel) -> None:
