@@ -40,6 +40,12 @@ if TYPE_CHECKING:
     from sandbox.guard.egress.proxy import EgressProxy
 
 ROOT_SESSION = "root"
+# The enums a call compares with, read once: a class attribute of an enum (or of a
+# pydantic model) goes through its metaclass's `__getattr__` hook on every read.
+_STUB, _REFUSE, _REDIRECT = policy.Decision.STUB, policy.Decision.REFUSE, policy.Decision.REDIRECT
+_SESSION, _UPSTREAM = policy.Route.SESSION, policy.Route.UPSTREAM
+_RUNNABLE = (policy.Route.LOCAL, policy.Route.DB, policy.Route.UPSTREAM)
+_SESSION_BOUND = bindings.Bound.SESSION
 # Each tool's bound paths as the start line names them (the table is fixed at import).
 _BOUND_NAMES = {
     tool: tuple(".".join(path) for path in paths)
@@ -205,9 +211,9 @@ class Guard:
         detail: dict[str, Any] = {}
         if verdict.fails_step:
             detail["fails_step"] = True
-        if kind is policy.Decision.STUB:
+        if kind is _STUB:
             return _stub(tool, session, why), detail, category, False
-        if kind is policy.Decision.REFUSE:
+        if kind is _REFUSE:
             return _refusal(tool, session, why), detail, category, False
 
         # After the verdict, before anything runs: the tool's bound paths hold the guard's
@@ -223,8 +229,8 @@ class Guard:
             if overwritten:
                 detail["overwrote"] = overwritten
         route = verdict.route
-        decision = "redirect" if kind is policy.Decision.REDIRECT else "allow"
-        if route is policy.Route.SESSION:
+        decision = "redirect" if kind is _REDIRECT else "allow"
+        if route is _SESSION:
             child = self.sessions.child(session)
             result = ToolResult(
                 text=f"{tool} runs inside this test run as child test session {child}; "
@@ -234,12 +240,12 @@ class Guard:
             detail["child_session"] = child
             reply = _answered(tool, session, decision, why, result)
             return reply, detail, category, False
-        if route not in (policy.Route.LOCAL, policy.Route.DB, policy.Route.UPSTREAM):
+        if route not in _RUNNABLE:
             # a route the guard does not know: fail closed
             reason = f"no way to run route {route.value}"
             return _stub(tool, session, reason), detail, category, False
 
-        if route is policy.Route.UPSTREAM:
+        if route is _UPSTREAM:
             detail["budget_s"] = self._budget_for(tool)
         detail["request_bytes"] = request_bytes
         try:
@@ -257,7 +263,7 @@ class Guard:
             return _stub(tool, session, str(full)), {}, category, True
         outcome: dict[str, Any] = {}
         async with self.log.settled_on_exception():  # answered without an outcome: synced first
-            if route is policy.Route.UPSTREAM:
+            if route is _UPSTREAM:
                 result = await self.upstream.call(tool, arguments, session, outcome, own)
             else:
                 result = await self.executor.run(tool, arguments, outcome)
@@ -266,7 +272,7 @@ class Guard:
         return reply, detail, category, True
 
     def _identity(self, session: str) -> dict[bindings.Bound, str]:
-        return {**self._run_identity, bindings.Bound.SESSION: session}
+        return {**self._run_identity, _SESSION_BOUND: session}
 
     def _budget_for(self, tool: str) -> float:
         budget = self._budgets.get(tool)
