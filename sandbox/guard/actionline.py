@@ -95,7 +95,15 @@ def redact(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
                 out[key] = redact(v, secrets, inner)
         return out
     if isinstance(value, list | tuple):
-        kept = [redact(v, secrets, inner) for v in value[:MAX_ITEMS]]
+        # a string or a number as the loop above takes it (a start line's `bound` list)
+        kept = [
+            _redact_text(v, secrets)
+            if leaf_ok and type(v) is str
+            else v
+            if leaf_ok and type(v) in _SCALARS
+            else redact(v, secrets, inner)
+            for v in value[:MAX_ITEMS]
+        ]
         if len(value) > MAX_ITEMS:
             kept.append(f"[... {len(value) - MAX_ITEMS} more items cut]")
         return kept
@@ -128,6 +136,14 @@ _OUTCOMES = frozenset({None, "ok", "error"})
 _TEXT = ("session", "tool", "reason", "category")
 
 
+def _texts_ok(fields: dict[str, Any]) -> bool:
+    """Every text field the line has is a str (a loop, not a generator: per line)."""
+    for key in _TEXT:  # noqa: SIM110  (all() of a generator: a frame per line)
+        if key in fields and type(fields[key]) is not str:
+            return False
+    return True
+
+
 def encode_line(now: datetime, step: str, fields: dict[str, Any]) -> bytes:
     """One `ActionLine` as its JSON line (newline included), without a model per line.
 
@@ -148,7 +164,7 @@ def encode_line(now: datetime, step: str, fields: dict[str, Any]) -> bytes:
         or event not in _EVENTS
         or outcome not in _OUTCOMES
         or not (call_id is None or (type(call_id) is str and len(call_id) <= 40))
-        or not all(type(fields[key]) is str for key in _TEXT if key in fields)
+        or not _texts_ok(fields)
         or type(fields.get("arguments", {})) is not dict
         or type(fields.get("detail", {})) is not dict
         or not (duration is None or type(duration) is float)

@@ -32,6 +32,7 @@ from sandbox.contracts.recording import (
     RecordingSettings,
     ReplaySettings,
 )
+from sandbox.contracts.wire import json_of
 
 INDEX_RESERVE = 4096  # room for the line that says the index is full
 # Blobs this recorder remembers having kept, so the same whole answer again (a bridge
@@ -82,7 +83,7 @@ class Recorder:
         """One index line (the guard's; a failed write loses the line, not the answer).
         The index stops short of what the host reads back: its last line says it is full,
         and later answers are neither kept nor listed."""
-        data = (line.model_dump_json() + "\n").encode()
+        data = json_of(line) + b"\n"
         with self._lock:
             self._open()
             if self._index_fd < 0:

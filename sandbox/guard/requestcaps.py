@@ -36,11 +36,17 @@ def refused_head(headers: list[tuple[bytes, bytes]]) -> tuple[int, str] | None:
     """Why a request is refused on its head alone, or None: 431 for header lines past
     the cap, 413 for a declared body past it (the first Content-Length). The raw front
     and `CappedRequests` both ask here, so both refuse the same heads alike."""
-    if sum(len(k) + len(v) + 4 for k, v in headers) > limits.MAX_HEADER_BYTES:
+    size = 0
+    declared = None
+    for name, value in headers:  # one pass, no generator: every request of the port
+        size += len(name) + len(value) + 4
+        if declared is None and name == b"content-length":
+            declared = value
+    if size > limits.MAX_HEADER_BYTES:
         return 431, (
             f"request headers larger than {limits.mib(limits.MAX_HEADER_BYTES)} (the guard's cap)"
         )
-    declared = next((v for k, v in headers if k == b"content-length"), b"")
+    declared = declared or b""
     if declared.isdigit() and int(declared) > limits.MAX_REQUEST_BYTES:
         return 413, too_large_request()
     return None

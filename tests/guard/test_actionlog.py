@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from sandbox.collect.actionsummary import read
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard import actionlog
+from sandbox.guard.actionline import MAX_DEPTH
 from sandbox.guard.actionlog import (
     MAX_ITEMS,
     MAX_LINE_BYTES,
@@ -254,6 +255,28 @@ def test_an_outcome_of_no_started_call_is_not_trusted(tmp_path: Path) -> None:
     path.write_text(json.dumps({**line, "reason": "", "event": "outcome", "call_id": "c9"}) + "\n")
     summary = read(path)
     assert summary.counts.malformed == 1 and summary.counts.allow == 0
+
+
+def test_a_list_s_items_are_redacted_cut_and_depth_limited_as_an_object_s_are() -> None:
+    long = "v" * (MAX_VALUE_CHARS + 1)
+    secret = "s3cr3t-run-token"
+    items = [f"a {secret}", long, 1, 2.5, None, True, {"token": "t"}, ("tuple", secret)]
+    keyed = {str(n): item for n, item in enumerate(items)}
+    assert redact(items, (secret,)) == list(redact(keyed, (secret,)).values())
+    assert redact(items, (secret,))[0] == f"a {REDACTED}"
+    assert redact(items, (secret,))[7] == ["tuple", REDACTED]
+    for depth in range(MAX_DEPTH - 1, MAX_DEPTH + 3):  # the same leaf at the same depth
+        in_lists: object = secret
+        in_objects: object = secret
+        for _ in range(depth):
+            in_lists, in_objects = [in_lists], {"k": in_objects}
+        leaf_of_lists, leaf_of_objects = redact(in_lists, (secret,)), redact(in_objects, (secret,))
+        while isinstance(leaf_of_lists, list):
+            leaf_of_lists = leaf_of_lists[0]
+        while isinstance(leaf_of_objects, dict):
+            leaf_of_objects = leaf_of_objects["k"]
+        assert leaf_of_lists == leaf_of_objects
+        assert leaf_of_lists == (REDACTED if depth <= MAX_DEPTH else "[too deep]")
 
 
 def test_long_values_are_cut_and_hashed_and_huge_lines_summarized(tmp_path: Path) -> None:

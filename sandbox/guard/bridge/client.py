@@ -28,7 +28,10 @@ _CLOSED = "the upstream closed the connection without a reply"
 
 def _field(value: str) -> bytes:
     raw = value.encode("latin-1")
-    if b"\r" in raw or b"\n" in raw or b"\0" in raw:
+    # Checked on the text, which latin-1 maps byte for byte: `bytes in bytes` first
+    # tries the operand as an integer and raises and clears a TypeError each time
+    # (twelve per forwarded call, 2.6% of its instructions).
+    if "\r" in value or "\n" in value or "\0" in value:
         raise ValueError(f"a header may not hold a line break or NUL: {value!r}")
     return raw
 

@@ -42,6 +42,7 @@ def upstream_body(
     return to_json(fields, inf_nan_mode="null")
 
 
+_HEADERS = {RUN_KIND_HEADER: "test", "Content-Type": "application/json"}
 _RUN_KIND = UpstreamCall.model_fields["run_kind"].default  # "test": the only kind a guard sends
 
 
@@ -52,6 +53,9 @@ class UpstreamForward:
         self._config = config
         self._slots = slots  # the guard's forward slots: replies held in memory at once
         self._client = BridgeClient(config.upstream) if config.upstream else None
+        # The config is frozen: what every call reads of it, read once.
+        self._run_id, self._workflow, self._step = config.run_id, config.workflow, config.step
+        self._budgets: dict[str, float] = {}  # per tool that was forwarded
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -64,24 +68,22 @@ class UpstreamForward:
         (status, time-out, reply size)."""
         if self._client is None:
             return ToolResult(text=f"{tool}: no upstream bridge is configured", is_error=True)
-        budget = self._config.budget_for(tool)
+        budget = self._budgets.get(tool)
+        if budget is None:
+            budget = self._budgets[tool] = self._config.budget_for(tool)
         body = upstream_body(
             tool=tool,
             arguments=arguments,
-            run_id=self._config.run_id,
+            run_id=self._run_id,
             session=session,
-            workflow=self._config.workflow,
-            step=self._config.step,
+            workflow=self._workflow,
+            step=self._step,
         )
         try:
             # The whole exchange within the budget. A call whose bytes went out is never
             # sent again (sandbox.guard.bridge.upstream): the upstream may have run it.
             async with asyncio.timeout(budget), self._slots:
-                reply = await self._client.post(
-                    "/v1/tools/call",
-                    body,
-                    {RUN_KIND_HEADER: "test", "Content-Type": "application/json"},
-                )
+                reply = await self._client.post("/v1/tools/call", body, _HEADERS)
         except TimeoutError:
             detail["timed_out"] = True
             return ToolResult(

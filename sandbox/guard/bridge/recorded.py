@@ -14,14 +14,21 @@ from typing import Any
 from pydantic import ValidationError
 
 from sandbox.contracts.recording import key_of, miss_text
-from sandbox.contracts.wire import ToolResult
+from sandbox.contracts.wire import ToolResult, json_of
 from sandbox.guard.bridge import bindings
 from sandbox.guard.bridge.forward import UpstreamForward
 from sandbox.guard.recording import Reads, Tap
 
 
 def bridge_key(tool: str, arguments: dict[str, Any]) -> str:
-    return key_of("bridge", tool=tool, arguments=bindings.without_bound(tool, arguments))
+    """The key of a call with these (bound or unbound) arguments."""
+    return own_key(tool, bindings.without_bound(tool, arguments))
+
+
+def own_key(tool: str, own: dict[str, Any]) -> str:
+    """The key of a call whose bound paths are already left out (`without_bound`):
+    the bridge has them for its verdict, so they are not made again per call."""
+    return key_of("bridge", tool=tool, arguments=own)
 
 
 class RecordedForward:
@@ -34,9 +41,15 @@ class RecordedForward:
         await self._inner.aclose()
 
     async def call(
-        self, tool: str, arguments: dict[str, Any], session: str, detail: dict[str, Any]
+        self,
+        tool: str,
+        arguments: dict[str, Any],
+        session: str,
+        detail: dict[str, Any],
+        own: dict[str, Any] | None = None,
     ) -> ToolResult:
-        key = bridge_key(tool, arguments)
+        """`own`: `without_bound(tool, arguments)`, when the caller has it already."""
+        key = own_key(tool, own) if own is not None else bridge_key(tool, arguments)
         what = f"bridge {tool}"
         recorder, replay = self._reads.recorder, self._reads.replay
         mark = ""
@@ -54,7 +67,7 @@ class RecordedForward:
             detail["replay"], mark = "live", "live"
         result = await self._inner.call(tool, arguments, session, detail)
         if detail.get("upstream_status") == 200:
-            _keep(recorder.tap(key, "bridge", what, replay=mark), result.model_dump_json().encode())
+            _keep(recorder.tap(key, "bridge", what, replay=mark), json_of(result))
         return result
 
 

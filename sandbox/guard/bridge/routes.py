@@ -18,7 +18,14 @@ from pydantic import ValidationError
 
 from sandbox import policy
 from sandbox.contracts.guardconfig import GuardConfig
-from sandbox.contracts.wire import SessionReply, SessionRequest, ToolCall, ToolReply, ToolResult
+from sandbox.contracts.wire import (
+    SessionReply,
+    SessionRequest,
+    ToolCall,
+    ToolReply,
+    ToolResult,
+    json_of,
+)
 from sandbox.guard import limits
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.auth import bearer_ok, reject_and_log
@@ -33,6 +40,17 @@ if TYPE_CHECKING:
     from sandbox.guard.egress.proxy import EgressProxy
 
 ROOT_SESSION = "root"
+# The enums a call compares with, read once: a class attribute of an enum (or of a
+# pydantic model) goes through its metaclass's `__getattr__` hook on every read.
+_STUB, _REFUSE, _REDIRECT = policy.Decision.STUB, policy.Decision.REFUSE, policy.Decision.REDIRECT
+_SESSION, _UPSTREAM = policy.Route.SESSION, policy.Route.UPSTREAM
+_RUNNABLE = (policy.Route.LOCAL, policy.Route.DB, policy.Route.UPSTREAM)
+_SESSION_BOUND = bindings.Bound.SESSION
+# Each tool's bound paths as the start line names them (the table is fixed at import).
+_BOUND_NAMES = {
+    tool: tuple(".".join(path) for path in paths)
+    for tool, paths in bindings.IDENTITY_BINDINGS.items()
+}
 
 
 class Sessions:
@@ -61,7 +79,7 @@ class Guard:
         self.log = log
         self.sessions = Sessions()
         # Bridge calls in flight, so an egress line can name the tool call active then.
-        self._inflight: dict[int, str] = {}
+        self._inflight: dict[int, tuple[str, str | None]] = {}  # tool, session
         self.egress: EgressProxy | None = None  # set while the app runs
         # Forwarded calls whose reply may be held in memory at once (see limits).
         self.forward_slots = asyncio.Semaphore(limits.FORWARD_SLOTS)
@@ -69,9 +87,24 @@ class Guard:
         self.reads = Reads.from_config(config.data_dir, config.recording, config.replay)
         self.upstream = RecordedForward(UpstreamForward(config, self.forward_slots), self.reads)
         self.executor = Executor(config, self.forward_slots)
+        # The config is frozen: what every call reads of it, read once.
+        self._has_db = config.has_db
+        self._run_identity = {
+            bindings.Bound.RUN_ID: config.run_id,
+            bindings.Bound.WORKFLOW: config.workflow,
+            bindings.Bound.STEP: config.step,
+            bindings.Bound.RUN_KIND: "test",
+        }
+        self._budgets: dict[str, float] = {}
 
     def active_calls(self) -> list[str]:
-        return sorted(set(self._inflight.values()))
+        # named here, not per call: an egress line asks, a call does not
+        return sorted(
+            {
+                f"{tool} (session {session or ROOT_SESSION})"
+                for tool, session in self._inflight.values()
+            }
+        )
 
     def idle(self) -> bool:
         """No bridge call in flight and no egress connection open: nothing left to record."""
@@ -110,7 +143,7 @@ class Guard:
             return await self.refused(400, f"malformed request: {where}: {first['msg']}", started)
         self._next_call += 1
         call_id = self._next_call
-        self._inflight[call_id] = f"{call.tool} (session {call.session or ROOT_SESSION})"
+        self._inflight[call_id] = (call.tool, call.session)
         try:
             reply, detail, category, logged = await self._handle(call, len(body))
         finally:
@@ -128,7 +161,7 @@ class Guard:
                 detail=detail,
             )
         # Serialized by pydantic straight to bytes (no dict, no second encoder).
-        return 200, reply.model_dump_json().encode()
+        return 200, json_of(reply)
 
     async def answer_session(self, body: bytes | None, started: float) -> tuple[int, bytes]:
         """An authorized session request's body (None: past the cap) in, status and
@@ -163,86 +196,89 @@ class Guard:
         """The reply, the one-line detail, the category, and whether the call's lines
         are taken care of here (a forwarded call's start and outcome; a call the full
         log refused, which the log has counted) rather than by the caller's one line."""
+        # Each field read once: every read of a model's attribute goes through the
+        # `__getattr__` hook pydantic's models have.
+        tool, given = call.tool, call.arguments
         session = call.session or ROOT_SESSION
         if not self.sessions.known(session):
             reason = f"unknown session {session!r}; create one with POST /v1/sessions"
-            return _refusal(call.tool, ROOT_SESSION, reason), {}, "session", False
+            return _refusal(tool, ROOT_SESSION, reason), {}, "session", False
         # What the step controls: judged, and written in the start line (the same dict;
         # neither the policy nor the line changes it).
-        own = bindings.without_bound(call.tool, call.arguments)
-        verdict = policy.decide(call.tool, own, has_db_copy=self.config.has_db)
+        own = bindings.without_bound(tool, given)
+        verdict = policy.decide(tool, own, has_db_copy=self._has_db)
+        kind, why, category = verdict.decision, verdict.reason, verdict.category
         detail: dict[str, Any] = {}
         if verdict.fails_step:
             detail["fails_step"] = True
-        if verdict.decision is policy.Decision.STUB:
-            return _stub(call.tool, session, verdict.reason), detail, verdict.category, False
-        if verdict.decision is policy.Decision.REFUSE:
-            refusal = _refusal(call.tool, session, verdict.reason)
-            return refusal, detail, verdict.category, False
+        if kind is _STUB:
+            return _stub(tool, session, why), detail, category, False
+        if kind is _REFUSE:
+            return _refusal(tool, session, why), detail, category, False
 
         # After the verdict, before anything runs: the tool's bound paths hold the guard's
         # values, whatever the step put there; every other argument is the step's own.
         try:
-            arguments = bindings.bind(call.tool, call.arguments, self._identity(session))
+            arguments = bindings.bind(tool, given, self._identity(session))
         except bindings.UnboundIdentity as exc:
-            return _refusal(call.tool, session, str(exc)), detail, verdict.category, False
-        bound = [".".join(path) for path in bindings.IDENTITY_BINDINGS.get(call.tool, {})]
+            return _refusal(tool, session, str(exc)), detail, category, False
+        bound = _BOUND_NAMES.get(tool)
         if bound:
-            detail["bound"] = bound
-            overwritten = bindings.overwritten(call.tool, call.arguments)
+            detail["bound"] = list(bound)
+            overwritten = bindings.overwritten(tool, given)
             if overwritten:
                 detail["overwrote"] = overwritten
         route = verdict.route
-        decision = "redirect" if verdict.decision is policy.Decision.REDIRECT else "allow"
-        if route is policy.Route.SESSION:
+        decision = "redirect" if kind is _REDIRECT else "allow"
+        if route is _SESSION:
             child = self.sessions.child(session)
             result = ToolResult(
-                text=f"{call.tool} runs inside this test run as child test session {child}; "
+                text=f"{tool} runs inside this test run as child test session {child}; "
                 "pass session={child} on its calls.",
                 data={"session": child, "parent": session, "test_mode": True},
             )
             detail["child_session"] = child
-            reply = _answered(call.tool, session, decision, verdict.reason, result)
-            return reply, detail, verdict.category, False
-        if route not in (policy.Route.LOCAL, policy.Route.DB, policy.Route.UPSTREAM):
+            reply = _answered(tool, session, decision, why, result)
+            return reply, detail, category, False
+        if route not in _RUNNABLE:
             # a route the guard does not know: fail closed
             reason = f"no way to run route {route.value}"
-            return _stub(call.tool, session, reason), detail, verdict.category, False
+            return _stub(tool, session, reason), detail, category, False
 
-        if route is policy.Route.UPSTREAM:
-            detail["budget_s"] = self.config.budget_for(call.tool)
+        if route is _UPSTREAM:
+            detail["budget_s"] = self._budget_for(tool)
         detail["request_bytes"] = request_bytes
         try:
             logged = await self.log.begin(
                 session=session,
-                tool=call.tool,
+                tool=tool,
                 decision=decision,
-                reason=verdict.reason,
-                category=verdict.category,
+                reason=why,
+                category=category,
                 arguments=own,
                 detail=detail,
                 durable=False,  # written now; the outcome's sync covers it before the reply
             )
         except LogFull as full:  # stubbed, never forwarded unlogged; the log counted it
-            return _stub(call.tool, session, str(full)), {}, verdict.category, True
+            return _stub(tool, session, str(full)), {}, category, True
         outcome: dict[str, Any] = {}
         async with self.log.settled_on_exception():  # answered without an outcome: synced first
-            if route is policy.Route.UPSTREAM:
-                result = await self.upstream.call(call.tool, arguments, session, outcome)
+            if route is _UPSTREAM:
+                result = await self.upstream.call(tool, arguments, session, outcome, own)
             else:
-                result = await self.executor.run(call.tool, arguments, outcome)
+                result = await self.executor.run(tool, arguments, outcome)
         await self._outcome(logged, result, outcome)
-        reply = _answered(call.tool, session, decision, verdict.reason, result)
-        return reply, detail, verdict.category, True
+        reply = _answered(tool, session, decision, why, result)
+        return reply, detail, category, True
 
     def _identity(self, session: str) -> dict[bindings.Bound, str]:
-        return {
-            bindings.Bound.RUN_ID: self.config.run_id,
-            bindings.Bound.SESSION: session,
-            bindings.Bound.WORKFLOW: self.config.workflow,
-            bindings.Bound.STEP: self.config.step,
-            bindings.Bound.RUN_KIND: "test",
-        }
+        return {**self._run_identity, _SESSION_BOUND: session}
+
+    def _budget_for(self, tool: str) -> float:
+        budget = self._budgets.get(tool)
+        if budget is None:  # at most one entry per tool the step names that gets this far
+            budget = self._budgets[tool] = self.config.budget_for(tool)
+        return budget
 
     async def _outcome(self, logged: Started, result: ToolResult, detail: dict[str, Any]) -> None:
         if result.is_error:

@@ -173,10 +173,23 @@ def test_nothing_is_sent_to_a_closed_port_and_the_call_says_so() -> None:
     assert isinstance(error, UpstreamError) and not error.sent
 
 
-def test_a_header_with_a_line_break_is_never_written() -> None:
+@pytest.mark.parametrize("bad", ["\r\nX-Injected: 1", "\r", "\n", "\0"])
+@pytest.mark.parametrize("where", ["name", "value"])
+def test_a_header_with_a_line_break_is_never_written(bad: str, where: str) -> None:
+    headers = {f"X-Evil{bad}": "a"} if where == "name" else {"X-Evil": f"a{bad}b"}
+
     async def main() -> None:
         client = BridgeClient("http://127.0.0.1:9")
         with pytest.raises(ValueError):
-            await client.post("/v1/tools/call", b"{}", {"X-Evil": "a\r\nX-Injected: 1"})
+            await client.post("/v1/tools/call", b"{}", headers)
+
+    run(main)
+
+
+def test_a_header_outside_latin_1_is_never_written() -> None:
+    async def main() -> None:
+        client = BridgeClient("http://127.0.0.1:9")
+        with pytest.raises(UnicodeEncodeError):
+            await client.post("/v1/tools/call", b"{}", {"X-Name": "\u2028"})
 
     run(main)

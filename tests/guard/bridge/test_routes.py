@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -424,3 +425,47 @@ def test_forwarded_calls_with_the_same_answer_copy_it_once(
     ]
     index = (actions.parent / "recording" / "index.jsonl").read_text().splitlines()
     assert len(index) == 6 and all(json.loads(line)["kept"] for line in index)
+
+
+def test_calls_in_flight_are_named_for_the_egress_lines(
+    guard_at: Callable[[str | None], tuple[Guard, Path]],
+) -> None:
+    release = threading.Event()
+    upstream = Upstream(lambda n, body: ok() if release.wait(30) else None)
+    guard, _ = guard_at(upstream.url)
+
+    async def main() -> tuple[list[str], list[str], list[dict[str, Any]]]:
+        transport = httpx.ASGITransport(app=build_app(guard))
+        async with httpx.AsyncClient(transport=transport, base_url="http://guard") as client:
+            child = (await client.post("/v1/sessions", json={}, headers=AUTH)).json()["session"]
+            calls = [
+                asyncio.ensure_future(
+                    client.post(
+                        "/v1/tools/call",
+                        json={"tool": "web_fetch", "arguments": {"url": "https://a"}, **session},
+                        headers=AUTH,
+                    )
+                )
+                for session in ({}, {"session": child}, {"session": child})
+            ]
+            deadline = time.monotonic() + 30
+            while len(guard._inflight) < 3:  # all three wait on the upstream
+                assert time.monotonic() < deadline, guard.active_calls()
+                await asyncio.sleep(0.01)
+            named = guard.active_calls()
+            release.set()
+            replies = [(await call).json() for call in calls]
+            after = guard.active_calls()
+        await guard.close()
+        return named, after, replies
+
+    try:
+        named, after, replies = asyncio.run(main())
+    finally:
+        release.set()
+        upstream.close()
+    assert [r["ok"] for r in replies] == [True] * 3
+    child = replies[1]["session"]
+    # one name per tool and session, in order
+    assert named == sorted([f"web_fetch (session {child})", "web_fetch (session root)"])
+    assert after == []

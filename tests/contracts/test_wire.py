@@ -1,0 +1,41 @@
+"""The wire models' bytes: `json_of` is the models' own JSON, byte for byte."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from pydantic import BaseModel
+
+from sandbox.contracts.recording import IndexLine
+from sandbox.contracts.wire import ToolReply, ToolResult, json_of
+
+ODD_DATA = {
+    "text": 'naïve 中文 \u2028 \x00 "quoted" \\ </script>',
+    "nan": math.nan,
+    "inf": [math.inf, -math.inf],
+    "big": 2**80,
+    "nested": {"list": [1, 2.5, None, True, "é"]},
+}
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        ToolResult(text="plain"),
+        ToolResult(text="ünïcode ✓", data=ODD_DATA, is_error=True),
+        ToolReply(
+            ok=True,
+            tool="generate_text_llm",
+            session="root",
+            decision="allow",
+            reason="model calls are allowed",
+            result=ToolResult(text="x", data=ODD_DATA),
+        ),
+        IndexLine(
+            key="a" * 64, kind="bridge", what="bridge ✓", kept=True, bytes=3, sha256="b" * 64
+        ),
+    ],
+)
+def test_json_of_is_the_models_own_json(model: BaseModel) -> None:
+    assert json_of(model) == model.model_dump_json().encode()
