@@ -39,6 +39,10 @@ INDEX_RESERVE = 4096  # room for the line that says the index is full
 # call asked twice) writes no file: at most this many (then a repeat is written and
 # found on disk, as a streamed one always is).
 MAX_KEPT_MEMO = 4096
+# A streamed answer is held in memory up to this many bytes and written only past it
+# or once it ended, so that a small answer kept already (the same read again) writes
+# no file only to remove it.
+HOLD_BYTES = 64 * 1024
 
 
 class Recorder:
@@ -120,6 +124,11 @@ class Recorder:
             if len(self._kept) < MAX_KEPT_MEMO:
                 self._kept.add(digest)
 
+    def knows(self, digest: str) -> bool:
+        """Whether this recorder kept a blob with this digest (whole, in the folder)."""
+        with self._lock:
+            return digest in self._kept
+
     def kept_already(self, digest: str, size: int) -> bool:
         """Whether an answer of `size` bytes whose blob this recorder kept already would
         be kept again now: within both caps, exactly as a new copy would have to be."""
@@ -161,6 +170,7 @@ class Tap:
         self._written = 0
         self._why_not = recorder.unavailable
         self._fd = -1
+        self._held = bytearray()  # the bytes kept so far while no file is open (HOLD_BYTES)
         self._serial = serial
         self._closed = False
 
@@ -211,15 +221,25 @@ class Tap:
             self._drop(f"over the recording's cap of {settings.cap_bytes} bytes")
             return
         self._written += len(data)
+        if self._fd < 0 and self._written <= HOLD_BYTES:
+            self._held += data
+            return
         try:
-            if self._fd < 0:
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                self._fd = os.open(self._temp, flags, 0o600)
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view) :]
+            self._write(data)
         except OSError as exc:
             self._drop(f"the copy could not be written ({exc.strerror or exc})")
+
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
+        """`data` after what is held, into the copy (its file made at the first write)."""
+        if self._fd < 0:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            self._fd = os.open(self._temp, flags, 0o600)
+            held, self._held = self._held, bytearray()
+            if held:
+                self._write(held)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
 
     def whole(self, data: bytes) -> None:
         """`feed(data)` and `close()` for an answer already whole in memory (a bridge or
@@ -270,11 +290,15 @@ class Tap:
         )
 
     def _commit(self, digest: str) -> bool:
+        if self._fd < 0 and self._recorder.knows(digest):
+            # held whole and kept already: no file written only to be removed
+            self._held = bytearray()
+            self._recorder.release(self._written)
+            return True
         blob = os.path.join(self._recorder.blobs, digest)
         try:
-            if self._fd < 0:  # an empty answer
-                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                self._fd = os.open(self._temp, flags, 0o600)
+            if self._fd < 0:  # held whole (or empty): written now
+                self._write(b"")
             os.close(self._fd)
             self._fd = -1
             temp = self._temp
@@ -291,6 +315,7 @@ class Tap:
 
     def _drop(self, why: str) -> None:
         self._why_not = why
+        self._held = bytearray()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -183,3 +183,35 @@ def test_a_whole_answer_kept_already_opens_no_file(
     assert len(lines) == 5 and all(line.kept for line in lines)
     assert {line.sha256 for line in lines} == {hashlib.sha256(b"same").hexdigest()}
     assert os.listdir(tmp_path / BLOBS_DIR) == [hashlib.sha256(b"same").hexdigest()]
+
+
+def test_a_streamed_answer_kept_already_opens_no_file_and_a_large_one_is_written_as_it_comes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same small read again (an answer relayed in pieces, its copy kept already)
+    writes no file only to remove it; an answer past what is held in memory is written
+    as it comes, and both are kept whole and listed as kept."""
+    recorder = Recorder(tmp_path, RecordingSettings())
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: str | Path, flags: int, mode: int = 0o777) -> int:
+        opened.append(os.fspath(path))
+        return real_open(path, flags, mode)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    large = b"L" * (256 * 1024)  # past what a tap holds in memory (64 KiB)
+    for n in range(3):
+        for answer in (b"head|body", large):
+            tap = recorder.tap(key_of("egress", n=n, size=len(answer)), "egress", "GET")
+            tap.feed(answer[:4])
+            tap.feed(memoryview(answer)[4:])
+            tap.close()
+    blob_opens = [path for path in opened if os.path.dirname(path) == str(tmp_path / BLOBS_DIR)]
+    assert len(blob_opens) == 1 + 3  # the small answer's first copy; the large one's each time
+    lines = index(tmp_path)
+    assert len(lines) == 6 and all(line.kept for line in lines)
+    digests = {hashlib.sha256(b"head|body").hexdigest(), hashlib.sha256(large).hexdigest()}
+    assert sorted(os.listdir(tmp_path / BLOBS_DIR)) == sorted(digests)
+    assert (tmp_path / BLOBS_DIR / hashlib.sha256(large).hexdigest()).read_bytes() == large
+    assert recorder.used == len(b"head|body") + len(large)

@@ -44,9 +44,11 @@ HOP_BY_HOP = frozenset(
     }
 )
 
-_BARE_LF = re.compile(rb"(?<!\r)\n")
-_BARE_CR = re.compile(rb"\r(?!\n)")
-_FOLDED = re.compile(rb"\r\n[ \t]")
+# The three ambiguities of a head's line ends, found in one pass (a bare LF, a bare
+# CR, a line that starts with whitespace: obs-fold); which one it is is told apart
+# only once one is found.
+_AMBIGUOUS = re.compile(rb"(?<!\r)\n|\r(?!\n)|\r\n[ \t]")
+_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 _CANONICAL_LENGTH = re.compile(rb"0|[1-9][0-9]{0,15}")
 _HOST = r"(?P<host>[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\])"
 _PORT = r"(?::(?P<port>[0-9]{1,5}))?"
@@ -78,17 +80,18 @@ def head_end(buffer: bytes | bytearray) -> int | None:
     """Where the head in `buffer` ends (just past its blank line), or None when it is
     not complete yet. Raises Denied as soon as what has arrived is ambiguous."""
     end = buffer.find(b"\r\n\r\n")
-    region = bytes(buffer[: end + 4] if end >= 0 else buffer)
-    if _BARE_LF.search(region):
-        raise Denied(400, "a line of the request head ends in a bare LF")
+    stop = end + 4 if end >= 0 else len(buffer)
     # An incomplete head may end in the CR of a CRLF still to come.
-    if _BARE_CR.search(region if end >= 0 else region.removesuffix(b"\r")):
-        raise Denied(400, "the request head holds a bare CR")
-    if _FOLDED.search(region):
+    found = _AMBIGUOUS.search(buffer, 0, stop)
+    if found is not None and not (end < 0 and found.group() == b"\r" and found.end() == stop):
+        if found.group() == b"\n":
+            raise Denied(400, "a line of the request head ends in a bare LF")
+        if found.group() == b"\r":
+            raise Denied(400, "the request head holds a bare CR")
         raise Denied(400, "a header line starts with whitespace (obs-fold)")
-    if len(region) > MAX_HEAD_BYTES or (end < 0 and len(buffer) > MAX_HEAD_BYTES):
+    if stop > MAX_HEAD_BYTES:
         raise Denied(431, f"the request head is larger than {MAX_HEAD_BYTES} bytes")
-    if region.count(b"\r\n") > MAX_HEADER_LINES + 2:
+    if buffer.count(b"\r\n", 0, stop) > MAX_HEADER_LINES + 2:
         raise Denied(431, f"the request head has more than {MAX_HEADER_LINES} header lines")
     return end + 4 if end >= 0 else None
 
@@ -125,6 +128,8 @@ def check_request(head: bytes, request: h11.Request) -> None:
     if request.http_version not in VERSIONS:
         version = request.http_version.decode("ascii", "replace")
         raise Denied(505, f"HTTP/{version} is not HTTP/1.1; it cannot be inspected")
+    if not any(name in _FRAMING for _, name, _ in request.headers._full_items):
+        return  # no framing header in the parse: none in the head (h11 drops none)
     lengths: list[bytes] = []
     encodings = 0
     for line in head.split(b"\r\n")[1:]:
@@ -149,10 +154,13 @@ def fields(message: h11.Request | h11.Response) -> dict[bytes, bytes]:
 
     Made once per message and looked up many times: h11's `headers` is a Sequence
     whose iteration calls a Python `__getitem__` per item (and raises IndexError at
-    the end), which per lookup cost more than the whole index."""
+    the end), which per lookup cost more than the whole index. (This module reads
+    h11's own list of (name, lower-case name, value), `_full_items`, so that no name
+    is lower-cased twice.)"""
     found: dict[bytes, bytes] = {}
-    for name, value in message.headers.raw_items():
-        found.setdefault(name.lower(), value)
+    for _, name, value in message.headers._full_items:
+        if name not in found:
+            found[name] = value
     return found
 
 
@@ -247,8 +255,8 @@ def connection_tokens(
 ) -> set[bytes]:
     return {
         token.strip().lower()
-        for name, value in message.headers.raw_items()
-        if name.lower() == b"connection"
+        for _, name, value in message.headers._full_items
+        if name == b"connection"
         for token in value.split(b",")
     }
 
@@ -264,12 +272,11 @@ def forward_headers(
     the framing headers listed in `keep`. `tokens`: its `connection_tokens`."""
     named = connection_tokens(message) if tokens is None else tokens
     kept = frozenset(keep)
-    out = []
-    for name, value in message.headers.raw_items():
-        lower = name.lower()
-        if lower in kept or (lower not in HOP_BY_HOP and lower not in named):
-            out.append((name, value))
-    return out
+    return [
+        (raw, value)
+        for raw, name, value in message.headers._full_items
+        if name in kept or (name not in HOP_BY_HOP and name not in named)
+    ]
 
 
 def request_head(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
@@ -297,8 +304,8 @@ def upgrade_tokens(request: h11.Request) -> list[bytes]:
     without versions."""
     return [
         token.strip().split(b"/")[0].lower()
-        for name, value in request.headers.raw_items()
-        if name.lower() == b"upgrade"
+        for _, name, value in request.headers._full_items
+        if name == b"upgrade"
         for token in value.split(b",")
         if token.strip()
     ]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 
 import h11
+from h11 import _headers as h11_headers
 from h11 import _readers as h11_readers
 
 # h11's own grammar for a request line, a status line and a header field (the
@@ -25,6 +26,7 @@ _H11_REQUEST_LINE: re.Pattern[bytes] = h11_readers.request_line_re
 _H11_STATUS_LINE: re.Pattern[bytes] = h11_readers.status_line_re
 _H11_FIELD: re.Pattern[bytes] = h11_readers.header_field_re
 _FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+_MAX_LENGTH_DIGITS = h11_headers.CONTENT_LENGTH_MAX_DIGITS
 
 
 def _matched_lines(region: bytes, first_line: re.Pattern[bytes]) -> list[re.Match[bytes]] | None:
@@ -44,8 +46,11 @@ def _matched_lines(region: bytes, first_line: re.Pattern[bytes]) -> list[re.Matc
     return matches
 
 
-def _plain_head(head: bytes, first_line: re.Pattern[bytes]) -> list[re.Match[bytes]] | None:
-    """A complete head's lines matched by h11's own grammar (`_matched_lines`), when the
+def _plain_head(
+    head: bytes, first_line: re.Pattern[bytes]
+) -> tuple[re.Match[bytes], list[tuple[bytes, bytes, bytes]]] | None:
+    """A complete head's first line and its headers as h11 keeps them (name, lower-case
+    name, value), every line matched by h11's own grammar (`_matched_lines`), when the
     head has no framing header (Content-Length, Transfer-Encoding); None when any line
     does not match or framing is there: such a head goes to h11 whole, which says what
     is wrong or handles its framing."""
@@ -54,14 +59,23 @@ def _plain_head(head: bytes, first_line: re.Pattern[bytes]) -> list[re.Match[byt
     matches = _matched_lines(head[:-4], first_line)
     if matches is None:
         return None
-    for match in matches[1:]:
-        if match.group("field_name").lower() in _FRAMING:
+    items = _items_of(matches)
+    for _, name, _ in items:
+        if name in _FRAMING:
             return None
-    return matches
+    return matches[0], items
 
 
-def _fields_of(matches: list[re.Match[bytes]]) -> list[tuple[bytes, bytes]]:
-    return [(m.group("field_name"), m.group("field_value")) for m in matches[1:]]
+def _items_of(matches: list[re.Match[bytes]]) -> list[tuple[bytes, bytes, bytes]]:
+    """The header lines as h11's `Headers` keeps them: (name, lower-case name, value).
+    For a head without framing headers this is all h11's normalisation of a parsed
+    head does (`normalize_and_validate` with `_parsed`: it checks and rewrites only
+    Content-Length and Transfer-Encoding), so h11's `Headers` is made from it directly."""
+    items = []
+    for match in matches[1:]:
+        name, value = match.group("field_name", "field_value")
+        items.append((name, name.lower(), value))
+    return items
 
 
 def plain_request(head: bytes) -> h11.Request | None:
@@ -70,13 +84,13 @@ def plain_request(head: bytes) -> h11.Request | None:
     plain = _plain_head(head, _H11_REQUEST_LINE)
     if plain is None:
         return None
-    line = plain[0]
+    line, items = plain
     try:
         return h11.Request(
             method=line.group("method"),
             target=line.group("target"),
             http_version=line.group("http_version"),
-            headers=_fields_of(plain),
+            headers=h11_headers.Headers(items),
             _parsed=True,
         )
     except h11.LocalProtocolError:
@@ -101,14 +115,37 @@ def parse_reply(data: bytes) -> tuple[h11.Response, bytes] | None:
     code = int(status.group("status_code"))
     if code < 200:
         return None
+    items = _items_of(matches)
     try:
         response = h11.Response(
             status_code=code,
             reason=status.group("reason") or b"",
             http_version=status.group("http_version") or b"1.1",
-            headers=_fields_of(matches),
+            headers=_normalised(items),
             _parsed=True,
         )
     except h11.LocalProtocolError:
         return None
     return response, data[end + 4 :]
+
+
+def _normalised(
+    items: list[tuple[bytes, bytes, bytes]],
+) -> h11_headers.Headers | list[tuple[bytes, bytes]]:
+    """A reply's headers as h11 normalises a parsed head's. With no framing header,
+    or a single Content-Length of plain digits (what h11 keeps as it is), that is the
+    lines themselves, made into h11's `Headers` here; any other framing (a list of
+    lengths, repeated lengths, Transfer-Encoding) is given to h11's own normalisation
+    (its checks and refusals) as (name, value) pairs."""
+    lengths = 0
+    for _, name, value in items:
+        if name == b"transfer-encoding":
+            break
+        if name == b"content-length":
+            lengths += 1
+            if not (value.isdigit() and value.isascii() and len(value) <= _MAX_LENGTH_DIGITS):
+                break
+    else:
+        if lengths <= 1:
+            return h11_headers.Headers(items)
+    return [(raw, value) for raw, _, value in items]

@@ -78,6 +78,17 @@ def test_an_incomplete_head_waits_but_a_bare_lf_is_refused_at_once() -> None:
     with pytest.raises(Denied) as info:
         http1.head_end(b"G" * (http1.MAX_HEAD_BYTES + 1))
     assert info.value.status == 431
+    with pytest.raises(Denied, match="bare CR"):
+        http1.head_end(b"GET / HTTP/1.1\r\nHost: a\rb")  # a CR no LF can follow any more
+
+
+def test_a_heads_line_ends_are_judged_up_to_its_end_and_not_past_it() -> None:
+    head = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+    # what follows is the next request's (or a body's), judged when its turn comes
+    assert http1.head_end(head + b"GET /\nHost\r x") == len(head)
+    assert http1.head_end(head + b"\r") == len(head)
+    with pytest.raises(Denied, match="obs-fold"):
+        http1.head_end(b"GET / HTTP/1.1\r\nHost: a\r\n\tb\r\n\r\n")
 
 
 @pytest.mark.parametrize(

@@ -62,6 +62,12 @@ CASES = [
     ("reply", b"HTTP/1.1 200\r\nContent-Length: 2, 2\r\nContent-Length: 2\r\n\r\nok", True),
     ("reply", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: Chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n", True),
     ("reply", b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n", True),  # body on its way
+    # lengths h11 keeps as they are (made into h11's Headers by the line path) and
+    # those it rewrites (a list of one length; the same length twice: h11 keeps one)
+    ("reply", b"HTTP/1.1 200 OK\r\ncontent-length:  007 \r\nX: y\r\n\r\n", True),
+    ("reply", b"HTTP/1.1 200 OK\r\nContent-Length: 1, 1\r\n\r\nx", True),
+    ("reply", b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nX: y\r\nContent-Length: 1\r\n\r\nx", True),
+    ("reply", b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 20 + b"\r\n\r\n", True),
     # replies the line path leaves to h11
     ("reply", b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n", False),  # not complete yet
     ("reply", b"HTTP/1.1 200 OK\nContent-Length: 5\n\nhello", False),  # bare LF
@@ -69,6 +75,10 @@ CASES = [
     ("reply", b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", False),
     ("reply", b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", False),
     ("reply", b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n", False),
+    ("reply", b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 21 + b"\r\n\r\n", False),
+    ("reply", b"HTTP/1.1 200 OK\r\nContent-Length: \xd9\xa1\r\n\r\nx", False),  # not ASCII
+    ("reply", b"HTTP/1.1 200 OK\r\nContent-Length: 1, 2\r\n\r\nx", False),
+    ("reply", b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nTransfer-Encoding: gzip\r\n\r\n", False),
     ("reply", b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", False),
     ("reply", b"HTTP/1.1 200 OK\r\nBad Name: x\r\n\r\n", False),
     ("reply", b"HTTP/1.1 2000 OK\r\n\r\n", False),
