@@ -105,7 +105,9 @@ def test_the_steps_container_goes_while_the_guard_stops(
     def stop_once_the_step_is_gone(container: DockerContainer, grace_s: int = 5) -> None:
         labels = container._container.labels
         if labels.get(LABEL_ROLE) == "guard":
-            run_filter = {"label": [f"{LABEL_RUN_ID}={labels[LABEL_RUN_ID]}", f"{LABEL_ROLE}=step"]}
+            run_filter: dict[str, str | list[str] | bool] = {
+                "label": [f"{LABEL_RUN_ID}={labels[LABEL_RUN_ID]}", f"{LABEL_ROLE}=step"]
+            }
             deadline = time.monotonic() + SEEN_WITHIN_S
             gone = False
             while not gone and time.monotonic() < deadline:
