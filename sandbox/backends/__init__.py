@@ -164,6 +164,12 @@ class Backend(Protocol):
         """Remove every container this backend created, newest first; idempotent."""
         ...
 
+    def remove_ahead(self, container: RunContainer) -> None:
+        """Remove one container whose state and output were read, ahead of `remove_all`
+        (which then skips it), while the engine does the run's other work; a backend
+        whose containers only go together (one Pod) leaves it to `remove_all`."""
+        ...
+
     def close(self) -> None:
         """End the backend's threads and its connection (after `remove_all`)."""
         ...

@@ -10,12 +10,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from sandbox.backends import ExitWatcher, UsageWatcher
-from sandbox.collect.follow import ActionFollower
-from sandbox.contracts.wire import ActionLine
 from sandbox.launch.start import Launched
 from sandbox.prepare.rundir import Prepared
+
+if TYPE_CHECKING:
+    # The action lines' models: read only by `--follow` (and the collect), so a run
+    # loads them beside the guard's start (`sandbox.collect.harvest.warm_up`), not before.
+    from sandbox.collect.follow import ActionFollower
+    from sandbox.contracts.wire import ActionLine
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,8 @@ def run_guarded(
     cleanup.callback(usage.finish)
     follower = None
     if on_action is not None:
+        from sandbox.collect.follow import ActionFollower
+
         follower = ActionFollower(prepared.plan.layout.actions, on_action)
         cleanup.callback(follower.start().stop)
     exit_code = step.wait(timeout_s)

@@ -87,38 +87,43 @@ def collect(
     guarded.exit_watch.cancel()
     guard_state = launched.guard.state()
     step_state = launched.step.state()
-    launched.guard.stop()
-    if guarded.follower is not None:
-        guarded.follower.stop()  # the guard is gone: every line it wrote is read
-    # The seal: nothing writes the log any more; synced by the runner whatever the
-    # guard did (a failure leaves the record unsealed: it then verifies nothing).
-    with contextlib.suppress(OSError):
-        record.log_synced_at = logseal.seal_log(layout.root, layout.actions.name)
-    record.guard_log = launched.guard.output_tails()[1]
-    recorded.summarize(layout, plan.recording, record)  # the guard is gone: its index is whole
     record.stdout, record.stderr = launched.step.output_tails()
-    record.preflight = stepreports.preflight_from(record.stderr.text, plan.install_firewall)
-    record.landlock = stepreports.landlock_from(record.stderr.text)
-    record.walls = stepreports.judge_walls(record.walls, record.preflight, record.landlock)
-    guarded.usage.finish()
-    record.resources = stepreports.resources(
-        guarded.usage, record.stderr.text, executor_sees_memory=plan.step_runtime == "runc"
-    )
-    record.stderr = stepreports.without_reports(record.stderr)
-    # What the servers said is read from the engine before their containers go.
-    record.mcp_servers = collect_mcp(layout, launched.mcp)
-    # The step is dead: nothing writes its disk any more (the servers see only the
-    # workflow's view, read-only). Every container goes while its folders move off the
-    # disk into the run folder and the DB and the log are read; the disk and the view
-    # are unmounted only once every container is gone (leaving the pool waits for the
-    # removal on every way out, a stop included).
-    record.node = backend.node()
+    # The step's state and output are read: its container goes while the guard stops
+    # and its log is read (the step first: it shares the guard's network namespace);
+    # the others go while the step's files are read, below. Leaving the pool waits for
+    # the removals on every way out, a stop included.
     with HeldPool(max_workers=1, thread_name_prefix="remove") as removal:
-        removing = removal.submit(backend.remove_all)
+        removing = [removal.submit(backend.remove_ahead, launched.step)]
+        launched.guard.stop()
+        if guarded.follower is not None:
+            guarded.follower.stop()  # the guard is gone: every line it wrote is read
+        # The seal: nothing writes the log any more; synced by the runner whatever the
+        # guard did (a failure leaves the record unsealed: it then verifies nothing).
+        with contextlib.suppress(OSError):
+            record.log_synced_at = logseal.seal_log(layout.root, layout.actions.name)
+        record.guard_log = launched.guard.output_tails()[1]
+        recorded.summarize(layout, plan.recording, record)  # the guard is gone: its index is whole
+        record.preflight = stepreports.preflight_from(record.stderr.text, plan.install_firewall)
+        record.landlock = stepreports.landlock_from(record.stderr.text)
+        record.walls = stepreports.judge_walls(record.walls, record.preflight, record.landlock)
+        guarded.usage.finish()
+        record.resources = stepreports.resources(
+            guarded.usage, record.stderr.text, executor_sees_memory=plan.step_runtime == "runc"
+        )
+        record.stderr = stepreports.without_reports(record.stderr)
+        # What the servers said is read from the engine before their containers go.
+        record.mcp_servers = collect_mcp(layout, launched.mcp)
+        # The step is dead: nothing writes its disk any more (the servers see only the
+        # workflow's view, read-only). Every container goes while its folders move off
+        # the disk into the run folder and the DB and the log are read; the disk and
+        # the view are unmounted only once every container is gone.
+        record.node = backend.node()
+        removing.append(removal.submit(backend.remove_all))
         collected = files.collect(has_db=not record.no_db)
         record.db_diff = db_diff(layout, record)
         actions = actionsummary.read(layout.actions)
-    removing.result()  # what the removal raised, as when it ran here
+    for job in removing:
+        job.result()  # what a removal raised, as when it ran here
     files.close()
     record.disk_used_bytes = collected.peak_bytes
     record.files = collected.files

@@ -11,14 +11,13 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sandbox.contracts.config import Egress, McpServer
+from sandbox.contracts.guardparts import DEFAULT_DURABILITY, Durability, Egress, McpServer
 from sandbox.contracts.guardprocess import BRIDGE_PORT as BRIDGE_PORT
 from sandbox.contracts.guardprocess import CONFIG_FILE_ENV as CONFIG_FILE_ENV
 from sandbox.contracts.guardprocess import CONFIG_FILE_NAME as CONFIG_FILE_NAME
 from sandbox.contracts.guardprocess import EGRESS_PORT as EGRESS_PORT
 from sandbox.contracts.guardprocess import EXEC_PORT as EXEC_PORT
 from sandbox.contracts.guardprocess import READY_MARK as READY_MARK
-from sandbox.contracts.hostconfig import DEFAULT_DURABILITY, Durability
 from sandbox.contracts.recording import RecordingSettings, ReplaySettings
 
 ACTIONS_PATH = "/guard/actions.jsonl"

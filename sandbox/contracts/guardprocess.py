@@ -14,6 +14,9 @@ EXEC_PORT = 8799  # the step executor's, inside the step; listed so the ports st
 CONFIG_FILE_ENV = "SANDBOX_GUARD_CONFIG_FILE"
 CONFIG_FILE_NAME = "config.json"  # in the guard's folder (DATA_DIR), 0600, guard uid
 READY_MARK = "GUARD-READY"  # on stdout once the guard serves (not just listens)
+# One bridge request body at most (the wire's cap, `sandbox.contracts.wire`; the guard's,
+# `sandbox.guard.limits`): here so the runner sizes the guard without the wire's models.
+MAX_REQUEST_BYTES = 4 * 1024 * 1024
 # The netfilter log group the firewall copies the step's refused packets to, and the
 # variable that names the guard's socket bound to it (`sandbox.guard.nflog`).
 NFLOG_GROUP = 34

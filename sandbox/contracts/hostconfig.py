@@ -42,6 +42,8 @@ from pydantic import (
 
 from sandbox.contracts import names
 from sandbox.contracts.errors import ConfigError
+from sandbox.contracts.guardparts import DEFAULT_DURABILITY as DEFAULT_DURABILITY
+from sandbox.contracts.guardparts import Durability as Durability
 from sandbox.contracts.hostpath import DEFAULT_PATH as DEFAULT_PATH
 from sandbox.contracts.hostpath import PATH_ENV as PATH_ENV
 from sandbox.contracts.hostpath import host_config_path
@@ -218,14 +220,6 @@ class BackendConfig(BaseModel):
         if self.claim_root is not None and not self.claim_root.startswith("/"):
             raise ValueError("claim_root must be an absolute path")
         return self
-
-
-# How the guard syncs the action log (sandbox/guard/actionlog.spec.md). "group": each
-# line is written before its call goes on and synced in group commit off the request
-# path, and the runner syncs the log when it seals the record. "per-call": each line is
-# also synced before its call goes on (same-host durability, at a sync per call).
-Durability = Literal["group", "per-call"]
-DEFAULT_DURABILITY: Durability = "group"
 
 
 class HostConfig(BaseModel):

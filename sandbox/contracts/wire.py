@@ -15,8 +15,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox.contracts.guardprocess import MAX_REQUEST_BYTES as MAX_REQUEST_BYTES
+
 RUN_KIND_HEADER = "X-Agentworks-Run-Kind"
-MAX_REQUEST_BYTES = 4 * 1024 * 1024
 
 
 class ToolCall(BaseModel):

@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any
 
-from sandbox.contracts.hostconfig import DEFAULT_DURABILITY, Durability
+from sandbox.contracts.guardparts import DEFAULT_DURABILITY, Durability
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.actionline import MAX_ITEMS as MAX_ITEMS
 from sandbox.guard.actionline import MAX_LINE_BYTES as MAX_LINE_BYTES

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final, NamedTuple
 
-from sandbox.contracts.wire import MAX_REQUEST_BYTES as _WIRE_MAX_REQUEST_BYTES
+from sandbox.contracts.guardprocess import MAX_REQUEST_BYTES as _WIRE_MAX_REQUEST_BYTES
 
 if TYPE_CHECKING:
     from starlette.types import Receive

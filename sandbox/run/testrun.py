@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sandbox.backends import Backend, BackendFactory
 from sandbox.collect import harvest
@@ -45,7 +45,6 @@ from sandbox.contracts.layout import RunLayout, new_run_id
 from sandbox.contracts.options import RunOptions
 from sandbox.contracts.record import RunStatus, TestRunRecord, write_record
 from sandbox.contracts.settings import STEP_RUNTIME_ENV, RunnerSettings, runner_settings
-from sandbox.contracts.wire import ActionLine
 from sandbox.launch import start
 from sandbox.launch.start import McpJobs
 from sandbox.prepare import rundir
@@ -57,6 +56,9 @@ from sandbox.record.finish import runner_info
 from sandbox.run.cancel import Cancel, RunInterrupted
 from sandbox.stepfs import lifecycle as stepfs
 from sandbox.stopsignals import HeldPool
+
+if TYPE_CHECKING:
+    from sandbox.contracts.wire import ActionLine
 
 # The names callers know this module by; each is defined in its phase's module.
 __all__ = [

@@ -99,12 +99,14 @@ def test_what_sandbox_run_imports_leaves_out_what_a_plain_run_never_uses(backend
 
 
 # Read only once the step ran (the action log's summary and its stub groups, with the
-# chain record's types they share): `sandbox.collect.harvest.warm_up` imports them while
-# the launch waits on the engine, so they are not CPU before the run's first container.
+# chain record's types they share, and the action lines' models they read):
+# `sandbox.collect.harvest.warm_up` imports them while the launch waits on the engine,
+# so they are not CPU before the run's first container.
 ONLY_FOR_THE_COLLECT = (
     "sandbox.collect.actionsummary",
     "sandbox.collect.stubgroups",
     "sandbox.contracts.workflow_record",
+    "sandbox.contracts.wire",
 )
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from docker import DockerClient
 
-from sandbox.backends.docker.backend import DockerBackend
+from sandbox.backends.docker.backend import DockerBackend, DockerContainer
 from sandbox.contracts.names import LABEL_ROLE, LABEL_RUN_ID
 from sandbox.contracts.record import RECORD_FILE, RunStatus
 from sandbox.run.testrun import TestRun
@@ -89,4 +89,39 @@ def test_the_containers_go_while_the_files_are_read_and_before_the_disk_is_unmou
     assert record.status is RunStatus.PASSED, record.reason
     assert seen["reading_when_removed"] is True
     assert seen["left_at_unmount"] == 0
+    assert engine.containers.list(all=True, filters={"label": f"{LABEL_RUN_ID}={record.id}"}) == []
+
+
+def test_the_steps_container_goes_while_the_guard_stops(
+    engine: DockerClient, make_workflow: WorkflowFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The guard's stop is held here until the step's container of the same run is gone:
+    a run that removed the step only after the guard stopped would wait out the deadline
+    and say so. The step's output is in the record all the same (read before its
+    container went), and nothing of the run is left."""
+    seen: dict[str, object] = {}
+    stop = DockerContainer.stop
+
+    def stop_once_the_step_is_gone(container: DockerContainer, grace_s: int = 5) -> None:
+        labels = container._container.labels
+        if labels.get(LABEL_ROLE) == "guard":
+            run_filter: dict[str, str | list[str] | bool] = {
+                "label": [f"{LABEL_RUN_ID}={labels[LABEL_RUN_ID]}", f"{LABEL_ROLE}=step"]
+            }
+            deadline = time.monotonic() + SEEN_WITHIN_S
+            gone = False
+            while not gone and time.monotonic() < deadline:
+                gone = engine.containers.list(all=True, filters=run_filter) == []
+                if not gone:
+                    time.sleep(0.05)
+            seen["step_gone_at_guard_stop"] = gone
+        stop(container, grace_s)
+
+    monkeypatch.setattr(DockerContainer, "stop", stop_once_the_step_is_gone)
+    wf = make_workflow(command=["sh", "-c", "echo out; echo err >&2"])
+    record = TestRun(Path(wf), "step1").execute()
+    assert record.status is RunStatus.PASSED, record.reason
+    assert seen["step_gone_at_guard_stop"] is True
+    assert record.stdout.text == "out\n" and "err" in record.stderr.text
+    assert record.preflight is not None and record.preflight.ok
     assert engine.containers.list(all=True, filters={"label": f"{LABEL_RUN_ID}={record.id}"}) == []

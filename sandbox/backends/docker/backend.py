@@ -188,6 +188,9 @@ class DockerBackend:
     def remove_all(self) -> None:
         self._owned.remove_all()
 
+    def remove_ahead(self, container: RunContainer) -> None:
+        self._owned.remove_one(self._engine_side(container))
+
     def close(self) -> None:
         """Join the exit watches (they end once their container is gone), then close
         the client: its pooled connections must not outlive the run."""

@@ -169,6 +169,16 @@ class OwnedContainers:
             for thread in threads:
                 thread.join()
 
+    def remove_one(self, container: Container) -> None:
+        """Remove `container` now (one `remove_all` would remove later; it then skips
+        it). Tracked until it is gone, so a failed removal is tried again there."""
+        with stopsignals.held():
+            remove(container)
+            with self._lock:
+                for owned in (self._owned, self._independent):
+                    if container in owned:
+                        owned.remove(container)
+
     def __enter__(self) -> OwnedContainers:
         return self
 

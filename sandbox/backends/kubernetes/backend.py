@@ -318,6 +318,9 @@ class KubernetesBackend:
         if self._run is not None:
             self._run.delete()
 
+    def remove_ahead(self, container: RunContainer) -> None:
+        """Nothing: a Pod's containers go with the Pod (`remove_all`)."""
+
     def close(self) -> None:
         for watch in self.exit_watches:
             watch.cancel()

@@ -18,7 +18,7 @@ import asyncio
 import socket
 from typing import Any
 
-from sandbox.contracts.config import Egress
+from sandbox.contracts.guardparts import Egress
 from sandbox.contracts.hostnames import address_of, normalize_host
 
 RESOLVE_DEADLINE_S = 3.0

@@ -22,8 +22,8 @@ from typing import Any
 
 import h11
 
-from sandbox.contracts.config import EgressEntry
 from sandbox.contracts.guardconfig import GuardConfig
+from sandbox.contracts.guardparts import EgressEntry
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.egress import http1, lines, relay, replayed, splice
 from sandbox.guard.egress.aliases import HostAliases

@@ -17,7 +17,7 @@ from typing import Any
 import h11
 
 from sandbox import policy
-from sandbox.contracts.config import Egress, EgressEntry
+from sandbox.contracts.guardparts import Egress, EgressEntry
 from sandbox.guard.egress import http1
 from sandbox.guard.egress.connection import Client
 from sandbox.guard.egress.http1 import Denied

@@ -20,7 +20,7 @@ from mcp import Client
 from mcp.shared.exceptions import MCPError
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from sandbox.contracts.config import McpServer
+from sandbox.contracts.guardparts import McpServer
 from sandbox.guard import limits
 from sandbox.guard.mcp.sockets import (
     REPLY_TOO_LARGE,
