@@ -161,23 +161,15 @@ def test_a_whole_answer_is_recorded_as_a_streamed_one_is(tmp_path: Path, cap: in
     )
 
 
-def test_a_whole_answer_kept_already_opens_no_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_whole_answer_kept_already_opens_no_file(tmp_path: Path, opened_paths: list[str]) -> None:
     """One answer asked many times (a bridge call repeated) costs one copy, and no file
     written and removed for each repeat."""
     recorder = Recorder(tmp_path, RecordingSettings())
-    opened: list[str] = []
-    real_open = os.open
-
-    def counting_open(path: str | Path, flags: int, mode: int = 0o777) -> int:
-        opened.append(os.fspath(path))
-        return real_open(path, flags, mode)
-
-    monkeypatch.setattr(os, "open", counting_open)
     for n in range(5):
         recorder.tap(key_of("bridge", tool="t", arguments={"n": n}), "bridge", "t").whole(b"same")
-    blob_opens = [path for path in opened if os.path.dirname(path) == str(tmp_path / BLOBS_DIR)]
+    blob_opens = [
+        path for path in opened_paths if os.path.dirname(path) == str(tmp_path / BLOBS_DIR)
+    ]
     assert len(blob_opens) == 1
     lines = index(tmp_path)
     assert len(lines) == 5 and all(line.kept for line in lines)
@@ -186,20 +178,12 @@ def test_a_whole_answer_kept_already_opens_no_file(
 
 
 def test_a_streamed_answer_kept_already_opens_no_file_and_a_large_one_is_written_as_it_comes(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, opened_paths: list[str]
 ) -> None:
     """The same small read again (an answer relayed in pieces, its copy kept already)
     writes no file only to remove it; an answer past what is held in memory is written
     as it comes, and both are kept whole and listed as kept."""
     recorder = Recorder(tmp_path, RecordingSettings())
-    opened: list[str] = []
-    real_open = os.open
-
-    def counting_open(path: str | Path, flags: int, mode: int = 0o777) -> int:
-        opened.append(os.fspath(path))
-        return real_open(path, flags, mode)
-
-    monkeypatch.setattr(os, "open", counting_open)
     large = b"L" * (256 * 1024)  # past what a tap holds in memory (64 KiB)
     for n in range(3):
         for answer in (b"head|body", large):
@@ -207,7 +191,9 @@ def test_a_streamed_answer_kept_already_opens_no_file_and_a_large_one_is_written
             tap.feed(answer[:4])
             tap.feed(memoryview(answer)[4:])
             tap.close()
-    blob_opens = [path for path in opened if os.path.dirname(path) == str(tmp_path / BLOBS_DIR)]
+    blob_opens = [
+        path for path in opened_paths if os.path.dirname(path) == str(tmp_path / BLOBS_DIR)
+    ]
     assert len(blob_opens) == 1 + 3  # the small answer's first copy; the large one's each time
     lines = index(tmp_path)
     assert len(lines) == 6 and all(line.kept for line in lines)

@@ -396,21 +396,13 @@ def test_concurrent_forwarded_calls_share_syncs_and_no_reply_precedes_its_sync(
 
 
 def test_forwarded_calls_with_the_same_answer_copy_it_once(
-    guard_at: Callable[[str | None], tuple[Guard, Path]], monkeypatch: pytest.MonkeyPatch
+    guard_at: Callable[[str | None], tuple[Guard, Path]], opened_paths: list[str]
 ) -> None:
     """Each forwarded call has its start and outcome lines and its index line; an answer
     the recording holds already opens no file again (one copy of it, no file written and
     removed per call)."""
     upstream = Upstream(lambda n, body: ok("the same answer"))
     guard, actions = guard_at(upstream.url)
-    opened: list[str] = []
-    real_open = os.open
-
-    def counting_open(path: str | Path, flags: int, mode: int = 0o777) -> int:
-        opened.append(os.fspath(path))
-        return real_open(path, flags, mode)
-
-    monkeypatch.setattr(os, "open", counting_open)
     try:
         replies = call_all(guard, [("generate_text_llm", {"prompt": f"p{n}"}) for n in range(6)])
     finally:
@@ -420,7 +412,7 @@ def test_forwarded_calls_with_the_same_answer_copy_it_once(
     raw = [ActionLine.model_validate_json(line) for line in actions.read_text().splitlines()]
     assert [line.event for line in raw] == ["start", "outcome"] * 6
     blobs = actions.parent / "recording" / "blobs"
-    assert [path for path in opened if os.path.dirname(path) == str(blobs)] == [
+    assert [path for path in opened_paths if os.path.dirname(path) == str(blobs)] == [
         str(blobs / ".part-1")
     ]
     index = (actions.parent / "recording" / "index.jsonl").read_text().splitlines()
