@@ -55,7 +55,6 @@ class UpstreamForward:
         self._client = BridgeClient(config.upstream) if config.upstream else None
         # The config is frozen: what every call reads of it, read once.
         self._run_id, self._workflow, self._step = config.run_id, config.workflow, config.step
-        self._budgets: dict[str, float] = {}  # per tool that was forwarded
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -68,9 +67,7 @@ class UpstreamForward:
         (status, time-out, reply size)."""
         if self._client is None:
             return ToolResult(text=f"{tool}: no upstream bridge is configured", is_error=True)
-        budget = self._budgets.get(tool)
-        if budget is None:
-            budget = self._budgets[tool] = self._config.budget_for(tool)
+        budget = self._config.budget_for(tool)
         body = upstream_body(
             tool=tool,
             arguments=arguments,

@@ -95,7 +95,6 @@ class Guard:
             bindings.Bound.STEP: config.step,
             bindings.Bound.RUN_KIND: "test",
         }
-        self._budgets: dict[str, float] = {}
 
     def active_calls(self) -> list[str]:
         # named here, not per call: an egress line asks, a call does not
@@ -246,7 +245,7 @@ class Guard:
             return _stub(tool, session, reason), detail, category, False
 
         if route is _UPSTREAM:
-            detail["budget_s"] = self._budget_for(tool)
+            detail["budget_s"] = self.config.budget_for(tool)
         detail["request_bytes"] = request_bytes
         try:
             logged = await self.log.begin(
@@ -273,12 +272,6 @@ class Guard:
 
     def _identity(self, session: str) -> dict[bindings.Bound, str]:
         return {**self._run_identity, _SESSION_BOUND: session}
-
-    def _budget_for(self, tool: str) -> float:
-        budget = self._budgets.get(tool)
-        if budget is None:  # at most one entry per tool the step names that gets this far
-            budget = self._budgets[tool] = self.config.budget_for(tool)
-        return budget
 
     async def _outcome(self, logged: Started, result: ToolResult, detail: dict[str, Any]) -> None:
         if result.is_error:

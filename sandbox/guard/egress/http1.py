@@ -48,7 +48,6 @@ HOP_BY_HOP = frozenset(
 # CR, a line that starts with whitespace: obs-fold); which one it is is told apart
 # only once one is found.
 _AMBIGUOUS = re.compile(rb"(?<!\r)\n|\r(?!\n)|\r\n[ \t]")
-_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 _CANONICAL_LENGTH = re.compile(rb"0|[1-9][0-9]{0,15}")
 _HOST = r"(?P<host>[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,252})|\[[0-9A-Fa-f:.]{2,45}\])"
 _PORT = r"(?::(?P<port>[0-9]{1,5}))?"
@@ -128,7 +127,7 @@ def check_request(head: bytes, request: h11.Request) -> None:
     if request.http_version not in VERSIONS:
         version = request.http_version.decode("ascii", "replace")
         raise Denied(505, f"HTTP/{version} is not HTTP/1.1; it cannot be inspected")
-    if not any(name in _FRAMING for _, name, _ in request.headers._full_items):
+    if not any(name in http1_lines.FRAMING for _, name, _ in request.headers._full_items):
         return  # no framing header in the parse: none in the head (h11 drops none)
     lengths: list[bytes] = []
     encodings = 0

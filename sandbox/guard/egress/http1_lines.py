@@ -25,7 +25,8 @@ from h11 import _readers as h11_readers
 _H11_REQUEST_LINE: re.Pattern[bytes] = h11_readers.request_line_re
 _H11_STATUS_LINE: re.Pattern[bytes] = h11_readers.status_line_re
 _H11_FIELD: re.Pattern[bytes] = h11_readers.header_field_re
-_FRAMING = frozenset({b"content-length", b"transfer-encoding"})
+# The headers that frame a body: a head with one goes to h11 whole (`http1` asks too).
+FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 _MAX_LENGTH_DIGITS = h11_headers.CONTENT_LENGTH_MAX_DIGITS
 
 
@@ -61,7 +62,7 @@ def _plain_head(
         return None
     items = _items_of(matches)
     for _, name, _ in items:
-        if name in _FRAMING:
+        if name in FRAMING:
             return None
     return matches[0], items
 
