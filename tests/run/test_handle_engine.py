@@ -40,7 +40,9 @@ def _hanging_workflow(make_workflow: WorkflowFactory) -> Path:
 def _containers_of_run(engine: DockerClient, run_id: str) -> list[str]:
     """Every container, running or not, labelled with the run's id (`docker ps -a`)."""
     found = engine.containers.list(
-        all=True, filters={"label": [LABEL_MANAGED, f"{LABEL_RUN_ID}={run_id}"]}
+        all=True,
+        filters={"label": [LABEL_MANAGED, f"{LABEL_RUN_ID}={run_id}"]},
+        ignore_removed=True,
     )
     return [str(c.name) for c in found]
 

@@ -39,7 +39,9 @@ def test_the_guards_container_starts_while_the_steps_disk_is_made(
         seen["record_first"] = (files.layout.root / RECORD_FILE).is_file()
         deadline = time.monotonic() + SEEN_WITHIN_S
         while time.monotonic() < deadline and "guard" not in seen:
-            for c in engine.containers.list(filters={"label": f"{LABEL_RUN_ID}={run_id}"}):
+            for c in engine.containers.list(
+                filters={"label": f"{LABEL_RUN_ID}={run_id}"}, ignore_removed=True
+            ):
                 if c.labels.get(LABEL_ROLE) == "guard":
                     seen["guard"] = c.status
             time.sleep(0.05)
@@ -77,7 +79,8 @@ def test_the_containers_go_while_the_files_are_read_and_before_the_disk_is_unmou
             "label": f"{LABEL_RUN_ID}={files.layout.run_id}"
         }
         seen.setdefault(
-            "left_at_unmount", len(engine.containers.list(all=True, filters=run_filter))
+            "left_at_unmount",
+            len(engine.containers.list(all=True, filters=run_filter, ignore_removed=True)),
         )
         close(files)
 
@@ -111,7 +114,7 @@ def test_the_steps_container_goes_while_the_guard_stops(
             deadline = time.monotonic() + SEEN_WITHIN_S
             gone = False
             while not gone and time.monotonic() < deadline:
-                gone = engine.containers.list(all=True, filters=run_filter) == []
+                gone = not engine.containers.list(all=True, filters=run_filter, ignore_removed=True)
                 if not gone:
                     time.sleep(0.05)
             seen["step_gone_at_guard_stop"] = gone

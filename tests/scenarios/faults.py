@@ -138,7 +138,8 @@ def running_step(engine: DockerClient, runner: Runner) -> Any:
     code = runner.proc.poll()
     assert code is None, f"the runner exited early ({code}): {runner.stdout()} {runner.stderr()}"
     found = engine.containers.list(
-        filters={"label": [f"{LABEL_RUNNER_PID}={runner.pid}", f"{LABEL_ROLE}=step"]}
+        filters={"label": [f"{LABEL_RUNNER_PID}={runner.pid}", f"{LABEL_ROLE}=step"]},
+        ignore_removed=True,
     )
     return found[0] if found else None
 

@@ -47,7 +47,9 @@ def _spec(label: str, n: int) -> ContainerSpec:
 
 def _mine(client: DockerClient, label: str) -> list[str]:
     found = client.containers.list(
-        all=True, filters={"label": [LABEL_MANAGED, f"sandbox.test-owned={label}"]}
+        all=True,
+        filters={"label": [LABEL_MANAGED, f"sandbox.test-owned={label}"]},
+        ignore_removed=True,
     )
     return [str(c.name) for c in found]
 
