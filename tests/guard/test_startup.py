@@ -24,7 +24,6 @@ from sandbox.contracts.guardconfig import READY_MARK
 from sandbox.guard.egress.dns import PREFLIGHT_ZONE, preflight_proof
 from tests import paths
 from tests.conftest import BRIDGE_TOKEN, guard_config
-from tests.ports import free_ports
 
 DEADLINE_S = 20.0
 WEB = ("starlette", "uvicorn", "mcp", "sandbox.guard.serve", "sandbox.guard.app")
@@ -89,7 +88,8 @@ def _held_guard(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, 
     and DNS ports, and the test's deadline."""
     actions = tmp_path / "actions.jsonl"
     actions.touch()
-    config = guard_config(actions, bridge_port=free_ports(1)[0])
+    # The child binds its own sockets and hands them over: the config names no port.
+    config = guard_config(actions)
     config_file = tmp_path / "config.json"
     config_file.write_text(config.model_dump_json())
     proc = subprocess.Popen(
