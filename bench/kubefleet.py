@@ -51,24 +51,14 @@ def local_fleet(cluster: Any, api: Any, namespace: str) -> Iterator[Fleet]:
         build_runner_image,
         hostpath_claim,
         local_api_env,
+        scheduler_settings,
     )
 
     image = build_runner_image(cluster)
     apply_runner_role(api, namespace)
     with hostpath_claim(cluster, client.CoreV1Api(api), namespace) as (claim, root):
         yield Fleet(
-            BackendConfig(
-                kind="kubernetes",
-                kubeconfig=str(cluster.kubeconfig),
-                namespace=namespace,
-                image_pull_policy="Never",
-                seccomp_profile="step.json",
-                storage="pvc",
-                claim=claim,
-                claim_root=str(root),
-                placement="scheduler",
-                runner_image=image,
-            ),
+            scheduler_settings(cluster, namespace, claim, root, image),
             env=local_api_env(cluster),
             host_network=True,
         )

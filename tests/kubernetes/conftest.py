@@ -40,6 +40,8 @@ from tests.kubernetes.fleetparts import (
     build_runner_image,
     delete_jobs,
     hostpath_claim,
+    local_settings,
+    scheduler_settings,
 )
 from tests.kubernetes.pods import namespace_of_its_own
 
@@ -129,13 +131,7 @@ def kube_namespace(kube_core: Any) -> Iterator[str]:
 @pytest.fixture
 def settings(kube_cluster: Cluster, kube_namespace: str) -> BackendConfig:
     """The host's `[backend]` for runs on the cluster, in this test's namespace."""
-    return BackendConfig(
-        kind="kubernetes",
-        kubeconfig=str(kube_cluster.kubeconfig),
-        namespace=kube_namespace,
-        image_pull_policy="Never",
-        seccomp_profile="step.json",
-    )
+    return local_settings(kube_cluster, kube_namespace)
 
 
 @pytest.fixture
@@ -196,17 +192,12 @@ def fleet_settings(
 ) -> BackendConfig:
     """The controller's `[backend]` for the scheduler placement, on the test's claim."""
     claim_name, root = claim
-    return BackendConfig(
-        kind="kubernetes",
-        kubeconfig=str(kube_cluster.kubeconfig),
-        namespace=fleet_namespace,
-        image_pull_policy="Never",
-        seccomp_profile="step.json",
-        storage="pvc",
-        claim=claim_name,
-        claim_root=str(root),
-        placement="scheduler",
-        runner_image=runner_image,
+    return scheduler_settings(
+        kube_cluster,
+        fleet_namespace,
+        claim_name,
+        root,
+        runner_image,
         # By digest, as an operator pins them so the gate can vouch for a run.
         image_digests=kube_cluster.pin_by_digest(names.STEP_IMAGE, names.GUARD_IMAGE),
     )

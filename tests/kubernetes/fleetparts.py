@@ -6,7 +6,8 @@ controller's `host.toml`, the command line in its own process.
 
 Shared by the cluster tests (`test_fleet*.py`, `test_storage_claim.py`,
 `test_two_nodes.py`; their fixtures are in `conftest.py`) and the Kubernetes bench
-(`bench/kubefleet.py`), so all run the fleet the same way.
+(`bench/kubefleet.py`), so all run the fleet the same way, with one `[backend]` for
+the local cluster (`local_settings`, `claim_settings`, `scheduler_settings`).
 """
 
 from __future__ import annotations
@@ -37,6 +38,42 @@ RUNNER_IMAGE = f"sandbox-runner:{names.IMAGE_TAG}"
 WHEELS = REPO_ROOT / "build" / "wheels" / "runner"
 CLAIM_BOUND_S = 60
 VOLUME_GONE_S = 180  # the claim goes once no Pod uses it
+
+
+def local_settings(cluster: Cluster, namespace: str, **more: Any) -> BackendConfig:
+    """The host's `[backend]` for runs on the local cluster in `namespace`: its
+    kubeconfig, the images loaded on its nodes (never pulled), the step's seccomp
+    profile installed there (`step.json`); `more` on top, validated."""
+    return BackendConfig.model_validate(
+        {
+            "kind": "kubernetes",
+            "kubeconfig": str(cluster.kubeconfig),
+            "namespace": namespace,
+            "image_pull_policy": "Never",
+            "seccomp_profile": "step.json",
+            **more,
+        }
+    )
+
+
+def claim_settings(
+    cluster: Cluster, namespace: str, claim: str, root: Path, **more: Any
+) -> BackendConfig:
+    """`local_settings` with the run folders through the claim `claim` (`storage =
+    "pvc"`), whose volume is the node's folder `root` (`hostpath_claim`)."""
+    return local_settings(
+        cluster, namespace, storage="pvc", claim=claim, claim_root=str(root), **more
+    )
+
+
+def scheduler_settings(
+    cluster: Cluster, namespace: str, claim: str, root: Path, runner_image: str, **more: Any
+) -> BackendConfig:
+    """The controller's `[backend]` for the scheduler placement: `claim_settings`, each
+    run a Job of `runner_image`."""
+    return claim_settings(
+        cluster, namespace, claim, root, placement="scheduler", runner_image=runner_image, **more
+    )
 
 
 def build_runner_image(cluster: Cluster) -> str:

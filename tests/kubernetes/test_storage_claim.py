@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from sandbox.backends.choose import connect_backend
-from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import RunStatus
 from sandbox.hostfs import hostmount
 from tests.conftest import ThreadedRun, tree_digest, write_workflow
 from tests.kubernetes.cluster import Cluster
+from tests.kubernetes.fleetparts import claim_settings
 from tests.kubernetes.pods import no_pods_or_secrets, pod_of
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
@@ -64,16 +64,7 @@ def test_the_run_folder_is_mounted_from_the_claim_by_subpath(
     claim: tuple[str, Path],
 ) -> None:
     name, root = claim
-    settings = BackendConfig(
-        kind="kubernetes",
-        kubeconfig=str(kube_cluster.kubeconfig),
-        namespace=kube_namespace,
-        image_pull_policy="Never",
-        seccomp_profile="step.json",
-        storage="pvc",
-        claim=name,
-        claim_root=str(root),
-    )
+    settings = claim_settings(kube_cluster, kube_namespace, name, root)
     wf = write_workflow(root, command=["python3", "/workflow/code/step.py"], timeout_s=300)
     (wf / "code" / "step.py").write_text(CLAIM_STEP)
     before, owners = tree_digest(wf), _ownership(wf)
