@@ -14,9 +14,12 @@ on the claim, never on a node. The spec: `fleetchain.spec.md`.
 The workflow's exclusion is the fleet's: the chain's Lease, held by this controller
 from the first step to the last, joined by each step's runner while its step runs.
 A stop (SIGTERM, Ctrl-C, `cancel()`) deletes the running step's Job: its runner
-records the step `killed`, and so the chain. A controller killed outright leaves
-the chain's marker beside its Lease, by which `sandbox gc` records the chain `killed`
-once the controller is provably gone (`fleetgc`). Each step's Job carries the
+records the step `killed`, and so the chain. A step's runner killed outright (its
+Pod ended, the step's record unsealed) ends the chain `killed`, its Job left for
+`sandbox gc`, which records the step `killed` and removes what the runner left. A
+controller killed outright leaves the chain's marker beside its Lease, by which
+`sandbox gc` records the chain `killed` once the controller is provably gone
+(`fleetgc`). Each step's Job carries the
 controller's `durability` and `[recording]` (`fleet.Carried`); run options a runner
 Job does not carry are refused, never dropped.
 """
@@ -34,7 +37,7 @@ from sandbox.contracts.errors import ConfigError, EngineError, RefusedError
 from sandbox.contracts.events import RunEvent
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.layout import WorkflowRunLayout
-from sandbox.contracts.record import TestRunRecord, read_record
+from sandbox.contracts.record import RunStatus, TestRunRecord, read_record
 from sandbox.contracts.workflow_record import WorkflowRunRecord
 from sandbox.run.cancel import RunInterrupted
 from sandbox.run.testrun import Seed
@@ -51,6 +54,10 @@ if TYPE_CHECKING:
 
 WAIT_CHUNK_S = 5.0  # one wait of a step's runner; a `cancel()` is seen between two
 CANCEL_WAIT_EXTRA_S = 30.0  # after the runner's grace period: its Pod's deletion
+
+
+class StepRunnerDied(RunInterrupted):
+    """A step's runner ended without sealing its record: the chain ends `killed`."""
 
 
 class FleetWorkflowRun(WorkflowRun):
@@ -161,6 +168,7 @@ class FleetWorkflowRun(WorkflowRun):
         started(place.layout.run_id, datetime.now(UTC))
         on_event = self._events(place)
         stopped = False
+        runner_died = False  # its Job is left for `sandbox gc` (below)
         try:
             try:
                 while not run.wait(WAIT_CHUNK_S, on_event):
@@ -171,10 +179,29 @@ class FleetWorkflowRun(WorkflowRun):
                 run.wait(RUNNER_GRACE_S + CANCEL_WAIT_EXTRA_S, on_event)
             if (stopped or self.stop.requested) and not os.path.lexists(place.layout.record):
                 raise RunInterrupted()  # stopped before its runner began the step's record
-            return self._step_record(run, place)
+            try:
+                record = self._step_record(run, place)
+            except EngineError:
+                runner_died = run.refused is None
+                raise
+            if record.status is RunStatus.RUNNING and stopped:
+                raise RunInterrupted()  # its runner outlived the grace period: still stopped
+            if record.status is RunStatus.RUNNING:
+                # Its runner's Pod ended and the step's record is unsealed: the runner
+                # died (SIGKILL, OOM, its node lost) and cleaned up nothing. Its Job is
+                # kept: by its ended Pod `sandbox gc` finds the dead runner, records the
+                # step `killed` and removes the run's Pod, Secret and node mounts.
+                runner_died = True
+                raise StepRunnerDied(
+                    f"the runner of step {place.step.id} died (Job {run.name}, node "
+                    f"{run.node or 'none'}) before it sealed the step's record; "
+                    "`sandbox gc` records the step and removes what it left"
+                )
+            return record
         finally:
             self.current = None
-            run.delete()
+            if not runner_died:
+                run.delete()
 
     def cancel(self) -> None:
         super().cancel()

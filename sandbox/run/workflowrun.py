@@ -233,8 +233,10 @@ class WorkflowRun:
             self._emit("workflow_start", record, total=len(chain))
             try:
                 return self._run_chain(layout, record, chain, run_step)
-            except (RunInterrupted, KeyboardInterrupt):
-                why = "the run was cancelled" if self.stop.requested else "the runner was stopped"
+            except (RunInterrupted, KeyboardInterrupt) as exc:
+                why = str(exc) or (
+                    "the run was cancelled" if self.stop.requested else "the runner was stopped"
+                )
                 return self._end_early(layout, record, RunStatus.KILLED, why)
             except SandboxError as exc:
                 return self._end_early(layout, record, RunStatus.ERROR, str(exc))

@@ -13,7 +13,6 @@ import json
 import signal
 import sqlite3
 import subprocess
-import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,13 +23,13 @@ from kubernetes import client
 
 from sandbox.backends.choose import collect_cluster
 from sandbox.backends.docker.gc import GcReport
-from sandbox.backends.kubernetes import lease
+from sandbox.backends.kubernetes import fleet, lease
 from sandbox.contracts import names
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import RunStatus, read_record
 from sandbox.contracts.workflow_record import StepState, WorkflowRunRecord
 from sandbox.hostfs import hostmount
-from tests.conftest import tree_digest, write_workflow
+from tests.conftest import tree_digest
 from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.fleetparts import (
     RUN_DEADLINE_S,
@@ -44,7 +43,14 @@ from tests.kubernetes.fleetparts import (
     step_running_on,
     the_run,
 )
-from tests.kubernetes.pods import no_pods_or_secrets, run_objects
+from tests.kubernetes.pods import (
+    loops_of,
+    no_pods_or_secrets,
+    node_mounts_of,
+    processes_of,
+    run_objects,
+)
+from tests.scenarios.workflowparts import chain_workflow, validate
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]
 
@@ -76,27 +82,17 @@ time.sleep(240)  # the chain is stopped long before
 
 
 def _chain(root: Path, steps: dict[str, str], expect: str = "") -> Path:
-    """A workflow whose steps (in this order, one group `g`) run these Python bodies
+    """A workflow `wf` whose steps (in this order, one group `g`) run these Python bodies
     (each with the `expect` tables after it), with a DB of one row and a real run whose
-    `g` folder holds `earlier.txt`."""
-    wf = write_workflow(root, command="true", earlier_files={"earlier.txt": "real run"})
-    toml = ['name = "wf"']
-    for step_id, body in steps.items():
-        (wf / "code" / f"{step_id}.py").write_text(body)
-        toml.append(
-            textwrap.dedent(
-                f"""\
-                [[steps]]
-                id = "{step_id}"
-                group = "g"
-                command = ["python3", "/workflow/code/{step_id}.py"]
-                timeout_s = 300
-                """
-            )
-            + expect
-        )
-    (wf / "workflow.toml").write_text("\n".join(toml))
-    return wf
+    `g` folder holds `earlier.txt` (`workflowparts.chain_workflow`)."""
+    return chain_workflow(
+        root,
+        [(step_id, "g", body) for step_id, body in steps.items()],
+        name="wf",
+        timeout_s=300,
+        expect=expect,
+        preamble="",
+    )
 
 
 def _lines(proc: subprocess.Popen[str]) -> Iterator[dict[str, Any]]:
@@ -389,3 +385,114 @@ def test_gc_records_a_chain_killed_once_its_controller_is_gone_and_never_while_i
         assert time.monotonic() < deadline, leases_of(kube_api, namespace)
         time.sleep(0.2)
     assert not hostmount.mounts_below(wf)
+
+
+AFTER = """\
+import os, sqlite3
+db = sqlite3.connect(os.environ["DB_PATH"])
+db.execute("INSERT INTO t VALUES (4, 'after a dead runner')")
+db.commit()
+"""
+
+
+def _namespace_objects(api: Any, namespace: str) -> set[str]:
+    """What the namespace holds, by kind and name (the claims' volumes too)."""
+    core, batch = client.CoreV1Api(api), client.BatchV1Api(api)
+    listed = {
+        "pod": core.list_namespaced_pod,
+        "secret": core.list_namespaced_secret,
+        "configmap": core.list_namespaced_config_map,
+        "claim": core.list_namespaced_persistent_volume_claim,
+        "service": core.list_namespaced_service,
+        "job": batch.list_namespaced_job,
+        "lease": client.CoordinationV1Api(api).list_namespaced_lease,
+    }
+    found = {
+        f"{kind}/{x.metadata.name}" for kind, ls in listed.items() for x in ls(namespace).items
+    }
+    return found | {f"volume/{v.metadata.name}" for v in core.list_persistent_volume().items}
+
+
+def test_a_chain_step_whose_runner_is_killed_ends_the_chain_killed_and_gc_leaves_nothing(
+    tmp_path: Path,
+    kube_cluster: Cluster,
+    kube_core: Any,
+    kube_api: Any,
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
+) -> None:
+    """SIGKILL to every process of a chain step's runner Pod (from the host, by its
+    cgroup) while the step's own Pod runs: the runner cleans up nothing. The controller
+    ends the chain `killed` (the step killed, its runner named; the next skipped), its
+    record valid, and exits 1. The step's record stays `running` (unsealed) and the run's
+    Pod outlives its runner until `sandbox gc` records the step `killed` and removes the
+    run's Pod, Secret and node mounts and the Job: then nothing the run made is left,
+    the real workflow is byte-identical, and a later chain on it passes."""
+    assert fleet_settings.claim_root is not None
+    wf = _chain(Path(fleet_settings.claim_root), {"hold": HOLD, "after": AFTER})
+    real_db = (wf / "db" / "db.sqlite").read_bytes()
+    before = tree_digest(wf)
+    host = cli_host_config(tmp_path, kube_cluster, fleet_settings)
+    second = kube_cluster.node_names[1]
+    namespace = fleet_settings.namespace
+    operators = _namespace_objects(kube_api, namespace)
+    argv = ["run-workflow", str(wf), "--backend", "kubernetes", "--host-config", str(host)]
+    with only_schedulable(kube_core, second, kube_cluster.node_names):
+        proc = sandbox_cli(*argv, "--json")
+        try:
+            step_running_on(kube_core, namespace, second)
+            selector = f"{fleet.LABEL_FLEET}=true"
+            (runner,) = kube_core.list_namespaced_pod(namespace, label_selector=selector).items
+            victims = processes_of(runner.metadata.uid, 0)
+            assert victims
+            for victim in victims:
+                victim.send_signal(signal.SIGKILL)
+            out, err = proc.communicate(timeout=RUN_DEADLINE_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    assert proc.returncode == 1, (out, err)
+    chain = WorkflowRunRecord.model_validate_json(out.splitlines()[-1])
+    assert chain.status is RunStatus.KILLED, chain.reason
+    assert "the runner of step hold died" in chain.reason, chain.reason
+    assert [e.status for e in chain.steps] == [StepState.KILLED, StepState.SKIPPED]
+    run_dir = the_run(wf)
+    on_claim = validate(run_dir / "test_mode.json")  # the published JSON Schema's
+    assert on_claim.status is RunStatus.KILLED and on_claim.finished_at is not None
+    step_root = run_dir / Path(str(chain.steps[0].record)).parent
+    assert read_record(step_root).status is RunStatus.RUNNING  # unsealed: gc's to record
+    assert run_objects(kube_core, namespace)  # the run's Pod outlived its runner
+    assert node_mounts_of(kube_cluster, second, chain.id)  # the step's disk and view
+
+    report = _gc(fleet_settings)
+    assert report.records_marked_killed == [str(step_root)]
+    step = read_record(step_root)
+    assert step.status is RunStatus.KILLED and "sandbox gc" in step.reason, step.reason
+    assert _chain_record(wf).status is RunStatus.KILLED
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    while (
+        _namespace_objects(kube_api, namespace) != operators
+        or node_mounts_of(kube_cluster, second, chain.id)
+        or loops_of(chain.id)
+    ):
+        assert time.monotonic() < deadline, (
+            _namespace_objects(kube_api, namespace) - operators,
+            node_mounts_of(kube_cluster, second, chain.id),
+            loops_of(chain.id),
+        )
+        time.sleep(0.2)
+    assert not hostmount.mounts_below(wf)
+    assert tree_digest(wf) == before
+    assert (wf / "db" / "db.sqlite").read_bytes() == real_db
+
+    # The workflow is free again: a later chain on it runs and passes.
+    later = sandbox_cli(*argv, "--from", "after", "--json")
+    out, err = later.communicate(timeout=RUN_DEADLINE_S)
+    assert later.returncode == 0, (out, err)
+    again = WorkflowRunRecord.model_validate_json(out.splitlines()[-1])
+    assert again.status is RunStatus.PASSED, again.reason
+    assert [(e.step_id, e.status) for e in again.steps] == [("after", StepState.PASSED)]
+    assert tree_digest(wf) == before
+    no_jobs_left(kube_api, namespace)
+    no_pods_or_secrets(kube_core, namespace)

@@ -29,16 +29,24 @@ db = sqlite3.connect(os.environ["DB_PATH"])
 
 
 def chain_workflow(
-    root: Path, steps: list[tuple[str, str, str]], *, extra: str = "", name: str = "chain"
+    root: Path,
+    steps: list[tuple[str, str, str]],
+    *,
+    extra: str = "",
+    name: str = "chain",
+    timeout_s: int = 120,
+    expect: str = "",
+    preamble: str = IN_TEST_MODE,
 ) -> Path:
-    """`<root>/<name>/`: a workflow whose steps (id, group, Python body) run in that order,
-    a DB with one row, and a real run whose group folder `g` holds `earlier.txt`."""
+    """`<root>/<name>/`: a workflow whose steps (id, group, Python body after `preamble`)
+    run in that order, each followed by the `expect` tables, `extra` at the end; a DB
+    with one row, and a real run whose group folder `g` holds `earlier.txt`."""
     wf = root / name
     (wf / "code").mkdir(parents=True)
     (wf / "prompt.md").write_text("Do the step.\n")
     toml = [f'name = "{name}"']
     for step_id, group, body in steps:
-        (wf / "code" / f"{step_id}.py").write_text(IN_TEST_MODE + textwrap.dedent(body))
+        (wf / "code" / f"{step_id}.py").write_text(preamble + textwrap.dedent(body))
         toml.append(
             textwrap.dedent(
                 f"""\
@@ -47,9 +55,10 @@ def chain_workflow(
                 group = "{group}"
                 command = ["python3", "/workflow/code/{step_id}.py"]
                 prompt_file = "prompt.md"
-                timeout_s = 120
+                timeout_s = {timeout_s}
                 """
             )
+            + expect
         )
     (wf / "workflow.toml").write_text("\n".join(toml) + extra)
     (wf / "db").mkdir()
