@@ -24,6 +24,7 @@ import h11
 
 from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.contracts.guardparts import EgressEntry
+from sandbox.contracts.recording import EMPTY_SHA256
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.egress import http1, lines, relay, replayed, splice
 from sandbox.guard.egress.aliases import HostAliases
@@ -356,7 +357,7 @@ class EgressProxy:
                 expects = b"100-continue" in incoming.fields.get(b"expect", b"")
                 if body and expects and live is None:  # a replay's miss had its 100
                     await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                body_hash = hashlib.sha256()
+                body_hash = hashlib.sha256()  # stays the empty body's for a read
                 if outgoing is not None:  # h11 frames the body (none for a read)
                     chunks = (
                         replayed.chunks(live.body)
@@ -368,7 +369,8 @@ class EgressProxy:
                         await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
                     await upstream.send(outgoing.send(h11.EndOfMessage()) or b"")
                 if self.reads is not None:
-                    key = replayed.egress_key(seen, body_hash.hexdigest())
+                    digest = body_hash.hexdigest() if outgoing is not None else EMPTY_SHA256
+                    key = replayed.egress_key(seen, digest)
                     if live is not None:
                         self.reads.recorder.note_miss(key, "egress", replayed.what(seen))
                         outcome.update(replay="live", replay_key=key)
