@@ -25,10 +25,11 @@ from sandbox.contracts.hostconfig import Durability
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard import actionlog
 from sandbox.guard.actionlog import ActionLog
+from sandbox.guard.egress import proxy as proxy_module
 from sandbox.guard.egress.proxy import EgressProxy
 from tests.conftest import call_lines, guard_config
 from tests.guard.actionlogparts import write_line
-from tests.guard.egress.proxyparts import OK, Host, actions_file, through
+from tests.guard.egress.proxyparts import OK, Host, actions_file, allowing_proxy, through
 from tests.polling import wait_for
 
 
@@ -278,3 +279,25 @@ def test_a_log_that_cannot_be_written_refuses_the_request_and_nothing_leaves(
     assert head.startswith(b"HTTP/1.1 502") and b"X-Agentworks-Test-Mode: refused" in head
     assert b"action log could not be written (No space left on device)" in body
     assert b"nothing was sent" in body and b"Continue as if" not in body
+
+
+def test_an_allow_list_answer_remembered_is_the_lists_own_and_the_memo_stays_bounded(
+    tmp_path: Path,
+) -> None:
+    """The proxy remembers which entry admits a host, port and kind (its allow list is
+    frozen with its config): the same answer as the list's, for a tunnel and plain
+    HTTP apart, and at most MEMO_ENTRIES of them whatever hosts the step names."""
+    with actions_file(tmp_path) as actions:
+        proxy = allowing_proxy(actions, 8080)
+        try:
+            for _ in range(2):
+                entry = proxy._entry("127.0.0.1", 8080, tunnel=False)
+                assert entry is not None and entry.host == "127.0.0.1"
+                assert proxy._entry("127.0.0.1", 8080, tunnel=True) is None
+                assert proxy._entry("127.0.0.1", 8081, tunnel=False) is None
+            for n in range(proxy_module.MEMO_ENTRIES + 10):
+                assert proxy._entry(f"h{n}.test", 80, tunnel=False) is None
+            assert len(proxy._entries) <= proxy_module.MEMO_ENTRIES
+            assert proxy._entry("127.0.0.1", 8080, tunnel=False) is entry
+        finally:
+            proxy.log.close()
