@@ -32,3 +32,13 @@ def test_a_credential_header_is_redacted_every_time_whatever_its_names_length() 
             head = f"GET / HTTP/1.1\r\nHost: a.test\r\n{name}: s3cr3t\r\n\r\n".encode()
             shown = "\n".join(shown_head(head))
             assert ("s3cr3t" in shown) is name.startswith("X-b")
+
+
+def test_a_credential_key_is_redacted_whatever_its_length() -> None:
+    long_secret, long_plain = "x" * 70 + "_token", "y" * 70
+    for _ in range(2):
+        assert redact({"api_key": "s", long_secret: "s", long_plain: "p"}) == {
+            "api_key": REDACTED,
+            long_secret: REDACTED,
+            long_plain: "p",
+        }
