@@ -290,3 +290,32 @@ def test_connection_and_upgrade_tokens_come_from_every_such_header() -> None:
     assert http1.upgrade_tokens(request) == [b"websocket", b"h2c", b"foo"]
     assert http1.connection_tokens(parse(GOOD)) == set()
     assert http1.upgrade_tokens(parse(GOOD)) == []
+
+
+def _judged_by_the_pattern(buffer: bytes) -> int | str | None:
+    """What `head_end` says, as the pattern alone says it (its search at every byte)."""
+    end = buffer.find(b"\r\n\r\n")
+    stop = end + 4 if end >= 0 else len(buffer)
+    found = http1._AMBIGUOUS.search(buffer, 0, stop)
+    if found is not None and not (end < 0 and found.group() == b"\r" and found.end() == stop):
+        return found.group().decode()[:2]
+    return end + 4 if end >= 0 else None
+
+
+def test_a_heads_line_ends_counted_say_what_the_pattern_says() -> None:
+    """`head_end` counts CR, LF and CRLF before it searches: over every short run of
+    line-end bytes, whitespace and text, it passes, waits for and refuses exactly the
+    heads the pattern's search does, for the same reason."""
+    import itertools
+
+    reasons = {"\n": "bare LF", "\r": "bare CR", "\r\n": "obs-fold"}
+    alphabet = [b"a", b"\r", b"\n", b" ", b"\t"]
+    for size in range(1, 7):
+        for parts in itertools.product(alphabet, repeat=size):
+            buffer = b"GET / HTTP/1.1" + b"".join(parts) + b"\r\n\r\n"[: size % 5]
+            expected = _judged_by_the_pattern(buffer)
+            if isinstance(expected, str):
+                with pytest.raises(Denied, match=reasons[expected]):
+                    http1.head_end(buffer)
+            else:
+                assert http1.head_end(buffer) == expected, buffer
