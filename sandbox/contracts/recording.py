@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from json.encoder import encode_basestring
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import to_json
 
 KEY_VERSION = 1
 DEFAULT_CAP_BYTES = 64 * 1024**2  # the whole recording of one run
@@ -40,6 +42,19 @@ def key_of(kind: Kind, **parts: Any) -> str:
     values, so key order and spacing in the step's request do not matter)."""
     doc = {"v": KEY_VERSION, "kind": kind, **parts}
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def egress_key(method: str, url: str, body_sha256: str) -> str:
+    """`key_of("egress", method=, url=, body_sha256=)`, its canonical JSON written here
+    with the string encoder `json.dumps` uses for it (keys in sorted order): every
+    read's key, where the general encoder was most of the cost. The same bytes
+    (tests/contracts/test_recording.py pins the two equal)."""
+    text = (
+        f'{{"body_sha256":{encode_basestring(body_sha256)},"kind":"egress",'
+        f'"method":{encode_basestring(method)},"url":{encode_basestring(url)},'
+        f'"v":{KEY_VERSION}}}'
+    )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -145,3 +160,62 @@ class ReplaySummary(BaseModel):
     misses_named: list[ReplayMiss] = Field(
         default_factory=list, description="The first 100 misses."
     )
+
+
+_KINDS = frozenset({"egress", "mcp", "bridge"})
+_REPLAYS = frozenset({"", "hit", "miss", "live"})
+
+
+def index_line_json(
+    *,
+    key: str,
+    kind: str,
+    what: str,
+    kept: bool,
+    size: int,
+    sha256: str | None = None,
+    why_not: str = "",
+    replay: str = "",
+) -> bytes:
+    """An `IndexLine`'s JSON (`json_of(IndexLine(...))`'s bytes) without a model per
+    answer: when every value is one the model takes as it is (checked here as the
+    model checks it), the same dict in the model's field order goes to the model's own
+    serializer (pydantic-core's `to_json`); any other goes through the model, which
+    raises what it raises (tests/contracts/test_recording.py pins both)."""
+    if (
+        type(key) is str
+        and SHA256.fullmatch(key) is not None
+        and type(kind) is str
+        and kind in _KINDS
+        and type(what) is str
+        and len(what) <= 600
+        and type(kept) is bool
+        and type(size) is int
+        and size >= 0
+        and (sha256 is None or (type(sha256) is str and SHA256.fullmatch(sha256) is not None))
+        and type(why_not) is str
+        and type(replay) is str
+        and replay in _REPLAYS
+    ):
+        line = {
+            "key": key,
+            "kind": kind,
+            "what": what,
+            "kept": kept,
+            "bytes": size,
+            "sha256": sha256,
+            "why_not": why_not,
+            "replay": replay,
+        }
+        return to_json(line)
+    model = IndexLine(
+        key=key,
+        kind=kind,  # type: ignore[arg-type]
+        what=what,
+        kept=kept,
+        bytes=size,
+        sha256=sha256,
+        why_not=why_not,
+        replay=replay,  # type: ignore[arg-type]
+    )
+    return model.__pydantic_serializer__.to_json(model)

@@ -39,15 +39,9 @@ def _digest(data: str) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def _short_secret_key(key: str) -> bool:
-    return _SECRET_KEY.search(key) is not None
-
-
-def _secret_key(key: str) -> bool:
-    """Whether an argument key names a credential. Keys repeat call after call, so a
-    short key's answer is remembered (at most 1,024 keys of at most 64 characters: a
-    hostile step cannot make the memo cost memory); a longer one is searched each time."""
-    if len(key) <= 64:
-        return _short_secret_key(key)
+    """Whether an argument key of at most 64 characters names a credential. Keys repeat
+    call after call, so the answer is remembered (at most 1,024 keys: a hostile step
+    cannot make the memo cost memory); `redact` searches a longer one each time."""
     return _SECRET_KEY.search(key) is not None
 
 
@@ -63,6 +57,11 @@ def _redact_text(value: str, secrets: tuple[str, ...]) -> str:
         cut = len(value) - MAX_VALUE_CHARS
         return value[:MAX_VALUE_CHARS] + f"[... {cut} chars cut; sha256 {_digest(value)}]"
     return value
+
+
+def redact_text(value: str, secrets: tuple[str, ...]) -> str:
+    """`redact` of a string (a line's reason), without its type checks."""
+    return _redact_text(value, secrets)
 
 
 def redact(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
@@ -85,7 +84,8 @@ def redact(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
                 out["[cut]"] = f"{len(value) - MAX_ITEMS} more keys"
                 break
             key = str(k)
-            if _secret_key(key):
+            # a short key's answer remembered (`_short_secret_key`), a long one searched
+            if _short_secret_key(key) if len(key) <= 64 else _SECRET_KEY.search(key):
                 out[key] = REDACTED
             elif leaf_ok and type(v) is str:
                 out[key] = _redact_text(v, secrets)

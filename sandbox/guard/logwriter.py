@@ -253,10 +253,12 @@ class _GroupCommit:
             or self._syncer.error is not None
         ):
             return False
-        view = memoryview(data)
         try:
-            while view:
-                view = view[os.write(self._fd, view) :]
+            written = os.write(self._fd, data)
+            if written < len(data):  # a short write (a full disk): the rest, in order
+                view = memoryview(data)[written:]
+                while view:
+                    view = view[os.write(self._fd, view) :]
         except OSError as exc:
             self._error = exc
             raise

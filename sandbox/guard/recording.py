@@ -31,6 +31,7 @@ from sandbox.contracts.recording import (
     MissMode,
     RecordingSettings,
     ReplaySettings,
+    index_line_json,
 )
 from sandbox.contracts.wire import json_of
 
@@ -87,7 +88,11 @@ class Recorder:
         """One index line (the guard's; a failed write loses the line, not the answer).
         The index stops short of what the host reads back: its last line says it is full,
         and later answers are neither kept nor listed."""
-        data = json_of(line) + b"\n"
+        self.note_json(json_of(line), line.kind)
+
+    def note_json(self, line: bytes, kind: Kind) -> None:
+        """`note` for a line made already (`index_line_json`)."""
+        data = line + b"\n"
         with self._lock:
             self._open()
             if self._index_fd < 0:
@@ -95,7 +100,7 @@ class Recorder:
             if self._index_bytes + len(data) > MAX_INDEX_BYTES - INDEX_RESERVE:
                 full = IndexLine(
                     key="0" * 64,
-                    kind=line.kind,
+                    kind=kind,
                     what="the index is full: later answers were neither kept nor listed",
                     kept=False,
                     bytes=0,
@@ -276,18 +281,17 @@ class Tap:
         self._note(kept=kept, digest=digest)
 
     def _note(self, *, kept: bool, digest: str | None) -> None:
-        self._recorder.note(
-            IndexLine(
-                key=self.key,
-                kind=self.kind,
-                what=self.what,
-                kept=kept,
-                bytes=self.size,
-                sha256=digest,
-                why_not="" if kept else self._why_not,
-                replay=self.replay,  # type: ignore[arg-type]
-            )
+        line = index_line_json(
+            key=self.key,
+            kind=self.kind,
+            what=self.what,
+            kept=kept,
+            size=self.size,
+            sha256=digest,
+            why_not="" if kept else self._why_not,
+            replay=self.replay,
         )
+        self._recorder.note_json(line, self.kind)
 
     def _commit(self, digest: str) -> bool:
         if self._fd < 0 and self._recorder.knows(digest):

@@ -152,3 +152,33 @@ def test_a_queued_outcome_the_loop_cannot_write_fails_the_next_call_not_the_repl
     assert asyncio.run(main()) == "No space left on device"
     log.close()
     assert [(ln.event, ln.call_id) for ln in _lines(path)] == [("start", "c1")]
+
+
+def test_a_line_the_kernel_takes_in_parts_is_written_whole_and_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write the kernel cut short (a disk nearly full) goes on from where it stopped:
+    every line whole, in order, each written by the loop."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    real = os.write
+
+    def short(fd: int, data: bytes | memoryview) -> int:
+        return real(fd, bytes(data[:7]))
+
+    monkeypatch.setattr(os, "write", short)
+    monkeypatch.setattr(actionlog, "SYNC_INTERVAL_S", 600.0)
+    log = ActionLog(str(path), secrets=())
+
+    async def main() -> None:
+        for n in range(1, 4):
+            started = await log.begin(tool="http", arguments={"n": n}, **EGRESS_CALL)  # type: ignore[arg-type]
+            log.outcome_queued(started, ok=True)
+
+    asyncio.run(main())
+    log.close()
+    assert [(ln.event, ln.call_id, ln.arguments) for ln in _lines(path)] == [
+        (event, f"c{n}", {"n": n} if event == "start" else {})
+        for n in range(1, 4)
+        for event in ("start", "outcome")
+    ]

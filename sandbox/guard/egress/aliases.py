@@ -42,6 +42,16 @@ class HostAliases:
                 self._known[name] = await _resolve(name)
             return self._known[name]
 
+    def remembered(self, host: str) -> dict[str, Any] | None:
+        """`detail(host)` without a wait when its answer is known already (every request
+        but a host's first: no coroutine made per request); None when it is not."""
+        if not self._names:  # an allow list of addresses and wildcards: nothing to add
+            return {}
+        found = self._memo.get(host)
+        if found is None:
+            return None
+        return {key: list(value) for key, value in found.items()}
+
     async def detail(self, host: str) -> dict[str, Any]:
         """What an egress line to `host` adds to its detail (nothing for other names);
         a new dict each time (the caller's to change)."""

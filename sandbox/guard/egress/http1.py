@@ -12,6 +12,7 @@ path (`http1_lines`); the rules for both paths are here.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -80,17 +81,27 @@ def head_end(buffer: bytes | bytearray) -> int | None:
     not complete yet. Raises Denied as soon as what has arrived is ambiguous."""
     end = buffer.find(b"\r\n\r\n")
     stop = end + 4 if end >= 0 else len(buffer)
-    # An incomplete head may end in the CR of a CRLF still to come.
-    found = _AMBIGUOUS.search(buffer, 0, stop)
-    if found is not None and not (end < 0 and found.group() == b"\r" and found.end() == stop):
-        if found.group() == b"\n":
-            raise Denied(400, "a line of the request head ends in a bare LF")
-        if found.group() == b"\r":
-            raise Denied(400, "the request head holds a bare CR")
-        raise Denied(400, "a header line starts with whitespace (obs-fold)")
+    crlfs = buffer.count(b"\r\n", 0, stop)
+    # A head whose every LF and every CR is part of a CRLF, and no CRLF of which is
+    # followed by a space or a tab, holds none of the three: counted in C, without
+    # the pattern's search at every byte (which tells them apart once one is there).
+    if not (
+        buffer.count(b"\n", 0, stop) == crlfs
+        and buffer.count(b"\r", 0, stop) == crlfs
+        and buffer.find(b"\r\n ", 0, stop) < 0
+        and buffer.find(b"\r\n\t", 0, stop) < 0
+    ):
+        # An incomplete head may end in the CR of a CRLF still to come.
+        found = _AMBIGUOUS.search(buffer, 0, stop)
+        if found is not None and not (end < 0 and found.group() == b"\r" and found.end() == stop):
+            if found.group() == b"\n":
+                raise Denied(400, "a line of the request head ends in a bare LF")
+            if found.group() == b"\r":
+                raise Denied(400, "the request head holds a bare CR")
+            raise Denied(400, "a header line starts with whitespace (obs-fold)")
     if stop > MAX_HEAD_BYTES:
         raise Denied(431, f"the request head is larger than {MAX_HEAD_BYTES} bytes")
-    if buffer.count(b"\r\n", 0, stop) > MAX_HEADER_LINES + 2:
+    if crlfs > MAX_HEADER_LINES + 2:
         raise Denied(431, f"the request head has more than {MAX_HEADER_LINES} header lines")
     return end + 4 if end >= 0 else None
 
@@ -195,8 +206,22 @@ def _host_port(match: re.Match[str], default_port: int) -> tuple[str, int]:
     return host.rstrip("."), port
 
 
+# A parse of a short target or Host value is remembered (a step asks for the same
+# few URLs and names the same host again and again; each answer is a pure function of
+# its input; a refusal raised is not remembered): at most MEMO entries of at most
+# MEMO_BYTES each, whatever the step sends.
+MEMO = 256
+MEMO_BYTES = 256
+
+
 def absolute_target(target: bytes) -> Target:
     """A proxy request's target: exactly `http://host[:port][/path[?query]]`."""
+    if len(target) <= MEMO_BYTES:
+        return _remembered_target(target)
+    return _absolute_target(target)
+
+
+def _absolute_target(target: bytes) -> Target:
     text = target.decode("ascii")
     match = _ABSOLUTE_HTTP.fullmatch(text)
     if match is None:
@@ -206,6 +231,9 @@ def absolute_target(target: bytes) -> Target:
         raise Denied(400, "a proxy request needs an absolute http://host/path target")
     host, port = _host_port(match, 80)
     return Target(host, port, match.group("origin") or "/")
+
+
+_remembered_target = functools.lru_cache(maxsize=MEMO)(_absolute_target)
 
 
 def tunnel_target(target: bytes, host: str, port: int) -> Target:
@@ -243,21 +271,35 @@ def check_host(
         if request.http_version == b"1.1":  # h11 requires it already
             raise Denied(400, "an HTTP/1.1 request needs a Host header")
         return
-    match = _HOST_HEADER.fullmatch(value.decode("latin-1"))
-    if match is None or _host_port(match, default_port) != (host, port):
+    judged = (
+        _remembered_host(value, default_port)
+        if len(value) <= MEMO_BYTES
+        else _host_named(value, default_port)
+    )
+    if judged != (host, port):
         shown = _clip(value.decode("latin-1"), 100)
         raise Denied(400, f"the Host header ({shown}) disagrees with the request's target")
+
+
+def _host_named(value: bytes, default_port: int) -> tuple[str, int] | None:
+    """The host and port a Host header's value names; None when it is not a host[:port]."""
+    match = _HOST_HEADER.fullmatch(value.decode("latin-1"))
+    return None if match is None else _host_port(match, default_port)
+
+
+_remembered_host = functools.lru_cache(maxsize=MEMO)(_host_named)
 
 
 def connection_tokens(
     message: h11.Request | h11.Response | h11.InformationalResponse,
 ) -> set[bytes]:
-    return {
-        token.strip().lower()
-        for _, name, value in message.headers._full_items
-        if name == b"connection"
-        for token in value.split(b",")
-    }
+    # a loop, not a set of a generator: called for every request and every reply
+    tokens: set[bytes] = set()
+    for _, name, value in message.headers._full_items:
+        if name == b"connection":
+            for token in value.split(b","):
+                tokens.add(token.strip().lower())
+    return tokens
 
 
 def forward_headers(
@@ -278,15 +320,24 @@ def forward_headers(
     ]
 
 
-def request_head(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes:
+def request_head(method: bytes, target: bytes, headers: list[tuple[bytes, bytes]]) -> bytes | None:
     """An HTTP/1.1 request head as h11 writes it: the request line, the Host header
-    first, then every other header in order. `headers` must be valid already (parsed
-    by h11, or the proxy's own)."""
-    lines = [b"%s %s HTTP/1.1\r\n" % (method, target)]
-    lines += [b"%s: %s\r\n" % item for item in headers if item[0].lower() == b"host"]
-    lines += [b"%s: %s\r\n" % item for item in headers if item[0].lower() != b"host"]
-    lines.append(b"\r\n")
-    return b"".join(lines)
+    first, then every other header in order; None when `headers` frame a body
+    (Content-Length, Transfer-Encoding: h11 writes that request, and frames its body).
+    `headers` must be valid already (parsed by h11, or the proxy's own)."""
+    hosts = [b"%s %s HTTP/1.1\r\n" % (method, target)]
+    rest = []
+    for item in headers:  # one pass, each name lower-cased once
+        name = item[0].lower()
+        if name == b"host":
+            hosts.append(b"%s: %s\r\n" % item)
+        elif name in http1_lines.FRAMING:
+            return None
+        else:
+            rest.append(b"%s: %s\r\n" % item)
+    hosts += rest
+    hosts.append(b"\r\n")
+    return b"".join(hosts)
 
 
 def wants_keep_alive(request: h11.Request) -> bool:
@@ -301,10 +352,8 @@ def _clip(text: str, limit: int = 200) -> str:
 def upgrade_tokens(request: h11.Request) -> list[bytes]:
     """The protocols the request's Upgrade headers (all of them) ask for, lower-case,
     without versions."""
-    return [
-        token.strip().split(b"/")[0].lower()
-        for _, name, value in request.headers._full_items
-        if name == b"upgrade"
-        for token in value.split(b",")
-        if token.strip()
-    ]
+    tokens: list[bytes] = []
+    for _, name, value in request.headers._full_items:
+        if name == b"upgrade":
+            tokens += [t.strip().split(b"/")[0].lower() for t in value.split(b",") if t.strip()]
+    return tokens

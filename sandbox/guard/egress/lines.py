@@ -9,6 +9,7 @@ the stub text for a would-be effect and an error text for anything else, never
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import Any
@@ -110,6 +111,23 @@ def shown_head(head: bytes) -> list[str]:
     shown = [lines[0].decode("latin-1")]
     for line in lines[1:]:
         name, _, value = line.partition(b": ")
-        masked = REDACTED.encode() if SECRET_HEADER.search(name) else value
+        masked = _REDACTED if _secret_name(name) else value
         shown.append((name + b": " + masked).decode("latin-1"))
     return shown
+
+
+_REDACTED = REDACTED.encode()
+
+
+@functools.lru_cache(maxsize=1024)
+def _short_secret_name(name: bytes) -> bool:
+    return SECRET_HEADER.search(name) is not None
+
+
+def _secret_name(name: bytes) -> bool:
+    """Whether a header's name marks a credential. The same names come in every
+    request, so a short name's answer is remembered (at most 1,024 names of at most 64
+    bytes: the step cannot make the memo cost memory); a longer one is searched each time."""
+    if len(name) <= 64:
+        return _short_secret_name(name)
+    return SECRET_HEADER.search(name) is not None

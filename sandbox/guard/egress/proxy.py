@@ -24,6 +24,7 @@ import h11
 
 from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.contracts.guardparts import EgressEntry
+from sandbox.contracts.recording import EMPTY_SHA256
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.egress import http1, lines, relay, replayed, splice
 from sandbox.guard.egress.aliases import HostAliases
@@ -46,6 +47,7 @@ from sandbox.guard.recording import Reads, Tap
 
 IDLE_TIMEOUT_S = 60.0  # a kept-alive client connection with no request in it
 READ_TIMEOUT_S = 30.0  # a request head or body that stops arriving
+MEMO_ENTRIES = 256  # allow-list answers remembered per proxy
 
 
 @dataclass
@@ -61,6 +63,9 @@ class EgressProxy:
     _pool: Pool = field(default_factory=Pool, repr=False)
     _connections: int = field(default=0, repr=False)
     _aliases: HostAliases | None = field(default=None, repr=False)
+    _entries: dict[tuple[str, int, bool], EgressEntry | None] = field(
+        default_factory=dict, repr=False
+    )
     # The run's recording (and the one it replays); None: this proxy records nothing
     # (an MCP server's own proxy: its answers are recorded as the server's results).
     reads: Reads | None = field(default=None, repr=False)
@@ -170,10 +175,11 @@ class EgressProxy:
         direct = client.direct
         target = direct.target(request.target) if direct else http1.absolute_target(request.target)
         seen.url, seen.host = target.url("http"), target.host
-        await self._note_aliases(seen)
+        if not self._noted_aliases(seen):
+            await self._note_aliases(seen)
         http1.check_host(request, incoming.fields, target.host, target.port, 80)
         websocket = upgrade_asked(incoming, seen)
-        entry = match(self.config.egress, target.host, target.port, tunnel=False)
+        entry = self._entry(target.host, target.port, tunnel=False)
         if entry is None:
             reason = f"{target.host}:{target.port} is not on the egress allow list"
             raise Denied(403, reason, stub=True)
@@ -194,11 +200,12 @@ class EgressProxy:
         seen.url = request.target.decode("ascii")
         host, port = http1.connect_target(request.target)
         seen.host = host
-        await self._note_aliases(seen)
+        if not self._noted_aliases(seen):
+            await self._note_aliases(seen)
         http1.check_host(request, incoming.fields, host, port, port)
         if incoming.fields.get(b"content-length") or incoming.fields.get(b"transfer-encoding"):
             raise Denied(400, "a CONNECT carries no body")
-        entry = match(self.config.egress, host, port, tunnel=True)
+        entry = self._entry(host, port, tunnel=True)
         if entry is None:
             raise Denied(403, f"CONNECT to {host}:{port} is not on the egress allow list")
         async for _ in read_body(client, incoming, self._fill):
@@ -235,7 +242,8 @@ class EgressProxy:
         host, port, entry = tunnel
         request = incoming.request
         seen.host = host
-        await self._note_aliases(seen)
+        if not self._noted_aliases(seen):
+            await self._note_aliases(seen)
         raw = request.target.decode("ascii")
         # Until the target is judged the line shows it as sent, never glued to the host.
         seen.url = http1.Target(host, port, raw).url("https") if raw.startswith("/") else raw
@@ -356,7 +364,7 @@ class EgressProxy:
                 expects = b"100-continue" in incoming.fields.get(b"expect", b"")
                 if body and expects and live is None:  # a replay's miss had its 100
                     await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                body_hash = hashlib.sha256()
+                body_hash = hashlib.sha256()  # stays the empty body's for a read
                 if outgoing is not None:  # h11 frames the body (none for a read)
                     chunks = (
                         replayed.chunks(live.body)
@@ -368,7 +376,8 @@ class EgressProxy:
                         await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
                     await upstream.send(outgoing.send(h11.EndOfMessage()) or b"")
                 if self.reads is not None:
-                    key = replayed.egress_key(seen, body_hash.hexdigest())
+                    digest = body_hash.hexdigest() if outgoing is not None else EMPTY_SHA256
+                    key = replayed.egress_key(seen, digest)
                     if live is not None:
                         self.reads.recorder.note_miss(key, "egress", replayed.what(seen))
                         outcome.update(replay="live", replay_key=key)
@@ -526,6 +535,29 @@ class EgressProxy:
         if self._aliases is None:
             self._aliases = HostAliases(self.config.egress)
         seen.aliases = await self._aliases.detail(seen.host)
+
+    def _noted_aliases(self, seen: Seen) -> bool:
+        """`_note_aliases` when its answer is known already (no wait): whether it was."""
+        if self._aliases is None:
+            return False
+        found = self._aliases.remembered(seen.host)
+        if found is None:
+            return False
+        seen.aliases = found
+        return True
+
+    def _entry(self, host: str, port: int, *, tunnel: bool) -> EgressEntry | None:
+        """`request.match` against this proxy's allow list (frozen with its config),
+        remembered per host, port and kind (at most MEMO_ENTRIES: the step chooses the
+        hosts it names)."""
+        key = (host, port, tunnel)
+        if key in self._entries:
+            return self._entries[key]
+        entry = match(self.config.egress, host, port, tunnel=tunnel)
+        if len(self._entries) >= MEMO_ENTRIES:
+            self._entries.clear()
+        self._entries[key] = entry
+        return entry
 
     def _facts(
         self,

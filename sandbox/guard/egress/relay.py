@@ -45,15 +45,13 @@ def request_head(sent: Sent) -> tuple[h11.Connection | None, bytes]:
     (`http1.parse_request`), and Host and Connection are the proxy's own, built from
     the judged target. A request with a body (a model call's Content-Length or
     chunked framing) goes through h11 whole, so that h11 frames the body it writes."""
-    named = {name.lower() for name, _ in sent.headers}
-    if b"content-length" in named or b"transfer-encoding" in named:
-        outgoing = new_outgoing()
-        head = outgoing.send(
-            h11.Request(method=sent.method, target=sent.origin, headers=sent.headers)
-        )
-        assert head is not None
-        return outgoing, head
-    return None, http1.request_head(sent.method, sent.origin, sent.headers)
+    head = http1.request_head(sent.method, sent.origin, sent.headers)
+    if head is not None:
+        return None, head
+    outgoing = new_outgoing()
+    head = outgoing.send(h11.Request(method=sent.method, target=sent.origin, headers=sent.headers))
+    assert head is not None
+    return outgoing, head
 
 
 def new_outgoing() -> h11.Connection:
@@ -266,19 +264,24 @@ async def relay_reply(
             headers.append((b"Content-Length", declared))
     if not keep:
         headers.append((b"Connection", b"close"))
-    head = b"HTTP/1.1 %d %s\r\n" % (status, response.reason)
-    head += b"".join(name + b": " + value + b"\r\n" for name, value in headers) + b"\r\n"
+    lines = [b"HTTP/1.1 %d %s\r\n" % (status, response.reason)]
+    lines += [b"%s: %s\r\n" % item for item in headers]
+    lines.append(b"\r\n")
     client.replying = True
     complete = True
     after = b""  # what came after the reply (a reply relayed without h11)
     if outgoing is None:
-        body, after = rest[:length], rest[length:]
-        await client.write(head + body)
+        # the head and a small body in one buffer, the body copied once
+        lines.append(rest[:length])
+        after = rest[length:]
+        await client.write(b"".join(lines))
     elif framing == "none":
-        await client.write(head)
+        await client.write(b"".join(lines))
     elif framing == "chunked":
+        head = b"".join(lines)
         await relay_chunked(client, upstream, outgoing, head, chunked=client_11)
     else:
+        head = b"".join(lines)
         complete = await relay_counted(
             client, upstream, outgoing, head, length if framing == "length" else None
         )

@@ -15,7 +15,8 @@ import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sandbox.contracts.recording import key_of, miss_text
+from sandbox.contracts.recording import egress_key as recorded_egress_key
+from sandbox.contracts.recording import miss_text
 from sandbox.guard.egress.request import Incoming, Seen, read_body
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class Proxy(Protocol):
 
 
 def egress_key(seen: Seen, body_sha256: str) -> str:
-    return key_of("egress", method=seen.method, url=seen.url, body_sha256=body_sha256)
+    return recorded_egress_key(seen.method, seen.url, body_sha256)
 
 
 def what(seen: Seen) -> str:

@@ -49,3 +49,17 @@ def test_a_step_naming_many_hosts_cannot_grow_the_memo_past_its_bound() -> None:
         assert await aliases.detail("127.0.0.1") == {"names": ["localhost"]}
 
     asyncio.run(test())
+
+
+def test_a_remembered_answer_is_given_without_a_wait_and_is_the_callers_own() -> None:
+    async def test() -> None:
+        aliases = _aliases("localhost")
+        assert aliases.remembered("127.0.0.1") is None  # not asked yet: it must be awaited
+        assert await aliases.detail("127.0.0.1") == {"names": ["localhost"]}
+        first = aliases.remembered("127.0.0.1")
+        assert first == {"names": ["localhost"]}
+        first["names"].append("changed by the caller")
+        assert aliases.remembered("127.0.0.1") == {"names": ["localhost"]}
+        assert _aliases("127.0.0.1").remembered("localhost") == {}
+
+    asyncio.run(test())

@@ -239,3 +239,83 @@ def test_a_head_with_framing_is_parsed_by_h11_and_keeps_its_connection() -> None
     assert conn is not None
     conn.receive_data(b"abc")
     assert isinstance(conn.next_event(), h11.Data)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [(b"Host", b"a.test"), (b"Content-Length", b"3")],
+        [(b"Host", b"a.test"), (b"transfer-encoding", b"chunked")],
+        [(b"X-A", b"1"), (b"CONTENT-LENGTH", b"0"), (b"Host", b"a.test")],
+    ],
+)
+def test_a_head_that_frames_a_body_is_left_to_h11(headers: list[tuple[bytes, bytes]]) -> None:
+    """The proxy writes only heads without a body; one that frames a body is h11's to
+    write, so that h11 frames the body that follows it."""
+    assert http1.request_head(b"POST", b"/", headers) is None
+
+
+def test_a_remembered_target_or_host_is_judged_as_a_new_one_would_be() -> None:
+    """A parse remembered is the parse again; a refusal is raised every time; a long
+    target or Host value is never remembered; the memo stays bounded whatever the
+    step names."""
+    for _ in range(2):
+        assert http1.absolute_target(b"http://A.test:81/x") == http1.Target("a.test", 81, "/x")
+        with pytest.raises(Denied, match="out of range"):
+            http1.absolute_target(b"http://a.test:99999/x")
+    request = parse(b"GET http://a.test/x HTTP/1.1\r\nHost: a.test\r\n\r\n")
+    found = http1.fields(request)
+    http1.check_host(request, found, "a.test", 80, 80)
+    # the same value against another judged host or port: refused, memo or not
+    with pytest.raises(Denied):
+        http1.check_host(request, found, "b.test", 80, 80)
+    with pytest.raises(Denied):
+        http1.check_host(request, found, "a.test", 8080, 80)
+    http1.check_host(request, found, "a.test", 8080, 8080)  # no port: the default one
+    long = b"http://a.test/" + b"x" * http1.MEMO_BYTES
+    before = http1._remembered_target.cache_info().currsize
+    assert http1.absolute_target(long).origin == "/" + "x" * http1.MEMO_BYTES
+    assert http1._remembered_target.cache_info().currsize == before
+    for n in range(http1.MEMO + 10):
+        http1.absolute_target(b"http://a.test/%d" % n)
+    assert http1._remembered_target.cache_info().currsize <= http1.MEMO
+
+
+def test_connection_and_upgrade_tokens_come_from_every_such_header() -> None:
+    request = parse(
+        b"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nConnection: Upgrade, X-A\r\n"
+        b"Upgrade: WebSocket/13, , h2c\r\nconnection:  close \r\nUpgrade: foo\r\n\r\n"
+    )
+    assert http1.connection_tokens(request) == {b"upgrade", b"x-a", b"close"}
+    assert http1.upgrade_tokens(request) == [b"websocket", b"h2c", b"foo"]
+    assert http1.connection_tokens(parse(GOOD)) == set()
+    assert http1.upgrade_tokens(parse(GOOD)) == []
+
+
+def _judged_by_the_pattern(buffer: bytes) -> int | str | None:
+    """What `head_end` says, as the pattern alone says it (its search at every byte)."""
+    end = buffer.find(b"\r\n\r\n")
+    stop = end + 4 if end >= 0 else len(buffer)
+    found = http1._AMBIGUOUS.search(buffer, 0, stop)
+    if found is not None and not (end < 0 and found.group() == b"\r" and found.end() == stop):
+        return found.group().decode()[:2]
+    return end + 4 if end >= 0 else None
+
+
+def test_a_heads_line_ends_counted_say_what_the_pattern_says() -> None:
+    """`head_end` counts CR, LF and CRLF before it searches: over every short run of
+    line-end bytes, whitespace and text, it passes, waits for and refuses exactly the
+    heads the pattern's search does, for the same reason."""
+    import itertools
+
+    reasons = {"\n": "bare LF", "\r": "bare CR", "\r\n": "obs-fold"}
+    alphabet = [b"a", b"\r", b"\n", b" ", b"\t"]
+    for size in range(1, 7):
+        for parts in itertools.product(alphabet, repeat=size):
+            buffer = b"GET / HTTP/1.1" + b"".join(parts) + b"\r\n\r\n"[: size % 5]
+            expected = _judged_by_the_pattern(buffer)
+            if isinstance(expected, str):
+                with pytest.raises(Denied, match=reasons[expected]):
+                    http1.head_end(buffer)
+            else:
+                assert http1.head_end(buffer) == expected, buffer

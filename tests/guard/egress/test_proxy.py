@@ -25,10 +25,11 @@ from sandbox.contracts.hostconfig import Durability
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard import actionlog
 from sandbox.guard.actionlog import ActionLog
+from sandbox.guard.egress import proxy as proxy_module
 from sandbox.guard.egress.proxy import EgressProxy
 from tests.conftest import call_lines, guard_config
 from tests.guard.actionlogparts import write_line
-from tests.guard.egress.proxyparts import OK, Host, actions_file, through
+from tests.guard.egress.proxyparts import OK, Host, actions_file, allowing_proxy, through
 from tests.polling import wait_for
 
 
@@ -278,3 +279,59 @@ def test_a_log_that_cannot_be_written_refuses_the_request_and_nothing_leaves(
     assert head.startswith(b"HTTP/1.1 502") and b"X-Agentworks-Test-Mode: refused" in head
     assert b"action log could not be written (No space left on device)" in body
     assert b"nothing was sent" in body and b"Continue as if" not in body
+
+
+def test_an_allow_list_answer_remembered_is_the_lists_own_and_the_memo_stays_bounded(
+    tmp_path: Path,
+) -> None:
+    """The proxy remembers which entry admits a host, port and kind (its allow list is
+    frozen with its config): the same answer as the list's, for a tunnel and plain
+    HTTP apart, and at most MEMO_ENTRIES of them whatever hosts the step names."""
+    with actions_file(tmp_path) as actions:
+        proxy = allowing_proxy(actions, 8080)
+        try:
+            for _ in range(2):
+                entry = proxy._entry("127.0.0.1", 8080, tunnel=False)
+                assert entry is not None and entry.host == "127.0.0.1"
+                assert proxy._entry("127.0.0.1", 8080, tunnel=True) is None
+                assert proxy._entry("127.0.0.1", 8081, tunnel=False) is None
+            for n in range(proxy_module.MEMO_ENTRIES + 10):
+                assert proxy._entry(f"h{n}.test", 80, tunnel=False) is None
+            assert len(proxy._entries) <= proxy_module.MEMO_ENTRIES
+            assert proxy._entry("127.0.0.1", 8080, tunnel=False) is entry
+        finally:
+            proxy.log.close()
+
+
+def test_a_small_reply_and_its_request_are_rebuilt_byte_for_byte(tmp_path: Path) -> None:
+    """What leaves the proxy each way, pinned whole: the request head as h11 writes it
+    (Host first, the step's other end-to-end headers in order and spelling), the reply
+    head rebuilt from its parse (hop-by-hop dropped, its length set, `Connection:
+    close` when the proxy closes) with its small body in the same write, and the
+    start line's forwarded head as the log shows it."""
+    reply = (
+        b"HTTP/1.1 200 Fine\r\nServer: t\r\nConnection: keep-alive, X-Hop\r\nX-Hop: 1\r\n"
+        b"Keep-Alive: timeout=5\r\nx-Mixed-CASE: v\r\nContent-Length: 5\r\n\r\nhello"
+    )
+    with actions_file(tmp_path) as actions:
+        host = Host(actions, reply)
+        try:
+            proxy, log = _local_proxy(actions, host.port)
+            authority = f"127.0.0.1:{host.port}"
+            request = (
+                f"GET http://{authority}/p?q=1 HTTP/1.1\r\nX-First: 1\r\nHost: {authority}\r\n"
+                "Connection: close\r\nAccept: */*\r\nProxy-Authorization: Basic eA==\r\n\r\n"
+            )
+            answered = asyncio.run(through(proxy, request.encode()))
+            log.close()
+        finally:
+            host.close()
+    assert answered == (
+        b"HTTP/1.1 200 Fine\r\nServer: t\r\nx-Mixed-CASE: v\r\nContent-Length: 5\r\n"
+        b"Connection: close\r\n\r\nhello"
+    )
+    head = f"GET /p?q=1 HTTP/1.1\r\nHost: {authority}\r\nX-First: 1\r\nAccept: */*\r\n\r\n"
+    assert host.received == [head.encode()]
+    (line,) = call_lines(actions)
+    assert line.arguments["forwarded_head"] == head.split("\r\n")[:-2]
+    assert line.detail["forwarded_sha256"] == hashlib.sha256(head.encode()).hexdigest()
