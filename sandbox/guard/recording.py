@@ -17,8 +17,10 @@ import hashlib
 import os
 import threading
 from pathlib import Path
+from typing import get_args
 
 from pydantic import ValidationError
+from pydantic_core import to_json
 
 from sandbox.contracts.recording import (
     BLOBS_DIR,
@@ -43,6 +45,73 @@ MAX_KEPT_MEMO = 4096
 # or once it ended, so that a small answer kept already (the same read again) writes
 # no file only to remove it.
 HOLD_BYTES = 64 * 1024
+
+
+_KINDS = frozenset(get_args(Kind))
+_REPLAY_MARKS = frozenset(get_args(IndexLine.model_fields["replay"].annotation))
+_MAX_WHAT: int = next(
+    rule.max_length
+    for rule in IndexLine.model_fields["what"].metadata
+    if hasattr(rule, "max_length")
+)
+
+
+def index_line(
+    key: str,
+    kind: str,
+    what: str,
+    *,
+    kept: bool,
+    size: int,
+    sha256: str | None = None,
+    why_not: str = "",
+    replay: str = "",
+) -> bytes:
+    """`json_of(IndexLine(...))`'s bytes (no newline), without a model per answer.
+
+    Every recorded answer has a line, and building the model (two pattern checks)
+    cost three times its JSON. So its checks are made here by hand and the plain dict
+    goes to the model's own serializer (pydantic-core's `to_json`), in the model's
+    field order; a value the checks do not pass (anything unusual, non-ASCII text too)
+    goes through the model, which raises what it would have raised
+    (tests/guard/test_recording.py holds the two to the same bytes)."""
+    if (
+        type(key) is str
+        and SHA256.fullmatch(key) is not None
+        and kind in _KINDS
+        and type(what) is str
+        and what.isascii()
+        and len(what) <= _MAX_WHAT
+        and type(kept) is bool
+        and type(size) is int
+        and size >= 0
+        and (sha256 is None or (type(sha256) is str and SHA256.fullmatch(sha256) is not None))
+        and type(why_not) is str
+        and why_not.isascii()
+        and replay in _REPLAY_MARKS
+    ):
+        fields = {
+            "key": key,
+            "kind": kind,
+            "what": what,
+            "kept": kept,
+            "bytes": size,
+            "sha256": sha256,
+            "why_not": why_not,
+            "replay": replay,
+        }
+        return to_json(fields)
+    line = IndexLine(
+        key=key,
+        kind=kind,  # type: ignore[arg-type]
+        what=what,
+        kept=kept,
+        bytes=size,
+        sha256=sha256,
+        why_not=why_not,
+        replay=replay,  # type: ignore[arg-type]
+    )
+    return json_of(line)
 
 
 class Recorder:
@@ -83,11 +152,11 @@ class Recorder:
             serial = self._serial
         return Tap(self, key, kind, what[:600], serial, replay)
 
-    def note(self, line: IndexLine) -> None:
-        """One index line (the guard's; a failed write loses the line, not the answer).
-        The index stops short of what the host reads back: its last line says it is full,
-        and later answers are neither kept nor listed."""
-        data = json_of(line) + b"\n"
+    def note(self, data: bytes, kind: Kind) -> None:
+        """One index line's JSON (`index_line`; the guard's: a failed write loses the
+        line, not the answer). The index stops short of what the host reads back: its
+        last line says it is full, and later answers are neither kept nor listed."""
+        data += b"\n"
         with self._lock:
             self._open()
             if self._index_fd < 0:
@@ -95,7 +164,7 @@ class Recorder:
             if self._index_bytes + len(data) > MAX_INDEX_BYTES - INDEX_RESERVE:
                 full = IndexLine(
                     key="0" * 64,
-                    kind=line.kind,
+                    kind=kind,
                     what="the index is full: later answers were neither kept nor listed",
                     kept=False,
                     bytes=0,
@@ -114,9 +183,7 @@ class Recorder:
 
     def note_miss(self, key: str, kind: Kind, what: str) -> None:
         """A read a replay did not have (answered with the stub, or sent live)."""
-        self.note(
-            IndexLine(key=key, kind=kind, what=what[:600], kept=False, bytes=0, replay="miss")
-        )
+        self.note(index_line(key, kind, what[:600], kept=False, size=0, replay="miss"), kind)
 
     def remember(self, digest: str) -> None:
         """A blob with this digest is kept (in the folder, whole)."""
@@ -276,18 +343,18 @@ class Tap:
         self._note(kept=kept, digest=digest)
 
     def _note(self, *, kept: bool, digest: str | None) -> None:
-        self._recorder.note(
-            IndexLine(
-                key=self.key,
-                kind=self.kind,
-                what=self.what,
-                kept=kept,
-                bytes=self.size,
-                sha256=digest,
-                why_not="" if kept else self._why_not,
-                replay=self.replay,  # type: ignore[arg-type]
-            )
+        why_not = "" if kept else self._why_not
+        line = index_line(
+            self.key,
+            self.kind,
+            self.what,
+            kept=kept,
+            size=self.size,
+            sha256=digest,
+            why_not=why_not,
+            replay=self.replay,
         )
+        self._recorder.note(line, self.kind)
 
     def _commit(self, digest: str) -> bool:
         if self._fd < 0 and self._recorder.knows(digest):

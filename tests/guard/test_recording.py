@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from sandbox.contracts.recording import (
     BLOBS_DIR,
@@ -201,3 +202,80 @@ def test_a_streamed_answer_kept_already_opens_no_file_and_a_large_one_is_written
     assert sorted(os.listdir(tmp_path / BLOBS_DIR)) == sorted(digests)
     assert (tmp_path / BLOBS_DIR / hashlib.sha256(large).hexdigest()).read_bytes() == large
     assert recorder.used == len(b"head|body") + len(large)
+
+
+_DIGEST = hashlib.sha256(b"answer").hexdigest()
+_INDEX_LINES = [
+    {
+        "key": _DIGEST,
+        "kind": "bridge",
+        "what": "bridge generate_text_llm",
+        "kept": True,
+        "bytes": 354,
+        "sha256": _DIGEST,
+    },
+    {
+        "key": _DIGEST,
+        "kind": "egress",
+        "what": 'GET https://h/p?q="x"\\\n',
+        "kept": False,
+        "bytes": 0,
+        "why_not": "over the body cap",
+        "replay": "miss",
+    },
+    {
+        "key": _DIGEST,
+        "kind": "mcp",
+        "what": "mcp srv/t\u00e9l\u00e9",
+        "kept": False,
+        "bytes": 2**70,
+        "why_not": "cut short \u2014 late",
+        "replay": "live",
+    },
+    {
+        "key": _DIGEST,
+        "kind": "mcp",
+        "what": "w" * 600,
+        "kept": True,
+        "bytes": 0,
+        "sha256": _DIGEST,
+        "replay": "hit",
+    },
+]
+
+
+@pytest.mark.parametrize("fields", _INDEX_LINES)
+def test_an_index_line_is_the_model_s_json_byte_for_byte(fields: dict[str, object]) -> None:
+    """Every recorded answer's line is encoded without a model: the same bytes."""
+    given = dict(fields)
+    size = given.pop("bytes")
+    expected = IndexLine.model_validate(fields).model_dump_json().encode()
+    assert recording.index_line(**given, size=size) == expected  # type: ignore[arg-type]
+
+
+_BAD_INDEX_LINES = [
+    {"key": _DIGEST + "\n"},
+    {"key": _DIGEST.upper()},
+    {"sha256": "0" * 63},
+    {"kind": "file"},
+    {"what": "w" * 601},
+    {"what": "\u00e9" * 601},
+    {"size": -1},
+    {"replay": "later"},
+    {"kept": "maybe"},
+]
+
+
+@pytest.mark.parametrize("change", _BAD_INDEX_LINES)
+def test_an_index_line_the_model_refuses_is_refused_as_the_model_refuses_it(
+    change: dict[str, object],
+) -> None:
+    fields: dict[str, object] = {"key": _DIGEST, "kind": "bridge", "what": "w", "kept": True}
+    fields["size"] = 1
+    fields |= change
+    model_fields = {("bytes" if k == "size" else k): v for k, v in fields.items()}
+    with pytest.raises(ValidationError) as want:
+        IndexLine.model_validate(model_fields)
+    with pytest.raises(ValidationError) as got:
+        recording.index_line(**fields)  # type: ignore[arg-type]
+    assert got.value.errors() == want.value.errors()
