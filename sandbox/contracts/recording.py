@@ -32,6 +32,12 @@ MissMode = Literal["stub", "live"]
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
+# What `json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)` makes
+# for every doc, without an encoder built per key (one a forwarded call). Reentrant:
+# each `encode` keeps its own state.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def key_of(kind: Kind, **parts: Any) -> str:
     """The match key: sha256 of the canonical JSON of the kind and its parts.
 
@@ -39,7 +45,7 @@ def key_of(kind: Kind, **parts: Any) -> str:
     arguments. Canonical: sorted keys, no spaces, UTF-8 (arguments compare as JSON
     values, so key order and spacing in the step's request do not matter)."""
     doc = {"v": KEY_VERSION, "kind": kind, **parts}
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    text = _CANONICAL.encode(doc)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
