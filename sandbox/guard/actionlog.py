@@ -35,6 +35,7 @@ from sandbox.guard.actionline import _model_line as _model_line
 from sandbox.guard.actionline import _summarized as _summarized
 from sandbox.guard.actionline import encode_line as encode_line
 from sandbox.guard.actionline import redact as redact
+from sandbox.guard.actionline import redact_text
 from sandbox.guard.logwriter import _GroupCommit, _Waiter
 from sandbox.guard.logwriter import _Line as _Line
 from sandbox.guard.logwriter import _Mailbox as _Mailbox
@@ -298,7 +299,7 @@ class ActionLog:
         fields["arguments"] = redact(fields["arguments"], self._secrets)
         fields["detail"] = redact(fields["detail"] or {}, self._secrets)
         fields["tool"] = str(fields["tool"])[:200]
-        fields["reason"] = redact(str(fields["reason"]), self._secrets)
+        fields["reason"] = redact_text(str(fields["reason"]), self._secrets)
         if fields["duration_ms"] is not None:
             fields["duration_ms"] = round(fields["duration_ms"], 3)
         now = datetime.now(UTC)
