@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 from json.encoder import encode_basestring
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_json
@@ -34,6 +34,12 @@ MissMode = Literal["stub", "live"]
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
+# What `json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)` makes
+# for every doc, without an encoder built per key (one a forwarded call). Reentrant:
+# each `encode` keeps its own state.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
 def key_of(kind: Kind, **parts: Any) -> str:
     """The match key: sha256 of the canonical JSON of the kind and its parts.
 
@@ -41,7 +47,7 @@ def key_of(kind: Kind, **parts: Any) -> str:
     arguments. Canonical: sorted keys, no spaces, UTF-8 (arguments compare as JSON
     values, so key order and spacing in the step's request do not matter)."""
     doc = {"v": KEY_VERSION, "kind": kind, **parts}
-    text = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    text = _CANONICAL.encode(doc)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
@@ -162,8 +168,14 @@ class ReplaySummary(BaseModel):
     )
 
 
-_KINDS = frozenset({"egress", "mcp", "bridge"})
-_REPLAYS = frozenset({"", "hit", "miss", "live"})
+# The model's own rules, read from it (one source): what `index_line_json` checks by hand.
+_KINDS = frozenset(get_args(Kind))
+_REPLAYS = frozenset(get_args(IndexLine.model_fields["replay"].annotation))
+_MAX_WHAT: int = next(
+    rule.max_length
+    for rule in IndexLine.model_fields["what"].metadata
+    if hasattr(rule, "max_length")
+)
 
 
 def index_line_json(
@@ -180,20 +192,23 @@ def index_line_json(
     """An `IndexLine`'s JSON (`json_of(IndexLine(...))`'s bytes) without a model per
     answer: when every value is one the model takes as it is (checked here as the
     model checks it), the same dict in the model's field order goes to the model's own
-    serializer (pydantic-core's `to_json`); any other goes through the model, which
-    raises what it raises (tests/contracts/test_recording.py pins both)."""
+    serializer (pydantic-core's `to_json`); any other (non-ASCII text too) goes through
+    the model, which raises what it raises (tests/contracts/test_recording.py and
+    tests/guard/test_recording.py pin both)."""
     if (
         type(key) is str
         and SHA256.fullmatch(key) is not None
         and type(kind) is str
         and kind in _KINDS
         and type(what) is str
-        and len(what) <= 600
+        and what.isascii()
+        and len(what) <= _MAX_WHAT
         and type(kept) is bool
         and type(size) is int
         and size >= 0
         and (sha256 is None or (type(sha256) is str and SHA256.fullmatch(sha256) is not None))
         and type(why_not) is str
+        and why_not.isascii()
         and type(replay) is str
         and replay in _REPLAYS
     ):

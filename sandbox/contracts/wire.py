@@ -14,6 +14,7 @@ from datetime import datetime
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import to_json
 
 from sandbox.contracts.guardprocess import MAX_REQUEST_BYTES as MAX_REQUEST_BYTES
 
@@ -115,3 +116,23 @@ def json_of(model: BaseModel) -> bytes:
     """`model.model_dump_json().encode()`'s bytes from the model's own serializer, without
     the text made from them and encoded back (twice per forwarded call on the bridge)."""
     return model.__pydantic_serializer__.to_json(model)
+
+
+def reply_json(
+    *, ok: bool, tool: str, session: str, decision: str, reason: str, result: ToolResult
+) -> bytes:
+    """`json_of(ToolReply(...))`'s bytes, without the reply model: for a reply made of
+    values the guard has checked already (the step's validated `ToolCall`, the
+    verdict's decision and reason, a `ToolResult`), so that validating them again
+    checks nothing. The fields in the model's order, to the model's own serializer
+    (the result through its own, NaN and infinity as null as the models write them);
+    tests/contracts/test_wire.py holds it to the model."""
+    fields = {
+        "ok": ok,
+        "tool": tool,
+        "session": session,
+        "decision": decision,
+        "reason": reason,
+        "result": result,
+    }
+    return to_json(fields, inf_nan_mode="null")

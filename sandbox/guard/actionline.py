@@ -39,9 +39,10 @@ def _digest(data: str) -> str:
 
 @functools.lru_cache(maxsize=1024)
 def _short_secret_key(key: str) -> bool:
-    """Whether an argument key of at most 64 characters names a credential. Keys repeat
-    call after call, so the answer is remembered (at most 1,024 keys: a hostile step
-    cannot make the memo cost memory); `redact` searches a longer one each time."""
+    """Whether an argument key names a credential. Keys repeat call after call, so a
+    short key's answer is remembered (at most 1,024 keys of at most 64 characters: a
+    hostile step cannot make the memo cost memory); `redact` searches a longer one
+    each time."""
     return _SECRET_KEY.search(key) is not None
 
 
@@ -49,7 +50,8 @@ _SCALARS = (bool, int, float, type(None))
 MAX_DEPTH = 20
 
 
-def _redact_text(value: str, secrets: tuple[str, ...]) -> str:
+def redact_text(value: str, secrets: tuple[str, ...]) -> str:
+    """`redact` of a string: known secrets masked, a long one cut and hashed."""
     for secret in secrets:
         if secret and secret in value:
             value = value.replace(secret, REDACTED)
@@ -57,11 +59,6 @@ def _redact_text(value: str, secrets: tuple[str, ...]) -> str:
         cut = len(value) - MAX_VALUE_CHARS
         return value[:MAX_VALUE_CHARS] + f"[... {cut} chars cut; sha256 {_digest(value)}]"
     return value
-
-
-def redact_text(value: str, secrets: tuple[str, ...]) -> str:
-    """`redact` of a string (a line's reason), without its type checks."""
-    return _redact_text(value, secrets)
 
 
 def redact(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
@@ -72,7 +69,7 @@ def redact(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
         return "[too deep]"
     if isinstance(value, str):
-        return _redact_text(value, secrets)
+        return redact_text(value, secrets)
     if isinstance(value, _SCALARS):
         return value
     inner = depth + 1
@@ -84,11 +81,11 @@ def redact(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
                 out["[cut]"] = f"{len(value) - MAX_ITEMS} more keys"
                 break
             key = str(k)
-            # a short key's answer remembered (`_short_secret_key`), a long one searched
+            # a credential's key: a short one's answer remembered, a longer one searched
             if _short_secret_key(key) if len(key) <= 64 else _SECRET_KEY.search(key):
                 out[key] = REDACTED
             elif leaf_ok and type(v) is str:
-                out[key] = _redact_text(v, secrets)
+                out[key] = redact_text(v, secrets)
             elif leaf_ok and type(v) in _SCALARS:
                 out[key] = v
             else:
@@ -97,7 +94,7 @@ def redact(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
     if isinstance(value, list | tuple):
         # a string or a number as the loop above takes it (a start line's `bound` list)
         kept = [
-            _redact_text(v, secrets)
+            redact_text(v, secrets)
             if leaf_ok and type(v) is str
             else v
             if leaf_ok and type(v) in _SCALARS

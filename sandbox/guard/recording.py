@@ -33,7 +33,6 @@ from sandbox.contracts.recording import (
     ReplaySettings,
     index_line_json,
 )
-from sandbox.contracts.wire import json_of
 
 INDEX_RESERVE = 4096  # room for the line that says the index is full
 # Blobs this recorder remembers having kept, so the same whole answer again (a bridge
@@ -84,15 +83,11 @@ class Recorder:
             serial = self._serial
         return Tap(self, key, kind, what[:600], serial, replay)
 
-    def note(self, line: IndexLine) -> None:
-        """One index line (the guard's; a failed write loses the line, not the answer).
-        The index stops short of what the host reads back: its last line says it is full,
-        and later answers are neither kept nor listed."""
-        self.note_json(json_of(line), line.kind)
-
-    def note_json(self, line: bytes, kind: Kind) -> None:
-        """`note` for a line made already (`index_line_json`)."""
-        data = line + b"\n"
+    def note(self, data: bytes, kind: Kind) -> None:
+        """One index line's JSON (`index_line_json`; the guard's: a failed write loses the
+        line, not the answer). The index stops short of what the host reads back: its
+        last line says it is full, and later answers are neither kept nor listed."""
+        data += b"\n"
         with self._lock:
             self._open()
             if self._index_fd < 0:
@@ -120,7 +115,8 @@ class Recorder:
     def note_miss(self, key: str, kind: Kind, what: str) -> None:
         """A read a replay did not have (answered with the stub, or sent live)."""
         self.note(
-            IndexLine(key=key, kind=kind, what=what[:600], kept=False, bytes=0, replay="miss")
+            index_line_json(key=key, kind=kind, what=what[:600], kept=False, size=0, replay="miss"),
+            kind,
         )
 
     def remember(self, digest: str) -> None:
@@ -291,7 +287,7 @@ class Tap:
             why_not="" if kept else self._why_not,
             replay=self.replay,
         )
-        self._recorder.note_json(line, self.kind)
+        self._recorder.note(line, self.kind)
 
     def _commit(self, digest: str) -> bool:
         if self._fd < 0 and self._recorder.knows(digest):

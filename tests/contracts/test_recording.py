@@ -1,20 +1,25 @@
-"""The recording's key and index line written without the general encoder or a model:
-the same bytes as `key_of` and as the model's own JSON (a recording made by one
-guard matches in the next only while the key's bytes stay the same)."""
+"""The recording's match key and index line: a replay finds what an earlier run kept
+only while the same read makes the same key, so the key is pinned to its canonical
+JSON, and the key and the index line written without the general encoder or a model
+are the same bytes as `key_of` and as the model's own JSON."""
 
 from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from sandbox.contracts.recording import (
     EMPTY_SHA256,
+    KEY_VERSION,
     IndexLine,
     egress_key,
     index_line_json,
     key_of,
 )
-from sandbox.contracts.wire import json_of
 
 DIGEST = "ab" * 32
 
@@ -34,41 +39,115 @@ def test_an_egress_key_is_key_of_its_parts(method: str, url: str, body: str) -> 
     assert egress_key(method, url, body) == expected
 
 
-GOOD = [
-    {"key": DIGEST, "kind": "egress", "what": "GET http://a.test/", "kept": True, "size": 3},
+_INDEX_LINES = [
+    {
+        "key": DIGEST,
+        "kind": "bridge",
+        "what": "bridge generate_text_llm",
+        "kept": True,
+        "bytes": 354,
+        "sha256": DIGEST,
+    },
+    {
+        "key": DIGEST,
+        "kind": "egress",
+        "what": 'GET https://h/p?q="x"\\\n',
+        "kept": False,
+        "bytes": 0,
+        "why_not": "over the body cap",
+        "replay": "miss",
+    },
     {
         "key": DIGEST,
         "kind": "mcp",
-        "what": 'srv/tool "é" \\ \x01 ☃',
+        "what": "mcp srv/t\u00e9l\u00e9",
         "kept": False,
-        "size": 0,
-        "sha256": EMPTY_SHA256,
-        "why_not": "over the per-answer cap of 16 bytes",
+        "bytes": 2**70,
+        "why_not": "cut short \u2014 late",
         "replay": "live",
     },
-    {"key": DIGEST, "kind": "bridge", "what": "x" * 600, "kept": True, "size": 2**40},
+    {
+        "key": DIGEST,
+        "kind": "mcp",
+        "what": "w" * 600,
+        "kept": True,
+        "bytes": 0,
+        "sha256": DIGEST,
+        "replay": "hit",
+    },
 ]
 
 
-@pytest.mark.parametrize("fields", GOOD)
-def test_an_index_line_is_the_models_own_json(fields: dict[str, object]) -> None:
-    model = IndexLine(**{("bytes" if k == "size" else k): v for k, v in fields.items()})  # type: ignore[arg-type]
-    assert index_line_json(**fields) == json_of(model)  # type: ignore[arg-type]
+@pytest.mark.parametrize("fields", _INDEX_LINES)
+def test_an_index_line_is_the_model_s_json_byte_for_byte(fields: dict[str, object]) -> None:
+    """Every recorded answer's line is encoded without a model: the same bytes."""
+    given = dict(fields)
+    size = given.pop("bytes")
+    expected = IndexLine.model_validate(fields).model_dump_json().encode()
+    assert index_line_json(**given, size=size) == expected  # type: ignore[arg-type]
+
+
+_BAD_INDEX_LINES = [
+    {"key": DIGEST + "\n"},
+    {"key": DIGEST.upper()},
+    {"sha256": "0" * 63},
+    {"kind": "file"},
+    {"what": "w" * 601},
+    {"what": "\u00e9" * 601},
+    {"size": -1},
+    {"replay": "later"},
+    {"kept": "maybe"},
+]
+
+
+@pytest.mark.parametrize("change", _BAD_INDEX_LINES)
+def test_an_index_line_the_model_refuses_is_refused_as_the_model_refuses_it(
+    change: dict[str, object],
+) -> None:
+    fields: dict[str, object] = {"key": DIGEST, "kind": "bridge", "what": "w", "kept": True}
+    fields["size"] = 1
+    fields |= change
+    model_fields = {("bytes" if k == "size" else k): v for k, v in fields.items()}
+    with pytest.raises(ValidationError) as want:
+        IndexLine.model_validate(model_fields)
+    with pytest.raises(ValidationError) as got:
+        index_line_json(**fields)  # type: ignore[arg-type]
+    assert got.value.errors() == want.value.errors()
+
+
+ARGUMENTS = {"prompt": "bench", "z": [1.5, 1e16, None, True], "é": {"b": 2, "a": '\u2028"'}}
 
 
 @pytest.mark.parametrize(
-    "change",
+    ("kind", "parts", "key"),
     [
-        {"key": "AB" * 32},
-        {"key": DIGEST + "\n"},
-        {"sha256": "ab" * 31},
-        {"kind": "other"},
-        {"what": "x" * 601},
-        {"size": -1},
-        {"replay": "maybe"},
+        (
+            "bridge",
+            {"tool": "generate_text_llm", "arguments": ARGUMENTS},
+            "b702cda59e8f295ed299d7f59e0fbbc686286555e854f32ac078043dc8268760",
+        ),
+        (
+            "egress",
+            {"method": "GET", "url": "https://h/p", "body_sha256": ""},
+            "abf2138538b4da38e622093cf283f2f262471dbed25756d6e8ca8b6b0d12d9a0",
+        ),
     ],
 )
-def test_an_index_line_the_model_refuses_is_refused(change: dict[str, object]) -> None:
-    fields = {**GOOD[0], **change}
-    with pytest.raises(ValidationError):
-        index_line_json(**fields)  # type: ignore[arg-type]
+def test_a_read_s_key_is_the_same_as_every_earlier_run_s(
+    kind: Any, parts: dict[str, Any], key: str
+) -> None:
+    assert key_of(kind, **parts) == key
+    canonical = json.dumps(
+        {"v": KEY_VERSION, "kind": kind, **parts},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    assert hashlib.sha256(canonical.encode()).hexdigest() == key
+
+
+def test_a_key_does_not_depend_on_the_arguments_order() -> None:
+    reordered = dict(reversed(list(ARGUMENTS.items())))
+    assert key_of("bridge", tool="t", arguments=reordered) == key_of(
+        "bridge", tool="t", arguments=ARGUMENTS
+    )

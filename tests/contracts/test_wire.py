@@ -8,7 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from sandbox.contracts.recording import IndexLine
-from sandbox.contracts.wire import ToolReply, ToolResult, json_of
+from sandbox.contracts.wire import ToolReply, ToolResult, json_of, reply_json
 
 ODD_DATA = {
     "text": 'naïve 中文 \u2028 \x00 "quoted" \\ </script>',
@@ -39,3 +39,24 @@ ODD_DATA = {
 )
 def test_json_of_is_the_models_own_json(model: BaseModel) -> None:
     assert json_of(model) == model.model_dump_json().encode()
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        ToolResult(),
+        ToolResult(text="ünïcode ✓ \u2028", data=ODD_DATA, is_error=True),
+        ToolResult.model_validate_json(b'{"text":"t","data":[1e16,0.1,-0.0],"extra":1}'),
+    ],
+)
+@pytest.mark.parametrize("decision", ["allow", "redirect"])
+def test_reply_json_is_the_reply_model_s_json(result: ToolResult, decision: str) -> None:
+    fields = {
+        "ok": not result.is_error,
+        "tool": "tëxt_tool",
+        "session": "root.1",
+        "decision": decision,
+        "reason": 'said "yes"\n',
+        "result": result,
+    }
+    assert reply_json(**fields) == ToolReply.model_validate(fields).model_dump_json().encode()  # type: ignore[arg-type]

@@ -44,6 +44,15 @@ def test_redact_masks_credential_keys_and_known_secrets() -> None:
     }
 
 
+@pytest.mark.parametrize("length", [8, 64, 65, 300])
+def test_a_credential_key_of_any_length_is_masked(length: int) -> None:
+    """A short key's answer is remembered, a long one searched each time: both masked."""
+    key = ("x" * length + "_api_key")[-length:] if length >= 7 else "api_key"
+    plain = "x" * length
+    for _ in range(2):
+        assert redact({key: "v", plain: "v"}, ()) == {key: REDACTED, plain: "v"}
+
+
 def test_lines_are_valid_records_and_summarized(tmp_path: Path) -> None:
     path = tmp_path / "actions.jsonl"
     path.touch()

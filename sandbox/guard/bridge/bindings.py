@@ -61,10 +61,16 @@ _BINDING_ROWS: Final[tuple[tuple[str, str, Bound], ...]] = (
 _ABSENT: Final = object()
 
 
+# Types that are never a Mapping (exactly these, not subclasses): a path that meets
+# one (a missing key, a JSON scalar or list, `_ABSENT`) is answered without the ABC
+# check behind `isinstance(value, Mapping)`, which costs several times more.
+_NEVER_MAPPINGS: Final = frozenset({type(None), str, int, float, bool, list, object})
+
+
 def _is_object(value: Any) -> TypeGuard[Mapping[str, Any]]:
-    """A JSON object (a call's arguments parse to plain dicts: checked first, since the
-    ABC check behind `isinstance(value, Mapping)` costs several times more)."""
-    return type(value) is dict or isinstance(value, Mapping)
+    """A JSON object (a call's arguments parse to plain dicts: checked first)."""
+    kind = type(value)
+    return kind is dict or (kind not in _NEVER_MAPPINGS and isinstance(value, Mapping))
 
 
 class UnboundIdentity(Exception):

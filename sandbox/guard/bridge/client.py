@@ -23,6 +23,7 @@ from sandbox.guard.limits import MAX_UPSTREAM_REPLY_BYTES
 MAX_HEAD_BYTES = 64 * 1024
 MAX_BODY_BYTES = MAX_UPSTREAM_REPLY_BYTES
 MAX_IDLE = 8
+MAX_HEADS = 16  # request heads remembered (path and headers): a guard sends one or two
 _CLOSED = "the upstream closed the connection without a reply"
 
 
@@ -189,16 +190,19 @@ class BridgeClient:
         self._prefix = url.path.rstrip("/")
         self._max_body = max_body
         self._idle: list[_Connection] = []
+        self._heads: dict[tuple[object, ...], bytes] = {}
 
     async def post(self, path: str, body: bytes, headers: dict[str, str]) -> Reply:
         """One POST; wrap it in a timeout (a cancelled exchange closes its connection)."""
-        head = [
-            b"POST " + (self._prefix + path).encode("ascii") + b" HTTP/1.1",
-            b"Host: " + self._authority,
-            *(_field(k) + b": " + _field(v) for k, v in headers.items()),
-            b"Content-Length: " + str(len(body)).encode("ascii"),
-        ]
-        data = b"\r\n".join(head) + b"\r\n\r\n" + body
+        data = b"".join(
+            (
+                self._head_of(path, headers),
+                b"Content-Length: ",
+                str(len(body)).encode("ascii"),
+                b"\r\n\r\n",
+                body,
+            )
+        )
         conn = await self._connection()
         loop = asyncio.get_running_loop()
         done = False
@@ -215,6 +219,23 @@ class BridgeClient:
                 self._idle.append(conn)
             else:
                 conn.close()
+
+    def _head_of(self, path: str, headers: dict[str, str]) -> bytes:
+        """The request line and header lines up to the length (CRLF after each): a
+        forward sends the same few each time, so each is checked and encoded once
+        (at most MAX_HEADS of them remembered)."""
+        key = (path, *headers.items())
+        head = self._heads.get(key)
+        if head is None:
+            lines = [
+                b"POST " + (self._prefix + path).encode("ascii") + b" HTTP/1.1",
+                b"Host: " + self._authority,
+                *(_field(k) + b": " + _field(v) for k, v in headers.items()),
+            ]
+            head = b"".join(line + b"\r\n" for line in lines)
+            if len(self._heads) < MAX_HEADS:
+                self._heads[key] = head
+        return head
 
     async def aclose(self) -> None:
         while self._idle:

@@ -91,8 +91,13 @@ class BridgeFront:
             status, reason = refusal
             await log_request_refusal(log, path, reason, started)
             return Answer(status, json_bytes({"error": reason}), close=True)
-        # The first one, as the framework's headers read it.
-        authorization = next((v for k, v in headers if k == b"authorization"), b"")
+        # The first one, as the framework's headers read it (a loop: a generator left
+        # unfinished is closed with a GeneratorExit, each request).
+        authorization = b""
+        for name, value in headers:
+            if name == b"authorization":
+                authorization = value
+                break
         if methods is None or method not in methods:
             extra: list[tuple[bytes, bytes]] = []
             if methods is None:

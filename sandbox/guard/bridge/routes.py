@@ -25,6 +25,7 @@ from sandbox.contracts.wire import (
     ToolReply,
     ToolResult,
     json_of,
+    reply_json,
 )
 from sandbox.guard import limits
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
@@ -147,6 +148,8 @@ class Guard:
             reply, detail, category, logged = await self._handle(call, len(body))
         finally:
             del self._inflight[call_id]
+        if isinstance(reply, bytes):  # forwarded: both lines written, the reply encoded
+            return 200, reply
         if not logged:  # a forwarded call has its start and outcome lines already;
             # a call the full log refused is counted there (as the MCP proxy does)
             await self.log.write(
@@ -191,10 +194,11 @@ class Guard:
 
     async def _handle(
         self, call: ToolCall, request_bytes: int
-    ) -> tuple[ToolReply, dict[str, Any], str, bool]:
-        """The reply, the one-line detail, the category, and whether the call's lines
-        are taken care of here (a forwarded call's start and outcome; a call the full
-        log refused, which the log has counted) rather than by the caller's one line."""
+    ) -> tuple[ToolReply | bytes, dict[str, Any], str, bool]:
+        """The reply (a forwarded call's already as its JSON), the one-line detail, the
+        category, and whether the call's lines are taken care of here (a forwarded
+        call's start and outcome; a call the full log refused, which the log has
+        counted) rather than by the caller's one line."""
         # Each field read once: every read of a model's attribute goes through the
         # `__getattr__` hook pydantic's models have.
         tool, given = call.tool, call.arguments
@@ -267,8 +271,17 @@ class Guard:
             else:
                 result = await self.executor.run(tool, arguments, outcome)
         await self._outcome(logged, result, outcome)
-        reply = _answered(tool, session, decision, why, result)
-        return reply, detail, category, True
+        # Every field is checked already (the step's ToolCall, the verdict, the result's
+        # own model): encoded without a reply model (`reply_json`).
+        encoded = reply_json(
+            ok=not result.is_error,
+            tool=tool,
+            session=session,
+            decision=decision,
+            reason=why,
+            result=result,
+        )
+        return encoded, detail, category, True
 
     def _identity(self, session: str) -> dict[bindings.Bound, str]:
         return {**self._run_identity, _SESSION_BOUND: session}

@@ -180,8 +180,9 @@ def test_a_header_with_a_line_break_is_never_written(bad: str, where: str) -> No
 
     async def main() -> None:
         client = BridgeClient("http://127.0.0.1:9")
-        with pytest.raises(ValueError):
-            await client.post("/v1/tools/call", b"{}", headers)
+        for _ in range(2):  # a refused head is refused each time, never remembered
+            with pytest.raises(ValueError):
+                await client.post("/v1/tools/call", b"{}", headers)
 
     run(main)
 
