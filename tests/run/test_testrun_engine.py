@@ -128,3 +128,40 @@ def test_the_steps_container_goes_while_the_guard_stops(
     assert record.stdout.text == "out\n" and "err" in record.stderr.text
     assert record.preflight is not None and record.preflight.ok
     assert engine.containers.list(all=True, filters={"label": f"{LABEL_RUN_ID}={record.id}"}) == []
+
+
+def test_the_guard_stops_once_the_steps_output_ends_before_its_wait_returns(
+    engine: DockerClient, make_workflow: WorkflowFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step's wait (the engine answers it only once it has torn the step's container
+    down) is held here until the guard of the same run was asked to stop: a run that
+    stopped the guard only after that wait would wait out the deadline and say so. The
+    guard was up when the step ended, the step's exit code and output are the engine's,
+    and nothing of the run is left."""
+    seen: dict[str, object] = {}
+    stop_asked = threading.Event()
+    stop, wait = DockerContainer.stop, DockerContainer.wait
+
+    def noted_stop(container: DockerContainer, grace_s: int = 5) -> None:
+        if container._container.labels.get(LABEL_ROLE) == "guard":
+            stop_asked.set()
+        stop(container, grace_s)
+
+    def wait_until_the_guard_stops(container: DockerContainer, timeout_s: float) -> int | None:
+        code = wait(container, timeout_s)
+        if container._container.labels.get(LABEL_ROLE) == "step":
+            seen["guard_stop_before_wait_returned"] = stop_asked.wait(SEEN_WITHIN_S)
+        return code
+
+    monkeypatch.setattr(DockerContainer, "stop", noted_stop)
+    monkeypatch.setattr(DockerContainer, "wait", wait_until_the_guard_stops)
+    wf = make_workflow(command=["sh", "-c", "echo out; echo err >&2; exit 3"])
+    record = TestRun(Path(wf), "step1").execute()
+    assert seen["guard_stop_before_wait_returned"] is True
+    assert record.status is RunStatus.FAILED, record.reason
+    assert record.exit_code == 3
+    assert "guard" not in record.reason  # the guard was up when the step ended
+    assert record.stdout.text == "out\n" and "err" in record.stderr.text
+    assert record.preflight is not None and record.preflight.ok
+    assert record.log_synced_at is not None  # the guard's log sealed after its stop
+    assert engine.containers.list(all=True, filters={"label": f"{LABEL_RUN_ID}={record.id}"}) == []

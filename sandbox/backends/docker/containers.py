@@ -619,6 +619,7 @@ class OutputCounter:
         api._disable_socket_timeout(self._socket)  # a step may be silent for long
         self._out, self._err = _Tail(), _Tail()
         self._ended = threading.Event()
+        self._on_end: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._read, name="output-count", daemon=True)
         self._thread.start()
 
@@ -630,6 +631,15 @@ class OutputCounter:
             pass
         finally:
             self._ended.set()
+            for action in list(self._on_end):
+                with contextlib.suppress(Exception):
+                    action()
+
+    def on_end(self, action: Callable[[], None]) -> None:
+        """`action` once the stream ended (at once if it has; it may be called twice)."""
+        self._on_end.append(action)
+        if self._ended.is_set():
+            action()
 
     def tails(self) -> tuple[OutputTail, OutputTail]:
         """Call once the container stopped: the tails with exact totals (if the engine
