@@ -594,14 +594,11 @@ class OutputFollower:
 class OutputCounter:
     """A container's stdout and stderr counted byte for byte as they leave it.
 
-    The engine keeps a container's log capped (`log_max_bytes`, one file): once a
-    flood passed the cap, what the engine still has is its last part, and a count read
-    from it says a few MB where the step wrote hundreds. So the step's output is
-    attached to before the container starts, and a thread reads every frame the
-    engine copies out of the container, adding up each stream's bytes and keeping
-    only its tail (`_Tail`: bounded memory whatever the volume). The engine writes an
-    attached stream before it lets the container write more, so nothing passes
-    uncounted; a slow reader slows the step, never loses bytes."""
+    The engine's log is capped (`log_max_bytes`): past the cap it keeps only the last
+    part, and a count read from it says a few MB where the step wrote hundreds. So the
+    step is attached to before it starts, and a thread adds up each stream's bytes,
+    keeping only its tail (`_Tail`). The engine writes an attached stream before the
+    container writes more: nothing passes uncounted, a slow reader slows the step."""
 
     END_DEADLINE_S = 60.0  # after the container stopped: the rest of its output
 
@@ -632,11 +629,10 @@ class OutputCounter:
         finally:
             self._ended.set()
             for action in list(self._on_end):
-                with contextlib.suppress(Exception):
-                    action()
+                action()  # raises nothing (`RunContainer.on_output_end`)
 
     def on_end(self, action: Callable[[], None]) -> None:
-        """`action` once the stream ended (at once if it has; it may be called twice)."""
+        """`action` once the stream ended, its last process gone (now if so; maybe twice)."""
         self._on_end.append(action)
         if self._ended.is_set():
             action()
