@@ -122,12 +122,6 @@ class RunContainer(Protocol):
 
     def watch_exit(self, on_exit: Callable[[], None]) -> ExitWatcher: ...
 
-    def on_output_end(self, action: Callable[[], None]) -> bool:
-        """Call `action` (from any thread, possibly twice) once its stdout and stderr are
-        closed: every process in it is gone, before the engine has torn it down (which
-        `wait` waits for). False, and never called, when the backend cannot tell."""
-        ...
-
     def watch_usage(self) -> UsageWatcher: ...
 
 

@@ -85,21 +85,16 @@ def collect(
 
     plan, files, layout = prepared.plan, prepared.files, prepared.plan.layout
     guarded.exit_watch.cancel()
+    guard_state = launched.guard.state()
     step_state = launched.step.state()
     record.stdout, record.stderr = launched.step.output_tails()
     # The step's state and output are read: its container goes while the guard stops
-    # (its stop may have begun as the step's output ended: `run_guarded`) and its log is
-    # read (the step first: it shares the guard's network namespace); the others go
-    # while the step's files are read, below. Leaving the pool waits for the removals
-    # on every way out, a stop included.
+    # and its log is read (the step first: it shares the guard's network namespace);
+    # the others go while the step's files are read, below. Leaving the pool waits for
+    # the removals on every way out, a stop included.
     with HeldPool(max_workers=1, thread_name_prefix="remove") as removal:
         removing = [removal.submit(backend.remove_ahead, launched.step)]
-        stopped = None if guarded.guard_stop is None else guarded.guard_stop.result()
-        if stopped is not None:
-            guard_state = stopped
-        else:
-            guard_state = launched.guard.state()
-            launched.guard.stop()
+        launched.guard.stop()
         if guarded.follower is not None:
             guarded.follower.stop()  # the guard is gone: every line it wrote is read
         # The seal: nothing writes the log any more; synced by the runner whatever the

@@ -105,14 +105,6 @@ class DockerContainer:
         self._watches.append(watch)
         return watch
 
-    def on_output_end(self, action: Callable[[], None]) -> bool:
-        """Known from the attach stream it is counted on (the step's), which the engine
-        ends when the container's last process has closed them."""
-        if self._counter is None:
-            return False
-        self._counter.on_end(action)
-        return True
-
     def watch_usage(self) -> containers.Usage:
         """Under a runtime other than the engine's default (gVisor's runsc), the executor
         sees no cgroup: the host reads the container's cgroup while it runs."""

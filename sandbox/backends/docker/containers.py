@@ -594,11 +594,14 @@ class OutputFollower:
 class OutputCounter:
     """A container's stdout and stderr counted byte for byte as they leave it.
 
-    The engine's log is capped (`log_max_bytes`): past the cap it keeps only the last
-    part, and a count read from it says a few MB where the step wrote hundreds. So the
-    step is attached to before it starts, and a thread adds up each stream's bytes,
-    keeping only its tail (`_Tail`). The engine writes an attached stream before the
-    container writes more: nothing passes uncounted, a slow reader slows the step."""
+    The engine keeps a container's log capped (`log_max_bytes`, one file): once a
+    flood passed the cap, what the engine still has is its last part, and a count read
+    from it says a few MB where the step wrote hundreds. So the step's output is
+    attached to before the container starts, and a thread reads every frame the
+    engine copies out of the container, adding up each stream's bytes and keeping
+    only its tail (`_Tail`: bounded memory whatever the volume). The engine writes an
+    attached stream before it lets the container write more, so nothing passes
+    uncounted; a slow reader slows the step, never loses bytes."""
 
     END_DEADLINE_S = 60.0  # after the container stopped: the rest of its output
 
@@ -616,7 +619,6 @@ class OutputCounter:
         api._disable_socket_timeout(self._socket)  # a step may be silent for long
         self._out, self._err = _Tail(), _Tail()
         self._ended = threading.Event()
-        self._on_end: list[Callable[[], None]] = []
         self._thread = threading.Thread(target=self._read, name="output-count", daemon=True)
         self._thread.start()
 
@@ -628,14 +630,6 @@ class OutputCounter:
             pass
         finally:
             self._ended.set()
-            for action in list(self._on_end):
-                action()  # raises nothing (`RunContainer.on_output_end`)
-
-    def on_end(self, action: Callable[[], None]) -> None:
-        """`action` once the stream ended, its last process gone (now if so; maybe twice)."""
-        self._on_end.append(action)
-        if self._ended.is_set():
-            action()
 
     def tails(self) -> tuple[OutputTail, OutputTail]:
         """Call once the container stopped: the tails with exact totals (if the engine

@@ -212,9 +212,6 @@ class PodContainer:
         self._backend.exit_watches.append(watch)
         return watch
 
-    def on_output_end(self, action: Callable[[], None]) -> bool:
-        return False  # the Pod's containers are read once they stopped
-
     def watch_usage(self) -> _NoUsage:
         return _NoUsage()
 
