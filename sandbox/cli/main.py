@@ -51,7 +51,11 @@ def _main(argv: list[str] | None) -> tuple[int, bool]:
     start = None
     if argv is None and args.command in _RUNS_STEPS:
         from sandbox.cli.startup import StartGc, prefetch_engine
+        from sandbox.contracts.noplugins import refuse_pydantic_plugins
 
+        # Before pydantic loads: the runner (root) validates every record with no plugin
+        # of the environment's, and never scans its distributions for one.
+        refuse_pydantic_plugins()
         start = StartGc()
         prefetch_engine(args)
     args.start_gc = start

@@ -19,8 +19,10 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Callable
 
 from sandbox.contracts.guardprocess import FIREWALL_GATE_FD_ENV, FIREWALL_GATE_OK
+from sandbox.contracts.noplugins import without_plugin_loader
 from sandbox.guard.listeners import (
     BRIDGE_PORT,
     CONFIG_FILE_ENV,
@@ -113,6 +115,17 @@ def _mcp_sockets(document: object) -> tuple[dict[str, socket.socket], dict[str, 
     return stdio, egress
 
 
+def _load() -> Callable[..., int]:
+    """The guard's modules (`sandbox.guard.startup`: the config, the log, then the network
+    side), loaded while the firewall goes in (the longest part of the guard's start); they
+    bind, read and serve nothing. pydantic loads no plugin: none would see the config's
+    tokens, and none is looked up (`sandbox.contracts.noplugins`)."""
+    without_plugin_loader()
+    from sandbox.guard.startup import serve
+
+    return serve
+
+
 def main() -> int:
     raw = _take_config_text()
     if raw is None:
@@ -126,10 +139,7 @@ def main() -> int:
     except ValueError as exc:
         print(f"guard: config file is not JSON: {exc}", file=sys.stderr)
         return 2
-    # Loaded while the firewall goes in (the longest part of the guard's start); it
-    # binds, reads and serves nothing.
-    from sandbox.guard.startup import serve  # the config, the log, then the network side
-
+    serve = _load()
     if not _firewall_in():
         print("guard: the firewall did not come up; not listening", file=sys.stderr)
         return 2
