@@ -40,8 +40,13 @@ def _plugin_path(tmp_path: Path) -> tuple[dict[str, str], Path]:
 
 
 def _python(code: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return _interpreter(["-c", textwrap.dedent(code)], env)
+
+
+def _interpreter(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """This interpreter with `args`, on the plugin's path, from the repository."""
     return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
+        [sys.executable, *args],
         capture_output=True,
         text=True,
         env=env,
@@ -85,15 +90,7 @@ def test_sandbox_run_validates_with_no_plugin(tmp_path: Path) -> None:
     workflow.mkdir()
     # Valid TOML the workflow's models refuse: pydantic has built and run its validators.
     (workflow / "workflow.toml").write_text('name = "wf"\nsteps = "not a list"\n')
-    done = subprocess.run(
-        [sys.executable, "-m", "sandbox.cli", "run", str(workflow), "s", "--json"],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=paths.REPO,
-        timeout=120,
-        check=False,
-    )
+    done = _interpreter(["-m", "sandbox.cli", "run", str(workflow), "s", "--json"], env)
     assert done.returncode == 4, done.stderr  # a configuration error
     assert "steps" in json.loads(done.stderr)["error"]["message"]
     assert not mark.exists()
