@@ -81,12 +81,8 @@ def _local_cluster(b: Bench) -> Iterator[Target]:
                 try:
                     with local_fleet(cluster, api, namespace) as fleet:
                         yield Target(
-                            BackendConfig(
-                                kind="kubernetes",
-                                kubeconfig=str(cluster.kubeconfig),
-                                namespace=namespace,
-                                image_pull_policy="Never",
-                                seccomp_profile=profile,
+                            BackendConfig.preloaded_cluster(
+                                cluster.kubeconfig, namespace, profile
                             ),
                             work,
                             "the local test cluster (two nodes)",

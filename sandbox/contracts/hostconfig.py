@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -220,6 +220,26 @@ class BackendConfig(BaseModel):
         if self.claim_root is not None and not self.claim_root.startswith("/"):
             raise ValueError("claim_root must be an absolute path")
         return self
+
+    @classmethod
+    def preloaded_cluster(
+        cls, kubeconfig: str | Path, namespace: str, seccomp_profile: str, **more: Any
+    ) -> BackendConfig:
+        """`[backend]` for runs on a cluster whose nodes already hold the project's
+        images (loaded there, never pulled) and the step's seccomp profile (installed
+        under the kubelet's profile folder as `seccomp_profile`): the local test
+        cluster's and the Kubernetes bench's. `more` on top (the claim, the
+        placement), validated as any host config is."""
+        return cls.model_validate(
+            {
+                "kind": "kubernetes",
+                "kubeconfig": str(kubeconfig),
+                "namespace": namespace,
+                "image_pull_policy": "Never",
+                "seccomp_profile": seccomp_profile,
+                **more,
+            }
+        )
 
 
 class HostConfig(BaseModel):

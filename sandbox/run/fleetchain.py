@@ -17,6 +17,9 @@ A stop (SIGTERM, Ctrl-C, `cancel()`) deletes the running step's Job: its runner
 records the step `killed`, and so the chain. A step's runner killed outright (its
 Pod ended, the step's record unsealed) ends the chain `killed`, its Job left for
 `sandbox gc`, which records the step `killed` and removes what the runner left. A
+step's runner that ended before it began the step's record (the step did not run,
+nothing of it exists) ends the chain `killed` (killed, its Pod deleted) or `error`
+(it exited), its last log lines in the reason, its Job deleted. A
 controller killed outright leaves the chain's marker beside its Lease, by which
 `sandbox gc` records the chain `killed` once the controller is provably gone
 (`fleetgc`). Each step's Job carries the
@@ -30,7 +33,7 @@ import contextlib
 import os
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from sandbox.contracts.config import load_workflow
 from sandbox.contracts.errors import ConfigError, EngineError, RefusedError
@@ -179,6 +182,8 @@ class FleetWorkflowRun(WorkflowRun):
                 run.wait(RUNNER_GRACE_S + CANCEL_WAIT_EXTRA_S, on_event)
             if (stopped or self.stop.requested) and not os.path.lexists(place.layout.record):
                 raise RunInterrupted()  # stopped before its runner began the step's record
+            if run.refused is None and not os.path.lexists(place.layout.record):
+                self._no_record(run, place)
             try:
                 record = self._step_record(run, place)
             except EngineError:
@@ -202,6 +207,25 @@ class FleetWorkflowRun(WorkflowRun):
             self.current = None
             if not runner_died:
                 run.delete()
+
+    @staticmethod
+    def _no_record(run: FleetRun, place: StepPlace) -> NoReturn:
+        """Its runner ended before it began the step's record: the step did not run.
+        The record comes before anything of the step's run (its disk, Pod, Secret,
+        mounts), so nothing of it is left for `sandbox gc`: the Job is deleted (with any
+        Pod it would make again) and the reason keeps the runner's last lines, its log
+        going with it. Killed (a signal, OOM, its Pod deleted or evicted): the chain
+        ends `killed`; a runner that exited by itself: `error`."""
+        killed, how = run.how_it_ended()
+        why = (
+            f"the runner of step {place.step.id} {how} before it began the step's record "
+            f"(Job {run.name}, node {run.node or 'none'}): the step did not run"
+        )
+        if run.last_lines:
+            why += f"; its last lines: {run.last_lines}"
+        if killed:
+            raise StepRunnerDied(why)
+        raise EngineError(why)
 
     def cancel(self) -> None:
         super().cancel()

@@ -253,6 +253,8 @@ class WorkflowRun:
             entry = record.step_entry(record.current_step)
             if entry.status is StepState.RUNNING:
                 entry.status, entry.reason = StepState(status.value), why
+            if entry.record and not os.path.lexists(layout.root / entry.record):
+                entry.record = None  # its runner ended before it began it
         return self._finish(layout, record, status, why, skip=why)
 
     def _make_root(self, layout: WorkflowRunLayout) -> None:

@@ -43,17 +43,9 @@ VOLUME_GONE_S = 180  # the claim goes once no Pod uses it
 def local_settings(cluster: Cluster, namespace: str, **more: Any) -> BackendConfig:
     """The host's `[backend]` for runs on the local cluster in `namespace`: its
     kubeconfig, the images loaded on its nodes (never pulled), the step's seccomp
-    profile installed there (`step.json`); `more` on top, validated."""
-    return BackendConfig.model_validate(
-        {
-            "kind": "kubernetes",
-            "kubeconfig": str(cluster.kubeconfig),
-            "namespace": namespace,
-            "image_pull_policy": "Never",
-            "seccomp_profile": "step.json",
-            **more,
-        }
-    )
+    profile installed there (`step.json`); `more` on top, validated
+    (`BackendConfig.preloaded_cluster`, the bench's too)."""
+    return BackendConfig.preloaded_cluster(cluster.kubeconfig, namespace, "step.json", **more)
 
 
 def claim_settings(

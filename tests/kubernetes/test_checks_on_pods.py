@@ -54,6 +54,7 @@ from tests.kubernetes.battery import (
     validated,
 )
 from tests.kubernetes.cluster import Cluster
+from tests.kubernetes.fleetparts import local_settings
 from tests.kubernetes.pods import (
     namespace_of_its_own,
     pod_of,
@@ -75,13 +76,7 @@ def namespace(kube_core: Any) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def settings(kube_cluster: Cluster, namespace: str) -> BackendConfig:
-    return BackendConfig(
-        kind="kubernetes",
-        kubeconfig=str(kube_cluster.kubeconfig),
-        namespace=namespace,
-        image_pull_policy="Never",
-        seccomp_profile="step.json",
-    )
+    return local_settings(kube_cluster, namespace)
 
 
 @pytest.fixture(scope="module")

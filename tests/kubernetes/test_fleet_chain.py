@@ -496,3 +496,70 @@ def test_a_chain_step_whose_runner_is_killed_ends_the_chain_killed_and_gc_leaves
     assert tree_digest(wf) == before
     no_jobs_left(kube_api, namespace)
     no_pods_or_secrets(kube_core, namespace)
+
+
+def test_a_chain_step_whose_runner_ends_before_its_record_ends_the_chain_killed_leaving_nothing(
+    tmp_path: Path,
+    kube_cluster: Cluster,
+    kube_core: Any,
+    kube_api: Any,
+    fleet_settings: BackendConfig,
+    cleanup_jobs: None,
+) -> None:
+    """A chain step's runner Pod deleted before its runner began the step's record (as
+    an eviction or a drain does; every node cordoned, so it never starts): the step did
+    not run. The controller ends the chain `killed` (the step killed, the reason naming
+    its runner and that the step did not run, no record named for it; the next skipped),
+    its record valid, exits 1 and deletes the Job (any Pod it would make again with it).
+    Nothing is left for `sandbox gc`: it records nothing, and no Pod, Secret, Job,
+    Lease or node mount of the run remains; the real workflow is byte-identical."""
+    assert fleet_settings.claim_root is not None
+    wf = _chain(Path(fleet_settings.claim_root), {"hold": HOLD, "after": AFTER})
+    real_db = (wf / "db" / "db.sqlite").read_bytes()
+    before = tree_digest(wf)
+    host = cli_host_config(tmp_path, kube_cluster, fleet_settings)
+    namespace = fleet_settings.namespace
+    operators = _namespace_objects(kube_api, namespace)
+    argv = ["run-workflow", str(wf), "--backend", "kubernetes", "--host-config", str(host)]
+    selector = f"{fleet.LABEL_FLEET}=true"
+    with only_schedulable(kube_core, "", kube_cluster.node_names):  # "": none is
+        proc = sandbox_cli(*argv, "--json")
+        try:
+            deadline = time.monotonic() + RUN_DEADLINE_S
+            while not (
+                runners := kube_core.list_namespaced_pod(namespace, label_selector=selector).items
+            ):
+                assert time.monotonic() < deadline, "the step's runner Pod never came"
+                time.sleep(0.2)
+            (runner,) = runners
+            assert runner.status.phase == "Pending" and not runner.spec.node_name
+            kube_core.delete_namespaced_pod(runner.metadata.name, namespace)
+            out, err = proc.communicate(timeout=RUN_DEADLINE_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 1, (out, err)
+        no_jobs_left(kube_api, namespace)  # deleted by the controller, still cordoned
+    chain = WorkflowRunRecord.model_validate_json(out.splitlines()[-1])
+    assert chain.status is RunStatus.KILLED, chain.reason
+    assert "the runner of step hold lost its Pod" in chain.reason, chain.reason
+    assert "the step did not run" in chain.reason, chain.reason
+    assert [e.status for e in chain.steps] == [StepState.KILLED, StepState.SKIPPED]
+    assert chain.steps[0].record is None
+    run_dir = the_run(wf)
+    on_claim = validate(run_dir / "test_mode.json")  # the published JSON Schema's
+    assert on_claim.status is RunStatus.KILLED and on_claim.finished_at is not None
+    assert not list((run_dir / "steps").glob("*/test_mode.json"))
+
+    assert _gc(fleet_settings).records_marked_killed == []
+    deadline = time.monotonic() + RUN_DEADLINE_S
+    while _namespace_objects(kube_api, namespace) != operators:
+        assert time.monotonic() < deadline, _namespace_objects(kube_api, namespace) - operators
+        time.sleep(0.2)
+    for node in kube_cluster.node_names:
+        assert not node_mounts_of(kube_cluster, node, chain.id)
+    assert not loops_of(chain.id)
+    assert not hostmount.mounts_below(wf)
+    assert tree_digest(wf) == before
+    assert (wf / "db" / "db.sqlite").read_bytes() == real_db

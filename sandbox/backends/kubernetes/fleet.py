@@ -49,6 +49,7 @@ from sandbox.contracts.record import TestRunRecord, read_record
 from sandbox.contracts.recording import RecordingSettings
 from sandbox.contracts.settings import runner_settings as runner_settings_of_this_host
 from sandbox.launch.runtime import POD_RUNSC_REFUSAL
+from sandbox.termsafe import clean
 
 from .lease import drop_job_start
 from .podrun import api_reason, connect
@@ -69,6 +70,7 @@ RUNNER_DEADLINE_S = 6 * 3600  # a Job whose runner hangs still ends
 RUNNER_GRACE_S = 60  # the runner's clean-up after SIGTERM (the run's Pod, its mounts)
 RUN_ID = re.compile(r"^test-[0-9A-Za-z_-]{1,80}$")
 WATCH_CHUNK_S = 10
+LAST_LINES, LAST_CHARS = 5, 800  # of a runner's log kept when it left no record
 
 
 # RunOptions a runner Job does not carry (the runner runs the step with the
@@ -285,6 +287,9 @@ class FleetRun:
         self.runner_pod: str | None = None  # the Job's first Pod: the run's runner
         self.run_id: str | None = None
         self.refused: str | None = None  # why the runner refused to start the run
+        self.ended: Any = None  # the runner's Pod as its end was seen (None: unseen)
+        self.ended_deleted = False  # its end was its Pod's deletion
+        self.last_lines = ""  # the runner's log, its last lines (escaped), once it ended
 
     @classmethod
     def submit(
@@ -345,6 +350,7 @@ class FleetRun:
         seen_phase = ""
         while time.monotonic() < deadline:
             if self.runner_pod is not None and not self._exists(self.runner_pod):
+                self.ended_deleted = True
                 return True  # ended and deleted (an eviction) between two watches
             w = watch.Watch()
             try:
@@ -371,6 +377,7 @@ class FleetRun:
                             on_event("runner", {"phase": phase, "node": self.node})
                     if phase in ("Succeeded", "Failed") or event["type"] == "DELETED":
                         w.stop()
+                        self.ended, self.ended_deleted = pod, event["type"] == "DELETED"
                         self._learn_run_id(pod.metadata.name)
                         return True
             except ApiException as exc:
@@ -402,6 +409,8 @@ class FleetRun:
             log = self.core.read_namespaced_pod_log(
                 pod_name, self.settings.namespace, container="runner", tail_lines=50
             )
+            tail = str(log).splitlines()[-LAST_LINES:]
+            self.last_lines = clean(" | ".join(tail), keep_newlines=False)[-LAST_CHARS:]
             for line in reversed(str(log).splitlines()):
                 if line.startswith(REFUSED_MARK):
                     self.refused = line[len(REFUSED_MARK) :].strip()[:500]
@@ -419,6 +428,25 @@ class FleetRun:
         if self.run_id is None:
             raise EngineError(f"the runner of Job {self.name} named no run (see its Pod's log)")
         return read_record(self.workflow_dir / "runs" / self.run_id)
+
+    def how_it_ended(self) -> tuple[bool, str]:
+        """How the runner ended, once `wait` saw it end: (killed, what happened).
+        Killed: its container ended by a signal (SIGKILL, OOM) or its Pod was deleted
+        (evicted, drained, its node lost) before its container ended; else it exited
+        by itself, with its code."""
+        pod = self.ended
+        statuses = (pod.status.container_statuses or []) if pod is not None else []
+        for status in statuses:
+            ended = status.state.terminated if status.state is not None else None
+            if status.name != "runner" or ended is None:
+                continue
+            code, why = ended.exit_code, ended.reason or "no reason given"
+            if why == "OOMKilled" or code > 128 or code < 0:
+                return True, f"was killed ({why}, exit code {code})"
+            return False, f"exited with code {code} ({why})"
+        if pod is None or self.ended_deleted:
+            return True, "lost its Pod (deleted or evicted) before it ended"
+        return True, f"ended {pod.status.phase} ({pod.status.reason or 'no container state'})"
 
     def cancel(self) -> None:
         """The Job and its Pod deleted: the runner gets SIGTERM and records `killed`."""
