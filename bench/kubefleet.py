@@ -42,8 +42,9 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def local_fleet(cluster: Any, api: Any, namespace: str) -> Iterator[Fleet]:
-    """The local cluster set up for the scheduler placement, in `namespace`."""
+def local_fleet(cluster: Any, api: Any, namespace: str, profile: str) -> Iterator[Fleet]:
+    """The local cluster set up for the scheduler placement, in `namespace`, the step's
+    seccomp profile installed on its nodes as `profile`."""
     from kubernetes import client
 
     from tests.kubernetes.fleetparts import (
@@ -51,14 +52,15 @@ def local_fleet(cluster: Any, api: Any, namespace: str) -> Iterator[Fleet]:
         build_runner_image,
         hostpath_claim,
         local_api_env,
-        scheduler_settings,
     )
 
     image = build_runner_image(cluster)
     apply_runner_role(api, namespace)
     with hostpath_claim(cluster, client.CoreV1Api(api), namespace) as (claim, root):
         yield Fleet(
-            scheduler_settings(cluster, namespace, claim, root, image),
+            BackendConfig.preloaded_cluster(
+                cluster.kubeconfig, namespace, profile, claim=(claim, root), runner_image=image
+            ),
             env=local_api_env(cluster),
             host_network=True,
         )

@@ -79,11 +79,9 @@ def _local_cluster(b: Bench) -> Iterator[Target]:
                 work.chmod(0o755)
                 b.say("kubernetes: the runner image, its RBAC and a claim for the fleet")
                 try:
-                    with local_fleet(cluster, api, namespace) as fleet:
+                    with local_fleet(cluster, api, namespace, profile) as fleet:
                         yield Target(
-                            BackendConfig.preloaded_cluster(
-                                cluster.kubeconfig, namespace, profile
-                            ),
+                            BackendConfig.preloaded_cluster(cluster.kubeconfig, namespace, profile),
                             work,
                             "the local test cluster (two nodes)",
                             fleet,

@@ -223,23 +223,34 @@ class BackendConfig(BaseModel):
 
     @classmethod
     def preloaded_cluster(
-        cls, kubeconfig: str | Path, namespace: str, seccomp_profile: str, **more: Any
+        cls,
+        kubeconfig: str | Path,
+        namespace: str,
+        seccomp_profile: str,
+        *,
+        claim: tuple[str, Path] | None = None,
+        runner_image: str | None = None,
+        **more: Any,
     ) -> BackendConfig:
         """`[backend]` for runs on a cluster whose nodes already hold the project's
         images (loaded there, never pulled) and the step's seccomp profile (installed
         under the kubelet's profile folder as `seccomp_profile`): the local test
-        cluster's and the Kubernetes bench's. `more` on top (the claim, the
-        placement), validated as any host config is."""
-        return cls.model_validate(
-            {
-                "kind": "kubernetes",
-                "kubeconfig": str(kubeconfig),
-                "namespace": namespace,
-                "image_pull_policy": "Never",
-                "seccomp_profile": seccomp_profile,
-                **more,
-            }
-        )
+        cluster's and the Kubernetes bench's. `claim` (its name, the folder its volume
+        is, as this host sees it): the run folders through it (`storage = "pvc"`);
+        `runner_image` with it: each run a Job the scheduler places. `more` on top,
+        validated as any host config is."""
+        fields: dict[str, Any] = {
+            "kind": "kubernetes",
+            "kubeconfig": str(kubeconfig),
+            "namespace": namespace,
+            "image_pull_policy": "Never",
+            "seccomp_profile": seccomp_profile,
+        }
+        if claim is not None:
+            fields |= {"storage": "pvc", "claim": claim[0], "claim_root": str(claim[1])}
+        if runner_image is not None:
+            fields |= {"placement": "scheduler", "runner_image": runner_image}
+        return cls.model_validate({**fields, **more})
 
 
 class HostConfig(BaseModel):

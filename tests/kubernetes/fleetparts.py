@@ -38,14 +38,15 @@ RUNNER_IMAGE = f"sandbox-runner:{names.IMAGE_TAG}"
 WHEELS = REPO_ROOT / "build" / "wheels" / "runner"
 CLAIM_BOUND_S = 60
 VOLUME_GONE_S = 180  # the claim goes once no Pod uses it
+STEP_PROFILE = "step.json"  # the step's seccomp profile as the cluster installs it
 
 
 def local_settings(cluster: Cluster, namespace: str, **more: Any) -> BackendConfig:
     """The host's `[backend]` for runs on the local cluster in `namespace`: its
     kubeconfig, the images loaded on its nodes (never pulled), the step's seccomp
-    profile installed there (`step.json`); `more` on top, validated
-    (`BackendConfig.preloaded_cluster`, the bench's too)."""
-    return BackendConfig.preloaded_cluster(cluster.kubeconfig, namespace, "step.json", **more)
+    profile installed there (`step.json`); `more` on top, validated. All three are
+    `BackendConfig.preloaded_cluster`'s, as the bench's (`bench/kubernetes.py`)."""
+    return BackendConfig.preloaded_cluster(cluster.kubeconfig, namespace, STEP_PROFILE, **more)
 
 
 def claim_settings(
@@ -53,9 +54,7 @@ def claim_settings(
 ) -> BackendConfig:
     """`local_settings` with the run folders through the claim `claim` (`storage =
     "pvc"`), whose volume is the node's folder `root` (`hostpath_claim`)."""
-    return local_settings(
-        cluster, namespace, storage="pvc", claim=claim, claim_root=str(root), **more
-    )
+    return local_settings(cluster, namespace, claim=(claim, root), **more)
 
 
 def scheduler_settings(
@@ -63,9 +62,7 @@ def scheduler_settings(
 ) -> BackendConfig:
     """The controller's `[backend]` for the scheduler placement: `claim_settings`, each
     run a Job of `runner_image`."""
-    return claim_settings(
-        cluster, namespace, claim, root, placement="scheduler", runner_image=runner_image, **more
-    )
+    return claim_settings(cluster, namespace, claim, root, runner_image=runner_image, **more)
 
 
 def build_runner_image(cluster: Cluster) -> str:
