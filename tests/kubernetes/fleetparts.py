@@ -6,8 +6,10 @@ controller's `host.toml`, the command line in its own process.
 
 Shared by the cluster tests (`test_fleet*.py`, `test_storage_claim.py`,
 `test_two_nodes.py`; their fixtures are in `conftest.py`) and the Kubernetes bench
-(`bench/kubefleet.py`), so all run the fleet the same way, with one `[backend]` for
-the local cluster (`local_settings`, `claim_settings`, `scheduler_settings`).
+(`bench/kubefleet.py`), so all run the fleet the same way. The local cluster's
+`[backend]` (`local_settings`, `claim_settings`, `scheduler_settings`) is built by
+`BackendConfig.preloaded_cluster`, as the bench builds its own, and written to a
+`host.toml` for the command line from that model (`write_host_config`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from kubernetes import client, watch
 from sandbox.backends.kubernetes import fleet
 from sandbox.contracts import names
 from sandbox.contracts.guardconfig import CONFIG_FILE_NAME, GuardConfig
-from sandbox.contracts.hostconfig import BackendConfig
+from sandbox.contracts.hostconfig import BackendConfig, load_host_config
 from tests.conftest import write_workflow
 from tests.kubernetes.cluster import REPO_ROOT, Cluster
 
@@ -289,17 +291,12 @@ def leases_of(api: Any, namespace: str) -> list[str]:
     return [x.metadata.name for x in items]
 
 
-def cli_host_config(folder: Path, cluster: Cluster, settings: BackendConfig, top: str = "") -> Path:
-    """The controller's host.toml in `folder`: `top` (settings before any table), then
-    the fleet's settings, the runner's Pod on its node's network naming the API server's
-    loopback address (what `local_api_env` gives)."""
-    fields: dict[str, Any] = {
-        **settings.model_dump(exclude_defaults=True),
-        "runner_host_network": True,
-        "runner_api_server": f"127.0.0.1:{cluster.state.ports.apiserver}",
-    }
+def write_host_config(folder: Path, settings: BackendConfig, top: str = "") -> Path:
+    """`folder/host.toml` as an operator writes it: `top` (settings before any table),
+    then `settings` as its `[backend]` (what differs from the defaults); read back as
+    the command reads it, it must give `settings` again."""
     lines = [top, "[backend]"] if top else ["[backend]"]
-    for key, value in fields.items():
+    for key, value in settings.model_dump(exclude_defaults=True).items():
         if isinstance(value, dict):  # a TOML inline table
             pairs = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())
             lines.append(f"{key} = {{{pairs}}}")
@@ -307,7 +304,22 @@ def cli_host_config(folder: Path, cluster: Cluster, settings: BackendConfig, top
             lines.append(f"{key} = {json.dumps(value)}")
     path = folder / "host.toml"
     path.write_text("\n".join(lines) + "\n")
+    if load_host_config(path).backend != settings:
+        raise ValueError(f"{path} does not read back as {settings!r}")
     return path
+
+
+def cli_host_config(folder: Path, cluster: Cluster, settings: BackendConfig, top: str = "") -> Path:
+    """The controller's host.toml in `folder` (`write_host_config`): the fleet's settings,
+    the runner's Pod on its node's network naming the API server's loopback address
+    (what `local_api_env` gives)."""
+    fleet = settings.model_copy(
+        update={
+            "runner_host_network": True,
+            "runner_api_server": f"127.0.0.1:{cluster.state.ports.apiserver}",
+        }
+    )
+    return write_host_config(folder, fleet, top)
 
 
 def sandbox_cli(*args: str) -> subprocess.Popen[str]:

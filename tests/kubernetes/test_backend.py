@@ -25,12 +25,14 @@ import pytest
 from sandbox.backends import BackendFactory
 from sandbox.backends.kubernetes import pod as manifests
 from sandbox.contracts import names
+from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.layout import DISK_MOUNT, GUARD_UID, STEP_UID
 from sandbox.contracts.record import RunStatus, read_record
 from sandbox.hostfs import hostmount
 from sandbox.run.testrun import RunOptions, TestRun
 from tests.conftest import ThreadedRun, call_lines, tree_digest, write_workflow
 from tests.kubernetes.cluster import Cluster
+from tests.kubernetes.fleetparts import write_host_config
 from tests.kubernetes.pods import (
     OUTSIDE_PORT,
     container_state,
@@ -252,17 +254,10 @@ def test_a_killed_runner_leaves_a_valid_record_and_gc_removes_the_pod(
     kube_core: Any,
     kube_namespace: str,
     node_dir: Path,
+    settings: BackendConfig,
 ) -> None:
     wf = _hold_workflow(node_dir)
-    host_config = node_dir / "host.toml"
-    host_config.write_text(
-        "[backend]\n"
-        'kind = "kubernetes"\n'
-        f'kubeconfig = "{kube_cluster.kubeconfig}"\n'
-        f'namespace = "{kube_namespace}"\n'
-        'image_pull_policy = "Never"\n'
-        'seccomp_profile = "step.json"\n'
-    )
+    host_config = write_host_config(node_dir, settings)
     cli = [sys.executable, "-m", "sandbox.cli"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     runner = subprocess.Popen(
