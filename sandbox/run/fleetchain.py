@@ -60,7 +60,8 @@ CANCEL_WAIT_EXTRA_S = 30.0  # after the runner's grace period: its Pod's deletio
 
 
 class StepRunnerDied(RunInterrupted):
-    """A step's runner ended without sealing its record: the chain ends `killed`."""
+    """A step's runner ended without sealing its record, or killed before it began
+    it: the chain ends `killed`."""
 
 
 class FleetWorkflowRun(WorkflowRun):
