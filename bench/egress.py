@@ -29,7 +29,7 @@ from bench.common import (
     program,
     wait_for,
 )
-from bench.results import EgressDetail, Goal, LatencyStats, Row, make_row
+from bench.results import EgressDetail, Goal, LatencyStats, Row, make_row, paired_ratio
 from sandbox.contracts.guardconfig import EGRESS_PORT
 from sandbox.contracts.layout import GUARD_UID, STEP_UID
 from sandbox.contracts.names import STEP_IMAGE
@@ -44,6 +44,10 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 # Big GETs per target and round, each timed: one ~0.1 s transfer is too short a sample on
 # a shared 2-CPU host (one helper's samples spread up to 1.7x), so each round takes several.
 BIG_REPEATS = 3
+# The 100 MiB goal's two arms, measured in adjacent helpers (see `paired_ratio`), with
+# this many GETs each: two pairs per round, four GETs each way.
+PAIRED = ("guard", "direct")
+PAIRED_REPEATS = 2
 SMALL_WARMUP = 20  # untimed small GETs before each helper's timed ones
 # The floor rows' syncs are this far apart, as the guard's are (one per request, a
 # small GET taking about a millisecond): here a sync 1 ms after the last took 250 us
@@ -142,9 +146,8 @@ def bench_egress(b: Bench) -> list[Row]:
     small_cpu_ms: dict[str, list[float]] = {}
     sync_us: list[int] = []
     dns_lat: dict[str, list[int]] = {}  # "guard", "engine": one A query's answer, us
-    # the guard's 100 MiB rate over direct's, each round's GETs alone: the two are taken
-    # minutes apart at most, so the spread shows how much the host moved the ratio
-    round_ratios: list[float] = []
+    # (guard, direct): the medians of two adjacent helpers' 100 MiB GETs, MB/s
+    pairs: list[tuple[float, float]] = []
     with bench_network(b) as network:
         # HTTP/1.1 with keep-alive, so that every proxy may keep its connection to it
         server = b.client.containers.run(
@@ -194,6 +197,31 @@ def bench_egress(b: Bench) -> list[Row]:
                 for container_id in counted.values():
                     wait_quiet(b, container_id)
                 guard_name = str(b.client.containers.get(held.guard_id).name)
+
+                def big_gets(name: str, repeats: int) -> list[float]:
+                    """`repeats` big GETs through `name` alone in a helper, so the proxy's
+                    cgroup counts only them; their rates, MB/s."""
+                    user, proxy = proxies[name]
+                    big_cfg = {
+                        **base,
+                        "proxy": proxy,
+                        "n": 0,
+                        "warmup": 0,
+                        "big_url": f"http://{address}:8081/big.bin",
+                        "big_n": repeats,
+                    }
+                    before = cpu_ns(b, counted[name]) if name in counted else None
+                    out = b.helper(
+                        netns_of=held.guard_id, user=user, script=GET_CLIENT, cfg=big_cfg
+                    )
+                    after = cpu_ns(b, counted[name]) if name in counted else None
+                    rates = [round(big / 1e6 / t, 1) for t in out["big_s"]]
+                    mb_s.setdefault(name, []).extend(rates)
+                    if before is not None and after is not None:
+                        per_get = (after - before) / 1e6 / len(out["big_s"])
+                        cpu_ms.setdefault(name, []).append(round(per_get, 1))
+                    return rates
+
                 for r in range(s.egress_rounds):
                     order = TARGETS[r % len(TARGETS) :] + TARGETS[: r % len(TARGETS)]
                     for name in order:
@@ -209,29 +237,21 @@ def bench_egress(b: Bench) -> list[Row]:
                             gets = len(out["lat_us"]) + SMALL_WARMUP
                             if (per_get := per_get_ms(before, after, gets)) is not None:
                                 small_cpu_ms.setdefault(f"{name}/{mode}", []).append(per_get)
-                        # the big GET alone, so the proxy's cgroup counts only it
-                        big_cfg = {
-                            **base,
-                            "proxy": proxy,
-                            "n": 0,
-                            "warmup": 0,
-                            "big_url": f"http://{address}:8081/big.bin",
-                            "big_n": BIG_REPEATS,
-                        }
-                        before = cpu_ns(b, counted[name]) if name in counted else None
-                        out = b.helper(
-                            netns_of=held.guard_id, user=user, script=GET_CLIENT, cfg=big_cfg
+                        if name not in PAIRED:
+                            big_gets(name, BIG_REPEATS)
+                    # the guard's and direct's big GETs side by side, A B B A (B A A B
+                    # in the next round): each pair's two helpers run one right after
+                    # the other, so the host moves both alike
+                    first, second = PAIRED if r % 2 == 0 else PAIRED[::-1]
+                    block: dict[str, list[float]] = {}
+                    for name in (first, second, second, first):
+                        block.setdefault(name, []).append(
+                            statistics.median(big_gets(name, PAIRED_REPEATS))
                         )
-                        after = cpu_ns(b, counted[name]) if name in counted else None
-                        rates = [round(big / 1e6 / t, 1) for t in out["big_s"]]
-                        mb_s.setdefault(name, []).extend(rates)
-                        if before is not None and after is not None:
-                            per_get = (after - before) / 1e6 / len(out["big_s"])
-                            cpu_ms.setdefault(name, []).append(round(per_get, 1))
-                    this_round = {
-                        name: statistics.median(v[-BIG_REPEATS:]) for name, v in mb_s.items()
-                    }
-                    round_ratios.append(round(this_round["guard"] / this_round["direct"], 2))
+                    for guard_rate, direct_rate in zip(
+                        block["guard"], block["direct"], strict=True
+                    ):
+                        pairs.append((guard_rate, direct_rate))
                     sync_us += log_sync_alone(
                         held.run_root.parent, b.sizes.guard_sync_n, SYNC_GAP_S
                     )
@@ -268,8 +288,13 @@ def bench_egress(b: Bench) -> list[Row]:
         " access log on; neither syncs its log) as the guard's uid: a new connection per"
         " GET, then one kept-alive connection for all (not through tinyproxy: it closes the"
         " client's connection after every reply, without saying so); and"
-        f" {BIG_REPEATS} {s.egress_big_mib} MiB GETs each way per round (each timed, each on"
-        " a new connection; the rate is the median of all of them)."
+        f" {s.egress_big_mib} MiB GETs, each timed, each on a new connection: {BIG_REPEATS}"
+        " per round through Squid, tinyproxy and the transparent path; through the guard"
+        " and direct, four helpers back to back per round, A B B A (the order swapped each"
+        f" round), {PAIRED_REPEATS} GETs each, each guard helper paired with the direct"
+        " one next to it. A rate is the median of all its GETs; the guard's ratio to direct"
+        " is the median of the pairs' own ratios (each pair's two medians taken seconds"
+        " apart), so one slow stretch of the host does not decide it."
     )
     small = detail.small
     rate = {name: statistics.median(v) for name, v in mb_s.items()}
@@ -314,9 +339,9 @@ def bench_egress(b: Bench) -> list[Row]:
     b.note(
         f"egress CPU: what the proxy's container used (its cgroup's CPU count, read on the"
         f" host before and after) while one {s.egress_big_mib} MiB GET went through it, the"
-        f" GET alone in its own helper (its {BIG_REPEATS} GETs' count divided by {BIG_REPEATS});"
-        f" the guard's container holds the bridge and MCP ports too (idle then); medians of"
-        f" {s.egress_rounds} rounds"
+        " GETs alone in their own helper (the helper's count divided by its GETs); the"
+        " guard's container holds the bridge and MCP ports too (idle then); medians of"
+        " every helper's figure"
     )
     small_cpu = {key: statistics.median(v) for key, v in small_cpu_ms.items()}
     b.note(
@@ -387,7 +412,10 @@ def bench_egress(b: Bench) -> list[Row]:
             rate["direct"],
             Goal(kind="ratio_min", threshold=0.9, text=">= 0.9x direct"),
             baseline_name="direct",
-            note=f"each round's ratio: {', '.join(f'{r:.2f}x' for r in round_ratios)}",
+            note=f"ratio: the median of {len(pairs)} adjacent pairs' own ratios ("
+            + ", ".join(f"{g / d:.2f}x" for g, d in pairs if d > 0)
+            + ")",
+            paired=paired_ratio(pairs),
         ),
         make_row(
             "egress_rate_squid",

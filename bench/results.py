@@ -44,8 +44,11 @@ class Goal(BaseModel):
             return None
         if self.kind == "added_max":
             return ours - baseline < self.threshold
-        r = ratio(ours, baseline)
-        if r is None:
+        return self.met_ratio(ratio(ours, baseline))
+
+    def met_ratio(self, r: float | None) -> bool | None:
+        """A ratio goal judged on `r` (None: nothing to judge)."""
+        if r is None or self.threshold is None:
             return None
         return r <= self.threshold if self.kind == "ratio_max" else r >= self.threshold
 
@@ -84,8 +87,16 @@ def make_row(
     baseline_name: str = "",
     check: bool | None = None,
     note: str = "",
+    paired: float | None = None,
 ) -> Row:
+    """`paired`: the ratio as measured pair by pair (`paired_ratio`), which then is the
+    row's ratio and what a ratio goal judges, in place of ours / baseline."""
     goal = goal or Goal()
+    row_ratio: float | None
+    if paired is not None and goal.kind in ("ratio_max", "ratio_min", "none"):
+        row_ratio, met = paired, goal.met_ratio(paired) if goal.kind != "none" else None
+    else:
+        row_ratio, met = ratio(ours, baseline), goal.met(ours, baseline, check)
     return Row(
         key=key,
         figure=figure,
@@ -93,11 +104,23 @@ def make_row(
         ours=ours,
         baseline=baseline,
         baseline_name=baseline_name,
-        ratio=ratio(ours, baseline),
+        ratio=row_ratio,
         goal=goal,
-        met=goal.met(ours, baseline, check),
+        met=met,
         note=note,
     )
+
+
+def paired_ratio(pairs: list[tuple[float, float]]) -> float | None:
+    """The median of ours / baseline over pairs measured side by side (each pair's two
+    taken one right after the other, so the host moved both alike); None without a pair.
+
+    On a shared host a throughput moves by more between minutes than between the two
+    arms of a pair: the ratio of two medians taken apart lets one slow stretch of either
+    arm decide the figure, where the median of the pairs' own ratios needs more than half
+    of the pairs to move."""
+    ratios = [ours / base for ours, base in pairs if base > 0]
+    return statistics.median(ratios) if ratios else None
 
 
 def status_row(

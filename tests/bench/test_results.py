@@ -23,6 +23,7 @@ from bench.results import (
     fmt_value,
     format_table,
     make_row,
+    paired_ratio,
     percentile,
     ratio,
     status_row,
@@ -94,6 +95,28 @@ def test_make_row_fills_ratio_and_verdict() -> None:
     assert row.ratio == pytest.approx(3.0)
     assert row.met is False
     assert row.status == "measured"
+
+
+def test_a_paired_ratio_is_the_median_of_the_pairs_own_ratios() -> None:
+    # the host slowed down for one pair: both arms moved, the guard's more
+    pairs = [(1100.0, 1200.0), (1150.0, 1180.0), (300.0, 700.0), (1050.0, 1100.0)]
+    assert paired_ratio(pairs) == pytest.approx((1100 / 1200 + 1050 / 1100) / 2)
+    # however bad one pair is, it does not decide the figure
+    worse = [*pairs[:2], (10.0, 700.0), pairs[3]]
+    assert paired_ratio(worse) == paired_ratio(pairs)
+    assert paired_ratio([]) is None
+    assert paired_ratio([(1.0, 0.0)]) is None
+
+
+def test_a_row_with_a_paired_ratio_judges_that_ratio_not_its_medians() -> None:
+    goal = Goal(kind="ratio_min", threshold=0.9, text=">= 0.9x")
+    # the medians of the two arms taken apart say 0.85x; the pairs say 0.93x
+    row = make_row("egress_rate", "100 MiB GET", "MB/s", 850.0, 1000.0, goal, paired=0.93)
+    assert row.ratio == pytest.approx(0.93)
+    assert row.met is True
+    assert (row.ours, row.baseline) == (850.0, 1000.0)
+    unpaired = make_row("egress_rate", "100 MiB GET", "MB/s", 850.0, 1000.0, goal)
+    assert unpaired.met is False
 
 
 @pytest.mark.parametrize(

@@ -106,11 +106,19 @@ class EgressProxy:
             pass
         finally:
             self.open_connections -= 1
-            with contextlib.suppress(Exception):
+            try:
                 if client.denied:
                     await linger(client)
                 writer.close()
-                await writer.wait_closed()
+                # A plain TCP transport with nothing queued (every write was drained)
+                # is closed by `close` itself, the socket's release only left to the
+                # loop's next turn: waiting for it would cost the connection one more
+                # wake-up of this task. TLS says goodbye first, and a lingering close
+                # still reads: both are waited for.
+                if client.tls or client.denied or writer.transport.get_write_buffer_size():
+                    await writer.wait_closed()
+            except Exception:  # the connection is gone either way
+                pass
 
     async def _one_request(
         self, client: Client, tunnel: tuple[str, int, EgressEntry] | None

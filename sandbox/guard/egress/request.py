@@ -95,7 +95,9 @@ class Incoming:
 async def next_request(client: Client, fill: Fill) -> Incoming | None:
     """The next request's head, checked and parsed; None when the client is done."""
     while True:
-        end = http1.head_end(client.buffer)
+        # nothing buffered (a connection's first read, and most requests' on a kept
+        # connection): nothing to look for a head in yet
+        end = http1.head_end(client.buffer) if client.buffer else None
         if end is not None:
             break
         idle = not client.buffer

@@ -52,10 +52,15 @@ def unpaced(listener: socket.socket | TransportSocket) -> None:
         listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, LOOPBACK_CONGESTION)
 
 
-def _wait(fd: int, events: int, stop: threading.Event) -> bool:
-    """Until `fd` is ready for `events` (or hung up); False once told to stop."""
+def _poller(fd: int, events: int) -> select.poll:
+    """A poll set watching `fd` for `events`, made once per relay and direction."""
     poller = select.poll()
     poller.register(fd, events)
+    return poller
+
+
+def _wait(poller: select.poll, stop: threading.Event) -> bool:
+    """Until `poller`'s descriptor is ready (or hung up); False once told to stop."""
     while not stop.is_set():
         if poller.poll(POLL_MS):
             return True
@@ -86,11 +91,9 @@ class _Lowat:
             self._sock.close()
 
 
-def _held(fd: int, stop: threading.Event) -> bool:
-    """Whether `fd` became readable (its low-water mark reached, EOF or an error) within
-    LOWAT_HOLD_MS; False on time out or when told to stop."""
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
+def _held(poller: select.poll, stop: threading.Event) -> bool:
+    """Whether `poller`'s descriptor became readable (its low-water mark reached, EOF or
+    an error) within LOWAT_HOLD_MS; False on time out or when told to stop."""
     return not stop.is_set() and bool(poller.poll(LOWAT_HOLD_MS))
 
 
@@ -98,12 +101,13 @@ def _splice(
     src: int,
     dst: int,
     count: int,
-    wait_for: tuple[int, int],
+    wait_for: select.poll,
     stop: threading.Event,
     lowat: _Lowat | None = None,
 ) -> int | None:
-    """One splice of up to `count` bytes, waiting on `wait_for` (fd, poll events) while
-    it is not ready; the bytes moved (0 at end of stream), or None once told to stop.
+    """One splice of up to `count` bytes, waiting on `wait_for` (the poll set of the
+    descriptor it waits on) while it is not ready; the bytes moved (0 at end of
+    stream), or None once told to stop.
     With `lowat` above 1 the first wait is at most LOWAT_HOLD_MS; after it the mark
     drops to 1, so bytes that arrive slowly are not held back."""
     while True:
@@ -111,9 +115,9 @@ def _splice(
             return os.splice(src, dst, count, flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)
         except BlockingIOError:
             if lowat is not None and lowat.level > 1:
-                if not _held(wait_for[0], stop):
+                if not _held(wait_for, stop):
                     lowat.set(1)
-            elif not _wait(*wait_for, stop):
+            elif not _wait(wait_for, stop):
                 return None
 
 
@@ -129,15 +133,16 @@ def _relay(src_fd: int, dst_fd: int, stop: threading.Event, limit: int | None) -
         with contextlib.suppress(OSError):
             fcntl.fcntl(pipe_w, F_SETPIPE_SZ, PIPE_BYTES)
         lowat = _Lowat(src_fd) if limit is not None else None
+        readable, writable = _poller(src_fd, select.POLLIN), _poller(dst_fd, select.POLLOUT)
         while limit is None or moved < limit:
             want = PIPE_BYTES if limit is None else min(PIPE_BYTES, limit - moved)
             if lowat is not None:
                 lowat.set(min(LOWAT_BYTES, want))
-            got = _splice(src_fd, pipe_w, want, (src_fd, select.POLLIN), stop, lowat)
+            got = _splice(src_fd, pipe_w, want, readable, stop, lowat)
             if not got:
                 break
             while got:
-                sent = _splice(pipe_r, dst_fd, got, (dst_fd, select.POLLOUT), stop)
+                sent = _splice(pipe_r, dst_fd, got, writable, stop)
                 if sent is None:
                     return moved
                 got -= sent

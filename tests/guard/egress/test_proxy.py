@@ -335,3 +335,52 @@ def test_a_small_reply_and_its_request_are_rebuilt_byte_for_byte(tmp_path: Path)
     (line,) = call_lines(actions)
     assert line.arguments["forwarded_head"] == head.split("\r\n")[:-2]
     assert line.detail["forwarded_sha256"] == hashlib.sha256(head.encode()).hexdigest()
+
+
+def test_a_plain_connection_ends_without_waiting_for_the_loop_to_release_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain TCP connection's end costs no wait of its own: every reply was drained
+    into the kernel, so `close` closes it and the loop only releases the socket; the
+    handler is done at once (a `wait_closed` that never returns does not hold it),
+    the step reads the end of the stream, and no descriptor is left behind."""
+
+    async def never(self: asyncio.StreamWriter) -> None:
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(asyncio.StreamWriter, "wait_closed", never)
+
+    async def exchange(proxy: EgressProxy, authority: str) -> tuple[bytes, int]:
+        server = await asyncio.start_server(proxy.handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        try:
+            request = f"GET http://{authority}/p HTTP/1.1\r\nHost: {authority}\r\n\r\n"
+            fds = len(os.listdir("/proc/self/fd"))
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(request.encode())
+            data = await asyncio.wait_for(reader.readexactly(len(OK)), 20)
+            writer.write_eof()  # the step is done: the proxy ends its side
+            data += await asyncio.wait_for(reader.read(), 20)
+            writer.transport.close()
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 10
+            while proxy.open_connections or len(asyncio.all_tasks()) > 1:
+                assert loop.time() < deadline, "the proxy's handler did not finish"
+                await asyncio.sleep(0.005)
+            proxy.close()  # the upstream connection, if the pool kept it
+            await asyncio.sleep(0)  # the loop's turn that releases the proxy's socket
+            return data, len(os.listdir("/proc/self/fd")) - fds
+        finally:
+            server.close()
+            proxy.close()
+
+    with actions_file(tmp_path) as actions:
+        host = Host(actions, OK)
+        try:
+            proxy, log = _local_proxy(actions, host.port)
+            answered, left = asyncio.run(exchange(proxy, f"127.0.0.1:{host.port}"))
+            log.close()
+        finally:
+            host.close()
+    assert answered == OK
+    assert left == 0
