@@ -567,15 +567,18 @@ def sweep() -> list[Path]:
     if not ENGINES_DIR.is_dir():
         return cleaned
     for directory in sorted(p for p in ENGINES_DIR.iterdir() if p.is_dir()):
-        if not (directory / "state.json").exists():
-            # Killed between mkdir and the first save (a few microseconds): nothing ran.
-            if time.time() - directory.stat().st_mtime > 600 and not hoststate.mounts_under(
-                directory
-            ):
-                shutil.rmtree(directory, ignore_errors=True)
-                cleaned.append(directory)
-            continue
-        lock = _lock(directory / "owner.lock", block=False)
+        try:
+            if not (directory / "state.json").exists():
+                # Killed between mkdir and the first save (a few microseconds): nothing ran.
+                if time.time() - directory.stat().st_mtime > 600 and not hoststate.mounts_under(
+                    directory
+                ):
+                    shutil.rmtree(directory, ignore_errors=True)
+                    cleaned.append(directory)
+                continue
+            lock = _lock(directory / "owner.lock", block=False)
+        except FileNotFoundError:
+            continue  # its own session removed it after the listing: nothing to sweep
         if lock is None:
             continue  # its session is alive
         try:
