@@ -164,10 +164,11 @@ class Backend(Protocol):
         """Remove every container this backend created, newest first; idempotent."""
         ...
 
-    def remove_ahead(self, container: RunContainer) -> None:
+    def remove_ahead(self, container: RunContainer) -> bool:
         """Remove one container whose state and output were read, ahead of `remove_all`
-        (which then skips it), while the engine does the run's other work; a backend
-        whose containers only go together (one Pod) leaves it to `remove_all`."""
+        (which then skips it), while the engine does the run's other work; whether it is
+        gone on return. A backend whose containers only go together (one Pod) leaves it
+        to `remove_all` and returns False."""
         ...
 
     def close(self) -> None:

@@ -1,7 +1,8 @@
 """The order of a test run's phases on the real engine: the step's disk and copies are
 made while the engine starts the guard's container (which mounts none of them), the
 record is written before any container exists, and at the end the step's files are read
-while the containers go, the disk and the view unmounted only once every one is gone."""
+while the containers go, the disk and the view unmounted once every container that mounts
+them is gone (the guard's removal, which mounts neither, may still run)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from docker import DockerClient
 
 from sandbox.backends.docker.backend import DockerBackend, DockerContainer
+from sandbox.contracts.layout import DISK_MOUNT, VIEW_LAYER, WORKFLOW_VIEW
 from sandbox.contracts.names import LABEL_ROLE, LABEL_RUN_ID
 from sandbox.contracts.record import RECORD_FILE, RunStatus
 from sandbox.run.testrun import TestRun
@@ -55,43 +57,60 @@ def test_the_guards_container_starts_while_the_steps_disk_is_made(
     assert seen["record_first"] is True  # the record is on disk before any container
 
 
-def test_the_containers_go_while_the_files_are_read_and_before_the_disk_is_unmounted(
+def test_the_guard_goes_while_the_files_are_read_and_the_disk_is_unmounted(
     engine: DockerClient, make_workflow: WorkflowFactory, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The removal waits here until the step's files are being read: a run that removed
-    its containers before reading them would wait out the deadline and say so. The disk
-    and the view go only once no container of the run is left, and `execute` returns
-    only then."""
-    reading = threading.Event()
+    """The guard's removal is held here until the step's files are being read, then
+    until the step's disk is being unmounted: a run that removed the guard before
+    reading the files, or waited for its removal before unmounting, would wait out a
+    deadline and say so. At the unmount no container that mounts the disk or the view
+    is left (the step's and the server's are gone; the guard's, held, mounts neither),
+    and `execute` returns only once every one is gone."""
+    reading, unmounting = threading.Event(), threading.Event()
     seen: dict[str, object] = {}
-    remove_all, collect, close = DockerBackend.remove_all, StepFs.collect, StepFs.close
+    remove_ahead, collect, close = DockerBackend.remove_ahead, StepFs.collect, StepFs.close
 
-    def remove_once_reading(backend: DockerBackend) -> None:
-        seen.setdefault("reading_when_removed", reading.wait(SEEN_WITHIN_S))  # the first
-        remove_all(backend)
+    def guard_held(backend: DockerBackend, container: DockerContainer) -> bool:
+        if container._container.labels.get(LABEL_ROLE) == "guard":
+            seen["reading_when_guard_removed"] = reading.wait(SEEN_WITHIN_S)
+            seen["unmounting_when_guard_removed"] = unmounting.wait(SEEN_WITHIN_S)
+        return remove_ahead(backend, container)
 
     def collect_marked(files: StepFs, *, has_db: bool) -> Collected:
         reading.set()
         return collect(files, has_db=has_db)
 
-    def close_counting(files: StepFs) -> None:
-        run_filter: dict[str, str | list[str] | bool] = {
-            "label": f"{LABEL_RUN_ID}={files.layout.run_id}"
-        }
-        seen.setdefault(
-            "left_at_unmount",
-            len(engine.containers.list(all=True, filters=run_filter, ignore_removed=True)),
-        )
+    def close_seeing(files: StepFs) -> None:
+        if not unmounting.is_set():
+            run_filter: dict[str, str | list[str] | bool] = {
+                "label": f"{LABEL_RUN_ID}={files.layout.run_id}"
+            }
+            left = engine.containers.list(all=True, filters=run_filter, ignore_removed=True)
+            seen["roles_left_at_unmount"] = sorted(str(c.labels.get(LABEL_ROLE)) for c in left)
+            seen["mounts_left_at_unmount"] = [
+                m["Source"] for c in left for m in c.attrs.get("Mounts") or []
+            ]
+            unmounting.set()
         close(files)
 
-    monkeypatch.setattr(DockerBackend, "remove_all", remove_once_reading)
+    monkeypatch.setattr(DockerBackend, "remove_ahead", guard_held)
     monkeypatch.setattr(StepFs, "collect", collect_marked)
-    monkeypatch.setattr(StepFs, "close", close_counting)
-    wf = make_workflow(command="true")
+    monkeypatch.setattr(StepFs, "close", close_seeing)
+    server = '[[mcp_servers]]\nname = "time"\ncommand = ["mcp-server-time"]\n'
+    wf = make_workflow(command="true", extra_toml=server)
     record = TestRun(Path(wf), "step1").execute()
     assert record.status is RunStatus.PASSED, record.reason
-    assert seen["reading_when_removed"] is True
-    assert seen["left_at_unmount"] == 0
+    assert seen["reading_when_guard_removed"] is True
+    assert seen["unmounting_when_guard_removed"] is True
+    assert seen["roles_left_at_unmount"] == ["guard"]
+    # The guard's mounts: its log and its data folder in the run folder, never the disk
+    # nor the view.
+    sources = seen["mounts_left_at_unmount"]
+    assert isinstance(sources, list) and sources
+    for source in sources:
+        parts = Path(source).parts
+        assert record.id in parts
+        assert not {DISK_MOUNT, WORKFLOW_VIEW, VIEW_LAYER} & set(parts), source
     assert engine.containers.list(all=True, filters={"label": f"{LABEL_RUN_ID}={record.id}"}) == []
 
 

@@ -188,8 +188,9 @@ class DockerBackend:
     def remove_all(self) -> None:
         self._owned.remove_all()
 
-    def remove_ahead(self, container: RunContainer) -> None:
+    def remove_ahead(self, container: RunContainer) -> bool:
         self._owned.remove_one(self._engine_side(container))
+        return True
 
     def close(self) -> None:
         """Join the exit watches (they end once their container is gone), then close

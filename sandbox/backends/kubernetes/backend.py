@@ -318,8 +318,9 @@ class KubernetesBackend:
         if self._run is not None:
             self._run.delete()
 
-    def remove_ahead(self, container: RunContainer) -> None:
+    def remove_ahead(self, container: RunContainer) -> bool:
         """Nothing: a Pod's containers go with the Pod (`remove_all`)."""
+        return False
 
     def close(self) -> None:
         for watch in self.exit_watches:
