@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sandbox.contracts.recording import key_of, miss_text
+from sandbox.contracts.recording import bridge_key_of, miss_text
 from sandbox.contracts.wire import ToolResult, json_of
 from sandbox.guard.bridge import bindings
 from sandbox.guard.bridge.forward import UpstreamForward
@@ -28,7 +28,7 @@ def bridge_key(tool: str, arguments: dict[str, Any]) -> str:
 def own_key(tool: str, own: dict[str, Any]) -> str:
     """The key of a call whose bound paths are already left out (`without_bound`):
     the bridge has them for its verdict, so they are not made again per call."""
-    return key_of("bridge", tool=tool, arguments=own)
+    return bridge_key_of(tool, own)
 
 
 class RecordedForward:
