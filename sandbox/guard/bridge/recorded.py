@@ -47,8 +47,9 @@ class RecordedForward:
         session: str,
         detail: dict[str, Any],
         own: dict[str, Any] | None = None,
-    ) -> ToolResult:
-        """`own`: `without_bound(tool, arguments)`, when the caller has it already."""
+    ) -> tuple[ToolResult, bytes | None]:
+        """The result, and its JSON (`json_of`) when it was made for the recording.
+        `own`: `without_bound(tool, arguments)`, when the caller has it already."""
         key = own_key(tool, own) if own is not None else bridge_key(tool, arguments)
         what = f"bridge {tool}"
         recorder, replay = self._reads.recorder, self._reads.replay
@@ -59,16 +60,18 @@ class RecordedForward:
             if result is not None:
                 detail.update(replay="hit", replay_key=key)
                 _keep(recorder.tap(key, "bridge", what, replay="hit"), data or b"")
-                return result
+                return result, None  # the recorded bytes, not necessarily `json_of`'s
             recorder.note_miss(key, "bridge", what)
             detail.update(replay="miss", replay_key=key)
             if replay.miss_mode != "live":
-                return ToolResult(text=miss_text(what), is_error=True)
+                return ToolResult(text=miss_text(what), is_error=True), None
             detail["replay"], mark = "live", "live"
         result = await self._inner.call(tool, arguments, session, detail)
-        if detail.get("upstream_status") == 200:
-            _keep(recorder.tap(key, "bridge", what, replay=mark), json_of(result))
-        return result
+        if detail.get("upstream_status") != 200:
+            return result, None
+        encoded = json_of(result)
+        _keep(recorder.tap(key, "bridge", what, replay=mark), encoded)
+        return result, encoded
 
 
 def _keep(tap: Tap, data: bytes) -> None:

@@ -265,8 +265,11 @@ class Guard:
             return _stub(tool, session, str(full)), {}, category, True
         outcome: dict[str, Any] = {}
         async with self.log.settled_on_exception():  # answered without an outcome: synced first
+            result_json = None  # the result's JSON, when the recording made it already
             if route is _UPSTREAM:
-                result = await self.upstream.call(tool, arguments, session, outcome, own)
+                result, result_json = await self.upstream.call(
+                    tool, arguments, session, outcome, own
+                )
             else:
                 result = await self.executor.run(tool, arguments, outcome)
         await self._outcome(logged, result, outcome)
@@ -279,6 +282,7 @@ class Guard:
             decision=decision,
             reason=why,
             result=result,
+            result_json=result_json,
         )
         return encoded, detail, category, True
 
