@@ -64,6 +64,19 @@ def egress_key(method: str, url: str, body_sha256: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
+def bridge_key_of(tool: str, arguments: dict[str, Any]) -> str:
+    """`key_of("bridge", tool=, arguments=)`, the fixed part of its canonical JSON
+    written here (keys in sorted order) and only the arguments through the canonical
+    encoder: every forwarded bridge call's key, where encoding the whole document
+    was two thirds of the key's cost. The same bytes (tests/contracts/test_recording.py
+    pins the two equal)."""
+    text = (
+        f'{{"arguments":{_CANONICAL.encode(arguments)},"kind":"bridge",'
+        f'"tool":{encode_basestring(tool)},"v":{KEY_VERSION}}}'
+    )
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def miss_text(what: str) -> str:
     """The answer a replay miss gets (never a real answer)."""
     return (

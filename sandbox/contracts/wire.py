@@ -119,20 +119,32 @@ def json_of(model: BaseModel) -> bytes:
 
 
 def reply_json(
-    *, ok: bool, tool: str, session: str, decision: str, reason: str, result: ToolResult
+    *,
+    ok: bool,
+    tool: str,
+    session: str,
+    decision: str,
+    reason: str,
+    result: ToolResult,
+    result_json: bytes | None = None,
 ) -> bytes:
     """`json_of(ToolReply(...))`'s bytes, without the reply model: for a reply made of
     values the guard has checked already (the step's validated `ToolCall`, the
     verdict's decision and reason, a `ToolResult`), so that validating them again
     checks nothing. The fields in the model's order, to the model's own serializer
     (the result through its own, NaN and infinity as null as the models write them);
-    tests/contracts/test_wire.py holds it to the model."""
+    tests/contracts/test_wire.py holds it to the model. `result_json`: `json_of(result)`
+    when it was made already (a forwarded answer's, for its recording), placed as it is
+    rather than made again."""
     fields = {
         "ok": ok,
         "tool": tool,
         "session": session,
         "decision": decision,
         "reason": reason,
-        "result": result,
     }
+    if result_json is not None:
+        # the last field: the rest's object, its closing brace replaced by the result
+        return to_json(fields, inf_nan_mode="null")[:-1] + b',"result":' + result_json + b"}"
+    fields["result"] = result
     return to_json(fields, inf_nan_mode="null")

@@ -6,6 +6,7 @@ guard's memory is bounded by these numbers (see guard.spec.md, Limits).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final, NamedTuple
 
@@ -32,6 +33,20 @@ MAX_EXEC_REPLY_BYTES: Final = 8 * MiB  # the step executor's reply body
 # Forwarded calls (MCP, bridge upstream, executor) whose reply the guard may
 # hold at once.
 FORWARD_SLOTS: Final = 4
+
+
+class ForwardSlots(asyncio.Semaphore):
+    """The guard's FORWARD_SLOTS: asyncio's Semaphore, entered without its `acquire`
+    coroutine and `locked()`'s generator while a slot is free and no one waits (every
+    forwarded call, one client or a few). Anything else is `acquire`'s own, so the
+    order, the fairness and the cancel rules are the Semaphore's (tests/guard/test_limits.py)."""
+
+    async def __aenter__(self) -> None:
+        if self._value > 0 and not self._waiters:
+            self._value -= 1
+            return
+        await self.acquire()
+
 
 # A reply in memory exists several times over while it is parsed and relayed
 # (bytes read, parsed objects, the reply serialized for the step, its body):

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from sandbox.contracts.recording import (
     BLOBS_DIR,
+    EMPTY_SHA256,
     INDEX_FILE,
     MAX_INDEX_BYTES,
     RECORDING_DIR,
@@ -166,7 +167,11 @@ class Tap:
     ) -> None:
         self._recorder = recorder
         self.key, self.kind, self.what, self.replay = key, kind, what, replay
-        self._hash: hashlib._Hash | None = hashlib.sha256()
+        # The answer's digest, made at its first bytes: a whole answer (`whole`) is
+        # hashed once, with no digest made per tap only to be dropped. None after that
+        # while `_unseen` is set: given up (`rest_unseen`), or listed (`whole`).
+        self._hash: hashlib._Hash | None = None
+        self._unseen = False
         self.size = 0
         self._written = 0
         self._why_not = recorder.unavailable
@@ -199,14 +204,17 @@ class Tap:
             self._drop(f"over the recording's cap of {settings.cap_bytes} bytes")
         else:
             return False
-        self._hash = None
+        self._hash, self._unseen = None, True
         self.size += length
         return True
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
-        if self._hash is None:
+        if self._unseen:
             return  # given up (`rest_unseen`): the size is counted already
-        self._hash.update(data)
+        if self._hash is None:
+            self._hash = hashlib.sha256(data)
+        else:
+            self._hash.update(data)
         self._keep_bytes(data)
 
     def _keep_bytes(self, data: bytes | bytearray | memoryview) -> None:
@@ -247,7 +255,7 @@ class Tap:
         MCP result): the same index line and the same caps, but an answer whose blob
         this recorder kept already is not written again only to be removed (one
         answer asked many times costs no file per call)."""
-        if self.size or self._closed or self._why_not or self._hash is None:
+        if self.size or self._closed or self._why_not or self._unseen or self._hash is not None:
             self.feed(data)
             self.close()
             return
@@ -259,7 +267,7 @@ class Tap:
             self.close()
             return
         self._closed = True
-        self._hash = None
+        self._hash, self._unseen = None, True
         self.size = len(data)
         self._note(kept=True, digest=digest)
 
@@ -270,7 +278,10 @@ class Tap:
         self._closed = True
         if not complete and not self._why_not:
             self._drop("the answer was cut short")
-        digest = self._hash.hexdigest() if self._hash is not None else None
+        if self._unseen:
+            digest = None
+        else:  # no bytes at all: the empty answer's digest
+            digest = self._hash.hexdigest() if self._hash is not None else EMPTY_SHA256
         kept = False
         if not self._why_not and digest is not None:
             kept = self._commit(digest)

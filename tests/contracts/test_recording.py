@@ -16,6 +16,7 @@ from sandbox.contracts.recording import (
     EMPTY_SHA256,
     KEY_VERSION,
     IndexLine,
+    bridge_key_of,
     egress_key,
     index_line_json,
     key_of,
@@ -37,6 +38,20 @@ DIGEST = "ab" * 32
 def test_an_egress_key_is_key_of_its_parts(method: str, url: str, body: str) -> None:
     expected = key_of("egress", method=method, url=url, body_sha256=body)
     assert egress_key(method, url, body) == expected
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments"),
+    [
+        ("generate_text_llm", {"prompt": "bench"}),
+        ("t", {}),
+        ('q"uo\\te\n', {"z": 1, "a": [1, 2.5, None, True], "m": {"y": "é☃\U0001f600", "b": {}}}),
+        ("t", {"nan": float("nan"), "inf": float("-inf"), "big": 2**80, "neg": -0.0}),
+        ("t", {"\x00\x1f": "\x7f\t", "v": 1, "kind": "egress", "arguments": []}),
+    ],
+)
+def test_a_bridge_key_is_key_of_its_parts(tool: str, arguments: dict[str, Any]) -> None:
+    assert bridge_key_of(tool, arguments) == key_of("bridge", tool=tool, arguments=arguments)
 
 
 _INDEX_LINES = [
@@ -137,6 +152,8 @@ def test_a_read_s_key_is_the_same_as_every_earlier_run_s(
     kind: Any, parts: dict[str, Any], key: str
 ) -> None:
     assert key_of(kind, **parts) == key
+    if kind == "bridge":
+        assert bridge_key_of(**parts) == key
     canonical = json.dumps(
         {"v": KEY_VERSION, "kind": kind, **parts},
         sort_keys=True,

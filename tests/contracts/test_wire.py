@@ -60,3 +60,26 @@ def test_reply_json_is_the_reply_model_s_json(result: ToolResult, decision: str)
         "result": result,
     }
     assert reply_json(**fields) == ToolReply.model_validate(fields).model_dump_json().encode()  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        ToolResult(),
+        ToolResult(text="ünïcode ✓ \u2028", data=ODD_DATA, is_error=True),
+        ToolResult.model_validate_json(b'{"text":"t","data":[1e16,0.1,-0.0],"extra":1}'),
+    ],
+)
+def test_reply_json_with_its_result_s_json_made_already_is_the_same(result: ToolResult) -> None:
+    """A forwarded answer's JSON, made for its recording, placed in the reply as it is:
+    the reply model's bytes all the same."""
+    fields = {
+        "ok": not result.is_error,
+        "tool": "tëxt_tool",
+        "session": "root.1",
+        "decision": "allow",
+        "reason": 'said "yes"\n',
+        "result": result,
+    }
+    expected = ToolReply.model_validate(fields).model_dump_json().encode()
+    assert reply_json(**fields, result_json=json_of(result)) == expected  # type: ignore[arg-type]

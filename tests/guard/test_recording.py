@@ -201,3 +201,57 @@ def test_a_streamed_answer_kept_already_opens_no_file_and_a_large_one_is_written
     assert sorted(os.listdir(tmp_path / BLOBS_DIR)) == sorted(digests)
     assert (tmp_path / BLOBS_DIR / hashlib.sha256(large).hexdigest()).read_bytes() == large
     assert recorder.used == len(b"head|body") + len(large)
+
+
+class _CountedSha256:
+    """`hashlib` as `sandbox.guard.recording` sees it, counting the digests it makes."""
+
+    def __init__(self) -> None:
+        self.made = 0
+
+    def sha256(self, data: bytes = b"") -> hashlib._Hash:
+        self.made += 1
+        return hashlib.sha256(data)
+
+
+def test_an_answer_is_hashed_once_and_its_line_names_its_digest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One digest per answer (none made per tap only to be dropped), and every kind of
+    answer's index line as before: the digest of the bytes relayed (the empty one's for
+    an answer without bytes), none for an answer given up before its rest arrived."""
+    counted = _CountedSha256()
+    monkeypatch.setattr(recording, "hashlib", counted)
+    recorder = Recorder(tmp_path, RecordingSettings(body_cap_bytes=100))
+    sha = {data: hashlib.sha256(data).hexdigest() for data in (b"", b"answer", b"stream")}
+
+    def tap(n: int) -> recording.Tap:
+        return recorder.tap(key_of("bridge", tool="t", arguments={"n": n}), "bridge", "t")
+
+    made = []
+    tap(1).whole(b"answer")  # new: hashed, kept
+    made.append(counted.made)
+    tap(2).whole(b"answer")  # kept already: hashed, listed
+    made.append(counted.made)
+    streamed = tap(3)
+    for piece in (b"st", b"re", b"am"):
+        streamed.feed(piece)
+    streamed.close()
+    made.append(counted.made)
+    tap(4).close()  # no bytes at all
+    made.append(counted.made)
+    given_up = tap(5)
+    given_up.feed(b"x")
+    assert given_up.rest_unseen(1000)
+    given_up.feed(b"y" * 1000)
+    given_up.close()
+    made.append(counted.made)
+    assert made == [1, 2, 3, 3, 4]
+    lines = [(line.kept, line.bytes, line.sha256, line.why_not) for line in index(tmp_path)]
+    assert lines == [
+        (True, 6, sha[b"answer"], ""),
+        (True, 6, sha[b"answer"], ""),
+        (True, 6, sha[b"stream"], ""),
+        (True, 0, sha[b""], ""),
+        (False, 1001, None, "over the per-answer cap of 100 bytes"),
+    ]

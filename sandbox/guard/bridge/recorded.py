@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sandbox.contracts.recording import key_of, miss_text
+from sandbox.contracts.recording import bridge_key_of, miss_text
 from sandbox.contracts.wire import ToolResult, json_of
 from sandbox.guard.bridge import bindings
 from sandbox.guard.bridge.forward import UpstreamForward
@@ -28,7 +28,7 @@ def bridge_key(tool: str, arguments: dict[str, Any]) -> str:
 def own_key(tool: str, own: dict[str, Any]) -> str:
     """The key of a call whose bound paths are already left out (`without_bound`):
     the bridge has them for its verdict, so they are not made again per call."""
-    return key_of("bridge", tool=tool, arguments=own)
+    return bridge_key_of(tool, own)
 
 
 class RecordedForward:
@@ -47,8 +47,9 @@ class RecordedForward:
         session: str,
         detail: dict[str, Any],
         own: dict[str, Any] | None = None,
-    ) -> ToolResult:
-        """`own`: `without_bound(tool, arguments)`, when the caller has it already."""
+    ) -> tuple[ToolResult, bytes | None]:
+        """The result, and its JSON (`json_of`) when it was made for the recording.
+        `own`: `without_bound(tool, arguments)`, when the caller has it already."""
         key = own_key(tool, own) if own is not None else bridge_key(tool, arguments)
         what = f"bridge {tool}"
         recorder, replay = self._reads.recorder, self._reads.replay
@@ -59,16 +60,18 @@ class RecordedForward:
             if result is not None:
                 detail.update(replay="hit", replay_key=key)
                 _keep(recorder.tap(key, "bridge", what, replay="hit"), data or b"")
-                return result
+                return result, None  # the recorded bytes, not necessarily `json_of`'s
             recorder.note_miss(key, "bridge", what)
             detail.update(replay="miss", replay_key=key)
             if replay.miss_mode != "live":
-                return ToolResult(text=miss_text(what), is_error=True)
+                return ToolResult(text=miss_text(what), is_error=True), None
             detail["replay"], mark = "live", "live"
         result = await self._inner.call(tool, arguments, session, detail)
-        if detail.get("upstream_status") == 200:
-            _keep(recorder.tap(key, "bridge", what, replay=mark), json_of(result))
-        return result
+        if detail.get("upstream_status") != 200:
+            return result, None
+        encoded = json_of(result)
+        _keep(recorder.tap(key, "bridge", what, replay=mark), encoded)
+        return result, encoded
 
 
 def _keep(tap: Tap, data: bytes) -> None:

@@ -8,7 +8,6 @@ reply. Nothing raises out of a call (see bridge.spec.md).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
 import time
@@ -83,7 +82,7 @@ class Guard:
         self._inflight: dict[int, tuple[str, str | None]] = {}  # tool, session
         self.egress: EgressProxy | None = None  # set while the app runs
         # Forwarded calls whose reply may be held in memory at once (see limits).
-        self.forward_slots = asyncio.Semaphore(limits.FORWARD_SLOTS)
+        self.forward_slots = limits.ForwardSlots(limits.FORWARD_SLOTS)
         self._next_call = 0
         self.reads = Reads.from_config(config.data_dir, config.recording, config.replay)
         self.upstream = RecordedForward(UpstreamForward(config, self.forward_slots), self.reads)
@@ -266,8 +265,11 @@ class Guard:
             return _stub(tool, session, str(full)), {}, category, True
         outcome: dict[str, Any] = {}
         async with self.log.settled_on_exception():  # answered without an outcome: synced first
+            result_json = None  # the result's JSON, when the recording made it already
             if route is _UPSTREAM:
-                result = await self.upstream.call(tool, arguments, session, outcome, own)
+                result, result_json = await self.upstream.call(
+                    tool, arguments, session, outcome, own
+                )
             else:
                 result = await self.executor.run(tool, arguments, outcome)
         await self._outcome(logged, result, outcome)
@@ -280,6 +282,7 @@ class Guard:
             decision=decision,
             reason=why,
             result=result,
+            result_json=result_json,
         )
         return encoded, detail, category, True
 

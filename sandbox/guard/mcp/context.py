@@ -32,7 +32,7 @@ class McpContext:
         self.log = log
         # The run's recording (and the replay's), set by the proxy: read results kept.
         self.reads: Reads | None = None
-        self._slots = slots or asyncio.Semaphore(limits.FORWARD_SLOTS)
+        self._slots = slots or limits.ForwardSlots(limits.FORWARD_SLOTS)
 
     @contextlib.asynccontextmanager
     async def forward_slot(self, budget_s: float) -> AsyncIterator[None]:

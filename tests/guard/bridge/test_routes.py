@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandbox.contracts.wire import ActionLine
+from sandbox.contracts.wire import ActionLine, ToolReply, ToolResult
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.app import build_app
 from sandbox.guard.bridge.routes import Guard
@@ -461,3 +461,42 @@ def test_calls_in_flight_are_named_for_the_egress_lines(
     # one name per tool and session, in order
     assert named == sorted([f"web_fetch (session {child})", "web_fetch (session root)"])
     assert after == []
+
+
+def test_a_forwarded_reply_is_the_reply_model_s_json_of_the_upstream_s_answer(
+    guard_at: Callable[[str | None], tuple[Guard, Path]],
+) -> None:
+    """The step's reply bytes, byte for byte the reply model's JSON of the answer the
+    upstream gave (its result as its model reads it), when the recording encoded that
+    result first and when it is asked again."""
+    answer = {
+        "text": 'ünïcode ✓ \u2028 "q"',
+        "data": {"f": [1e16, 0.1, -0.0], "big": 2**70, "n": None},
+        "extra": 1,
+    }
+    payload = json.dumps(answer, ensure_ascii=False).encode()
+    upstream = Upstream(
+        lambda n, body: b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(payload), payload)
+    )
+    guard, _ = guard_at(upstream.url)
+
+    async def main() -> list[bytes]:
+        transport = httpx.ASGITransport(app=build_app(guard))
+        async with httpx.AsyncClient(transport=transport, base_url="http://guard") as client:
+            body = {"tool": "generate_text_llm", "arguments": {"prompt": "p"}}
+            replies = [
+                (await client.post("/v1/tools/call", json=body, headers=AUTH)).content
+                for _ in range(2)
+            ]
+        await guard.close()
+        return replies
+
+    try:
+        replies = asyncio.run(main())
+    finally:
+        upstream.close()
+    result = ToolResult.model_validate_json(payload)
+    for reply in replies:
+        fields = {**json.loads(reply), "result": result}
+        assert reply == ToolReply.model_validate(fields).model_dump_json().encode()
+    assert json.loads(replies[0])["decision"] == "allow"
