@@ -4,13 +4,12 @@ servers: a thread on a real unix socket, an HTTP server on loopback; no engine).
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import threading
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 import mcp_types as types
@@ -22,7 +21,7 @@ from sandbox.guard.mcp.calls import ToolCalls
 from sandbox.guard.mcp.context import McpContext
 from sandbox.guard.mcp.relay import Upstream, maybe_lost
 from tests.conftest import in_process_guard
-from tests.guard.mcp.mcpparts import JsonMcpServer
+from tests.guard.mcp.mcpparts import READ_TOOL, JsonMcpServer, stdio_server
 
 
 def test_lost_session_spellings() -> None:
@@ -36,47 +35,16 @@ def test_lost_session_spellings() -> None:
 # -- what a judged call sends: the lookup and the call, as the server reads them --------
 
 
-TOOLS = [{"name": "read", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}]
 STEP_PARAMS = {"name": "read", "arguments": {"q": "x", "none": None}, "_meta": {"progressToken": 7}}
 
 
-def _stdio_server(conn: socket.socket, seen: list[dict[str, Any]]) -> None:
-    """A stdio server on the guard's socket: every message it reads is kept."""
-    buffer = b""
-    try:
-        while True:
-            while b"\n" not in buffer:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                buffer += chunk
-            line, _, buffer = buffer.partition(b"\n")
-            message = json.loads(line)
-            seen.append(message)
-            if "id" not in message:
-                continue
-            result: dict[str, Any] = {"content": [{"type": "text", "text": "ok"}]}
-            if message["method"] == "initialize":
-                result = {
-                    "protocolVersion": message["params"]["protocolVersion"],
-                    "capabilities": {"tools": {}},
-                    "serverInfo": {"name": "s", "version": "1"},
-                }
-            elif message["method"] == "tools/list":
-                result = {"tools": TOOLS}
-            reply = {"jsonrpc": "2.0", "id": message["id"], "result": result}
-            conn.sendall(json.dumps(reply).encode() + b"\n")
-    except OSError:
-        return
-
-
 class _UrlServer(JsonMcpServer):
-    seen: list[dict[str, Any]] = []
+    seen: ClassVar[list[dict[str, Any]]] = []
 
     def answer(self, method: str | None, params: dict[str, Any]) -> dict[str, Any]:
         self.seen.append({"method": method, "params": params})
         if method == "tools/list":
-            return {"result": {"tools": TOOLS}}
+            return {"result": {"tools": READ_TOOL}}
         return {"result": {"content": [{"type": "text", "text": "ok"}]}}
 
 
@@ -108,8 +76,8 @@ def test_a_judged_call_sends_the_lookup_and_only_name_and_arguments(tmp_path: Pa
     listener = bind_unix(path)
     conn = socket.socket(socket.AF_UNIX)
     conn.connect(path)
-    seen: list[dict[str, Any]] = []
-    thread = threading.Thread(target=_stdio_server, args=(conn, seen), daemon=True)
+    seen: ClassVar[list[dict[str, Any]]] = []
+    thread = threading.Thread(target=stdio_server, args=(conn, seen), daemon=True)
     thread.start()
     try:
         result = _judged_call(tmp_path, McpServer(name="s", command=["x"]), listener)
