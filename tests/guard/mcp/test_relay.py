@@ -76,7 +76,7 @@ def test_a_judged_call_sends_the_lookup_and_only_name_and_arguments(tmp_path: Pa
     listener = bind_unix(path)
     conn = socket.socket(socket.AF_UNIX)
     conn.connect(path)
-    seen: ClassVar[list[dict[str, Any]]] = []
+    seen: list[dict[str, Any]] = []
     thread = threading.Thread(target=stdio_server, args=(conn, seen), daemon=True)
     thread.start()
     try:
