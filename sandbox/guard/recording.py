@@ -47,6 +47,7 @@ HOLD_BYTES = 64 * 1024
 # Whole answers waiting for the keeper's thread, in bytes at most; past it a caller
 # keeps its answer itself (memory stays bounded when the disk falls behind).
 MAX_LATER_BYTES = 16 * 1024 * 1024
+GATHER_S = 0.050  # how long the keeper's thread gathers answers before a round
 
 
 class Recorder:
@@ -174,7 +175,10 @@ class Recorder:
 
 
 class _Keeper:
-    """The recorder's thread for `keep_later`, started at the first answer given to it."""
+    """The recorder's thread for `keep_later`, started at the first answer given to it.
+    Woken by the first answer after it went idle, it gathers for GATHER_S and then
+    keeps everything queued in one round: a few wake-ups a second however many calls,
+    not one each (each wake-up is a futex and a turn at the interpreter's lock)."""
 
     def __init__(self, recorder: Recorder) -> None:
         self._recorder = recorder
@@ -182,6 +186,7 @@ class _Keeper:
         self._ready = threading.Condition()
         self._bytes = 0  # of the answers waiting
         self._thread: threading.Thread | None = None
+        self._idle = False  # the thread waits for a first answer (a put wakes it)
         self._stopped = False
 
     def put(self, item: tuple[str, Kind, str, bytes, str]) -> bool:
@@ -195,23 +200,31 @@ class _Keeper:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="recording", daemon=True)
                 self._thread.start()
-            self._ready.notify()
+            elif self._idle:
+                self._idle = False
+                self._ready.notify()
         return True
 
     def _run(self) -> None:
         while True:
             with self._ready:
                 while not self._items and not self._stopped:
+                    self._idle = True
                     self._ready.wait()
-                if not self._items:
-                    return
-                key, kind, what, data, replay = self._items.popleft()
-            # Tap loses a copy on a failed write, never raises for it; anything else
-            # must not end the thread with answers still queued behind this one.
-            with contextlib.suppress(Exception):
-                self._recorder.tap(key, kind, what, replay=replay).whole(data)
+                self._idle = False
+                if not self._stopped:
+                    self._ready.wait(GATHER_S)  # only a stop wakes it early
+                batch = list(self._items)
+                self._items.clear()
+                if not batch:
+                    return  # stopped, nothing left
+            for key, kind, what, data, replay in batch:
+                # Tap loses a copy on a failed write, never raises for it; anything else
+                # must not end the thread with answers still queued behind this one.
+                with contextlib.suppress(Exception):
+                    self._recorder.tap(key, kind, what, replay=replay).whole(data)
             with self._ready:
-                self._bytes -= len(data)
+                self._bytes -= sum(len(item[3]) for item in batch)
 
     def stop(self) -> None:
         """Keep every answer queued, then end the thread (blocks until it has)."""
