@@ -6,12 +6,12 @@ tool list is still asked live (the policy judges the server's annotations as the
 are now); a hit is the recorded result without the call reaching the server; a miss
 is a `TEST MODE` replay-miss error result, or goes out with misses live.
 
-A result is kept after the reply: its JSON is made on the loop's next turn, once the
-reply is written, and the recorder's thread hashes it and writes its blob and index
-line (`Recorder.keep_later`), so no disk operation of the recording is on the call's
-path. The key is made only when it is needed (a replay, a result kept). A guard
-killed in between loses that copy (the action log has the call; a replay of it is a
-miss).
+A result is kept after the call: its JSON is made on the loop's next turn (the hot
+path has written the reply by then) and the recorder's thread hashes it and writes
+its blob and index line (`Recorder.keep_later`), so no disk operation of the
+recording is on the call's path. The key is made only when it is needed (a replay,
+a result kept). A guard killed in between loses that copy (the action log has the
+call; a replay of it is a miss).
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ class Recorded:
         }
 
     def keep(self, result: dict[str, Any], outcome: dict[str, Any]) -> None:
-        """A result the server answered, kept (not a guard-made error) once the reply
-        is written: on the loop's next turn (the reply is written in the same turn as
-        the call's last line), then on the recorder's thread."""
+        """A result the server answered, kept (not a guard-made error) after the call:
+        on the loop's next turn (the hot path writes the reply in the turn the call
+        ends), then on the recorder's thread."""
         if self._reads is None or "error" in outcome:
             return
         asyncio.get_running_loop().call_soon(self._after_reply, result, self._mark)
