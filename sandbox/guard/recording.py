@@ -12,6 +12,7 @@ already is listed without writing its bytes again.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import os
@@ -44,6 +45,10 @@ MAX_KEPT_MEMO = 4096
 # or once it ended, so that a small answer kept already (the same read again) writes
 # no file only to remove it.
 HOLD_BYTES = 64 * 1024
+# Whole answers waiting for the keeper's thread, in bytes at most; past it a caller
+# keeps its answer itself (memory stays bounded when the disk falls behind).
+MAX_LATER_BYTES = 16 * 1024 * 1024
+GATHER_S = 0.050  # how long the keeper's thread gathers answers before a round
 
 
 class Recorder:
@@ -61,6 +66,7 @@ class Recorder:
         self._opened = False  # made at the first answer: a run without reads leaves nothing
         self._kept: set[str] = set()  # digests of blobs kept (at most MAX_KEPT_MEMO)
         self.unavailable = "" if settings.enabled else "recording is off"
+        self._later = _Keeper(self)
 
     def _open(self) -> None:
         """The folder and the index, at the first answer (under the lock)."""
@@ -153,10 +159,82 @@ class Recorder:
         with self._lock:
             self.used -= size
 
+    def keep_later(self, key: str, kind: Kind, what: str, data: bytes, *, replay: str = "") -> None:
+        """`tap(...).whole(data)` on the keeper's thread: the hash, the index line and
+        the blob's file are off the caller's request path (a disk that is slow to
+        create or append, beside another writer, does not hold a reply). In the order
+        given; done by `close`. Past MAX_LATER_BYTES waiting, done here and now."""
+        if not self._later.put((key, kind, what, data, replay)):
+            self.tap(key, kind, what, replay=replay).whole(data)
+
     def close(self) -> None:
+        """Keep what waits for the keeper's thread, then close the index."""
+        self._later.stop()
         if self._index_fd >= 0:
             os.close(self._index_fd)
             self._index_fd = -1
+
+
+class _Keeper:
+    """The recorder's thread for `keep_later`, started at the first answer given to it.
+    Woken by the first answer after it went idle, it gathers for GATHER_S and then
+    keeps everything queued in one round: a few wake-ups a second however many calls,
+    not one each (each wake-up is a futex and a turn at the interpreter's lock)."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+        self._items: collections.deque[tuple[str, Kind, str, bytes, str]] = collections.deque()
+        self._ready = threading.Condition()
+        self._bytes = 0  # of the answers waiting
+        self._thread: threading.Thread | None = None
+        self._idle = False  # the thread waits for a first answer (a put wakes it)
+        self._stopped = False
+
+    def put(self, item: tuple[str, Kind, str, bytes, str]) -> bool:
+        """Queued (False: past the cap, or stopped: the caller keeps it)."""
+        size = len(item[3])
+        with self._ready:
+            if self._stopped or self._bytes + size > MAX_LATER_BYTES:
+                return False
+            self._bytes += size
+            self._items.append(item)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="recording", daemon=True)
+                self._thread.start()
+            elif self._idle:
+                self._idle = False
+                self._ready.notify()
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._ready:
+                while not self._items and not self._stopped:
+                    self._idle = True
+                    self._ready.wait()
+                self._idle = False
+                if not self._stopped:
+                    self._ready.wait(GATHER_S)  # only a stop wakes it early
+                batch = list(self._items)
+                self._items.clear()
+                if not batch:
+                    return  # stopped, nothing left
+            for key, kind, what, data, replay in batch:
+                # Tap loses a copy on a failed write, never raises for it; anything else
+                # must not end the thread with answers still queued behind this one.
+                with contextlib.suppress(Exception):
+                    self._recorder.tap(key, kind, what, replay=replay).whole(data)
+            with self._ready:
+                self._bytes -= sum(len(item[3]) for item in batch)
+
+    def stop(self) -> None:
+        """Keep every answer queued, then end the thread (blocks until it has)."""
+        with self._ready:
+            self._stopped = True
+            self._ready.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
 
 
 class Tap:

@@ -255,3 +255,34 @@ def test_an_answer_is_hashed_once_and_its_line_names_its_digest(
         (True, 0, sha[b""], ""),
         (False, 1001, None, "over the per-answer cap of 100 bytes"),
     ]
+
+
+def test_answers_kept_later_are_the_same_lines_and_blobs_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`keep_later` is `tap(...).whole(data)` on the recorder's thread: in the order
+    given, all of it done by `close`, the same index lines and blobs as kept at once;
+    past MAX_LATER_BYTES waiting, the caller keeps its answer itself."""
+    answers = [
+        (key_of("mcp", server="s", tool="t", arguments={"n": n}), b"%d" % n) for n in range(40)
+    ]
+    now = Recorder(tmp_path / "now", RecordingSettings())
+    for key, data in answers:
+        now.tap(key, "mcp", "mcp s/t").whole(data)
+    now.close()
+    later = Recorder(tmp_path / "later", RecordingSettings())
+    for key, data in answers:
+        later.keep_later(key, "mcp", "mcp s/t", data)
+    later.close()
+    assert (tmp_path / "later" / INDEX_FILE).read_bytes() == (
+        tmp_path / "now" / INDEX_FILE
+    ).read_bytes()
+    assert sorted(os.listdir(tmp_path / "later" / BLOBS_DIR)) == sorted(
+        os.listdir(tmp_path / "now" / BLOBS_DIR)
+    )
+
+    monkeypatch.setattr(recording, "MAX_LATER_BYTES", 0)
+    full = Recorder(tmp_path / "full", RecordingSettings())
+    full.keep_later(answers[0][0], "mcp", "mcp s/t", answers[0][1])
+    assert [line.key for line in index(tmp_path / "full")] == [answers[0][0]]  # kept at once
+    full.close()

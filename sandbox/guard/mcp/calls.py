@@ -19,7 +19,13 @@ from sandbox import policy
 from sandbox.guard.actionlog import LogFull
 from sandbox.guard.mcp.context import McpContext, SlotTimeout
 from sandbox.guard.mcp.recorded import Recorded
-from sandbox.guard.mcp.relay import McpReplyTooLarge, McpServerError, Upstream, describe
+from sandbox.guard.mcp.relay import (
+    McpReplyTooLarge,
+    McpServerError,
+    Upstream,
+    describe,
+    tool_call,
+)
 from sandbox.guard.mcp.schema_instance import valid_instance
 
 
@@ -128,9 +134,7 @@ class ToolCalls:
             )
             return result
 
-        call = types.CallToolRequest(
-            params=types.CallToolRequestParams(name=tool, arguments=params.arguments)
-        )
+        call = tool_call(tool, params.arguments)
         try:
             logged = await self.context.log.begin(
                 session="root",

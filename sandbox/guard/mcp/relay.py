@@ -12,7 +12,7 @@ import contextlib
 import json
 import socket
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import mcp_types as types
@@ -39,6 +39,37 @@ class _Raw(BaseModel):
     """A result exactly as the server sent it (every key kept, nothing coerced)."""
 
     model_config = ConfigDict(extra="allow")
+
+
+class Wire(NamedTuple):
+    """A request the guard builds itself, as its JSON-RPC `method` and `params` (from
+    values validated already): a stdio server is sent these as they are, and only a
+    URL server's SDK client gets the typed request made of them. The lookup and the
+    call of every `tools/call` are sent this way, so neither costs a model built,
+    validated and dumped again per call."""
+
+    method: str
+    params: dict[str, Any]
+
+    def typed(self) -> types.ClientRequest:
+        """The SDK's request model of it (for a URL server's client)."""
+        return types.client_request_adapter.validate_python(
+            {"method": self.method, "params": self.params}
+        )
+
+
+def tools_page(cursor: str | None) -> Wire:
+    """One `tools/list` page: the params `ListToolsRequest(...)` dumps to."""
+    return Wire("tools/list", {"cursor": cursor} if cursor is not None else {})
+
+
+def tool_call(name: str, arguments: dict[str, Any] | None) -> Wire:
+    """A `tools/call` of only `name` and `arguments` (nothing else the step sent, such
+    as `_meta`, goes on): the params `CallToolRequest(...)` dumps to."""
+    return Wire(
+        "tools/call",
+        {"name": name, "arguments": arguments} if arguments is not None else {"name": name},
+    )
 
 
 class McpServerError(Exception):
@@ -199,7 +230,7 @@ class Upstream:
 
     async def request(
         self,
-        request: types.ClientRequest | types.Request[Any, Any],
+        request: Wire | types.ClientRequest | types.Request[Any, Any],
         timeout_s: float,
         *,
         retry: bool = True,
@@ -214,11 +245,17 @@ class Upstream:
             client = await self._connected()
             try:
                 if isinstance(client, SocketSession):
-                    wire = request.model_dump(by_alias=True, mode="json", exclude_none=True)
-                    result = await client.request(wire["method"], wire.get("params"), timeout_s)
+                    params: dict[str, Any] | None
+                    if isinstance(request, Wire):
+                        method, params = request
+                    else:
+                        wire = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+                        method, params = wire["method"], wire.get("params")
+                    result = await client.request(method, params, timeout_s)
                 else:
+                    typed = request.typed() if isinstance(request, Wire) else request
                     raw = await client.session.send_request(
-                        request, _Raw, request_read_timeout_seconds=timeout_s
+                        typed, _Raw, request_read_timeout_seconds=timeout_s
                     )
                     result = dict(raw.model_extra or {})
                 # A handshake-era server's result, relayed to a 2026-07-28 client, says so.
@@ -267,8 +304,7 @@ class Upstream:
                     raise TimeoutError
                 try:
                     page = await self.request(
-                        types.ListToolsRequest(params=types.PaginatedRequestParams(cursor=cursor)),
-                        max(0.05, deadline_s - (time.monotonic() - begin)),
+                        tools_page(cursor), max(0.05, deadline_s - (time.monotonic() - begin))
                     )
                 except McpTimeout:
                     raise TimeoutError from None  # the lookup's budget, not the page's rest

@@ -5,6 +5,7 @@ helper, not a test module, so no test file imports another."""
 from __future__ import annotations
 
 import json
+import socket
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -148,3 +149,40 @@ class JsonMcpServer(BaseHTTPRequestHandler):
 
     def answer(self, method: str | None, params: dict[str, Any]) -> dict[str, Any]:
         return {"error": {"code": -32601, "message": "no"}}
+
+
+READ_TOOL = [
+    {"name": "read", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": True}}
+]
+
+
+def stdio_server(conn: socket.socket, seen: list[dict[str, Any]]) -> None:
+    """A stdio server on the guard's socket (as its relay hands it over): one tool,
+    `read`, annotated read-only, whose call answers "ok"; every message it reads is
+    kept in `seen`."""
+    buffer = b""
+    try:
+        while True:
+            while b"\n" not in buffer:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                buffer += chunk
+            line, _, buffer = buffer.partition(b"\n")
+            message = json.loads(line)
+            seen.append(message)
+            if "id" not in message:
+                continue
+            result: dict[str, Any] = {"content": [{"type": "text", "text": "ok"}]}
+            if message["method"] == "initialize":
+                result = {
+                    "protocolVersion": message["params"]["protocolVersion"],
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "s", "version": "1"},
+                }
+            elif message["method"] == "tools/list":
+                result = {"tools": READ_TOOL}
+            reply = {"jsonrpc": "2.0", "id": message["id"], "result": result}
+            conn.sendall(json.dumps(reply).encode() + b"\n")
+    except OSError:
+        return
