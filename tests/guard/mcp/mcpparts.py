@@ -4,10 +4,15 @@ helper, not a test module, so no test file imports another."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import threading
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from sandbox.guard.listeners import bind_unix
 
 # Output schemas as real servers declare them (filesystem, memory, time), and the
 # JSON-Schema features a server may use.
@@ -186,3 +191,21 @@ def stdio_server(conn: socket.socket, seen: list[dict[str, Any]]) -> None:
             conn.sendall(json.dumps(reply).encode() + b"\n")
     except OSError:
         return
+
+
+@contextlib.contextmanager
+def stdio_server_at(path: str) -> Iterator[tuple[socket.socket, list[dict[str, Any]]]]:
+    """`stdio_server` in a thread, connected to the guard's listener bound at `path`:
+    yields the listener (for the relay) and the messages the server read; closed and
+    joined on exit."""
+    listener = bind_unix(path)
+    conn = socket.socket(socket.AF_UNIX)
+    conn.connect(path)
+    seen: list[dict[str, Any]] = []
+    thread = threading.Thread(target=stdio_server, args=(conn, seen), daemon=True)
+    thread.start()
+    try:
+        yield listener, seen
+    finally:
+        conn.close()
+        thread.join(timeout=5)

@@ -7,7 +7,6 @@ import hashlib
 import json
 import os
 import socket
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,36 +15,28 @@ import mcp_types as types
 
 from sandbox.contracts.config import McpServer
 from sandbox.contracts.recording import BLOBS_DIR, INDEX_FILE, IndexLine, RecordingSettings
-from sandbox.guard.listeners import bind_unix
 from sandbox.guard.mcp.calls import ToolCalls
 from sandbox.guard.mcp.context import McpContext
 from sandbox.guard.mcp.relay import Upstream
 from sandbox.guard.recording import Reads, Recorder
 from tests.conftest import in_process_guard
-from tests.guard.mcp.mcpparts import stdio_server
+from tests.guard.mcp.mcpparts import stdio_server_at
 
 
 def test_a_result_is_kept_after_the_reply_not_on_the_calls_path(tmp_path: Path) -> None:
     """When the call returns its result, nothing of the recording has touched the
     disk (no index, no blob: a slow disk cannot hold the reply); once the recorder
     is closed, the result is kept whole under its digest and listed."""
-    path = str(tmp_path / "mcp.sock")
-    listener = bind_unix(path)
-    conn = socket.socket(socket.AF_UNIX)
-    conn.connect(path)
-    seen: list[dict[str, Any]] = []
-    thread = threading.Thread(target=stdio_server, args=(conn, seen), daemon=True)
-    thread.start()
     guard = in_process_guard(tmp_path)
     root = tmp_path / "recording"
     recorder = Recorder(root, RecordingSettings())
     context = McpContext(guard.config, guard.log)
     context.reads = Reads(recorder, None)
-    upstream = Upstream(McpServer(name="s", command=["x"]), listener, os.getuid())
-    calls = ToolCalls(context, upstream)
     on_the_path: list[bool] = []
 
-    async def main() -> dict[str, Any]:
+    async def main(listener: socket.socket) -> dict[str, Any]:
+        upstream = Upstream(McpServer(name="s", command=["x"]), listener, os.getuid())
+        calls = ToolCalls(context, upstream)
         async with anyio.create_task_group() as tg:
             tg.start_soon(upstream.supervise)
             await upstream.wait_first_attempt()
@@ -56,10 +47,9 @@ def test_a_result_is_kept_after_the_reply_not_on_the_calls_path(tmp_path: Path) 
         return result
 
     try:
-        result = anyio.run(main)
+        with stdio_server_at(str(tmp_path / "mcp.sock")) as (listener, _):
+            result = anyio.run(main, listener)
     finally:
-        conn.close()
-        thread.join(timeout=5)
         recorder.close()
         guard.log.close()
     assert on_the_path == [False]

@@ -16,12 +16,11 @@ import mcp_types as types
 from mcp.shared.exceptions import MCPError
 
 from sandbox.contracts.config import McpServer
-from sandbox.guard.listeners import bind_unix
 from sandbox.guard.mcp.calls import ToolCalls
 from sandbox.guard.mcp.context import McpContext
 from sandbox.guard.mcp.relay import Upstream, maybe_lost
 from tests.conftest import in_process_guard
-from tests.guard.mcp.mcpparts import READ_TOOL, JsonMcpServer, stdio_server
+from tests.guard.mcp.mcpparts import READ_TOOL, JsonMcpServer, stdio_server_at
 
 
 def test_lost_session_spellings() -> None:
@@ -72,18 +71,8 @@ def test_a_judged_call_sends_the_lookup_and_only_name_and_arguments(tmp_path: Pa
     """The live lookup is a first `tools/list` page with empty params; the call carries
     the step's `name` and `arguments` exactly (a null argument too) and nothing else it
     sent (`_meta`): the same requests to a stdio server and to a URL server."""
-    path = str(tmp_path / "mcp.sock")
-    listener = bind_unix(path)
-    conn = socket.socket(socket.AF_UNIX)
-    conn.connect(path)
-    seen: list[dict[str, Any]] = []
-    thread = threading.Thread(target=stdio_server, args=(conn, seen), daemon=True)
-    thread.start()
-    try:
+    with stdio_server_at(str(tmp_path / "mcp.sock")) as (listener, seen):
         result = _judged_call(tmp_path, McpServer(name="s", command=["x"]), listener)
-    finally:
-        conn.close()
-        thread.join(timeout=5)
     assert result["content"] == [{"type": "text", "text": "ok"}]
     asked = [m for m in seen if m.get("method") in ("tools/list", "tools/call")]
     ids = [m["id"] for m in asked]
