@@ -7,12 +7,16 @@ guard's memory is bounded by these numbers (see guard.spec.md, Limits).
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final, NamedTuple
 
 from sandbox.contracts.guardprocess import MAX_REQUEST_BYTES as _WIRE_MAX_REQUEST_BYTES
 
 if TYPE_CHECKING:
+    from types import TracebackType
+
     from starlette.types import Receive
 
 MiB: Final = 1024 * 1024
@@ -35,17 +39,75 @@ MAX_EXEC_REPLY_BYTES: Final = 8 * MiB  # the step executor's reply body
 FORWARD_SLOTS: Final = 4
 
 
-class ForwardSlots(asyncio.Semaphore):
-    """The guard's FORWARD_SLOTS: asyncio's Semaphore, entered without its `acquire`
-    coroutine and `locked()`'s generator while a slot is free and no one waits (every
-    forwarded call, one client or a few). Anything else is `acquire`'s own, so the
-    order, the fairness and the cancel rules are the Semaphore's (tests/guard/test_limits.py)."""
+class ForwardSlots:
+    """The guard's FORWARD_SLOTS: a counter of its own (asyncio's Semaphore keeps its
+    state in private attributes, which the fast path would have to read). A free slot
+    is taken without a coroutine step or a future; otherwise the caller waits, in FIFO
+    order, on a future of its own. A slot given back while a call waits is handed to
+    that call (a newcomer waits behind it); a waiter cancelled before its turn takes
+    none, and one cancelled after it was handed a slot passes it on, so no slot is lost
+    or held twice (tests/guard/test_limits.py). Usable as `async with`."""
+
+    __slots__ = ("_free", "_waiters")
+
+    def __init__(self, slots: int) -> None:
+        # Free slots; while any call waits there is none (a slot given back goes to
+        # the first waiter), so a free slot never jumps the queue.
+        self._free = slots
+        self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def locked(self) -> bool:
+        """No slot is free (a caller would wait)."""
+        return not self._free
+
+    def try_acquire(self) -> bool:
+        """A free slot, taken now (False: none is free; nothing was taken)."""
+        if self._free:
+            self._free -= 1
+            return True
+        return False
+
+    async def acquire(self) -> bool:
+        """A slot: free, or the first one given back after every earlier waiter's."""
+        if self._free:
+            self._free -= 1
+            return True
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed a slot, then cancelled: the next one's
+            else:
+                with contextlib.suppress(ValueError):  # release may have skipped it
+                    self._waiters.remove(waiter)
+            raise
+        return True
+
+    def release(self) -> None:
+        """A slot given back: to the first caller still waiting, else free."""
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():  # a cancelled one is skipped (it takes no slot)
+                waiter.set_result(None)
+                return
+        self._free += 1
 
     async def __aenter__(self) -> None:
-        if self._value > 0 and not self._waiters:
-            self._value -= 1
+        if self._free:
+            self._free -= 1
             return
         await self.acquire()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
 
 
 # A reply in memory exists several times over while it is parsed and relayed

@@ -26,7 +26,7 @@ PATH_ARGUMENTS = ("path",)
 class Executor:
     """The guard's one kept-alive connection to the step's executor."""
 
-    def __init__(self, config: GuardConfig, slots: asyncio.Semaphore) -> None:
+    def __init__(self, config: GuardConfig, slots: limits.ForwardSlots) -> None:
         self._grace_s = config.grace_s
         self._slots = slots  # the guard's forward slots: replies held in memory at once
         # Kept alive, a request in one write, no Nagle: a call is one round trip

@@ -49,7 +49,7 @@ _RUN_KIND = UpstreamCall.model_fields["run_kind"].default  # "test": the only ki
 class UpstreamForward:
     """The guard's kept-alive client to the real bridge, if the run has one."""
 
-    def __init__(self, config: GuardConfig, slots: asyncio.Semaphore) -> None:
+    def __init__(self, config: GuardConfig, slots: limits.ForwardSlots) -> None:
         self._config = config
         self._slots = slots  # the guard's forward slots: replies held in memory at once
         self._client = BridgeClient(config.upstream) if config.upstream else None

@@ -4,7 +4,6 @@ more than the guard's memory cap allows; see `limits`)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -26,7 +25,7 @@ class SlotTimeout(Exception):
 
 class McpContext:
     def __init__(
-        self, config: GuardConfig, log: ActionLog, slots: asyncio.Semaphore | None = None
+        self, config: GuardConfig, log: ActionLog, slots: limits.ForwardSlots | None = None
     ) -> None:
         self.config = config
         self.log = log
@@ -38,9 +37,7 @@ class McpContext:
     async def forward_slot(self, budget_s: float) -> AsyncIterator[None]:
         """One of the guard's forward slots, waited for within the call's own budget
         (SlotTimeout past it)."""
-        if not self._slots.locked():  # a free slot: taken without a wait (no timer)
-            await self._slots.acquire()
-        else:
+        if not self._slots.try_acquire():  # a free slot: taken without a wait (no timer)
             try:
                 with anyio.fail_after(budget_s):
                     await self._slots.acquire()

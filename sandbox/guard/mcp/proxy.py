@@ -7,7 +7,6 @@ bridge only when the run has MCP servers (the SDK is not loaded otherwise)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import socket
@@ -21,6 +20,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import Receive, Scope, Send
 
 from sandbox.contracts.guardconfig import MCP_PATH, GuardConfig
+from sandbox.guard import limits
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.auth import BAD_TOKEN, bearer_ok, reject_and_log
 from sandbox.guard.listeners import bind_unix
@@ -61,7 +61,7 @@ class McpProxy:
         config: GuardConfig,
         log: ActionLog,
         *,
-        slots: asyncio.Semaphore | None = None,
+        slots: limits.ForwardSlots | None = None,
         listeners: dict[str, socket.socket] | None = None,
         reads: Reads | None = None,
     ) -> None:
