@@ -46,7 +46,7 @@ MAX_KEPT_MEMO = 4096
 # no file only to remove it.
 HOLD_BYTES = 64 * 1024
 # Whole answers waiting for the keeper's thread, in bytes at most; past it a caller
-# keeps its answer itself (memory stays bounded when the disk falls behind).
+# waits for room (memory stays bounded when the disk falls behind, the order kept).
 MAX_LATER_BYTES = 16 * 1024 * 1024
 GATHER_S = 0.050  # how long the keeper's thread gathers answers before a round
 
@@ -163,7 +163,9 @@ class Recorder:
         """`tap(...).whole(data)` on the keeper's thread: the hash, the index line and
         the blob's file are off the caller's request path (a disk that is slow to
         create or append, beside another writer, does not hold a reply). In the order
-        given; done by `close`. Past MAX_LATER_BYTES waiting, done here and now."""
+        given; done by `close`. Past MAX_LATER_BYTES waiting, the caller waits until the
+        thread has kept enough of the answers ahead of it; once stopped, done here
+        (after every answer queued before it)."""
         if not self._later.put((key, kind, what, data, replay)):
             self.tap(key, kind, what, replay=replay).whole(data)
 
@@ -179,22 +181,41 @@ class _Keeper:
     """The recorder's thread for `keep_later`, started at the first answer given to it.
     Woken by the first answer after it went idle, it gathers for GATHER_S and then
     keeps everything queued in one round: a few wake-ups a second however many calls,
-    not one each (each wake-up is a futex and a turn at the interpreter's lock)."""
+    not one each (each wake-up is a futex and a turn at the interpreter's lock).
+
+    At most MAX_LATER_BYTES wait (or one answer larger than that, alone): a caller
+    whose answer would go past it waits until the thread has kept enough of those
+    ahead of it (the thread then keeps at once rather than gathering), and callers
+    that wait are queued in the order they came, so the index's order is the order
+    the answers were given whatever the disk's pace."""
 
     def __init__(self, recorder: Recorder) -> None:
         self._recorder = recorder
         self._items: collections.deque[tuple[str, Kind, str, bytes, str]] = collections.deque()
-        self._ready = threading.Condition()
-        self._bytes = 0  # of the answers waiting
+        lock = threading.Lock()
+        self._ready = threading.Condition(lock)  # the thread waits for answers
+        self._room = threading.Condition(lock)  # callers wait for room, and for the end
+        self._bytes = 0  # of the answers queued or being kept
         self._thread: threading.Thread | None = None
         self._idle = False  # the thread waits for a first answer (a put wakes it)
+        self._hurry = False  # a caller waits for room: no gathering
+        self._tickets = 0  # callers that waited for room, by arrival
+        self._turn = 0  # the ticket whose answer goes in next
+        self._ended = False  # the thread kept everything and ended
         self._stopped = False
 
     def put(self, item: tuple[str, Kind, str, bytes, str]) -> bool:
-        """Queued (False: past the cap, or stopped: the caller keeps it)."""
+        """Queued, once there is room and after every caller that waited before it
+        (False: stopped, every queued answer kept: the caller keeps it, after them)."""
         size = len(item[3])
         with self._ready:
-            if self._stopped or self._bytes + size > MAX_LATER_BYTES:
+            if self._tickets != self._turn or (
+                self._bytes and self._bytes + size > MAX_LATER_BYTES
+            ):
+                self._wait_for_room(size)
+            if self._stopped:
+                while self._thread is not None and not self._ended:
+                    self._room.wait()
                 return False
             self._bytes += size
             self._items.append(item)
@@ -206,15 +227,39 @@ class _Keeper:
                 self._ready.notify()
         return True
 
+    def _wait_for_room(self, size: int) -> None:
+        """Wait (the lock held) until this caller's turn has come and its answer fits,
+        or the keeper stopped."""
+        ticket = self._tickets
+        self._tickets += 1
+        self._hurry = True
+        self._ready.notify()  # cut a round's gathering short
+        while not self._stopped and (
+            ticket != self._turn or (self._bytes and self._bytes + size > MAX_LATER_BYTES)
+        ):
+            self._room.wait()
+        self._turn += 1
+        if self._turn == self._tickets:
+            self._hurry = False
+        self._room.notify_all()  # the next ticket's turn
+
     def _run(self) -> None:
+        try:
+            self._keep_all()
+        finally:
+            with self._ready:
+                self._ended = True
+                self._room.notify_all()
+
+    def _keep_all(self) -> None:
         while True:
             with self._ready:
                 while not self._items and not self._stopped:
                     self._idle = True
                     self._ready.wait()
                 self._idle = False
-                if not self._stopped:
-                    self._ready.wait(GATHER_S)  # only a stop wakes it early
+                if not self._stopped and not self._hurry:
+                    self._ready.wait(GATHER_S)  # only a stop or a waiting caller ends it early
                 batch = list(self._items)
                 self._items.clear()
                 if not batch:
@@ -224,14 +269,17 @@ class _Keeper:
                 # must not end the thread with answers still queued behind this one.
                 with contextlib.suppress(Exception):
                     self._recorder.tap(key, kind, what, replay=replay).whole(data)
-            with self._ready:
-                self._bytes -= sum(len(item[3]) for item in batch)
+                with self._ready:
+                    self._bytes -= len(data)
+                    if self._hurry:
+                        self._room.notify_all()
 
     def stop(self) -> None:
         """Keep every answer queued, then end the thread (blocks until it has)."""
         with self._ready:
             self._stopped = True
             self._ready.notify()
+            self._room.notify_all()
             thread = self._thread
         if thread is not None:
             thread.join()

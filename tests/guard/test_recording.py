@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -261,8 +262,7 @@ def test_answers_kept_later_are_the_same_lines_and_blobs_in_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`keep_later` is `tap(...).whole(data)` on the recorder's thread: in the order
-    given, all of it done by `close`, the same index lines and blobs as kept at once;
-    past MAX_LATER_BYTES waiting, the caller keeps its answer itself."""
+    given, all of it done by `close`, the same index lines and blobs as kept at once."""
     answers = [
         (key_of("mcp", server="s", tool="t", arguments={"n": n}), b"%d" % n) for n in range(40)
     ]
@@ -281,8 +281,34 @@ def test_answers_kept_later_are_the_same_lines_and_blobs_in_order(
         os.listdir(tmp_path / "now" / BLOBS_DIR)
     )
 
-    monkeypatch.setattr(recording, "MAX_LATER_BYTES", 0)
-    full = Recorder(tmp_path / "full", RecordingSettings())
-    full.keep_later(answers[0][0], "mcp", "mcp s/t", answers[0][1])
-    assert [line.key for line in index(tmp_path / "full")] == [answers[0][0]]  # kept at once
-    full.close()
+
+def test_answers_past_the_waiting_cap_keep_the_order_they_were_given(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past MAX_LATER_BYTES waiting, a caller waits for room rather than keeping its
+    answer at once: the index lists every answer in the order given (a caller that
+    kept its own would list it before answers still queued), and no more than the cap
+    (or one larger answer, alone) ever waits. The thread's gathering is made endless
+    here: only a caller waiting for room (or the stop) may end it."""
+    monkeypatch.setattr(recording, "MAX_LATER_BYTES", 10)
+    monkeypatch.setattr(recording, "GATHER_S", 3600.0)
+    recorder = Recorder(tmp_path, RecordingSettings())
+    waiting: list[int] = []
+    tap = Recorder.tap
+
+    def tap_seeing_the_queue(self: Recorder, key: str, *args: Any, **kwargs: Any) -> Any:
+        waiting.append(self._later._bytes)
+        return tap(self, key, *args, **kwargs)
+
+    monkeypatch.setattr(Recorder, "tap", tap_seeing_the_queue)
+    answers = [
+        (key_of("mcp", server="s", tool="t", arguments={"n": n}), b"%d" % n * (1 + n % 12))
+        for n in range(60)
+    ]
+    for key, data in answers:
+        recorder.keep_later(key, "mcp", "mcp s/t", data)
+    recorder.close()
+    assert [line.key for line in index(tmp_path)] == [key for key, _ in answers]
+    assert [line.bytes for line in index(tmp_path)] == [len(data) for _, data in answers]
+    largest = max(len(data) for _, data in answers)
+    assert waiting and max(waiting) <= max(10, largest)
