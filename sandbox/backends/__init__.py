@@ -130,6 +130,9 @@ class Backend(Protocol):
 
     engine_errors: tuple[type[Exception], ...]
     kind: Literal["docker", "kubernetes"]  # the record's `backend`
+    # Whether one container can be removed ahead of the others (`remove_ahead`);
+    # False: they go only together, with `remove_all` (one Pod).
+    removes_each: bool
     engine_label: str  # for a reason: "the Docker engine failed during the run: ..."
 
     def node(self) -> str | None:
@@ -164,11 +167,10 @@ class Backend(Protocol):
         """Remove every container this backend created, newest first; idempotent."""
         ...
 
-    def remove_ahead(self, container: RunContainer) -> bool:
+    def remove_ahead(self, container: RunContainer) -> None:
         """Remove one container whose state and output were read, ahead of `remove_all`
-        (which then skips it), while the engine does the run's other work; whether it is
-        gone on return. A backend whose containers only go together (one Pod) leaves it
-        to `remove_all` and returns False."""
+        (which then skips it), while the engine does the run's other work; it is gone
+        on return. Only where `removes_each`."""
         ...
 
     def close(self) -> None:

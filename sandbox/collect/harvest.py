@@ -14,6 +14,8 @@ import importlib
 import os
 import sys
 import threading
+from collections.abc import Callable
+from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -89,18 +91,19 @@ def collect(
     guard_state = launched.guard.state()
     step_state = launched.step.state()
     record.stdout, record.stderr = launched.step.output_tails()
-    # The step's state and output are read: its container goes while the guard stops
-    # and its log is read (the step first: it shares the guard's network namespace),
-    # then the guard's; the servers' go once their output is read. The step's disk and
-    # view are unmounted once every container that mounts them (the step, the servers)
-    # is gone, while the guard's removal may still run: it mounts neither (its log and
-    # its data folder only, `sandbox.launch.specs.guard_spec`). Leaving the pools waits
-    # for every removal on every way out, a stop included.
-    with (
-        HeldPool(max_workers=1, thread_name_prefix="remove") as removal,
-        HeldPool(max_workers=max(1, len(launched.mcp)), thread_name_prefix="remove") as servers,
-    ):
-        step_gone = removal.submit(backend.remove_ahead, launched.step)
+    # The step's state and output are read: where containers go one by one, its
+    # container goes while the guard stops and its log is read (the step first: it
+    # shares the guard's network namespace), then the guard's; the servers' go, beside
+    # each other, once their output is read. The step's disk and view are unmounted
+    # once every container that mounts them (the step, the servers) is gone, while the
+    # guard's removal may still run: it mounts neither (its log and its data folder
+    # only, `sandbox.launch.specs.guard_spec`). Where they go only together (one Pod),
+    # they go at that same point, all at once. Leaving the pool waits for every
+    # removal on every way out, a stop included; anything a removal left is the run's
+    # clean-up's (`remove_all`, before the disk is unmounted).
+    each = backend.removes_each
+    with HeldPool(max_workers=2 + len(launched.mcp), thread_name_prefix="remove") as removal:
+        step_gone = removal.submit(backend.remove_ahead, launched.step) if each else None
         launched.guard.stop()
         if guarded.follower is not None:
             guarded.follower.stop()  # the guard is gone: every line it wrote is read
@@ -109,7 +112,11 @@ def collect(
         with contextlib.suppress(OSError):
             record.log_synced_at = logseal.seal_log(layout.root, layout.actions.name)
         record.guard_log = launched.guard.output_tails()[1]
-        guard_gone = removal.submit(backend.remove_ahead, launched.guard)  # after the step's
+        guard_gone = (
+            removal.submit(_after, step_gone, backend.remove_ahead, launched.guard)
+            if step_gone is not None
+            else None
+        )
         recorded.summarize(layout, plan.recording, record)  # the guard is gone: its index is whole
         record.preflight = stepreports.preflight_from(record.stderr.text, plan.install_firewall)
         record.landlock = stepreports.landlock_from(record.stderr.text)
@@ -125,15 +132,21 @@ def collect(
         # workflow's view, read-only). The containers go while the step's folders move
         # off the disk into the run folder and the DB and the log are read.
         record.node = backend.node()
-        ahead, mounting = _remove_mounting(backend, launched, step_gone, removal, servers)
+        if step_gone is not None:
+            mounting = [
+                step_gone,
+                *(removal.submit(backend.remove_ahead, c) for c in launched.mcp.values()),
+            ]
+        else:
+            mounting = [removal.submit(backend.remove_all)]
         collected = files.collect(has_db=not record.no_db)
         record.db_diff = db_diff(layout, record)
         actions = actionsummary.read(layout.actions)
         for job in mounting:
             job.result()  # what a removal raised, as when it ran here
         files.close()
-        guard_gone.result()
-        if ahead:
+        if guard_gone is not None:
+            guard_gone.result()
             backend.remove_all()  # whatever else is left: nothing, every one went ahead
     record.disk_used_bytes = collected.peak_bytes
     record.files = collected.files
@@ -153,25 +166,11 @@ def collect(
     )
 
 
-def _remove_mounting(
-    backend: Backend,
-    launched: Launched,
-    step_gone: Future[bool],
-    removal: HeldPool,
-    servers: HeldPool,
-) -> tuple[bool, list[Future[bool] | Future[None]]]:
-    """Start the removal of every container that mounts the step's disk or its view
-    (the step's is under way): the servers' each beside the others (they share no
-    namespace). Where the step did not go ahead (a backend whose containers go only
-    together, one Pod; or its removal failed) every container goes here instead, after
-    the guard's. Whether the step went ahead, and the jobs to wait for before the disk
-    is unmounted."""
-    if step_gone.exception() is None and step_gone.result():
-        return True, [
-            step_gone,
-            *(servers.submit(backend.remove_ahead, c) for c in launched.mcp.values()),
-        ]
-    return False, [step_gone, removal.submit(backend.remove_all)]
+def _after(first: Future[None], remove: Callable[[RunContainer], None], c: RunContainer) -> None:
+    """`remove(c)` once `first` (a removal) ended, however it ended: whoever waits for
+    `first` is told what it raised."""
+    futures.wait([first])
+    remove(c)
 
 
 def collect_mcp(layout: RunLayout, mcp: dict[str, RunContainer]) -> dict[str, McpServerReport]:

@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import docker.errors
 import pytest
 from docker import DockerClient
 
@@ -70,11 +71,11 @@ def test_the_guard_goes_while_the_files_are_read_and_the_disk_is_unmounted(
     seen: dict[str, object] = {}
     remove_ahead, collect, close = DockerBackend.remove_ahead, StepFs.collect, StepFs.close
 
-    def guard_held(backend: DockerBackend, container: DockerContainer) -> bool:
+    def guard_held(backend: DockerBackend, container: DockerContainer) -> None:
         if container._container.labels.get(LABEL_ROLE) == "guard":
             seen["reading_when_guard_removed"] = reading.wait(SEEN_WITHIN_S)
             seen["unmounting_when_guard_removed"] = unmounting.wait(SEEN_WITHIN_S)
-        return remove_ahead(backend, container)
+        remove_ahead(backend, container)
 
     def collect_marked(files: StepFs, *, has_db: bool) -> Collected:
         reading.set()
@@ -147,3 +148,33 @@ def test_the_steps_container_goes_while_the_guard_stops(
     assert record.stdout.text == "out\n" and "err" in record.stderr.text
     assert record.preflight is not None and record.preflight.ok
     assert engine.containers.list(all=True, filters={"label": f"{LABEL_RUN_ID}={record.id}"}) == []
+
+
+def test_a_step_whose_removal_failed_ends_the_run_with_nothing_left(
+    engine: DockerClient, make_workflow: WorkflowFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step's container is not removed ahead (the engine says no): the guard's
+    removal and the server's still run, the log is sealed, the run ends in error with
+    the engine's words, and its clean-up removes what is left before the disk is
+    unmounted: no container and no mount of the run is left."""
+    remove_ahead = DockerBackend.remove_ahead
+    refused: list[str] = []
+
+    def step_refused(backend: DockerBackend, container: DockerContainer) -> None:
+        role = str(container._container.labels.get(LABEL_ROLE))
+        if role == "step" and not refused:
+            refused.append(role)
+            raise docker.errors.APIError("the engine would not remove it")
+        remove_ahead(backend, container)
+
+    monkeypatch.setattr(DockerBackend, "remove_ahead", step_refused)
+    server = '[[mcp_servers]]\nname = "time"\ncommand = ["mcp-server-time"]\n'
+    wf = make_workflow(command="true", extra_toml=server)
+    record = TestRun(Path(wf), "step1").execute()
+    assert refused == ["step"]
+    assert record.status is RunStatus.ERROR
+    assert "the engine would not remove it" in record.reason, record.reason
+    assert record.log_synced_at is not None  # sealed before the removal's error surfaced
+    assert engine.containers.list(all=True, filters={"label": f"{LABEL_RUN_ID}={record.id}"}) == []
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert record.id not in mounts

@@ -119,6 +119,7 @@ class DockerBackend:
         requests.exceptions.RequestException,
     )
     kind: Literal["docker", "kubernetes"] = "docker"
+    removes_each = True
     engine_label = "Docker engine"
 
     def __init__(self, client: DockerClient) -> None:
@@ -188,9 +189,8 @@ class DockerBackend:
     def remove_all(self) -> None:
         self._owned.remove_all()
 
-    def remove_ahead(self, container: RunContainer) -> bool:
+    def remove_ahead(self, container: RunContainer) -> None:
         self._owned.remove_one(self._engine_side(container))
-        return True
 
     def close(self) -> None:
         """Join the exit watches (they end once their container is gone), then close

@@ -221,6 +221,7 @@ class KubernetesBackend:
 
     engine_errors: tuple[type[Exception], ...] = ENGINE_ERRORS
     kind: Literal["docker", "kubernetes"] = "kubernetes"
+    removes_each = False  # a Pod's containers go with the Pod (`remove_all`)
     engine_label = "Kubernetes cluster"
 
     def __init__(self, settings: BackendConfig, api: Any) -> None:
@@ -318,9 +319,9 @@ class KubernetesBackend:
         if self._run is not None:
             self._run.delete()
 
-    def remove_ahead(self, container: RunContainer) -> bool:
-        """Nothing: a Pod's containers go with the Pod (`remove_all`)."""
-        return False
+    def remove_ahead(self, container: RunContainer) -> None:
+        """Never asked (`removes_each` is False): a Pod's containers go with the Pod."""
+        raise TypeError("a Pod's containers are removed together, with the Pod")
 
     def close(self) -> None:
         for watch in self.exit_watches:
