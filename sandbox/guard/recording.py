@@ -213,7 +213,7 @@ class _Keeper:
                 self._bytes and self._bytes + size > MAX_LATER_BYTES
             ):
                 self._wait_for_room(size)
-            if self._stopped:
+            if self._stopped or self._ended:  # ended without a stop: it cannot keep more
                 while self._thread is not None and not self._ended:
                     self._room.wait()
                 return False
@@ -229,13 +229,15 @@ class _Keeper:
 
     def _wait_for_room(self, size: int) -> None:
         """Wait (the lock held) until this caller's turn has come and its answer fits,
-        or the keeper stopped."""
+        or the keeper stopped (or its thread ended)."""
         ticket = self._tickets
         self._tickets += 1
         self._hurry = True
         self._ready.notify()  # cut a round's gathering short
-        while not self._stopped and (
-            ticket != self._turn or (self._bytes and self._bytes + size > MAX_LATER_BYTES)
+        while (
+            not self._stopped
+            and not self._ended
+            and (ticket != self._turn or (self._bytes and self._bytes + size > MAX_LATER_BYTES))
         ):
             self._room.wait()
         self._turn += 1

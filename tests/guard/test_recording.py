@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -312,3 +313,31 @@ def test_answers_past_the_waiting_cap_keep_the_order_they_were_given(
     assert [line.bytes for line in index(tmp_path)] == [len(data) for _, data in answers]
     largest = max(len(data) for _, data in answers)
     assert waiting and max(waiting) <= max(10, largest)
+
+
+def test_a_keeper_thread_that_ended_unasked_never_holds_a_caller(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A keeper's thread that ended without a stop (nothing should end it, but the
+    guard's loop waits on it) lets a caller past the cap keep its answer itself
+    rather than wait for room that never comes."""
+    monkeypatch.setattr(recording, "MAX_LATER_BYTES", 10)
+    monkeypatch.setattr(recording._Keeper, "_keep_all", lambda self: None)
+    recorder = Recorder(tmp_path, RecordingSettings())
+    answers = [
+        (key_of("mcp", server="s", tool="t", arguments={"n": n}), b"%05d" % n) for n in range(5)
+    ]
+
+    def give() -> None:
+        for key, data in answers:
+            recorder.keep_later(key, "mcp", "mcp s/t", data)
+
+    giver = threading.Thread(target=give, daemon=True)
+    giver.start()
+    giver.join(60.0)  # a deadline, not a pace: a caller held forever fails here
+    assert not giver.is_alive()
+    recorder.close()
+    # those queued before the thread was seen gone (the first, and the second unless
+    # it came after) wait in vain; every later one was kept, in order
+    listed = [line.key for line in index(tmp_path)]
+    assert listed in ([key for key, _ in answers[1:]], [key for key, _ in answers[2:]])
