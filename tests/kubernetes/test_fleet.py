@@ -28,8 +28,8 @@ from sandbox.contracts.errors import RefusedError
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import RunStatus, read_record
 from sandbox.hostfs import hostmount
+from testbed.kubernetes.cluster import Cluster
 from tests.conftest import tree_digest, write_workflow
-from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.fleetparts import (
     RUN_DEADLINE_S,
     cli_host_config,
