@@ -3,8 +3,8 @@ package's modules, and no import upward (a phase never reaches for what sequence
 a guard subsystem never for the application assembled from it, the contracts and the
 code inside the step's image for nothing mechanical). Between the checkout's top-level
 packages too: the bench and the testbed (the local cluster, the second engines) never
-import the suite, the testbed never the bench, and the package neither of the two
-that a wheel does not ship.
+import the suite, the testbed never the bench, and the package (what a wheel ships)
+neither the suite nor the testbed.
 
 Read from the source with `ast` (every import, also those inside a function or under
 `TYPE_CHECKING`: a cycle there is still two modules that cannot be read apart).
@@ -267,6 +267,7 @@ def test_the_import_reader_sees_every_form_of_import(tmp_path: Path) -> None:
         # The package is what a wheel ships: neither the suite nor the testbed is in it.
         ("sandbox", ("tests", "testbed")),
     ],
+    ids=["bench", "testbed", "sandbox"],
 )
 def test_a_top_level_package_imports_none_above_it(root: str, forbidden: tuple[str, ...]) -> None:
     assert modules(root)  # the package is where the check looks
