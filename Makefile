@@ -62,8 +62,8 @@ test-kubernetes: images
 # `make test` (tests/repo/test_docs.py checks the generated references and the paths).
 DOCS_PY := scripts/gen_docs.py docs/hooks/bench_tables.py
 lint: venv
-	$(BIN)/ruff check sandbox bench tests examples $(DOCS_PY)
-	$(BIN)/ruff format --check sandbox bench tests examples $(DOCS_PY)
+	$(BIN)/ruff check sandbox bench testbed tests examples $(DOCS_PY)
+	$(BIN)/ruff format --check sandbox bench testbed tests examples $(DOCS_PY)
 	$(BIN)/mypy
 	$(BIN)/mypy $(DOCS_PY)
 	$(MAKE) docs
@@ -79,7 +79,7 @@ bench-load: images
 	$(BIN)/sandbox bench --load
 
 # A cluster's start-up figures (a run as a Pod, a run the scheduler places): the host
-# config's cluster, else the local test cluster (tests/kubernetes), started for the
+# config's cluster, else the local test cluster (testbed/kubernetes), started for the
 # benchmark and stopped after it; the rows join bench/results.json.
 bench-kubernetes: images
 	$(BIN)/sandbox bench --only kubernetes

@@ -8,7 +8,7 @@ node (the lock's Lease, the step's disk, the workflow view, the DB copy), the ru
 Pod (firewall, guard, step), collect and the record sealed on the claim, then read.
 
 On the local test cluster the bench installs what an operator would (the runner image,
-its RBAC, a ReadWriteMany claim both nodes mount: `tests/kubernetes/fleetparts.py`);
+its RBAC, a ReadWriteMany claim both nodes mount: `testbed/kubernetes/fleetsetup.py`);
 on the host config's cluster it needs `placement = "scheduler"` there, else the row
 says it was not measured.
 """
@@ -47,7 +47,7 @@ def local_fleet(cluster: Any, api: Any, namespace: str, profile: str) -> Iterato
     seccomp profile installed on its nodes as `profile`."""
     from kubernetes import client
 
-    from tests.kubernetes.fleetparts import (
+    from testbed.kubernetes.fleetsetup import (
         apply_runner_role,
         build_runner_image,
         hostpath_claim,

@@ -5,7 +5,7 @@ fleet's run, `bench/kubefleet.py`), each vs a bare one-container Pod on the same
 Not part of a plain `make bench`: it needs a cluster. The cluster is the host config's
 (`[backend] kind = "kubernetes"`: its kubeconfig, namespace, images and seccomp
 profile, with the runner on a node that its hostPath or claim storage reaches), or,
-when the host config names none, the local test cluster of `tests/kubernetes/`,
+when the host config names none, the local test cluster of `testbed/kubernetes/`,
 started for the duration of the benchmark and stopped after it (the same cluster
 `make test-kubernetes` uses, nothing of it outliving the bench).
 
@@ -60,10 +60,10 @@ def _local_cluster(b: Bench) -> Iterator[Target]:
     """The local test cluster, a namespace of the bench's own and a folder on its node."""
     from kubernetes import client
 
-    from tests.kubernetes.cluster import SECCOMP_DIR, Cluster
-    from tests.kubernetes.pods import namespace_of_its_own
+    from testbed.kubernetes.cluster import SECCOMP_DIR, Cluster
+    from testbed.kubernetes.namespace import namespace_of_its_own
 
-    b.say("kubernetes: starting the local test cluster (tests/kubernetes), loading the images")
+    b.say("kubernetes: starting the local test cluster (testbed/kubernetes), loading the images")
     cluster = Cluster.start(
         images=(names.STEP_IMAGE, names.GUARD_IMAGE),
         nodes=2,

@@ -1,7 +1,7 @@
 """Start-up with each second wall against the plain runc run, as ratios (`--only walls`).
 
 The host's engine is never reconfigured: the bench starts two private engines of its
-own (`tests/engines/second_engine.py`: own socket, data-root, exec-root, no bridge or
+own (`testbed/engines/second_engine.py`: own socket, data-root, exec-root, no bridge or
 iptables, stopped by pid, the host's engine checked afterwards), one with gVisor's
 runsc registered as the run needs it and one with userns-remap, and loads the run
 images into them. Then, interleaved so drift on the machine hits all alike, a no-op
@@ -29,9 +29,8 @@ from bench.results import Goal, Row, make_row
 from sandbox.contracts.config import StepRuntime
 from sandbox.contracts.record import RunStatus
 from sandbox.run.testrun import RunOptions, TestRun
-from tests.engines.engine_config import EngineConfig
-from tests.engines.fixtures import RUN_IMAGES
-from tests.engines.second_engine import SecondEngine
+from testbed.engines.engine_config import RUN_IMAGES, EngineConfig
+from testbed.engines.second_engine import SecondEngine
 
 # The README's start-up figure for the step under gVisor (measured here: 1.5-1.8x).
 RUNSC_GOAL = Goal(kind="ratio_max", threshold=2.5, text="<= 2.5x")

@@ -2,7 +2,7 @@
 # Make sure gVisor's `runsc` is installed (Debian package `runsc`), installing it
 # when missing. The package ships only /usr/bin/runsc (no containerd shim, no
 # engine configuration): registering it as a runtime is the engine's job
-# (tests/engines/ does it for the second engine it starts). Idempotent: nothing
+# (testbed/engines/ does it for the second engine it starts). Idempotent: nothing
 # happens, and no network is used, when runsc is already there. Prints the path.
 set -euo pipefail
 

@@ -424,7 +424,7 @@ ENVIRONMENT: tuple[EnvVar, ...] = (
     ),
     EnvVar(
         "SANDBOX_TEST_ENGINES_DIR",
-        "tests/engines/second_engine.py",
+        "testbed/engines/second_engine.py",
         "test suite",
         "Where the suite's private second engines keep their state (else "
         "`/var/tmp/sandbox-test-engines`).",
@@ -444,12 +444,12 @@ _NOT_ENVIRONMENT = frozenset({"SANDBOX_COMMENT", "SANDBOX_GUARD_CONFIG"})
 
 def environment_names_in_code() -> set[str]:
     """Every `SANDBOX_*` name the product's code spells out, and those the test suite's
-    own settings read (a test's made-up secrets are not settings)."""
+    and its testbed's own settings read (a test's made-up secrets are not settings)."""
     names: set[str] = set()
     for folder in ("sandbox", "bench"):
         for path in (ROOT / folder).rglob("*.py"):
             names |= set(re.findall(r"\bSANDBOX_[A-Z][A-Z0-9_]*\b", path.read_text()))
-    for path in (ROOT / "tests").rglob("*.py"):
+    for path in [*(ROOT / "testbed").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]:
         text = path.read_text()
         names |= set(re.findall(r"(?:environ\.get\(|getenv\(|_ENV = )\"(SANDBOX_[A-Z0-9_]+)", text))
     return names - _NOT_ENVIRONMENT

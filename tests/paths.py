@@ -4,5 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from testbed.paths import REPO
+
 TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
+
+__all__ = ["REPO", "TESTS"]

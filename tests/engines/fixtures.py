@@ -22,15 +22,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from sandbox.contracts import names as images
-from tests.engines.engine_config import EngineConfig
-from tests.engines.second_engine import EnginePool, SecondEngine, sweep
+from testbed.engines.engine_config import RUN_IMAGES, EngineConfig
+from testbed.engines.second_engine import EnginePool, SecondEngine, sweep
 
 MARKER = "second_engine"
 WALL_ENV = "SANDBOX_TEST_WALL"
 WALLS = {"userns": EngineConfig.userns, "runsc": EngineConfig.runsc}
-# What a test run needs in the engine: the step, the guard and the MCP server images.
-RUN_IMAGES = (images.STEP_IMAGE, images.GUARD_IMAGE, images.MCP_IMAGE)
 
 
 def selected(config: pytest.Config) -> bool:

@@ -24,10 +24,10 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.engines import hoststate
-from tests.engines.engine_config import EngineConfig, check_main_engine
-from tests.engines.hoststate import Proc
-from tests.engines.second_engine import REPO_ROOT, SecondEngine, sweep
+from testbed.engines import hoststate
+from testbed.engines.engine_config import EngineConfig, check_main_engine
+from testbed.engines.hoststate import Proc
+from testbed.engines.second_engine import REPO_ROOT, SecondEngine, sweep
 
 pytestmark = pytest.mark.engine
 
@@ -171,8 +171,8 @@ def test_host_mounts_reach_the_daemon_only_in_shared_folders(
 
 CHILD = """
 import json, sys
-from tests.engines.engine_config import EngineConfig
-from tests.engines.second_engine import SecondEngine
+from testbed.engines.engine_config import EngineConfig
+from testbed.engines.second_engine import SecondEngine
 engine = SecondEngine.start(EngineConfig.userns())
 container = engine.client.containers.run(
     engine.load_probe_image(), ["/usr/bin/sleep", "600"], network_mode="none", detach=True,

@@ -24,9 +24,8 @@ import pytest
 from docker.models.containers import Container
 
 from sandbox.contracts.names import STEP_IMAGE
-from tests.engines.engine_config import EngineConfig, id_map, read_remap
-from tests.engines.fixtures import RUN_IMAGES
-from tests.engines.second_engine import EnginePool, SecondEngine
+from testbed.engines.engine_config import RUN_IMAGES, EngineConfig, id_map, read_remap
+from testbed.engines.second_engine import EnginePool, SecondEngine
 
 pytestmark = pytest.mark.second_engine
 

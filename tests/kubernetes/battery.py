@@ -38,8 +38,8 @@ from sandbox.contracts.record import SCHEMA_PATH, RunStatus, TestRunRecord, read
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.egress.dns import SYNTHETIC_V4 as SYNTHETIC
 from sandbox.hostfs import hostmount
+from testbed.kubernetes.cluster import Cluster
 from tests.conftest import call_lines, tree_digest, write_workflow
-from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.pods import http_get_in, server_pod, start_server
 from tests.paths import TESTS
 from tests.scenarios.egressparts import EGRESS_TOML, THROUGH_PROXY, assert_proxy_step_answers

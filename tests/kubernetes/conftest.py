@@ -28,22 +28,22 @@ from sandbox.backends.docker import images
 from sandbox.backends.kubernetes import fleet
 from sandbox.contracts import names
 from sandbox.contracts.hostconfig import BackendConfig
-from tests.kubernetes.cluster import (
+from testbed.kubernetes.cluster import (
     KUBELET_SYSCTLS,
     PRIVATE_PATHS,
     SECCOMP_DIR,
     Cluster,
     stop_orphans,
 )
-from tests.kubernetes.fleetparts import (
+from testbed.kubernetes.fleetsetup import (
     apply_runner_role,
     build_runner_image,
-    delete_jobs,
     hostpath_claim,
     local_settings,
     scheduler_settings,
 )
-from tests.kubernetes.pods import namespace_of_its_own
+from testbed.kubernetes.namespace import namespace_of_its_own
+from tests.kubernetes.fleetparts import delete_jobs
 
 HERE = Path(__file__).resolve().parent
 

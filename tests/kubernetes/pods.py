@@ -1,7 +1,7 @@
 """What the cluster tests share: the outside world's server Pods (locked down, small),
 a watch on one Pod until it is where a test needs it, exec, the run's Pod and its
 processes read from the host (by the Pod's cgroup, never by name: other runs on this
-host use the same uids), and a namespace of a test's own.
+host use the same uids). A namespace of a test's own is testbed/kubernetes/namespace.py's.
 
 Public helpers, no fixtures (those are in `conftest.py`): no test module imports
 another, so `test_pod_shape.py` takes its Pod parts from here like the others.
@@ -9,9 +9,6 @@ another, so `test_pod_shape.py` takes its Pod parts from here like the others.
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -225,22 +222,3 @@ def run_objects(core: Any, namespace: str) -> list[str]:
 
 def no_pods_or_secrets(core: Any, namespace: str) -> None:
     assert run_objects(core, namespace) == []
-
-
-@contextmanager
-def namespace_of_its_own(core: Any) -> Iterator[str]:
-    """A fresh namespace whose default service account exists (Pods need it to be
-    admitted), deleted afterwards with everything in it."""
-    name = f"t-{secrets.token_hex(4)}"
-    core.create_namespace({"metadata": {"name": name}})
-    try:
-        w = watch.Watch()
-        for event in w.stream(core.list_namespaced_service_account, name, timeout_seconds=60):
-            if event["object"].metadata.name == "default":
-                w.stop()
-                break
-        else:
-            raise AssertionError(f"no default service account in {name} within 60 s")
-        yield name
-    finally:
-        core.delete_namespace(name)

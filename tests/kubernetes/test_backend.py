@@ -30,8 +30,8 @@ from sandbox.contracts.layout import DISK_MOUNT, GUARD_UID, STEP_UID
 from sandbox.contracts.record import RunStatus, read_record
 from sandbox.hostfs import hostmount
 from sandbox.run.testrun import RunOptions, TestRun
+from testbed.kubernetes.cluster import Cluster
 from tests.conftest import ThreadedRun, call_lines, tree_digest, write_workflow
-from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.fleetparts import write_host_config
 from tests.kubernetes.pods import (
     OUTSIDE_PORT,

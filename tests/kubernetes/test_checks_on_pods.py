@@ -33,6 +33,9 @@ from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.layout import GUARD_UID
 from sandbox.contracts.record import RunStatus
 from sandbox.run.testrun import RunOptions, TestRun
+from testbed.kubernetes.cluster import Cluster
+from testbed.kubernetes.fleetsetup import local_settings
+from testbed.kubernetes.namespace import namespace_of_its_own
 from tests.conftest import ThreadedRun, tree_digest, write_workflow
 from tests.kubernetes.battery import (
     POD_KNOWN_HOLES,
@@ -53,10 +56,7 @@ from tests.kubernetes.battery import (
     pod_log,
     validated,
 )
-from tests.kubernetes.cluster import Cluster
-from tests.kubernetes.fleetparts import local_settings
 from tests.kubernetes.pods import (
-    namespace_of_its_own,
     pod_of,
     processes_of,
     run_objects,

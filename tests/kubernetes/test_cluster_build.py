@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.kubernetes import cluster
-from tests.kubernetes.cluster import binaries
+from testbed.kubernetes import cluster
+from testbed.kubernetes.cluster import binaries
 from tests.polling import wait_for
 
 DEADLINE_S = 30.0
@@ -72,7 +72,7 @@ import signal
 import sys
 from pathlib import Path
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from tests.kubernetes.cluster import binaries
+from testbed.kubernetes.cluster import binaries
 binaries.BUILD_SCRIPT = Path(sys.argv[1])
 try:
     binaries.ensure_binaries()

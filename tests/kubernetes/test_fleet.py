@@ -3,7 +3,7 @@
 The controller here is the test process: it submits each run as a Job and reads the
 record from its own view of the shared claim; the host-side work happens inside the
 runner's Pod on whichever node the scheduler picked. The runner image is the guard
-image plus the Kubernetes client (images/runner/Dockerfile), built by `fleetparts`.
+image plus the Kubernetes client (images/runner/Dockerfile), built by `fleetsetup`.
 
 The local cluster's Pods reach the API server only through the node's loopback, so
 the runner's Pod here uses the host network and names the API server by its
@@ -28,8 +28,8 @@ from sandbox.contracts.errors import RefusedError
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import RunStatus, read_record
 from sandbox.hostfs import hostmount
+from testbed.kubernetes.cluster import Cluster
 from tests.conftest import tree_digest, write_workflow
-from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.fleetparts import (
     RUN_DEADLINE_S,
     cli_host_config,

@@ -29,8 +29,8 @@ from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import RunStatus, read_record
 from sandbox.contracts.workflow_record import StepState, WorkflowRunRecord
 from sandbox.hostfs import hostmount
+from testbed.kubernetes.cluster import Cluster
 from tests.conftest import tree_digest
-from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.fleetparts import (
     RUN_DEADLINE_S,
     cli_host_config,

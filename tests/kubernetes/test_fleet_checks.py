@@ -31,6 +31,7 @@ from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import RunStatus
 from sandbox.contracts.wire import ActionLine
 from sandbox.hostfs import hostmount
+from testbed.kubernetes.cluster import Cluster
 from tests.conftest import tree_digest, write_workflow
 from tests.kubernetes.battery import (
     SAFE,
@@ -47,7 +48,6 @@ from tests.kubernetes.battery import (
     outside_server,
     validated,
 )
-from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.fleetparts import RUN_DEADLINE_S, cli_host_config, only_schedulable, submit
 from tests.kubernetes.pods import exec_in, no_pods_or_secrets, server_pod, start_server
 from tests.paths import REPO

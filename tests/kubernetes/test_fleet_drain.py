@@ -22,7 +22,7 @@ from kubernetes.client.exceptions import ApiException
 
 from sandbox.contracts.hostconfig import BackendConfig
 from sandbox.contracts.record import RunStatus, read_record
-from tests.kubernetes.cluster import Cluster
+from testbed.kubernetes.cluster import Cluster
 from tests.kubernetes.fleetparts import (
     RUN_DEADLINE_S,
     cli_host_config,

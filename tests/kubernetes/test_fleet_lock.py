@@ -26,8 +26,8 @@ from kubernetes import client
 from sandbox.backends.kubernetes import lease
 from sandbox.contracts.errors import RefusedError
 from sandbox.contracts.hostconfig import BackendConfig
+from testbed.kubernetes.cluster import Cluster
 from tests.conftest import write_workflow
-from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.fleetparts import RUN_DEADLINE_S, cli_host_config, only_schedulable, submit
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]

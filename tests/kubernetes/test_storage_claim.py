@@ -18,9 +18,9 @@ import pytest
 from sandbox.backends.choose import connect_backend
 from sandbox.contracts.record import RunStatus
 from sandbox.hostfs import hostmount
+from testbed.kubernetes.cluster import Cluster
+from testbed.kubernetes.fleetsetup import claim_settings
 from tests.conftest import ThreadedRun, tree_digest, write_workflow
-from tests.kubernetes.cluster import Cluster
-from tests.kubernetes.fleetparts import claim_settings
 from tests.kubernetes.pods import no_pods_or_secrets, pod_of
 
 pytestmark = [pytest.mark.kubernetes, pytest.mark.timeout(600)]

@@ -17,8 +17,8 @@ import pytest
 from sandbox.backends import BackendFactory
 from sandbox.contracts.record import RunStatus
 from sandbox.run.testrun import TestRun
+from testbed.kubernetes.cluster import Cluster
 from tests.conftest import tree_digest, write_workflow
-from tests.kubernetes.cluster import Cluster
 from tests.kubernetes.fleetparts import only_schedulable
 from tests.kubernetes.pods import (
     OUTSIDE_PORT,

@@ -26,7 +26,16 @@ from tests import paths
 ROOT = paths.REPO
 README_BUDGET = 150
 # A repository path starts with one of the repository's own top-level entries.
-TOP_LEVEL = ("sandbox/", "tests/", "bench/", "examples/", "scripts/", "docs/", ".ci/")
+TOP_LEVEL = (
+    "sandbox/",
+    "tests/",
+    "bench/",
+    "testbed/",
+    "examples/",
+    "scripts/",
+    "docs/",
+    ".ci/",
+)
 # Names that look like modules and are Docker labels of the project's containers.
 LABELS = frozenset({"sandbox.managed", "sandbox.bench"})
 TOP_FILES = ("Makefile", "pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE", "mkdocs.yml")

@@ -1,7 +1,10 @@
 """The house's layout holds: no module over 700 lines, no import cycle between the
 package's modules, and no import upward (a phase never reaches for what sequences it,
 a guard subsystem never for the application assembled from it, the contracts and the
-code inside the step's image for nothing mechanical).
+code inside the step's image for nothing mechanical). Between the checkout's top-level
+packages too: the bench and the testbed (the local cluster, the second engines) never
+import the suite, the testbed never the bench, and the package (what a wheel ships)
+neither the suite nor the testbed.
 
 Read from the source with `ast` (every import, also those inside a function or under
 `TYPE_CHECKING`: a cycle there is still two modules that cannot be read apart).
@@ -114,7 +117,12 @@ def suite_modules() -> list[Path]:
 
 
 def test_no_module_is_over_the_mark() -> None:
-    checked = [*modules("sandbox").values(), *modules("bench").values(), *suite_modules()]
+    checked = [
+        *modules("sandbox").values(),
+        *modules("bench").values(),
+        *modules("testbed").values(),
+        *suite_modules(),
+    ]
     over = {
         str(p.relative_to(paths.REPO))
         for p in checked
@@ -201,3 +209,66 @@ def test_a_package_imports_only_below_it(package: str, may_import: tuple[str, ..
         if not inside(target, *may_import)
     }
     assert reached == set()
+
+
+def imported_names(path: Path, name: str) -> set[str]:
+    """The dotted names the module `name` at `path` imports (a relative import resolved,
+    `from a import b` counted as `a`)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                up = parts[: len(parts) - node.level + 1]
+                base = ".".join([*up, *([base] if base else [])])
+            found.add(base)
+    return found
+
+
+def reaching(root: str, forbidden: tuple[str, ...]) -> dict[str, set[str]]:
+    """Each module of the top-level package `root` that imports from one of `forbidden`,
+    with what it imports of them."""
+    found = {}
+    for name, path in modules(root).items():
+        hits = {m for m in imported_names(path, name) if inside(m, *forbidden)}
+        if hits:
+            found[name] = hits
+    return found
+
+
+def test_the_import_reader_sees_every_form_of_import(tmp_path: Path) -> None:
+    module = tmp_path / "walls.py"
+    for source in (
+        "import tests.engines.fixtures",
+        "import tests",
+        "from tests.engines.fixtures import RUN_IMAGES",
+        "from tests import paths",
+        "def f():\n    from tests.kubernetes.cluster import Cluster\n",
+        "from ...tests import paths",  # from bench.x.walls: up past the top
+    ):
+        module.write_text(source)
+        found = imported_names(module, "bench.x.walls")
+        assert any(inside(m, "tests") for m in found), source
+    module.write_text("from testbed.engines import second_engine\nimport testsuite\n")
+    assert not any(inside(m, "tests") for m in imported_names(module, "bench.walls"))
+
+
+@pytest.mark.parametrize(
+    ("root", "forbidden"),
+    [
+        # The bench is not a test: what it shares with the suite is the testbed's.
+        ("bench", ("tests",)),
+        # The testbed sits under both the suite and the bench.
+        ("testbed", ("tests", "bench")),
+        # The package is what a wheel ships: neither the suite nor the testbed is in it.
+        ("sandbox", ("tests", "testbed")),
+    ],
+    ids=["bench", "testbed", "sandbox"],
+)
+def test_a_top_level_package_imports_none_above_it(root: str, forbidden: tuple[str, ...]) -> None:
+    assert modules(root)  # the package is where the check looks
+    assert reaching(root, forbidden) == {}

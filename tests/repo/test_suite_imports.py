@@ -5,7 +5,7 @@ its collection twice over, and a change to one test file silently changes anothe
 
 Read from the source with `ast` (every import, also those inside a function, plain
 and relative), for the repository's Python outside the package: tests/, bench/,
-scripts/, examples/. A helper named `<name>parts` asserts as tests do (listed for
+testbed/, scripts/, examples/. A helper named `<name>parts` asserts as tests do (listed for
 pytest's assert rewriting in tests/conftest.py), so its failures are explained too.
 """
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tests import paths
 
-IMPORTERS = ("tests", "bench", "scripts", "examples")
+IMPORTERS = ("tests", "bench", "testbed", "scripts", "examples")
 
 
 def is_test_module(name: str) -> bool:

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from docker import DockerClient
 
+from testbed.engines.second_engine import SecondEngine
 from tests.engines.fixtures import WALL_ENV
-from tests.engines.second_engine import SecondEngine
 from tests.security.conftest import (
     Battery,
     assert_passed_without_trace,

@@ -33,9 +33,9 @@ from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.app import build_app
 from sandbox.guard.bridge.routes import Guard
 from sandbox.guard.limits import MAX_EXEC_REPLY_BYTES
+from testbed.ports import free_ports
 from tests.conftest import BRIDGE_TOKEN, guard_config
 from tests.polling import wait_for
-from tests.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[3]
 AUTH = {"Authorization": f"Bearer {BRIDGE_TOKEN}"}

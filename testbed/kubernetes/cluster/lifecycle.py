@@ -19,12 +19,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from tests.kubernetes.cluster import credentials
-from tests.kubernetes.cluster.binaries import ensure_binaries
-from tests.kubernetes.cluster.controlplane import ControlPlane
-from tests.kubernetes.cluster.images import Images, pause_image_archive
-from tests.kubernetes.cluster.node import Nodes
-from tests.kubernetes.cluster.state import (
+from testbed.kubernetes.cluster import credentials
+from testbed.kubernetes.cluster.binaries import ensure_binaries
+from testbed.kubernetes.cluster.controlplane import ControlPlane
+from testbed.kubernetes.cluster.images import Images, pause_image_archive
+from testbed.kubernetes.cluster.node import Nodes
+from testbed.kubernetes.cluster.state import (
     CLUSTERS_DIR,
     NODE_NAME,
     PAUSE_IMAGE,
@@ -38,8 +38,8 @@ from tests.kubernetes.cluster.state import (
     node_ready,
     process_alive,
 )
-from tests.kubernetes.cluster.teardown import Teardown
-from tests.ports import free_ports
+from testbed.kubernetes.cluster.teardown import Teardown
+from testbed.ports import free_ports
 
 
 class Cluster(Teardown, Nodes, ControlPlane, Images):
@@ -131,9 +131,8 @@ class Cluster(Teardown, Nodes, ControlPlane, Images):
         except BaseException:
             cluster.stop(keep=True)
             raise
-        log(
-            f"cluster: {', '.join(cluster.node_names)} Ready in {time.monotonic() - t0:.1f} s ({directory})"
-        )
+        ready_s = time.monotonic() - t0
+        log(f"cluster: {', '.join(cluster.node_names)} Ready in {ready_s:.1f} s ({directory})")
         return cluster
 
     def _start_all(

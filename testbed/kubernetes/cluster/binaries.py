@@ -12,7 +12,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tests.kubernetes.cluster.state import REPO_ROOT, ClusterError
+from testbed.kubernetes.cluster.state import REPO_ROOT, ClusterError
 
 __all__ = ["BUILD_SCRIPT", "ClusterError", "ensure_binaries"]
 

@@ -12,8 +12,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.kubernetes import pki
-from tests.kubernetes.cluster.state import ClusterState
+from testbed.kubernetes import pki
+from testbed.kubernetes.cluster.state import ClusterState
 
 
 def _kubeconfig(server: str, ca: Path, token: str) -> str:

@@ -18,8 +18,9 @@ import psutil
 from pydantic import BaseModel
 
 from sandbox.resources import seccomp_dir
+from testbed.paths import REPO
 
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = REPO
 CLUSTERS_DIR = REPO_ROOT / "build" / "kubernetes-clusters"
 SECCOMP_DIR = seccomp_dir()
 PAUSE_IMAGE = "localhost/sandbox-pause:3.2"

@@ -13,7 +13,7 @@ either node reach each other and both kubelets see the shared node storage. As a
         with cluster.api_client() as api:   # kubernetes.client.ApiClient, admin token
             ...                             # or cluster.kubeconfig for anything else
 
-For humans: `python -m tests.kubernetes.cluster up|down|status` (cli.py).
+For humans: `python -m testbed.kubernetes.cluster up|down|status` (cli.py).
 
 The parts, by concern: `state` (what `state.json` holds), `binaries` (the cached
 build), `credentials` (CA, certificates, tokens, kubeconfigs), `controlplane`,
@@ -53,11 +53,11 @@ when missing, marked with an extended attribute, and removed again by the last
 cluster that stops while they are empty and unused.
 """
 
-from tests.kubernetes.cluster.binaries import BUILD_SCRIPT, ensure_binaries
-from tests.kubernetes.cluster.cli import main
-from tests.kubernetes.cluster.images import pause_image_archive
-from tests.kubernetes.cluster.lifecycle import Cluster, running, running_clusters, stop_orphans
-from tests.kubernetes.cluster.state import (
+from testbed.kubernetes.cluster.binaries import BUILD_SCRIPT, ensure_binaries
+from testbed.kubernetes.cluster.cli import main
+from testbed.kubernetes.cluster.images import pause_image_archive
+from testbed.kubernetes.cluster.lifecycle import Cluster, running, running_clusters, stop_orphans
+from testbed.kubernetes.cluster.state import (
     CLUSTERS_DIR,
     KUBELET_SYSCTLS,
     NODE_NAME,

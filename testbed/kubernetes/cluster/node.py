@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.kubernetes.cluster.base import ClusterBase
-from tests.kubernetes.cluster.state import (
+from testbed.kubernetes.cluster.base import ClusterBase
+from testbed.kubernetes.cluster.state import (
     PAUSE_IMAGE,
     Daemon,
     ExtraNode,

@@ -13,8 +13,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from tests.kubernetes.cluster.base import ClusterBase
-from tests.kubernetes.cluster.state import (
+from testbed.kubernetes.cluster.base import ClusterBase
+from testbed.kubernetes.cluster.state import (
     ClusterError,
 )
 
@@ -84,7 +84,8 @@ class Images(ClusterBase):
         return pinned
 
     def load_docker_images(self, *references: str) -> None:
-        """Copy images from the host's Docker engine into every node (`docker save | ctr import`)."""
+        """Copy images from the host's Docker engine into every node (`docker save | ctr
+        import`)."""
         if not self.state.extra_nodes:
             save = subprocess.Popen(["docker", "save", *references], stdout=subprocess.PIPE)
             try:

@@ -13,9 +13,9 @@ from functools import partial
 
 import httpx
 
-from tests.kubernetes.cluster import credentials
-from tests.kubernetes.cluster.base import ClusterBase
-from tests.kubernetes.cluster.state import Daemon, answers_ok
+from testbed.kubernetes.cluster import credentials
+from testbed.kubernetes.cluster.base import ClusterBase
+from testbed.kubernetes.cluster.state import Daemon, answers_ok
 
 
 class ControlPlane(ClusterBase):

@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 
-from tests.kubernetes.cluster.state import (
+from testbed.kubernetes.cluster.state import (
     ClusterError,
     ClusterState,
     Daemon,
@@ -77,7 +77,8 @@ class ClusterBase:
         check: bool = True,
         socket: Path | None = None,
     ) -> subprocess.CompletedProcess[bytes]:
-        """`ctr` against a private containerd (the first node's by default), in the CRI's namespace."""
+        """`ctr` against a private containerd (the first node's by default), in the CRI's
+        namespace."""
         cmd = [
             str(self.state.bin_dir / "ctr"),
             "--address",

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import psutil
 
-from tests.kubernetes.cluster.hostinfo import (
+from testbed.kubernetes.cluster.hostinfo import (
     cgroup_hierarchies,
     mounted_anywhere,
     mounts_under,
     ns_id,
     procs_in_cgroup_tree,
 )
-from tests.kubernetes.cluster.namespaces import NodeHost
-from tests.kubernetes.cluster.state import (
+from testbed.kubernetes.cluster.namespaces import NodeHost
+from testbed.kubernetes.cluster.state import (
     CGROUP_MOUNT,
     CREATED_XATTR,
     PRIVATE_PATHS,

@@ -1,4 +1,5 @@
-"""A private second Docker engine for tests: its own dockerd, started and stopped by pid.
+"""A private second Docker engine for the tests and the bench: its own dockerd, started
+and stopped by pid.
 
     with SecondEngine.start(EngineConfig.runsc(), images=(images.STEP_IMAGE,)) as engine:
         engine.client.containers.run(..., runtime="runsc-host-sc")   # docker.DockerClient
@@ -6,7 +7,7 @@
 
 Several tests share one engine per configuration through `EnginePool` (the session
 fixtures in `tests/engines/fixtures.py`). For humans:
-`python -m tests.engines.second_engine status|sweep|up|down|measure`.
+`python -m testbed.engines.second_engine status|sweep|up|down|measure`.
 
 Guarantees, and how:
 - The host's dockerd is never signalled, restarted or reconfigured. The engine has its
@@ -70,8 +71,8 @@ import docker.errors
 from docker import DockerClient
 
 from sandbox.contracts import names as images
-from tests.engines import hoststate
-from tests.engines.engine_config import (
+from testbed.engines import hoststate
+from testbed.engines.engine_config import (
     MAIN_HOST,
     EngineConfig,
     EngineError,
@@ -82,9 +83,10 @@ from tests.engines.engine_config import (
     probe_rootfs,
     read_remap,
 )
-from tests.engines.hoststate import Proc
+from testbed.engines.hoststate import Proc
+from testbed.paths import REPO
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = REPO
 ENTER = Path(__file__).resolve().parent / "enter.py"
 ENGINES_DIR = Path(os.environ.get("SANDBOX_TEST_ENGINES_DIR", "/var/tmp/sandbox-test-engines"))
 PROBE_IMAGE = f"sandbox-engine-probe:{images.IMAGE_TAG}"
@@ -650,7 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = {
         c.name: c for c in (EngineConfig.plain(), EngineConfig.runsc(), EngineConfig.userns())
     }
-    parser = argparse.ArgumentParser(prog="python -m tests.engines.second_engine")
+    parser = argparse.ArgumentParser(prog="python -m testbed.engines.second_engine")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("status", help="list the engines on this host")
     sub.add_parser("sweep", help="stop engines whose session is gone")
@@ -675,7 +677,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "up":
         engine = SecondEngine.start(configs[args.config], images=args.image, detached=True)
         print(f"export DOCKER_HOST={engine.url}")
-        print(f"# stop: python -m tests.engines.second_engine down {engine.directory}")
+        print(f"# stop: python -m testbed.engines.second_engine down {engine.directory}")
     elif args.command == "down":
         SecondEngine.attach(args.directory).stop()
     else:

@@ -1,4 +1,4 @@
-"""`python -m tests.kubernetes.cluster up|down|status`: a cluster for humans.
+"""`python -m testbed.kubernetes.cluster up|down|status`: a cluster for humans.
 
 `up` leaves a detached cluster running until `down`; `down` works from the
 clusters' folders alone.
@@ -11,17 +11,20 @@ import json
 import sys
 from pathlib import Path
 
-from tests.kubernetes.cluster.lifecycle import Cluster, running_clusters
-from tests.kubernetes.cluster.state import (
+from testbed.kubernetes.cluster.lifecycle import Cluster, running_clusters
+from testbed.kubernetes.cluster.state import (
     ClusterError,
 )
 
-DESCRIPTION = "A real Kubernetes cluster of one or two nodes on this host, on loopback and private state only."
+DESCRIPTION = (
+    "A real Kubernetes cluster of one or two nodes on this host, on loopback and private "
+    "state only."
+)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m tests.kubernetes.cluster", description=DESCRIPTION
+        prog="python -m testbed.kubernetes.cluster", description=DESCRIPTION
     )
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start a cluster and leave it running")

@@ -1,7 +1,8 @@
 """What a second engine is, as data, and the host's engine it must leave working: the
 engine's configuration and saved state (`EngineConfig`, `EngineState`), its id
-mappings, runsc's install, and the check that the host's engine still runs a
-container on its default network (`check_main_engine`). `second_engine.py` starts
+mappings, the images a test run needs in it (`RUN_IMAGES`), runsc's install, and the
+check that the host's engine still runs a container on its default network
+(`check_main_engine`). `second_engine.py` starts
 and stops engines from these."""
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ from docker import DockerClient
 from pydantic import BaseModel
 
 from sandbox.contracts import names as images
-from tests import paths
-from tests.engines.hoststate import Proc
+from testbed import paths
+from testbed.engines.hoststate import Proc
 
 ENSURE_RUNSC = paths.REPO / "scripts" / "ensure-runsc.sh"
 MAIN_HOST = "unix:///var/run/docker.sock"
 PROBE_PROGRAMS = ("/usr/bin/sleep", "/usr/bin/true", "/usr/bin/cat", "/usr/bin/id")
+# What a test run needs in the engine: the step, the guard and the MCP server images.
+RUN_IMAGES = (images.STEP_IMAGE, images.GUARD_IMAGE, images.MCP_IMAGE)
 
 
 class EngineError(RuntimeError):

@@ -1,4 +1,4 @@
-"""Loopback ports for tests that start servers of their own."""
+"""Loopback ports for the tests and the local cluster, which start servers of their own."""
 
 from __future__ import annotations
 

@@ -16,14 +16,14 @@ from pathlib import Path
 
 import psutil
 
-from tests.kubernetes.cluster.base import ClusterBase
-from tests.kubernetes.cluster.hostinfo import (
+from testbed.kubernetes.cluster.base import ClusterBase
+from testbed.kubernetes.cluster.hostinfo import (
     cgroup_hierarchies,
     holders_of,
     mounts_under,
     ns_id,
 )
-from tests.kubernetes.cluster.state import (
+from testbed.kubernetes.cluster.state import (
     CREATED_XATTR,
     KUBELET_SYSCTLS,
     PRIVATE_PATHS,
@@ -70,9 +70,8 @@ class NodeHost(ClusterBase):
         for folder in [d, *(n.folder for n in self.state.extra_nodes)]:
             store = folder / "containerd" / "root"
             store.mkdir(parents=True)
-            lines.append(
-                f"mount -t tmpfs -o size={self.state.image_store_size},mode=0700 sandbox-k8s {store}"
-            )
+            size = self.state.image_store_size
+            lines.append(f"mount -t tmpfs -o size={size},mode=0700 sandbox-k8s {store}")
         # The node storage, a slave of the host's copy here, is made shared too (among
         # this namespace's mounts only): a Pod's `Bidirectional` mount of it (a fleet
         # runner's) needs a shared mount, and what it mounts reaches the other Pods'
