@@ -27,21 +27,18 @@ class Deadlines:
         self._armed_for = math.inf  # when the timer fires (inf: not armed)
 
     def within(self, delay: float) -> Deadline:
-        """A `with` block that the current task must leave within `delay` seconds."""
+        """A `with` block that the current task must leave within `delay` seconds.
+        The deadline counts from this call: use it only as `with deadlines.within(...)`."""
         loop = asyncio.get_running_loop()
         task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("a deadline holds only inside a task")
-        return Deadline(self, loop, task, loop.time() + delay)
-
-    def add(self, deadline: Deadline, loop: asyncio.AbstractEventLoop) -> None:
+        when = loop.time() + delay
+        deadline = Deadline(self, task, when, task.cancelling())
         self._pending.add(deadline)
-        when = deadline.when
         if when < self._armed_for or loop is not self._timer_loop:
             self._arm(loop, when)
-
-    def leave(self, deadline: Deadline) -> None:
-        self._pending.discard(deadline)
+        return deadline
 
     def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
         if self._timer is not None:
@@ -73,25 +70,18 @@ class Deadline:
     """One call's deadline (`Deadlines.within`), a synchronous context manager: entering
     and leaving it awaits nothing."""
 
-    __slots__ = ("_cancelling", "_expired", "_loop", "_owner", "_task", "when")
+    __slots__ = ("_cancelling", "_expired", "_owner", "_task", "when")
 
     def __init__(
-        self,
-        owner: Deadlines,
-        loop: asyncio.AbstractEventLoop,
-        task: asyncio.Task[object],
-        when: float,
+        self, owner: Deadlines, task: asyncio.Task[object], when: float, cancelling: int
     ) -> None:
         self._owner = owner
-        self._loop = loop
         self._task = task
         self.when = when
-        self._cancelling = 0
+        self._cancelling = cancelling  # the task's cancel requests when the block began
         self._expired = False
 
     def __enter__(self) -> Deadline:
-        self._cancelling = self._task.cancelling()
-        self._owner.add(self, self._loop)
         return self
 
     def expire(self) -> None:
@@ -104,7 +94,7 @@ class Deadline:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        self._owner.leave(self)
+        self._owner._pending.discard(self)  # inline: every forwarded call passes here
         # As asyncio.timeout's exit: the cancel this deadline made is taken back, and
         # turned into TimeoutError when no other cancel is pending.
         if (
