@@ -38,14 +38,21 @@ FORWARD_SLOTS: Final = 4
 class ForwardSlots(asyncio.Semaphore):
     """The guard's FORWARD_SLOTS: asyncio's Semaphore, entered without its `acquire`
     coroutine and `locked()`'s generator while a slot is free and no one waits (every
-    forwarded call, one client or a few). Anything else is `acquire`'s own, so the
-    order, the fairness and the cancel rules are the Semaphore's (tests/guard/test_limits.py)."""
+    forwarded call, one client or a few), and left without `release` while no one
+    waits. Anything else is `acquire`'s and `release`'s own, so the order, the
+    fairness and the cancel rules are the Semaphore's (tests/guard/test_limits.py)."""
 
     async def __aenter__(self) -> None:
         if self._value > 0 and not self._waiters:
             self._value -= 1
             return
         await self.acquire()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if not self._waiters:  # no one to wake: `release` would only count the slot back
+            self._value += 1
+            return
+        self.release()
 
 
 # A reply in memory exists several times over while it is parsed and relayed

@@ -84,3 +84,38 @@ def test_a_free_slot_is_taken_without_the_semaphore_s_acquire(
 
     assert asyncio.run(twice()) == 1
     assert acquired == []
+
+
+def test_a_slot_is_given_back_without_the_semaphore_s_release_while_no_one_waits(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Left straight while no one waits; with a waiter, `release` wakes it."""
+    released: list[int] = []
+    original = asyncio.Semaphore.release
+
+    def counted(self: asyncio.Semaphore) -> None:
+        released.append(1)
+        original(self)
+
+    monkeypatch.setattr(asyncio.Semaphore, "release", counted)
+
+    async def main() -> tuple[int, int]:
+        slots = ForwardSlots(1)
+        async with slots:
+            pass
+        alone = len(released)
+        entered = asyncio.Event()
+
+        async def waiter() -> None:
+            async with slots:
+                entered.set()
+
+        async with slots:
+            task = asyncio.create_task(waiter())
+            await asyncio.sleep(0)  # it waits for the slot held here
+        await task
+        assert entered.is_set()
+        return alone, slots._value
+
+    assert asyncio.run(main()) == (0, 1)
+    assert released == [1]  # the exit that had a waiter to wake
