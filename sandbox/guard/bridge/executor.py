@@ -16,6 +16,7 @@ from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.contracts.wire import ExecRequest, ToolResult
 from sandbox.guard import limits
 from sandbox.guard.bridge.client import BridgeClient
+from sandbox.guard.bridge.deadline import Deadlines
 from sandbox.guard.bridge.upstream import Reply, ReplyTooLarge, UpstreamError
 from sandbox.stepside.agentworks_exec.pathsafety import check_tool_path
 from sandbox.stepside.agentworks_exec.toolargs import executor_deadline_s
@@ -34,6 +35,7 @@ class Executor:
         self._client = BridgeClient(
             f"http://127.0.0.1:{config.exec_port}", max_body=limits.MAX_EXEC_REPLY_BYTES
         )
+        self._deadlines = Deadlines()
         self._headers = {
             "Authorization": f"Bearer {config.exec_token}",
             "Content-Type": "application/json",
@@ -88,8 +90,9 @@ class Executor:
     async def _post(self, body: bytes, timeout: float) -> Reply:
         """One exchange with the executor, within `timeout` (a cancelled one closes its
         connection, so a late reply never answers the next call)."""
-        async with asyncio.timeout(timeout), self._slots:
-            return await self._client.post("/v1/exec", body, self._headers)
+        with self._deadlines.within(timeout):
+            async with self._slots:
+                return await self._client.post("/v1/exec", body, self._headers)
 
 
 def exec_wait_s(tool: str, arguments: dict[str, Any], grace_s: float) -> float:

@@ -19,6 +19,7 @@ from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.contracts.wire import RUN_KIND_HEADER, ToolResult, UpstreamCall
 from sandbox.guard import limits
 from sandbox.guard.bridge.client import BridgeClient
+from sandbox.guard.bridge.deadline import Deadlines
 from sandbox.guard.bridge.upstream import ReplyTooLarge, UpstreamError
 
 
@@ -53,6 +54,7 @@ class UpstreamForward:
         self._config = config
         self._slots = slots  # the guard's forward slots: replies held in memory at once
         self._client = BridgeClient(config.upstream) if config.upstream else None
+        self._deadlines = Deadlines()
         # The config is frozen: what every call reads of it, read once.
         self._run_id, self._workflow, self._step = config.run_id, config.workflow, config.step
 
@@ -79,8 +81,9 @@ class UpstreamForward:
         try:
             # The whole exchange within the budget. A call whose bytes went out is never
             # sent again (sandbox.guard.bridge.upstream): the upstream may have run it.
-            async with asyncio.timeout(budget), self._slots:
-                reply = await self._client.post("/v1/tools/call", body, _HEADERS)
+            with self._deadlines.within(budget):
+                async with self._slots:
+                    reply = await self._client.post("/v1/tools/call", body, _HEADERS)
         except TimeoutError:
             detail["timed_out"] = True
             return ToolResult(

@@ -5,11 +5,13 @@ not a test module, so no test file imports another."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import socket
 import threading
 from collections.abc import AsyncIterator, Callable
+from contextvars import Context
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +80,23 @@ class Upstream:
 
     def close(self) -> None:
         self._server.close()
+
+
+class TimerCountingLoop(asyncio.SelectorEventLoop):
+    """asyncio's own loop, counting the timers armed on it (in `timers`, which the test
+    sets to 0 first)."""
+
+    timers = 0
+
+    def call_at(  # type: ignore[override]  # the stub's signature is generic over *args
+        self,
+        when: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: Context | None = None,
+    ) -> asyncio.TimerHandle:
+        TimerCountingLoop.timers += 1
+        return super().call_at(when, callback, *args, context=context)
 
 
 def ok(text: str = "done") -> bytes:

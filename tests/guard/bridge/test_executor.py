@@ -31,10 +31,13 @@ from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.contracts.wire import ToolResult
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.app import build_app
+from sandbox.guard.bridge import executor as executor_module
 from sandbox.guard.bridge.routes import Guard
 from sandbox.guard.limits import MAX_EXEC_REPLY_BYTES
 from testbed.ports import free_ports
 from tests.conftest import BRIDGE_TOKEN, guard_config
+from tests.fakes.loopback import LoopbackServer
+from tests.guard.bridge.bridgeparts import ok
 from tests.polling import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
@@ -235,3 +238,47 @@ def test_a_reply_over_the_executors_cap_is_dropped_not_held(tmp_path: Path, decl
     # The guard stopped reading and refused the rest.
     assert refused.wait(timeout=30), sent[0]
     assert sent[0] <= bound, sent[0]
+
+
+def test_a_call_past_its_wait_ends_with_its_error_and_the_next_call_on_a_new_connection(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An executor that reads a call and never answers: at the guard's wait the step
+    gets the wait's error, the hung connection is closed (a late reply never answers
+    the next call), and the next call is answered on a new one."""
+    release = threading.Event()
+    connections: list[int] = []
+
+    def serve(conn: socket.socket, number: int) -> None:
+        connections.append(number)
+        with conn, contextlib.suppress(OSError):
+            request = conn.recv(65536)
+            if b'"hang"' in request:
+                release.wait(60)
+                return
+            conn.sendall(ok("read"))
+
+    server = LoopbackServer(serve)
+    monkeypatch.setattr(executor_module, "exec_wait_s", lambda tool, arguments, grace: 0.2)
+    actions = tmp_path / "actions.jsonl"
+    actions.touch()
+    config = guard_config(actions, exec_port=server.port, has_db=True)
+    guard = Guard(config, ActionLog(str(actions), secrets=(BRIDGE_TOKEN,)))
+
+    async def main() -> list[ToolResult]:
+        try:
+            return [
+                await guard.executor.run("read_file", {"path": path}, {})
+                for path in ("hang", "after")
+            ]
+        finally:
+            await guard.close()
+
+    try:
+        hung, after = asyncio.run(main())
+    finally:
+        release.set()
+        server.close()
+    assert hung == ToolResult(text="read_file did not finish within 0.2 s", is_error=True)
+    assert after == ToolResult(text="read")
+    assert connections == [1, 2]

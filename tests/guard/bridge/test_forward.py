@@ -1,13 +1,19 @@
-"""The body the guard sends the real bridge is the `UpstreamCall` model's, byte for byte."""
+"""The body the guard sends the real bridge is the `UpstreamCall` model's, byte for
+byte; a forwarder's calls keep their budgets without a loop timer each."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sandbox.contracts.wire import ToolCall, UpstreamCall
-from sandbox.guard.bridge.forward import upstream_body
+from sandbox.guard.bridge.forward import UpstreamForward, upstream_body
+from sandbox.guard.limits import FORWARD_SLOTS, ForwardSlots
+from tests.conftest import guard_config
+from tests.guard.bridge.bridgeparts import TimerCountingLoop, Upstream, ok
 
 CALLS = [
     rb'{"tool": "generate_text_llm", "arguments": {"prompt": "bench"}}',
@@ -31,3 +37,32 @@ def test_the_upstream_body_is_the_models_json(raw: bytes) -> None:
         "step": "s",
     }
     assert upstream_body(**fields) == UpstreamCall(**fields).model_dump_json().encode()
+
+
+def test_forwarded_calls_that_end_in_time_arm_one_loop_timer(tmp_path: Path) -> None:
+    """Every forwarded call has its budget, and a timer armed and cancelled per call was
+    a large part of its cost: the calls of one forwarder share one timer, armed for
+    the earliest deadline."""
+    upstream = Upstream(lambda n, body: ok())
+    actions = tmp_path / "actions.jsonl"
+    actions.touch()
+    forward = UpstreamForward(
+        guard_config(actions, upstream=upstream.url), ForwardSlots(FORWARD_SLOTS)
+    )
+
+    async def main() -> list[str]:
+        texts = []
+        for i in range(20):
+            result = await forward.call("web_fetch", {"url": f"https://a/{i}"}, "root", {})
+            texts.append(result.text)
+        await forward.aclose()
+        return texts
+
+    TimerCountingLoop.timers = 0
+    try:
+        with asyncio.Runner(loop_factory=TimerCountingLoop) as runner:
+            assert runner.run(main()) == ["done"] * 20
+    finally:
+        upstream.close()
+    assert len(upstream.requests) == 20
+    assert TimerCountingLoop.timers == 1

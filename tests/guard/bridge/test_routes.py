@@ -500,3 +500,41 @@ def test_a_forwarded_reply_is_the_reply_model_s_json_of_the_upstream_s_answer(
         fields = {**json.loads(reply), "result": result}
         assert reply == ToolReply.model_validate(fields).model_dump_json().encode()
     assert json.loads(replies[0])["decision"] == "allow"
+
+
+def test_a_call_past_its_budget_is_abandoned_with_its_refusal_and_its_line(
+    tmp_path: Path,
+) -> None:
+    """An upstream that never answers: at the tool's budget the step gets the budget's
+    error and the outcome line says it timed out; the hung connection is not used
+    again, and the calls after it (within their budget) are answered."""
+    release = threading.Event()
+
+    def answer(n: int, body: bytes) -> bytes | None:
+        if b"/slow" in body:
+            release.wait(60)
+            return None
+        return ok()
+
+    upstream = Upstream(answer)
+    actions = tmp_path / "actions.jsonl"
+    actions.touch()
+    config = guard_config(actions, upstream=upstream.url, budgets={"web_fetch": 0.2}, grace_s=0)
+    guard = Guard(config, ActionLog(str(actions), secrets=(TOKEN,), durability="group"))
+    calls = [("web_fetch", {"url": f"https://a/{u}"}) for u in ("1", "slow", "2", "3")]
+    try:
+        replies = call_all(guard, calls)
+    finally:
+        release.set()
+        upstream.close()
+    assert [r["ok"] for r in replies] == [True, False, True, True]
+    assert replies[1]["result"] == {
+        "text": "web_fetch exceeded its time budget of 0.2 s and was abandoned",
+        "is_error": True,
+        "data": None,
+    }
+    lines = lines_of(actions)
+    assert [ln.decision for ln in lines] == ["allow"] * 4
+    assert lines[1].detail.get("timed_out") is True
+    assert [ln.detail.get("timed_out") for ln in (lines[0], lines[2], lines[3])] == [None] * 3
+    assert upstream.connections == 2  # the hung one was closed, not reused
