@@ -7,7 +7,6 @@ sent again.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from pydantic import ValidationError

@@ -8,7 +8,6 @@ call whose bytes went out is never sent again: the upstream may have run it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
