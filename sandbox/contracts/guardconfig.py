@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sandbox.contracts.defaults import empty_list
 from sandbox.contracts.guardparts import DEFAULT_DURABILITY, Durability, Egress, McpServer
 from sandbox.contracts.guardprocess import BRIDGE_PORT as BRIDGE_PORT
 from sandbox.contracts.guardprocess import CONFIG_FILE_ENV as CONFIG_FILE_ENV
@@ -44,7 +45,7 @@ class GuardConfig(BaseModel):
     actions_path: str = ACTIONS_PATH
     data_dir: str = DATA_DIR
     durability: Durability = DEFAULT_DURABILITY  # host.toml's: how the action log syncs
-    mcp_servers: list[McpServer] = Field(default_factory=list)
+    mcp_servers: list[McpServer] = Field(default_factory=empty_list)
     # Where each stdio server's sockets are (<mcp_dir>/<name>/), and the uid its
     # container runs as: the only peer its socket accepts.
     mcp_dir: str = MCP_DIR
@@ -60,7 +61,7 @@ class GuardConfig(BaseModel):
     egress_ca_key_pem: str = Field(default="", repr=False)
     # The preflight's canaries (HOST:PORT): its own first packet to each is not the
     # step's attempt (sandbox.guard.egress.packets).
-    preflight_canaries: list[str] = Field(default_factory=list)
+    preflight_canaries: list[str] = Field(default_factory=empty_list)
     # Every allowed read's answer kept (<data_dir>/recording/), and the recording this
     # run replays from (<data_dir>/replay/, copied in by the runner), if it replays.
     recording: RecordingSettings = Field(default_factory=RecordingSettings)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
+from sandbox.contracts.defaults import empty_list
+
 
 class EgressCounts(BaseModel):
     """Egress requests of one host: passed (allowed), stubbed, refused; and how the step
@@ -47,7 +49,7 @@ class DnsQueries(BaseModel):
     queries: int = Field(default=0, description="Every query the step made.")
     refused: int = Field(default=0, description="Queries refused.")
     names: list[DnsQuery] = Field(
-        default_factory=list, description="The first 200 distinct (name, type) pairs asked."
+        default_factory=empty_list, description="The first 200 distinct (name, type) pairs asked."
     )
     names_not_listed: int = Field(
         default=0, description="Distinct (name, type) pairs past the listed ones."
@@ -80,7 +82,7 @@ class RefusedPackets(BaseModel):
 
     attempts: int = Field(default=0, description="Every refused packet counted.")
     destinations: list[RefusedPacket] = Field(
-        default_factory=list,
+        default_factory=empty_list,
         description="The first 200 distinct (protocol, destination, port) aimed at.",
     )
     not_listed: int = Field(default=0, description="Distinct destinations past the listed ones.")

@@ -17,6 +17,8 @@ from typing import Any, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import to_json
 
+from sandbox.contracts.defaults import empty_list
+
 KEY_VERSION = 1
 DEFAULT_CAP_BYTES = 64 * 1024**2  # the whole recording of one run
 DEFAULT_BODY_CAP_BYTES = 16 * 1024**2  # one answer; a larger one is relayed, not kept
@@ -148,7 +150,7 @@ class RecordingSummary(BaseModel):
     not_kept: int = Field(default=0, description="Answers not kept.")
     not_kept_bytes: int = Field(default=0, description="Their bytes.")
     not_kept_named: list[NotKept] = Field(
-        default_factory=list, description="The first 50 answers not kept, and why."
+        default_factory=empty_list, description="The first 50 answers not kept, and why."
     )
     index_sha256: str = Field(default="", description="SHA-256 of the index as read back.")
     error: str = Field(
@@ -177,7 +179,7 @@ class ReplaySummary(BaseModel):
     hits: int = Field(default=0, description="Reads answered from the recording.")
     misses: int = Field(default=0, description="Reads the recording did not have.")
     misses_named: list[ReplayMiss] = Field(
-        default_factory=list, description="The first 100 misses."
+        default_factory=empty_list, description="The first 100 misses."
     )
 
 

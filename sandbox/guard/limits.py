@@ -12,31 +12,31 @@ import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Final, NamedTuple
 
-from sandbox.contracts.guardprocess import MAX_REQUEST_BYTES as _WIRE_MAX_REQUEST_BYTES
+from sandbox.contracts import guardprocess as _process
 
 if TYPE_CHECKING:
     from types import TracebackType
 
     from starlette.types import Receive
 
-MiB: Final = 1024 * 1024
+MiB: Final = _process.MiB
 
 # From the step, on the bridge and MCP port.
-MAX_REQUEST_BYTES: Final = _WIRE_MAX_REQUEST_BYTES  # one request body (4 MiB)
+MAX_REQUEST_BYTES: Final = _process.MAX_REQUEST_BYTES  # one request body (4 MiB)
 MAX_HEADER_BYTES: Final = 16 * 1024  # one request's header lines, together
 # The HTTP server's own fence for a request head it cannot parse within
 # (a bare 400, no line: the head never reached the guard's code).
 TRANSPORT_MAX_HEAD_BYTES: Final = 64 * 1024
 
 # Replies the guard reads before it answers the step.
-MAX_MCP_MESSAGE_BYTES: Final = 8 * MiB  # one JSON-RPC message from an MCP server
+MAX_MCP_MESSAGE_BYTES: Final = _process.MAX_MCP_MESSAGE_BYTES  # one JSON-RPC message (8 MiB)
 MAX_MCP_LISTING_BYTES: Final = 8 * MiB  # one tools/list answer, every page together
-MAX_UPSTREAM_REPLY_BYTES: Final = 8 * MiB  # the real bridge's reply body
-MAX_EXEC_REPLY_BYTES: Final = 8 * MiB  # the step executor's reply body
+MAX_UPSTREAM_REPLY_BYTES: Final = _process.MAX_UPSTREAM_REPLY_BYTES  # the bridge's reply (8 MiB)
+MAX_EXEC_REPLY_BYTES: Final = _process.MAX_EXEC_REPLY_BYTES  # the executor's reply (8 MiB)
 
 # Forwarded calls (MCP, bridge upstream, executor) whose reply the guard may
 # hold at once.
-FORWARD_SLOTS: Final = 4
+FORWARD_SLOTS: Final = _process.FORWARD_SLOTS
 
 
 class ForwardSlots:
@@ -110,15 +110,9 @@ class ForwardSlots:
         self.release()
 
 
-# A reply in memory exists several times over while it is parsed and relayed
-# (bytes read, parsed objects, the reply serialized for the step, its body):
-# measured at about 5x its size for an MCP result (the guard container's
-# cgroup peak: 60 MiB idle, 97 MiB with one 7 MB result, 139 MiB with sixteen
-# at once); 8x leaves room.
-_COPIES: Final = 8
-_GUARD_BASE_BYTES: Final = 160 * MiB  # the guard's own RSS (~50-70 MB) with headroom
-_LARGEST_REPLY: Final = max(MAX_MCP_MESSAGE_BYTES, MAX_UPSTREAM_REPLY_BYTES, MAX_EXEC_REPLY_BYTES)
-GUARD_MEMORY_BYTES: Final = _GUARD_BASE_BYTES + FORWARD_SLOTS * _COPIES * _LARGEST_REPLY
+# What these caps let the guard hold, with room to spare: its container's memory limit
+# (the runner sets it; the bound's reasoning is beside the figures it adds up).
+GUARD_MEMORY_BYTES: Final = _process.GUARD_MEMORY_BYTES
 
 
 class CappedBody(NamedTuple):

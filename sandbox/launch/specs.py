@@ -26,6 +26,7 @@ from sandbox.contracts.guardconfig import (
     MCP_PATH,
     GuardConfig,
 )
+from sandbox.contracts.guardprocess import GUARD_MEMORY_BYTES
 from sandbox.contracts.layout import (
     C_CA_BUNDLE,
     C_DB_PATH,
@@ -51,7 +52,6 @@ from sandbox.contracts.names import (
 from sandbox.contracts.record import RunnerInfo
 from sandbox.contracts.recording import REPLAY_DIR, ReplaySettings
 from sandbox.contracts.spec import ContainerSpec, Mount
-from sandbox.guard.limits import GUARD_MEMORY_BYTES
 from sandbox.launch import firewall, runtime
 from sandbox.launch.mounts import step_mounts, workflow_mounts
 from sandbox.prepare.plan import RunPlan as RunPlan

@@ -43,6 +43,9 @@ NOT_FOR_A_RUN = (
     # names the holders of a lock only when it is refused.
     "psutil",
     "sqlite3",  # only a run with a DB copies it
+    # The guard's event loop: the runner sizes the guard's container from
+    # `sandbox.contracts.guardprocess`, never from the guard's asyncio code.
+    "asyncio",
 )
 
 # Not needed to parse the command line (nor by `sandbox show`/`list`): the engine's SDK;
