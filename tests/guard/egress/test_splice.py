@@ -223,7 +223,7 @@ def test_a_body_to_a_step_that_reads_slowly_moves_whole_without_failed_splices(
         sent_to[0] = dst_fd
         return real_relay(src_fd, dst_fd, stop, limit)
 
-    monkeypatch.setattr(splice.os, "splice", counted)
+    monkeypatch.setattr(os, "splice", counted)  # the module calls os.splice
     monkeypatch.setattr(splice, "_relay", noted)
     received: list[bytes] = []
 
