@@ -20,10 +20,9 @@ import contextlib
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from types import TracebackType
-from typing import Any
+from typing import Any, NamedTuple
 
 from sandbox.contracts.guardparts import DEFAULT_DURABILITY, Durability
 from sandbox.contracts.wire import ActionLine
@@ -65,10 +64,11 @@ def _full_reason() -> str:
     )
 
 
-@dataclass(frozen=True)
-class Started:
+class Started(NamedTuple):
     """A forwarded call whose `start` line is written (per-call with
-    `begin(durable=True)`: synced too); its `outcome` line is still due."""
+    `begin(durable=True)`: synced too); its `outcome` line is still due. (Immutable as
+    a tuple: one is made per forwarded call, and a frozen dataclass's fields are each
+    set through `object.__setattr__`.)"""
 
     call_id: str
     session: str

@@ -68,8 +68,14 @@ class Client:
     async def write(self, data: bytes) -> None:
         if self.tap is not None:
             self.tap.feed(data)
-        self.writer.write(data)
-        await self.writer.drain()
+        writer = self.writer
+        writer.write(data)
+        transport = writer.transport
+        # All of it in the kernel and the connection open: `drain` would find nothing
+        # to wait for and no loss to raise (a lost connection closes the transport), so
+        # it is not awaited; else it waits, or raises the loss, as always.
+        if transport.get_write_buffer_size() or transport.is_closing():
+            await writer.drain()
 
     def splice_socket(self) -> socket.socket | None:
         """The socket to splice a reply into: plain TCP with nothing queued in Python."""
@@ -79,6 +85,34 @@ class Client:
             return None
         sock: socket.socket | None = self.writer.get_extra_info("socket")
         return sock
+
+
+async def read_within(reader: asyncio.StreamReader, size: int, seconds: float) -> bytes:
+    """`reader.read(size)`, or TimeoutError after `seconds`: `asyncio.timeout`'s own
+    behaviour (the task cancelled at the deadline, that cancellation alone turned into
+    TimeoutError, any other passed on) with one timer and no context object, task
+    look-up and state per read (every request of a kept-alive connection reads twice)."""
+    task = asyncio.current_task()
+    assert task is not None
+    cancelling = task.cancelling()
+    expired: list[bool] = []
+
+    def expire() -> None:
+        expired.append(True)
+        task.cancel()
+
+    timer = asyncio.get_running_loop().call_later(seconds, expire)
+    try:
+        data = await reader.read(size)
+    except BaseException as exc:
+        timer.cancel()
+        if expired and task.uncancel() <= cancelling and isinstance(exc, asyncio.CancelledError):
+            raise TimeoutError from exc
+        raise
+    timer.cancel()
+    if expired:  # it fired as the read ended: its cancel is taken back, as asyncio's is
+        task.uncancel()
+    return data
 
 
 async def linger(client: Client) -> None:

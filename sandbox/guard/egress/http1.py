@@ -138,7 +138,10 @@ def check_request(head: bytes, request: h11.Request) -> None:
     if request.http_version not in VERSIONS:
         version = request.http_version.decode("ascii", "replace")
         raise Denied(505, f"HTTP/{version} is not HTTP/1.1; it cannot be inspected")
-    if not any(name in http1_lines.FRAMING for _, name, _ in request.headers._full_items):
+    for _, name, _ in request.headers._full_items:  # a loop, not any() of a generator
+        if name in http1_lines.FRAMING:
+            break
+    else:
         return  # no framing header in the parse: none in the head (h11 drops none)
     lengths: list[bytes] = []
     encodings = 0

@@ -74,15 +74,17 @@ class Upstream:
         # first wait until the socket is closed, and the wait it is for (None: none).
         self._watching: asyncio.AbstractEventLoop | None = None
         self._waiter: asyncio.Future[None] | None = None
+        self._poller: select.poll | None = None  # `looks_open`'s
 
     def looks_open(self) -> bool:
         """Plain TCP with no EOF and no byte waiting: the host has not closed it and sent
         nothing unasked-for. Polled on the socket itself, just before reuse."""
         if self.sock is None or self.sock.fileno() < 0:
             return False
-        poller = select.poll()
-        poller.register(self.sock.fileno(), select.POLLIN | select.POLLPRI)
-        return not poller.poll(0)
+        if self._poller is None:  # made at the first reuse, kept for the socket's life
+            self._poller = select.poll()
+            self._poller.register(self.sock.fileno(), select.POLLIN | select.POLLPRI)
+        return not self._poller.poll(0)
 
     def send_now(self, data: bytes) -> int:
         """As much of `data` as the kernel takes at once, without waiting (plain TCP):
@@ -137,10 +139,14 @@ class Upstream:
             loop.add_reader(self.sock.fileno(), self._readable)
             self._watching = loop
         waiter = self._waiter = loop.create_future()
+        # the waiter's own timer, not `asyncio.timeout`: nothing here but this future
+        # to stop, and the context's object, task look-up and reschedule cost a kept-alive
+        # GET more than the wait itself
+        timer = loop.call_later(REPLY_TIMEOUT_S, _expire, waiter)
         try:
-            async with asyncio.timeout(REPLY_TIMEOUT_S):
-                await waiter
+            await waiter
         finally:
+            timer.cancel()
             self._waiter = None
 
     def _readable(self) -> None:
@@ -170,6 +176,11 @@ class Upstream:
                 self.sock.close()
             elif self._streams is not None:
                 self._streams[1].close()
+
+
+def _expire(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_exception(TimeoutError())
 
 
 class Pool:

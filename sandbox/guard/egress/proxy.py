@@ -28,7 +28,7 @@ from sandbox.contracts.recording import EMPTY_SHA256
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.egress import http1, lines, relay, replayed, splice
 from sandbox.guard.egress.aliases import HostAliases
-from sandbox.guard.egress.connection import CHUNK, Client, Direct, linger
+from sandbox.guard.egress.connection import CHUNK, Client, Direct, linger, read_within
 from sandbox.guard.egress.http1 import Denied
 from sandbox.guard.egress.pool import Pool, Upstream, dial
 from sandbox.guard.egress.request import (
@@ -168,9 +168,9 @@ class EgressProxy:
         if idle:
             self.open_connections -= 1
         try:
-            timeout = IDLE_TIMEOUT_S if idle else READ_TIMEOUT_S
-            async with asyncio.timeout(timeout):
-                return await client.reader.read(CHUNK)
+            return await read_within(
+                client.reader, CHUNK, IDLE_TIMEOUT_S if idle else READ_TIMEOUT_S
+            )
         finally:
             if idle:
                 self.open_connections += 1
@@ -372,8 +372,9 @@ class EgressProxy:
                 expects = b"100-continue" in incoming.fields.get(b"expect", b"")
                 if body and expects and live is None:  # a replay's miss had its 100
                     await client.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-                body_hash = hashlib.sha256()  # stays the empty body's for a read
+                body_hash = None
                 if outgoing is not None:  # h11 frames the body (none for a read)
+                    body_hash = hashlib.sha256()
                     chunks = (
                         replayed.chunks(live.body)
                         if live is not None and live.body is not None
@@ -384,7 +385,7 @@ class EgressProxy:
                         await upstream.send(outgoing.send(h11.Data(data=chunk)) or b"")
                     await upstream.send(outgoing.send(h11.EndOfMessage()) or b"")
                 if self.reads is not None:
-                    digest = body_hash.hexdigest() if outgoing is not None else EMPTY_SHA256
+                    digest = body_hash.hexdigest() if body_hash is not None else EMPTY_SHA256
                     key = replayed.egress_key(seen, digest)
                     if live is not None:
                         self.reads.recorder.note_miss(key, "egress", replayed.what(seen))

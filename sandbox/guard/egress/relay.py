@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import h11
 
@@ -24,9 +23,9 @@ SMALL_READ = 64 * 1024  # a reply head's read (a head is at most 64 KiB too)
 SPLICE_MIN_BYTES = 64 * 1024  # a smaller rest of a body is cheaper to copy than to splice
 
 
-@dataclass(frozen=True)
-class Sent:
-    """The request as forwarded: method, origin-form target and headers (Host first)."""
+class Sent(NamedTuple):
+    """The request as forwarded: method, origin-form target and headers (Host first).
+    (A tuple: one per request, made without a frozen dataclass's setattr per field.)"""
 
     method: bytes
     origin: bytes

@@ -147,6 +147,10 @@ def _relay(src_fd: int, dst_fd: int, stop: threading.Event, limit: int | None) -
                     return moved
                 got -= sent
                 moved += sent
+                # Part of it went: the socket's send buffer is full, and a splice now
+                # would only say so (EAGAIN); wait until it takes more first.
+                if got and not _wait(writable, stop):
+                    return moved
         return moved
     except OSError:  # reset, broken pipe: the relay ends, as a copy loop would
         return moved

@@ -340,3 +340,38 @@ def test_an_idle_kept_upstream_the_host_closed_wakes_the_loop_once_and_is_not_re
         assert pool.take("127.0.0.1", 80) is None
 
     _on_uvloop(test)
+
+
+def test_a_reply_that_never_comes_times_out_and_a_later_one_is_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wait for a host's bytes ends with TimeoutError at REPLY_TIMEOUT_S (the request
+    then fails as timed out), the task is left with no cancel pending, and the same
+    connection's next wait still reads what arrives; a wait the guard cancels (it is
+    stopping) ends as a cancel, not as a timeout."""
+    monkeypatch.setattr("sandbox.guard.egress.pool.REPLY_TIMEOUT_S", 0.05)
+
+    async def test() -> None:
+        sock, host = socket.socketpair()
+        sock.setblocking(False)
+        upstream = Upstream("127.0.0.1", sock=sock)
+        task = asyncio.current_task()
+        assert task is not None
+        with pytest.raises(TimeoutError):
+            await upstream.recv()
+        assert task.cancelling() == 0
+        assert upstream._waiter is None
+        reading = asyncio.ensure_future(upstream.recv())
+        await _turns_until(lambda: upstream._waiter is not None, "the second wait")
+        host.send(b"late")
+        assert await reading == b"late"
+        monkeypatch.setattr("sandbox.guard.egress.pool.REPLY_TIMEOUT_S", 30.0)
+        waiting = asyncio.ensure_future(upstream.recv())
+        await _turns_until(lambda: upstream._waiter is not None, "the third wait")
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        upstream.close()
+        host.close()
+
+    _on_uvloop(test)

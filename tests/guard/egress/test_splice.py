@@ -192,3 +192,61 @@ def test_the_proxy_s_listener_is_unpaced_before_it_accepts(tmp_path: Path) -> No
     finally:
         listener.close()
         guard.log.close()
+
+
+def test_a_body_to_a_step_that_reads_slowly_moves_whole_without_failed_splices(
+    ends: tuple[socket.socket, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step that reads in small pieces with a small buffer fills the guard's send
+    buffer again and again: each part-sent pipe-full waits until the socket takes more,
+    then goes on, every byte in order; no splice into the full socket is tried only to
+    fail (EAGAIN), which costs the relay a system call each time."""
+    host, upstream, client, step = ends
+    step.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 65536)
+    body = os.urandom(4 * 1024 * 1024 + 5)
+    failed = [0]
+    real_splice = os.splice
+
+    def counted(src: int, dst: int, count: int, *args: object, **kwargs: object) -> int:
+        try:
+            return real_splice(src, dst, count, *args, **kwargs)  # type: ignore[arg-type]
+        except BlockingIOError:
+            if dst == sent_to[0]:
+                failed[0] += 1
+            raise
+
+    sent_to = [-1]
+    real_relay = splice._relay
+
+    def noted(src_fd: int, dst_fd: int, stop: threading.Event, limit: int | None) -> int:
+        sent_to[0] = dst_fd
+        return real_relay(src_fd, dst_fd, stop, limit)
+
+    monkeypatch.setattr(os, "splice", counted)  # the module calls os.splice
+    monkeypatch.setattr(splice, "_relay", noted)
+    received: list[bytes] = []
+
+    def slow_reader() -> None:
+        data = bytearray()
+        while len(data) < len(body):
+            chunk = step.recv(min(8192, len(body) - len(data)))
+            if not chunk:
+                break
+            data += chunk
+        received.append(bytes(data))
+
+    reader = threading.Thread(target=slow_reader)
+    writer = threading.Thread(target=lambda: host.sendall(body))
+    reader.start()
+    writer.start()
+
+    async def main() -> int:
+        async with asyncio.timeout(DEADLINE_S):
+            return await splice.relay(upstream, client, len(body))
+
+    assert run(main) == len(body)
+    reader.join(DEADLINE_S)
+    writer.join(DEADLINE_S)
+    assert received == [body]
+    assert failed[0] == 0
