@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests import paths
+from tests.repo.importreader import imported_modules
 
 MAX_LINES = 700
 # Modules allowed over the mark until they are split; listed so the list can only shrink.
@@ -212,21 +213,9 @@ def test_a_package_imports_only_below_it(package: str, may_import: tuple[str, ..
 
 
 def imported_names(path: Path, name: str) -> set[str]:
-    """The dotted names the module `name` at `path` imports (a relative import resolved,
-    `from a import b` counted as `a`)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                up = parts[: len(parts) - node.level + 1]
-                base = ".".join([*up, *([base] if base else [])])
-            found.add(base)
-    return found
+    """The dotted names the module `name` at `path` imports (a relative import resolved;
+    `from a import b` counted as `a` and `a.b`)."""
+    return imported_modules(path.read_text(), name, path.name == "__init__.py")
 
 
 def reaching(root: str, forbidden: tuple[str, ...]) -> dict[str, set[str]]:

@@ -15,31 +15,13 @@ import ast
 from pathlib import Path
 
 from tests import paths
+from tests.repo.importreader import imported_modules
 
 IMPORTERS = ("tests", "bench", "testbed", "scripts", "examples")
 
 
 def is_test_module(name: str) -> bool:
     return name.rpartition(".")[2].startswith("test_")
-
-
-def imported_modules(source: str, name: str, is_package: bool = False) -> set[str]:
-    """The dotted names the module `name` imports, a name imported from a module counted
-    both as the module and as its possible submodule (`from a import b`: `a`, `a.b`)."""
-    package = name if is_package else name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                up = parts[: len(parts) - node.level + 1]
-                base = ".".join([*up, *([base] if base else [])])
-            found.add(base)
-            found.update(f"{base}.{a.name}" for a in node.names)
-    return found
 
 
 def imported_test_modules(source: str, name: str, is_package: bool = False) -> set[str]:
