@@ -8,12 +8,15 @@ readers use and made into events the way h11's reader makes them (`_parsed`). An
 head this module does not take (a line the grammar refuses, framing headers, an
 informational reply) returns None and goes to h11 whole, which refuses it in its
 own words. tests/guard/egress/test_http1_lines.py runs the same valid and hostile
-heads through both paths.
+heads through both paths. A line the grammar matched is remembered by its bytes (a
+pure function of them, bounded: `MEMO_LINES`), so a line seen before is not matched
+again; a line it refused is matched each time.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import h11
 from h11 import _headers as h11_headers
@@ -30,53 +33,91 @@ FRAMING = frozenset({b"content-length", b"transfer-encoding"})
 _MAX_LENGTH_DIGITS = h11_headers.CONTENT_LENGTH_MAX_DIGITS
 
 
-def _matched_lines(region: bytes, first_line: re.Pattern[bytes]) -> list[re.Match[bytes]] | None:
-    """A head's lines (`region`: the head without its closing blank line), each matched
-    by h11's own grammar: `first_line`, then its header-field rule; None as soon as one
-    line does not match (that head is h11's to read, and to refuse in its own words)."""
-    lines = region.split(b"\r\n")
-    first = first_line.fullmatch(lines[0])
-    if first is None:
-        return None
-    matches = [first]
-    for line in lines[1:]:
+# A line's match, remembered: the groups h11's pattern gave a line it accepted, keyed
+# by the line's bytes (a pure function of them; a line the pattern refuses is matched
+# again each time). The same lines come in request after request (a Host, a status
+# line, a Server header), and a match is most of a line's cost; at most MEMO_LINES
+# lines of at most MEMO_LINE_BYTES each per pattern, whatever the step or a host sends.
+MEMO_LINES = 512
+MEMO_LINE_BYTES = 256
+Groups = tuple[Any, ...]  # bytes, None for an optional group not there (a reason)
+Item = tuple[bytes, bytes, bytes]
+_FIELDS: dict[bytes, Item] = {}
+_FIRST_LINES: dict[re.Pattern[bytes], dict[bytes, Groups]] = {}
+
+
+def _remember(memo: dict[bytes, Any], line: bytes, found: Any) -> None:
+    if len(line) <= MEMO_LINE_BYTES:
+        if len(memo) >= MEMO_LINES:
+            memo.clear()
+        memo[line] = found
+
+
+def _first_line(line: bytes, pattern: re.Pattern[bytes]) -> Groups | None:
+    """`pattern`'s named groups in a head's first line (in their order in the
+    pattern), None when it does not match."""
+    memo = _FIRST_LINES.setdefault(pattern, {})
+    found = memo.get(line)
+    if found is None:
+        match = pattern.fullmatch(line)
+        if match is None:
+            return None
+        found = match.group(*pattern.groupindex)
+        _remember(memo, line, found)
+    return found
+
+
+def _field(line: bytes) -> Item | None:
+    """A header line as h11's `Headers` keeps it (name, lower-case name, value) when
+    h11's header-field rule matches it; None when it does not."""
+    found = _FIELDS.get(line)
+    if found is None:
         match = _H11_FIELD.fullmatch(line)
         if match is None:
             return None
-        matches.append(match)
-    return matches
+        name, value = match.group("field_name", "field_value")
+        found = (name, name.lower(), value)
+        _remember(_FIELDS, line, found)
+    return found
 
 
-def _plain_head(
-    head: bytes, first_line: re.Pattern[bytes]
-) -> tuple[re.Match[bytes], list[tuple[bytes, bytes, bytes]]] | None:
-    """A complete head's first line and its headers as h11 keeps them (name, lower-case
-    name, value), every line matched by h11's own grammar (`_matched_lines`), when the
-    head has no framing header (Content-Length, Transfer-Encoding); None when any line
-    does not match or framing is there: such a head goes to h11 whole, which says what
-    is wrong or handles its framing."""
+def _matched_lines(
+    region: bytes, first_line: re.Pattern[bytes]
+) -> tuple[Groups, list[Item]] | None:
+    """A head's lines (`region`: the head without its closing blank line), each matched
+    by h11's own grammar: `first_line` (its groups), then its header-field rule (the
+    lines as h11's `Headers` keeps them: for a head without framing headers this is all
+    h11's normalisation of a parsed head does, `normalize_and_validate` with `_parsed`
+    checking and rewriting only Content-Length and Transfer-Encoding); None as soon as
+    one line does not match (that head is h11's to read, and to refuse in its own words)."""
+    lines = region.split(b"\r\n")
+    first = _first_line(lines[0], first_line)
+    if first is None:
+        return None
+    items = []
+    for line in lines[1:]:
+        item = _field(line)
+        if item is None:
+            return None
+        items.append(item)
+    return first, items
+
+
+def _plain_head(head: bytes, first_line: re.Pattern[bytes]) -> tuple[Groups, list[Item]] | None:
+    """A complete head's first line (its groups) and its headers as h11 keeps them
+    (name, lower-case name, value), every line matched by h11's own grammar
+    (`_matched_lines`), when the head has no framing header (Content-Length,
+    Transfer-Encoding); None when any line does not match or framing is there: such a
+    head goes to h11 whole, which says what is wrong or handles its framing."""
     if not head.endswith(b"\r\n\r\n"):
         return None
-    matches = _matched_lines(head[:-4], first_line)
-    if matches is None:
+    matched = _matched_lines(head[:-4], first_line)
+    if matched is None:
         return None
-    items = _items_of(matches)
-    for _, name, _ in items:
+    for _, name, _ in matched[1]:
         if name in FRAMING:
             return None
-    return matches[0], items
-
-
-def _items_of(matches: list[re.Match[bytes]]) -> list[tuple[bytes, bytes, bytes]]:
-    """The header lines as h11's `Headers` keeps them: (name, lower-case name, value).
-    For a head without framing headers this is all h11's normalisation of a parsed
-    head does (`normalize_and_validate` with `_parsed`: it checks and rewrites only
-    Content-Length and Transfer-Encoding), so h11's `Headers` is made from it directly."""
-    items = []
-    for match in matches[1:]:
-        name, value = match.group("field_name", "field_value")
-        items.append((name, name.lower(), value))
-    return items
+    return matched
 
 
 def plain_request(head: bytes) -> h11.Request | None:
@@ -85,12 +126,12 @@ def plain_request(head: bytes) -> h11.Request | None:
     plain = _plain_head(head, _H11_REQUEST_LINE)
     if plain is None:
         return None
-    line, items = plain
+    (method, target, version), items = plain
     try:
         return h11.Request(
-            method=line.group("method"),
-            target=line.group("target"),
-            http_version=line.group("http_version"),
+            method=method,
+            target=target,
+            http_version=version,
             headers=h11_headers.Headers(items),
             _parsed=True,
         )
@@ -109,19 +150,18 @@ def parse_reply(data: bytes) -> tuple[h11.Response, bytes] | None:
     end = data.find(b"\r\n\r\n")
     if end < 0:
         return None
-    matches = _matched_lines(data[:end], _H11_STATUS_LINE)
-    if matches is None:
+    matched = _matched_lines(data[:end], _H11_STATUS_LINE)
+    if matched is None:
         return None
-    status = matches[0]
-    code = int(status.group("status_code"))
+    (version, status, reason), items = matched
+    code = int(status)
     if code < 200:
         return None
-    items = _items_of(matches)
     try:
         response = h11.Response(
             status_code=code,
-            reason=status.group("reason") or b"",
-            http_version=status.group("http_version") or b"1.1",
+            reason=reason or b"",
+            http_version=version or b"1.1",
             headers=_normalised(items),
             _parsed=True,
         )

@@ -105,6 +105,27 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+# A forwarded head's hash and its lines as shown, remembered by its bytes (a pure
+# function of them): a read asked again is rebuilt into the same head. At most
+# MEMO_HEADS heads of at most MEMO_HEAD_BYTES each, whatever the step sends.
+MEMO_HEADS = 256
+MEMO_HEAD_BYTES = 2048
+_HEADS: dict[bytes, tuple[str, tuple[str, ...]]] = {}
+
+
+def head_facts(head: bytes) -> tuple[str, tuple[str, ...]]:
+    """A forwarded head's SHA-256 (`sha`) and its lines as shown (`shown_head`), the
+    same head's remembered (MEMO_HEADS)."""
+    found = _HEADS.get(head)
+    if found is None:
+        found = (sha(head), tuple(shown_head(head)))
+        if len(head) <= MEMO_HEAD_BYTES:
+            if len(_HEADS) >= MEMO_HEADS:
+                _HEADS.clear()
+            _HEADS[head] = found
+    return found
+
+
 def shown_head(head: bytes) -> list[str]:
     """The forwarded head as log lines, credentials masked (the hash covers the bytes)."""
     lines = head.split(b"\r\n")[:-2]

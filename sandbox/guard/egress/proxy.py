@@ -348,16 +348,17 @@ class EgressProxy:
                 seen.forwarded = True  # a sync failing after this: an error, not a refusal
                 early[0] = upstream.send_now(head)
 
+            head_sha256, shown = lines.head_facts(head)
             logged = await self._begin(
                 seen,
                 f"allow-listed {kind}{where}",
                 category="model" if entry.model else "egress",
                 extra_detail={
                     "resolved": upstream.address,
-                    "forwarded_sha256": lines.sha(head),
+                    "forwarded_sha256": head_sha256,
                     **({"upstream_reused": True} if upstream.reused else {}),
                 },
-                extra_arguments={"forwarded_head": lines.shown_head(head)},
+                extra_arguments={"forwarded_head": shown},
                 then=send_head if upstream.sock is not None else None,
             )
             seen.forwarded = True

@@ -143,3 +143,28 @@ def test_both_paths_read_a_head_alike(kind: str, data: bytes, taken: bool) -> No
             expected.http_version,
         )
         assert rest == data[data.index(b"\r\n\r\n") + 4 :]
+
+
+def test_remembered_lines_read_as_h11_reads_them_every_time() -> None:
+    """With every case's lines remembered (each head read twice, some lines shared
+    between heads), every head still reads as h11 reads it: taken alike, refused alike."""
+    for _ in range(2):
+        for kind, data, taken in CASES:
+            test_both_paths_read_a_head_alike(kind, data, taken)
+
+
+def test_the_line_memo_is_bounded_whatever_the_heads() -> None:
+    """Distinct lines past the memo's size empty it (it never holds more than
+    MEMO_LINES); a long line is matched, not remembered; each head reads right."""
+    http1_lines._FIELDS.clear()
+    for n in range(3 * http1_lines.MEMO_LINES):
+        head = b"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nX-N: %d\r\n\r\n" % n
+        request = http1_lines.plain_request(head)
+        assert request is not None
+        assert request.headers.raw_items()[-1] == (b"X-N", b"%d" % n)
+        assert len(http1_lines._FIELDS) <= http1_lines.MEMO_LINES
+    long_value = b"v" * http1_lines.MEMO_LINE_BYTES
+    head = b"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nX-Long: " + long_value + b"\r\n\r\n"
+    request = http1_lines.plain_request(head)
+    assert request is not None and request.headers.raw_items()[-1] == (b"X-Long", long_value)
+    assert b"X-Long: " + long_value not in http1_lines._FIELDS
