@@ -50,6 +50,11 @@ class Host:
             self.received.append(data)
             conn.sendall(self.reply)
 
+    @property
+    def busy(self) -> int:
+        """Connections still being served (the handler has not closed its socket yet)."""
+        return self._server.busy
+
     def close(self) -> None:
         self._server.close()
 
