@@ -5,6 +5,12 @@ binds are left out: they name the run). A result the upstream answered (200) is
 kept as its JSON; a replay hit returns it without contacting the upstream; a miss
 returns a `TEST MODE` replay-miss error result, or goes out with misses live. The
 call's start line is written before any of this (`routes`), its outcome says which.
+
+A result is kept off the call's path, as an MCP result is: the recorder's thread
+hashes it and writes its blob and index line (`Recorder.keep_later`), so creating a
+file, renaming it and appending to the index (each of which may wait on a busy disk)
+do not hold the reply. A guard killed before the keeping loses that copy (the action
+log has the call; a replay of it is a miss).
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from sandbox.contracts.recording import bridge_key_of, miss_text
 from sandbox.contracts.wire import ToolResult, json_of
 from sandbox.guard.bridge import bindings
 from sandbox.guard.bridge.forward import UpstreamForward
-from sandbox.guard.recording import Reads, Tap
+from sandbox.guard.recording import Reads
 
 
 def bridge_key(tool: str, arguments: dict[str, Any]) -> str:
@@ -59,7 +65,7 @@ class RecordedForward:
             result = _parsed(data) if data is not None else None
             if result is not None:
                 detail.update(replay="hit", replay_key=key)
-                _keep(recorder.tap(key, "bridge", what, replay="hit"), data or b"")
+                recorder.keep_later(key, "bridge", what, data or b"", replay="hit")
                 return result, None  # the recorded bytes, not necessarily `json_of`'s
             recorder.note_miss(key, "bridge", what)
             detail.update(replay="miss", replay_key=key)
@@ -70,12 +76,8 @@ class RecordedForward:
         if detail.get("upstream_status") != 200:
             return result, None
         encoded = json_of(result)
-        _keep(recorder.tap(key, "bridge", what, replay=mark), encoded)
+        recorder.keep_later(key, "bridge", what, encoded, replay=mark)
         return result, encoded
-
-
-def _keep(tap: Tap, data: bytes) -> None:
-    tap.whole(data)
 
 
 def _parsed(data: bytes) -> ToolResult | None:
