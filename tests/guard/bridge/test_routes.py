@@ -441,7 +441,9 @@ def test_a_forwarded_answer_is_kept_off_the_calls_path(
             replies = []
             for n in range(2):
                 body = {"tool": "generate_text_llm", "arguments": {"prompt": f"p{n}"}}
-                replies.append((await client.post("/v1/tools/call", json=body, headers=AUTH)).json())
+                replies.append(
+                    (await client.post("/v1/tools/call", json=body, headers=AUTH)).json()
+                )
                 seen.append((root.exists(), len(actions.read_text().splitlines())))
         await guard.close()
         return replies
@@ -453,8 +455,7 @@ def test_a_forwarded_answer_is_kept_off_the_calls_path(
     assert [r["result"]["text"] for r in replies] == ["answer 1", "answer 2"]
     assert seen == [(False, 2), (False, 4)]
     index = [
-        IndexLine.model_validate_json(line)
-        for line in (root / INDEX_FILE).read_text().splitlines()
+        IndexLine.model_validate_json(line) for line in (root / INDEX_FILE).read_text().splitlines()
     ]
     assert [line.kind for line in index] == ["bridge", "bridge"] and all(x.kept for x in index)
     for line, reply in zip(index, replies, strict=True):
