@@ -199,8 +199,8 @@ def test_a_loop_write_the_kernel_held_leaves_the_next_lines_to_the_writer_for_a_
     def write(fd: int, data: bytes | memoryview) -> int:
         data = bytes(data)
         written.append((threading.get_ident(), data))
-        if b'"call_id":"c2","outcome":null' in data:  # c2's start line: held 20 ms
-            time.sleep(0.02)
+        if b'"call_id":"c2","outcome":null' in data:  # c2's start line: held 50 ms
+            time.sleep(0.05)
         return real_write(fd, data)
 
     monkeypatch.setattr(os, "write", write)
@@ -238,7 +238,7 @@ def test_a_loop_write_the_kernel_held_leaves_the_next_lines_to_the_writer_for_a_
     ]
     assert [writer_of(f"c{n}", e) for n in range(1, 5) for e in ("start", "outcome")] == [
         "loop", "loop",  # c1
-        "loop", "writer",  # c2: its start line held 20 ms on the loop
+        "loop", "writer",  # c2: its start line held 50 ms on the loop
         "writer", "writer",  # c3: within the pause
         "loop", "loop",  # c4: after it
     ]  # fmt: skip
