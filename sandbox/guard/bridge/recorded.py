@@ -5,12 +5,6 @@ binds are left out: they name the run). A result the upstream answered (200) is
 kept as its JSON; a replay hit returns it without contacting the upstream; a miss
 returns a `TEST MODE` replay-miss error result, or goes out with misses live. The
 call's start line is written before any of this (`routes`), its outcome says which.
-
-A result is kept off the call's path, as an MCP result is: the recorder's thread
-hashes it and writes its blob and index line (`Recorder.keep_later`), so creating a
-file, renaming it and appending to the index (each of which may wait on a busy disk)
-do not hold the reply. A guard killed before the keeping loses that copy (the action
-log has the call; a replay of it is a miss).
 """
 
 from __future__ import annotations
@@ -23,7 +17,7 @@ from sandbox.contracts.recording import bridge_key_of, miss_text
 from sandbox.contracts.wire import ToolResult, json_of
 from sandbox.guard.bridge import bindings
 from sandbox.guard.bridge.forward import UpstreamForward
-from sandbox.guard.recording import Reads
+from sandbox.guard.recording import Reads, Tap
 
 
 def bridge_key(tool: str, arguments: dict[str, Any]) -> str:
@@ -65,7 +59,7 @@ class RecordedForward:
             result = _parsed(data) if data is not None else None
             if result is not None:
                 detail.update(replay="hit", replay_key=key)
-                recorder.keep_later(key, "bridge", what, data or b"", replay="hit")
+                _keep(recorder.tap(key, "bridge", what, replay="hit"), data or b"")
                 return result, None  # the recorded bytes, not necessarily `json_of`'s
             recorder.note_miss(key, "bridge", what)
             detail.update(replay="miss", replay_key=key)
@@ -76,8 +70,12 @@ class RecordedForward:
         if detail.get("upstream_status") != 200:
             return result, None
         encoded = json_of(result)
-        recorder.keep_later(key, "bridge", what, encoded, replay=mark)
+        _keep(recorder.tap(key, "bridge", what, replay=mark), encoded)
         return result, encoded
+
+
+def _keep(tap: Tap, data: bytes) -> None:
+    tap.whole(data)
 
 
 def _parsed(data: bytes) -> ToolResult | None:

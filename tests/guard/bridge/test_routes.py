@@ -7,7 +7,6 @@ servers that record every request they receive, byte for byte.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import threading
@@ -19,9 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sandbox.contracts.recording import BLOBS_DIR, INDEX_FILE, IndexLine
-from sandbox.contracts.wire import ActionLine, ToolReply, ToolResult, json_of
-from sandbox.guard import recording
+from sandbox.contracts.wire import ActionLine, ToolReply, ToolResult
 from sandbox.guard.actionlog import ActionLog
 from sandbox.guard.app import build_app
 from sandbox.guard.bridge.routes import Guard
@@ -420,48 +417,6 @@ def test_forwarded_calls_with_the_same_answer_copy_it_once(
     ]
     index = (actions.parent / "recording" / "index.jsonl").read_text().splitlines()
     assert len(index) == 6 and all(json.loads(line)["kept"] for line in index)
-
-
-def test_a_forwarded_answer_is_kept_off_the_calls_path(
-    guard_at: Callable[[str | None], tuple[Guard, Path]], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """When a forwarded call's reply is in, nothing of the recording has touched the disk
-    (no folder, no index, no blob: a disk slow to create or append cannot hold the
-    reply); the call's two lines are written. Once the guard closes, the answer is kept
-    whole under its digest and listed, in the order the calls were answered."""
-    monkeypatch.setattr(recording, "GATHER_S", 3600.0)  # the keeper waits for the close
-    upstream = Upstream(lambda n, body: ok(f"answer {n}"))
-    guard, actions = guard_at(upstream.url)
-    root = actions.parent / "recording"
-    seen: list[tuple[bool, int]] = []
-
-    async def main() -> list[dict[str, Any]]:
-        transport = httpx.ASGITransport(app=build_app(guard))
-        async with httpx.AsyncClient(transport=transport, base_url="http://guard") as client:
-            replies = []
-            for n in range(2):
-                body = {"tool": "generate_text_llm", "arguments": {"prompt": f"p{n}"}}
-                replies.append(
-                    (await client.post("/v1/tools/call", json=body, headers=AUTH)).json()
-                )
-                seen.append((root.exists(), len(actions.read_text().splitlines())))
-        await guard.close()
-        return replies
-
-    try:
-        replies = asyncio.run(main())
-    finally:
-        upstream.close()
-    assert [r["result"]["text"] for r in replies] == ["answer 1", "answer 2"]
-    assert seen == [(False, 2), (False, 4)]
-    index = [
-        IndexLine.model_validate_json(line) for line in (root / INDEX_FILE).read_text().splitlines()
-    ]
-    assert [line.kind for line in index] == ["bridge", "bridge"] and all(x.kept for x in index)
-    for line, reply in zip(index, replies, strict=True):
-        data = json_of(ToolResult.model_validate(reply["result"]))
-        assert line.sha256 == hashlib.sha256(data).hexdigest() and line.bytes == len(data)
-        assert (root / BLOBS_DIR / line.sha256).read_bytes() == data
 
 
 def test_calls_in_flight_are_named_for_the_egress_lines(
