@@ -349,7 +349,7 @@ def test_a_kept_alive_connection_keeps_one_idle_timer_and_is_closed_once_idle(
         async with _serving(
             tmp_path, "idle", HeadCappedProtocol, upstream.url, keep_alive_s=KEEP_ALIVE_S
         ) as server:
-            loop.call_at, loop.call_later = counted_at, counted_later  # type: ignore[method-assign]
+            loop.call_at, loop.call_later = counted_at, counted_later  # type: ignore[method-assign, assignment]
 
             def exchange(port: int) -> tuple[list[int], float, float]:
                 statuses: list[int] = []
