@@ -85,7 +85,8 @@ class Recorder:
     def tap(self, key: str, kind: Kind, what: str, *, replay: str = "") -> Tap:
         """A tap for one answer, fed as it is relayed and closed once it ended."""
         with self._lock:
-            self._open()
+            if not self._opened:
+                self._open()
             self._serial += 1
             serial = self._serial
         return Tap(self, key, kind, what[:600], serial, replay)
@@ -96,7 +97,8 @@ class Recorder:
         last line says it is full, and later answers are neither kept nor listed."""
         data += b"\n"
         with self._lock:
-            self._open()
+            if not self._opened:
+                self._open()
             if self._index_fd < 0:
                 return
             if self._index_bytes + len(data) > MAX_INDEX_BYTES - INDEX_RESERVE:
@@ -269,8 +271,11 @@ class _Keeper:
             for key, kind, what, data, replay in batch:
                 # Tap loses a copy on a failed write, never raises for it; anything else
                 # must not end the thread with answers still queued behind this one.
-                with contextlib.suppress(Exception):
+                # A statement, not `contextlib.suppress`: no object per answer.
+                try:  # noqa: SIM105
                     self._recorder.tap(key, kind, what, replay=replay).whole(data)
+                except Exception:
+                    pass
                 with self._ready:
                     self._bytes -= len(data)
                     if self._hurry:

@@ -182,8 +182,10 @@ class BridgeCycle(RequestResponseCycle):
             self.waiting_for_100_continue = False
         if not self.disconnected and not self.response_complete:
             self.flow.resume_reading()
-            await self.message_event.wait()
-            self.message_event.clear()
+            event = self.message_event
+            if not event.is_set():  # else `wait` would return at once: no coroutine for it
+                await event.wait()
+            event.clear()
         if self.disconnected or self.response_complete:
             return None
         chunk = bytes(self.body)
@@ -233,6 +235,14 @@ class HeadCappedProtocol(HttpToolsProtocol):
 
     _in_head = True  # a new connection waits for a head
     _head_bytes = 0
+    # The keep-alive timer: uvicorn arms one after every reply and cancels it at the
+    # next request's first bytes (a timer made and dropped per request). Here a
+    # connection keeps one armed while it is kept alive; when it fires it closes the
+    # connection if it has been idle since a reply for `timeout_keep_alive`, or is
+    # set again for what is left of that time. Idle means what it meant to uvicorn:
+    # from a reply's end (none pipelined behind it) to the next bytes received.
+    _idle_since: float | None = None  # loop time of the reply that left it idle
+    _idle_timer: asyncio.TimerHandle | None = None
 
     def on_message_begin(self) -> None:
         self._in_head = True
@@ -269,6 +279,43 @@ class HeadCappedProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self._in_head = True  # a kept-alive connection's next bytes are the next head
         super().on_message_complete()
+
+    def _unset_keepalive_if_required(self) -> None:
+        """Bytes came (or the connection ends): not idle; the timer stays armed."""
+        self._idle_since = None
+
+    def on_response_complete(self) -> None:
+        """uvicorn's, with the keep-alive timer kept rather than made per request."""
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._idle_since = None
+        self.flow.resume_reading()
+        if self.pipeline:  # a pipelined request is next: start it
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+            return
+        loop = self.loop
+        self._idle_since = now = loop.time()
+        if self._idle_timer is None:
+            self._idle_timer = loop.call_at(now + self.timeout_keep_alive, self._idle_check)
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        since = self._idle_since
+        if since is None or self.transport.is_closing():
+            return  # busy (the reply that ends it arms the timer again), or gone
+        due = since + self.timeout_keep_alive
+        if self.loop.time() >= due:
+            self.timeout_keep_alive_handler()
+        else:
+            self._idle_timer = self.loop.call_at(due, self._idle_check)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
 
     def data_received(self, data: bytes) -> None:
         cap = TRANSPORT_MAX_HEAD_BYTES

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sandbox.contracts.wire import ActionLine
-from sandbox.guard import actionlog
+from sandbox.guard import actionlog, logwriter
 from sandbox.guard.actionlog import ActionLog
 from tests.guard.actionlogparts import EGRESS_CALL, write_line
 from tests.polling import wait_for
@@ -182,3 +182,63 @@ def test_a_line_the_kernel_takes_in_parts_is_written_whole_and_in_order(
         for n in range(1, 4)
         for event in ("start", "outcome")
     ]
+
+
+def test_a_loop_write_the_kernel_held_leaves_the_next_lines_to_the_writer_for_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A line the loop appended itself whose write(2) took longer than SLOW_WRITE_S (the
+    kernel held it: the journal busy beside another writer on the disk) sends the lines
+    after it to the writer thread for LOOP_PAUSE_S, in order, each still written before
+    its call goes on; then the loop writes its lines itself again."""
+    path = tmp_path / "actions.jsonl"
+    path.touch()
+    real_write = os.write
+    written: list[tuple[int, bytes]] = []  # (thread, bytes) of every write, in order
+
+    def write(fd: int, data: bytes | memoryview) -> int:
+        data = bytes(data)
+        written.append((threading.get_ident(), data))
+        if b'"call_id":"c2","outcome":null' in data:  # c2's start line: held 50 ms
+            time.sleep(0.05)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    monkeypatch.setattr(actionlog, "SYNC_INTERVAL_S", 600.0)  # one sync, after the first line
+    monkeypatch.setattr(logwriter, "LOOP_PAUSE_S", 1.0)
+    log = ActionLog(str(path), secrets=())
+
+    async def main() -> int:
+        for n in range(1, 4):
+            started = await log.begin(tool="http", arguments={"n": n}, **EGRESS_CALL)  # type: ignore[arg-type]
+            if n == 1:
+                await asyncio.to_thread(wait_for, lambda: log.syncs == 1, 10.0, "the first sync")
+            log.outcome_queued(started, ok=True)
+        paused_until = log._writer._loop_paused_until
+        await asyncio.to_thread(
+            wait_for,
+            lambda: time.monotonic() > paused_until and log._writer.idle(),
+            10.0,
+            "the pause's end",
+        )
+        started = await log.begin(tool="http", arguments={"n": 4}, **EGRESS_CALL)  # type: ignore[arg-type]
+        log.outcome_queued(started, ok=True)
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(main())
+    log.close()
+
+    def writer_of(call_id: str, event: str) -> str:
+        mark = f'"event":"{event}","call_id":"{call_id}"'.encode()
+        (thread,) = [t for t, data in written if mark in data]
+        return "loop" if thread == loop_thread else "writer"
+
+    assert [(ln.event, ln.call_id) for ln in _lines(path)] == [
+        (event, f"c{n}") for n in range(1, 5) for event in ("start", "outcome")
+    ]
+    assert [writer_of(f"c{n}", e) for n in range(1, 5) for e in ("start", "outcome")] == [
+        "loop", "loop",  # c1
+        "loop", "writer",  # c2: its start line held 50 ms on the loop
+        "writer", "writer",  # c3: within the pause
+        "loop", "loop",  # c4: after it
+    ]  # fmt: skip

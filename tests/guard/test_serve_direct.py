@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from tests.guard.bridge.bridgeparts import (
 )
 
 DEADLINE_S = 20.0
+KEEP_ALIVE_S = 1  # the idle test's keep-alive time (uvicorn's default: 5 s)
 
 
 class AsgiOnly(HeadCappedProtocol):
@@ -157,7 +159,12 @@ class _Server:
 
 @contextlib.asynccontextmanager
 async def _serving(
-    tmp_path: Path, name: str, protocol: type[HttpToolsProtocol], upstream: str
+    tmp_path: Path,
+    name: str,
+    protocol: type[HttpToolsProtocol],
+    upstream: str,
+    *,
+    keep_alive_s: int = 5,
 ) -> AsyncIterator[_Server]:
     guard, actions = make_guard(tmp_path, name, upstream)
     config = uvicorn.Config(
@@ -169,6 +176,7 @@ async def _serving(
         access_log=False,
         proxy_headers=False,
         server_header=False,
+        timeout_keep_alive=keep_alive_s,
     )
     config.load()
     state = ServerState()
@@ -307,3 +315,69 @@ def test_a_client_that_leaves_inside_its_body_gets_no_answer_and_no_line(tmp_pat
     direct, asgi = asyncio.run(_both(tmp_path, exchange))
     assert direct[0] == asgi[0] and b'"ok":true' in direct[0][0]
     assert direct[2] == asgi[2] == []
+
+
+def test_a_kept_alive_connection_keeps_one_idle_timer_and_is_closed_once_idle(
+    tmp_path: Path,
+) -> None:
+    """Requests on one connection, each sooner than the keep-alive time after the last
+    reply: the connection serves them all on one loop timer (uvicorn's made one per
+    reply), then, idle for the keep-alive time, it is closed."""
+    upstream = Upstream(lambda n, body: ok(f"reply {n}"))
+    timers: list[str] = []  # the keep-alive timers armed, by their callback's name
+    serving: list[int] = []  # how many were armed when the last reply was in
+
+    async def main() -> tuple[list[int], float, float]:
+        loop = asyncio.get_running_loop()
+        call_at, call_later = loop.call_at, loop.call_later
+
+        def note(callback: Any) -> None:
+            name = getattr(callback, "__name__", "")
+            if name in ("timeout_keep_alive_handler", "_idle_check"):
+                timers.append(name)
+
+        def counted_at(when: float, callback: Any, *args: Any, **kw: Any) -> asyncio.TimerHandle:
+            note(callback)
+            return call_at(when, callback, *args, **kw)
+
+        def counted_later(
+            delay: float, callback: Any, *args: Any, **kw: Any
+        ) -> asyncio.TimerHandle:
+            note(callback)
+            return call_later(delay, callback, *args, **kw)
+
+        async with _serving(
+            tmp_path, "idle", HeadCappedProtocol, upstream.url, keep_alive_s=KEEP_ALIVE_S
+        ) as server:
+            loop.call_at, loop.call_later = counted_at, counted_later  # type: ignore[method-assign, assignment]
+
+            def exchange(port: int) -> tuple[list[int], float, float]:
+                statuses: list[int] = []
+                sock = socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S)
+                with sock:
+                    for _ in range(6):
+                        sock.sendall(_raw("POST", "/v1/tools/call", AUTH, call_body("notify_user")))
+                        data = b""
+                        while b"\r\n\r\n" not in data or not data.endswith(b"}"):
+                            chunk = sock.recv(65536)
+                            assert chunk, "closed on a kept-alive connection"
+                            data += chunk
+                        statuses.append(int(data.split(b" ", 2)[1]))
+                    idle_from = time.monotonic()
+                    serving.append(len(timers))
+                    assert sock.recv(65536) == b""  # the guard's close, once idle
+                    return statuses, idle_from, time.monotonic()
+
+            try:
+                return await asyncio.to_thread(exchange, server.port)
+            finally:
+                loop.call_at, loop.call_later = call_at, call_later  # type: ignore[method-assign]
+
+    try:
+        statuses, idle_from, closed_at = asyncio.run(main())
+    finally:
+        upstream.close()
+    assert statuses == [200] * 6
+    assert KEEP_ALIVE_S - 0.1 <= closed_at - idle_from <= KEEP_ALIVE_S + DEADLINE_S / 4
+    assert serving == [1], timers  # uvicorn's protocol: 6, one per reply
+    assert len(timers) <= 2  # and once more for what was left of the idle time
