@@ -401,6 +401,9 @@ async def serve_app(
     serving: `sandbox.guard.startup` runs it before this module is imported.
 
     `mcp` / `mcp_egress`: each stdio MCP server's socket and egress socket."""
+    # The bridge's ways out, made before anything is served (their modules came in
+    # with this one's, in `sandbox.guard.startup`'s thread).
+    _ = (guard.upstream, guard.executor)
     app = build_app(guard, mcp_listeners=mcp or {}, mcp_egress_listeners=mcp_egress, network=False)
     server = GuardServer(
         uvicorn.Config(

@@ -8,11 +8,16 @@ guard's start-up. So nothing is served before the config is validated, the polic
 loaded and the action log open (fail closed), then the network side serves on the
 event loop while the web stack is imported in a thread; the bridge and MCP port
 already listens, and a request to it waits in the backlog until the app serves.
+What only a bridge call uses (the executor's and the upstream's clients, with
+httptools) is imported in that thread too, before the web module that makes them.
+The entry (`sandbox.guard.__main__`) loads all this with the cyclic collector off;
+it is on again from the moment the network side serves.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib
 import os
 import signal
@@ -24,10 +29,13 @@ import uvloop
 
 from sandbox.contracts.guardconfig import GuardConfig
 from sandbox.guard.actionlog import ActionLog
-from sandbox.guard.bridge.routes import Guard
+from sandbox.guard.bridge.routes import WAYS_OUT_MODULES, Guard
 from sandbox.guard.network import serving_network
 
 WEB_MODULE = "sandbox.guard.serve"
+# What the thread imports, in order: the bridge's ways out (`Guard.upstream`,
+# `Guard.executor`), then the web stack.
+LATER_MODULES = (*WAYS_OUT_MODULES, WEB_MODULE)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -73,6 +81,11 @@ async def _serving(
     stopped_early = False
     try:
         async with serving_network(guard, egress, direct, packets):
+            # The guard's entry keeps the collector off through its start-up
+            # (`sandbox.guard.__main__`): on again from the moment the step's traffic
+            # is served, so what it leaves behind is collected as it comes.
+            gc.enable()
+
             # uvicorn handles SIGTERM once it serves; until then a stop closes the
             # network side and the log here (the guard may be PID 1, which ignores a
             # signal left to its default action). Set as uvicorn sets its own, which
@@ -83,7 +96,7 @@ async def _serving(
             previous = {sig: signal.signal(sig, stop) for sig in STOP_SIGNALS}
             try:
                 # In a thread: the loop answers the preflight's probes meanwhile.
-                web = await _until(stopped, asyncio.to_thread(importlib.import_module, WEB_MODULE))
+                web = await _until(stopped, asyncio.to_thread(_import_later))
             finally:
                 # uvicorn saves what it finds and re-raises a stop it handled.
                 for sig, handler in previous.items():
@@ -101,6 +114,14 @@ async def _serving(
         # stack's import may still run in its thread, and nothing of it is needed.
         os._exit(0)
     return started
+
+
+def _import_later() -> ModuleType:
+    """What the guard needs only once its web stack serves (the thread's work): the web
+    module, imported last."""
+    for name in LATER_MODULES[:-1]:
+        importlib.import_module(name)
+    return importlib.import_module(LATER_MODULES[-1])
 
 
 async def _until(stopped: asyncio.Event, work: Awaitable[ModuleType]) -> ModuleType | None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from dnslib import DNSRecord
 
 from sandbox.contracts.guardconfig import READY_MARK
+from sandbox.contracts.guardprocess import CONFIG_FILE_ENV
 from sandbox.guard.egress.dns import PREFLIGHT_ZONE, preflight_proof
 from tests import paths
 from tests.conftest import BRIDGE_TOKEN, guard_config
@@ -32,7 +33,7 @@ WEB = ("starlette", "uvicorn", "mcp", "sandbox.guard.serve", "sandbox.guard.app"
 # reports what is imported when the web module's import begins and holds that import
 # until a line comes on stdin.
 CHILD = """
-import json, socket, sys
+import gc, json, socket, sys
 from sandbox.guard import startup
 
 WEB = {web!r}
@@ -41,7 +42,7 @@ class Hold:
     def find_spec(self, name, path=None, target=None):
         if name == "sandbox.guard.serve":
             loaded = sorted(m for m in sys.modules if m.startswith(WEB))
-            print("HELD " + json.dumps(loaded), flush=True)
+            print("HELD " + json.dumps([loaded, gc.isenabled()]), flush=True)
             sys.stdin.readline()
         return None
 
@@ -57,6 +58,7 @@ dns_udp = listening(socket.SOCK_DGRAM)
 print("PORTS " + json.dumps([bridge.getsockname()[1], dns_udp.getsockname()[1]]), flush=True)
 sys.meta_path.insert(0, Hold())
 raw = open(sys.argv[1], "rb").read()
+gc.disable()  # as the guard's entry leaves it (`sandbox.guard.__main__`)
 sys.exit(startup.serve(raw, bridge=bridge, egress=egress, direct=(transparent, dns_udp, dns_tcp)))
 """
 
@@ -103,7 +105,10 @@ def _held_guard(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], int, 
     try:
         deadline = time.monotonic() + DEADLINE_S
         bridge_port, dns_port = json.loads(_line(proc, "PORTS ", deadline))
-        assert json.loads(_line(proc, "HELD ", deadline)) == []  # nothing of the web stack yet
+        web, collecting = json.loads(_line(proc, "HELD ", deadline))
+        assert web == []  # nothing of the web stack yet
+        # The collector, off through the start-up, is on again once the network side serves.
+        assert collecting is True
         yield proc, bridge_port, dns_port, deadline
     finally:
         if proc.poll() is None:
@@ -144,3 +149,64 @@ def test_a_guard_stopped_before_its_web_stack_serves_exits_cleanly(tmp_path: Pat
         assert proc.wait(timeout=DEADLINE_S) == 0  # the import is still held
         assert proc.stdout is not None
         assert READY_MARK.encode() not in proc.stdout.read()
+
+
+# What the guard needs only once its bridge serves: its ways out (the executor's and the
+# upstream's clients, with httptools), imported in the web stack's thread.
+WAYS_OUT = (
+    "sandbox.guard.bridge.executor",
+    "sandbox.guard.bridge.forward",
+    "sandbox.guard.bridge.recorded",
+    "sandbox.guard.bridge.client",
+    "httptools",
+)
+
+
+def test_the_guards_start_up_leaves_the_bridges_ways_out_to_the_web_stacks_thread() -> None:
+    code = (
+        "import json, sys\n"
+        "import sandbox.guard.startup as startup\n"
+        "print(json.dumps([sorted(sys.modules), list(getattr(startup, 'LATER_MODULES', []))]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=paths.REPO,
+        env={**os.environ, "PYTHONPATH": str(paths.REPO)},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=DEADLINE_S * 6,
+    )
+    loaded, later = json.loads(done.stdout)
+    assert "sandbox.guard.egress.transparent" in loaded  # the check sees real imports
+    assert [name for name in WAYS_OUT if name in loaded] == []
+    # The thread brings them in before the web module, whose app makes them.
+    assert later[-1] == "sandbox.guard.serve"
+    assert {"sandbox.guard.bridge.executor", "sandbox.guard.bridge.recorded"} <= set(later)
+
+
+def test_the_guards_entry_loads_its_modules_with_the_collector_off(tmp_path: Path) -> None:
+    """`python -m sandbox.guard`'s start-up: no cyclic collection while its modules load
+    (`sandbox.guard.startup` turns it on once the network side serves: the held guard
+    above). Seen from the entry's own `_load`, which the child replaces; it ends there,
+    before anything is bound."""
+    config_file = tmp_path / "config.json"
+    config_file.write_text("{}")
+    code = (
+        "import gc, os, sys\n"
+        "import sandbox.guard.__main__ as entry\n"
+        "def _load():\n"
+        "    print('GC', gc.isenabled(), flush=True)\n"
+        "    os._exit(0)\n"
+        "entry._load = _load\n"
+        "sys.exit(entry.main())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=paths.REPO,
+        env={**os.environ, "PYTHONPATH": str(paths.REPO), CONFIG_FILE_ENV: str(config_file)},
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S * 6,
+    )
+    assert done.stdout.strip() == "GC False", done.stderr

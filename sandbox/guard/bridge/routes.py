@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
@@ -30,14 +31,19 @@ from sandbox.guard import limits
 from sandbox.guard.actionlog import ActionLog, LogFull, Started
 from sandbox.guard.auth import bearer_ok, reject_and_log
 from sandbox.guard.bridge import bindings
-from sandbox.guard.bridge.executor import Executor
-from sandbox.guard.bridge.forward import UpstreamForward
-from sandbox.guard.bridge.recorded import RecordedForward
 from sandbox.guard.recording import Reads
 from sandbox.guard.requestcaps import json_bytes
 
 if TYPE_CHECKING:
+    from sandbox.guard.bridge.executor import Executor
+    from sandbox.guard.bridge.recorded import RecordedForward
     from sandbox.guard.egress.proxy import EgressProxy
+
+# The bridge's ways out (the executor's and the upstream's clients, with httptools),
+# imported with the web stack: no bridge call is answered before it serves, and the
+# guard's start-up does not load them before the preflight's proofs
+# (`sandbox.guard.startup`).
+WAYS_OUT_MODULES = ("sandbox.guard.bridge.executor", "sandbox.guard.bridge.recorded")
 
 ROOT_SESSION = "root"
 # The enums a call compares with, read once: a class attribute of an enum (or of a
@@ -85,8 +91,6 @@ class Guard:
         self.forward_slots = limits.ForwardSlots(limits.FORWARD_SLOTS)
         self._next_call = 0
         self.reads = Reads.from_config(config.data_dir, config.recording, config.replay)
-        self.upstream = RecordedForward(UpstreamForward(config, self.forward_slots), self.reads)
-        self.executor = Executor(config, self.forward_slots)
         # The config is frozen: what every call reads of it, read once.
         self._has_db = config.has_db
         self._run_identity = {
@@ -95,6 +99,21 @@ class Guard:
             bindings.Bound.STEP: config.step,
             bindings.Bound.RUN_KIND: "test",
         }
+
+    @cached_property
+    def upstream(self) -> RecordedForward:
+        """Forwards a call to the run's upstream (or its recording), made at first use."""
+        from sandbox.guard.bridge.forward import UpstreamForward
+        from sandbox.guard.bridge.recorded import RecordedForward
+
+        return RecordedForward(UpstreamForward(self.config, self.forward_slots), self.reads)
+
+    @cached_property
+    def executor(self) -> Executor:
+        """Runs a call in the step's executor, made at first use."""
+        from sandbox.guard.bridge.executor import Executor
+
+        return Executor(self.config, self.forward_slots)
 
     def active_calls(self) -> list[str]:
         # named here, not per call: an egress line asks, a call does not
@@ -110,8 +129,11 @@ class Guard:
         return not self._inflight and (self.egress is None or self.egress.open_connections == 0)
 
     async def close(self) -> None:
-        await self.upstream.aclose()
-        await self.executor.aclose()
+        made = vars(self)  # a way out never used was never made: nothing to close
+        if "upstream" in made:
+            await self.upstream.aclose()
+        if "executor" in made:
+            await self.executor.aclose()
         self.reads.close()
         self.log.close()
 
