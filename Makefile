@@ -30,8 +30,10 @@ demo-workflow: images
 	$(BIN)/python examples/setup.py
 	$(BIN)/python examples/job-board/demo_workflow.py
 
+# runsc too: one test reads its syscall table against the step's profile (no engine uses it here).
 test: images lint
 	bash scripts/ensure-chromium.sh
+	bash scripts/ensure-runsc.sh >/dev/null
 	$(BIN)/python examples/setup.py
 	$(BIN)/python -m pytest -q -p no:cacheprovider
 
