@@ -14,6 +14,7 @@ import hashlib
 import json
 import re
 from datetime import datetime
+from itertools import islice
 from typing import Any
 
 from pydantic_core import to_json
@@ -37,17 +38,37 @@ def _digest(data: str) -> str:
     return hashlib.sha256(data.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-@functools.lru_cache(maxsize=1024)
-def _short_secret_key(key: str) -> bool:
-    """Whether an argument key names a credential. Keys repeat call after call, so a
-    short key's answer is remembered (at most 1,024 keys of at most 64 characters: a
-    hostile step cannot make the memo cost memory); `redact` searches a longer one
-    each time."""
-    return _SECRET_KEY.search(key) is not None
+# Short argument keys known not to name a credential. Keys repeat call after call, so
+# a short key's answer is remembered, as a set a line's loop asks without a call (at
+# most MEMO_KEYS keys of at most 64 characters, emptied when full: a hostile step
+# cannot make the memo cost memory); a credential's key, or a longer one, is searched
+# each time.
+MEMO_KEYS = 1024
+_PLAIN_KEYS: set[str] = set()
+
+
+def _secret_key(key: str) -> bool:
+    """Whether an argument key names a credential (one not in _PLAIN_KEYS)."""
+    if _SECRET_KEY.search(key) is not None:
+        return True
+    if len(key) <= 64:
+        if len(_PLAIN_KEYS) >= MEMO_KEYS:
+            _PLAIN_KEYS.clear()
+        _PLAIN_KEYS.add(key)
+    return False
 
 
 _SCALARS = (bool, int, float, type(None))
 MAX_DEPTH = 20
+
+
+@functools.lru_cache(maxsize=64)
+def _floor(secrets: tuple[str, ...]) -> int:
+    """The length below which a string is its own `redact_text`: shorter than every
+    (non-empty) secret, it cannot hold one, and it is not long enough to be cut. A
+    pure function of `secrets` (a log's own tokens: the same tuple on every line),
+    so its answer is remembered."""
+    return min([len(s) for s in secrets if s] + [MAX_VALUE_CHARS + 1])
 
 
 def redact_text(value: str, secrets: tuple[str, ...]) -> str:
@@ -61,46 +82,53 @@ def redact_text(value: str, secrets: tuple[str, ...]) -> str:
     return value
 
 
+_SEQUENCES = (list, tuple)
+
+
 def redact(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
     """A copy of `value` safe and small enough to write down: credential keys and known
     secrets masked, long strings cut and hashed, long containers cut, nothing below
     MAX_DEPTH levels. (On every log line: a container's strings and numbers are
-    handled in place, without a call each.)"""
+    handled in place, without a call each; a string too short to hold any secret,
+    see `_floor`, is kept as it is without the search.)"""
     if depth > MAX_DEPTH:
         return "[too deep]"
-    if isinstance(value, str):
-        return redact_text(value, secrets)
-    if isinstance(value, _SCALARS):
-        return value
+    if type(value) is not dict:  # a line's arguments and detail: a dict, tested first
+        if isinstance(value, str):
+            return redact_text(value, secrets)
+        if isinstance(value, _SCALARS):
+            return value
     inner = depth + 1
     leaf_ok = inner <= MAX_DEPTH
+    floor = _floor(secrets)
     if isinstance(value, dict):
         out: dict[str, Any] = {}
-        for n, (k, v) in enumerate(value.items()):
-            if n == MAX_ITEMS:
-                out["[cut]"] = f"{len(value) - MAX_ITEMS} more keys"
-                break
+        items = value.items() if len(value) <= MAX_ITEMS else islice(value.items(), MAX_ITEMS)
+        for k, v in items:
             key = str(k)
-            # a credential's key: a short one's answer remembered, a longer one searched
-            if _short_secret_key(key) if len(key) <= 64 else _SECRET_KEY.search(key):
+            # a credential's key (a short plain key's answer remembered: _PLAIN_KEYS)
+            if key not in _PLAIN_KEYS and _secret_key(key):
                 out[key] = REDACTED
             elif leaf_ok and type(v) is str:
-                out[key] = redact_text(v, secrets)
+                out[key] = v if len(v) < floor else redact_text(v, secrets)
             elif leaf_ok and type(v) in _SCALARS:
                 out[key] = v
             else:
                 out[key] = redact(v, secrets, inner)
+        if len(value) > MAX_ITEMS:
+            out["[cut]"] = f"{len(value) - MAX_ITEMS} more keys"
         return out
-    if isinstance(value, list | tuple):
-        # a string or a number as the loop above takes it (a start line's `bound` list)
-        kept = [
-            redact_text(v, secrets)
-            if leaf_ok and type(v) is str
-            else v
-            if leaf_ok and type(v) in _SCALARS
-            else redact(v, secrets, inner)
-            for v in value[:MAX_ITEMS]
-        ]
+    if isinstance(value, _SEQUENCES):
+        # a string or a number as the loop above takes it (a start line's `bound` list,
+        # an egress line's forwarded head)
+        kept = []
+        for v in value if len(value) <= MAX_ITEMS else value[:MAX_ITEMS]:
+            if leaf_ok and type(v) is str:
+                kept.append(v if len(v) < floor else redact_text(v, secrets))
+            elif leaf_ok and type(v) in _SCALARS:
+                kept.append(v)
+            else:
+                kept.append(redact(v, secrets, inner))
         if len(value) > MAX_ITEMS:
             kept.append(f"[... {len(value) - MAX_ITEMS} more items cut]")
         return kept
