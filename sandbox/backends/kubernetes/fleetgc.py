@@ -6,7 +6,8 @@ ended. For each such Pod (never a live one) this marks the run's record on the c
 `killed` if it still says `running` (the controller's view of the claim, at the
 workflow path the controller annotated on the Job and the run id the runner
 announced on its Pod, both checked against their shapes), deletes the run's Pod and
-Secret, the Lease the dead runner held, and the Job. What the runner mounted on its
+Secret, the Lease the dead runner held, and the Job (one gone already is fine: the
+cluster deletes a Secret with its Pod meanwhile). What the runner mounted on its
 node (the step's disk and view) only a privileged Pod on that node can remove: gc
 submits a cleanup Job pinned there (`fleetclean`), waits for it (bounded), reports
 what it removed and deletes it; one that has not ended by then is left to finish
@@ -123,12 +124,18 @@ def collect_fleet(api: Any, settings: BackendConfig, report: GcReport) -> None:
         try:
             if run_id and RUN_ID.match(run_id):
                 selector = f"{LABEL_RUN_ID}={run_id}"
+                # Each gone already is fine: the cluster deletes a Secret with its Pod
+                # (its owner) while this loop runs, and the rest must still be done.
                 for pod in core.list_namespaced_pod(namespace, label_selector=selector).items:
-                    core.delete_namespaced_pod(pod.metadata.name, namespace, grace_period_seconds=0)
-                    report.pods_removed.append(pod.metadata.name)
+                    name = pod.metadata.name
+                    if _deleted(
+                        core.delete_namespaced_pod, name, namespace, grace_period_seconds=0
+                    ):
+                        report.pods_removed.append(name)
                 for secret in core.list_namespaced_secret(namespace, label_selector=selector).items:
-                    core.delete_namespaced_secret(secret.metadata.name, namespace)
-                    report.secrets_removed.append(secret.metadata.name)
+                    name = secret.metadata.name
+                    if _deleted(core.delete_namespaced_secret, name, namespace):
+                        report.secrets_removed.append(name)
             workflow = annotations.get(ANNOTATION_WORKFLOW)
             node = runner.spec.node_name
             if root is not None and workflow and run_id and node:
@@ -139,7 +146,9 @@ def collect_fleet(api: Any, settings: BackendConfig, report: GcReport) -> None:
                 _drop_lease(coordination, namespace, lease_name(workflow), runner.metadata.name)
             job = (runner.metadata.labels or {}).get(LABEL_JOB)
             if job:
-                batch.delete_namespaced_job(job, namespace, propagation_policy="Background")
+                _deleted(
+                    batch.delete_namespaced_job, job, namespace, propagation_policy="Background"
+                )
                 drop_job_start(api, namespace, job)
         except ApiException as exc:
             if exc.status != 404:
@@ -277,6 +286,18 @@ def _await_cleanups(
             time.sleep(1.0)
 
 
+def _deleted(delete: Any, name: str, namespace: str, **options: Any) -> bool:
+    """`delete(name, namespace, **options)`: True when this call deleted it, False when it
+    was gone already (404); any other refusal is raised."""
+    try:
+        delete(name, namespace, **options)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
 def _drop_lease(coordination: Any, namespace: str, name: str, holder: str) -> None:
     """The dead runner's Lease, only if it still holds it."""
     try:
@@ -284,7 +305,8 @@ def _drop_lease(coordination: Any, namespace: str, name: str, holder: str) -> No
     except ApiException:
         return
     if lease.spec.holder_identity == holder:
-        coordination.delete_namespaced_lease(
+        _deleted(
+            coordination.delete_namespaced_lease,
             name,
             namespace,
             body=client.V1DeleteOptions(
