@@ -162,21 +162,26 @@ WAYS_OUT = (
 )
 
 
+def _python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`code` in a new interpreter on this tree, its output as text."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=paths.REPO,
+        env={**os.environ, "PYTHONPATH": str(paths.REPO), **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S * 6,
+    )
+
+
 def test_the_guards_start_up_leaves_the_bridges_ways_out_to_the_web_stacks_thread() -> None:
     code = (
         "import json, sys\n"
         "import sandbox.guard.startup as startup\n"
         "print(json.dumps([sorted(sys.modules), list(getattr(startup, 'LATER_MODULES', []))]))\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=paths.REPO,
-        env={**os.environ, "PYTHONPATH": str(paths.REPO)},
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=DEADLINE_S * 6,
-    )
+    done = _python(code)
+    assert done.returncode == 0, done.stderr
     loaded, later = json.loads(done.stdout)
     assert "sandbox.guard.egress.transparent" in loaded  # the check sees real imports
     assert [name for name in WAYS_OUT if name in loaded] == []
@@ -201,12 +206,5 @@ def test_the_guards_entry_loads_its_modules_with_the_collector_off(tmp_path: Pat
         "entry._load = _load\n"
         "sys.exit(entry.main())\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=paths.REPO,
-        env={**os.environ, "PYTHONPATH": str(paths.REPO), CONFIG_FILE_ENV: str(config_file)},
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S * 6,
-    )
+    done = _python(code, {CONFIG_FILE_ENV: str(config_file)})
     assert done.stdout.strip() == "GC False", done.stderr
