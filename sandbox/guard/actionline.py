@@ -20,6 +20,7 @@ from typing import Any
 from pydantic_core import to_json
 
 from sandbox.contracts.wire import ActionLine
+from sandbox.guard.memo import remember
 
 REDACTED = "[redacted]"
 # The one list of words that mark a credential: in an argument's key here, in a forwarded
@@ -39,22 +40,20 @@ def _digest(data: str) -> str:
 
 
 # Short argument keys known not to name a credential. Keys repeat call after call, so
-# a short key's answer is remembered, as a set a line's loop asks without a call (at
-# most MEMO_KEYS keys of at most 64 characters, emptied when full: a hostile step
-# cannot make the memo cost memory); a credential's key, or a longer one, is searched
-# each time.
+# a short key's answer is remembered, as keys a line's loop asks without a call (at
+# most MEMO_KEYS keys of at most MEMO_KEY_CHARS characters, emptied when full:
+# `sandbox.guard.memo`; a hostile step cannot make the memo cost memory); a
+# credential's key, or a longer one, is searched each time.
 MEMO_KEYS = 1024
-_PLAIN_KEYS: set[str] = set()
+MEMO_KEY_CHARS = 64
+_PLAIN_KEYS: dict[str, None] = {}
 
 
 def _secret_key(key: str) -> bool:
     """Whether an argument key names a credential (one not in _PLAIN_KEYS)."""
     if _SECRET_KEY.search(key) is not None:
         return True
-    if len(key) <= 64:
-        if len(_PLAIN_KEYS) >= MEMO_KEYS:
-            _PLAIN_KEYS.clear()
-        _PLAIN_KEYS.add(key)
+    remember(_PLAIN_KEYS, key, None, entries=MEMO_KEYS, longest=MEMO_KEY_CHARS)
     return False
 
 

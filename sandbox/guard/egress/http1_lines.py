@@ -10,7 +10,8 @@ informational reply) returns None and goes to h11 whole, which refuses it in its
 own words. tests/guard/egress/test_http1_lines.py runs the same valid and hostile
 heads through both paths. A line the grammar matched is remembered by its bytes (a
 pure function of them, bounded: `MEMO_LINES`), so a line seen before is not matched
-again; a line it refused is matched each time.
+again, and so is a whole head made into its event (`MEMO_HEADS`); a line or head it
+refused is matched each time.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 import h11
 from h11 import _headers as h11_headers
 from h11 import _readers as h11_readers
+
+from sandbox.guard.memo import remember
 
 # h11's own grammar for a request line, a status line and a header field (the
 # patterns its readers match each line with), so that a head parsed here is accepted
@@ -45,12 +48,18 @@ Item = tuple[bytes, bytes, bytes]
 _FIELDS: dict[bytes, Item] = {}
 _FIRST_LINES: dict[re.Pattern[bytes], dict[bytes, Groups]] = {}
 
-
-def _remember(memo: dict[bytes, Any], line: bytes, found: Any) -> None:
-    if len(line) <= MEMO_LINE_BYTES:
-        if len(memo) >= MEMO_LINES:
-            memo.clear()
-        memo[line] = found
+# A whole head's event, remembered the same way: a request head made into h11's
+# `Request` (by the head's bytes) and a reply head made into its `Response` (by the
+# head's bytes without its blank line). Events are frozen and a pure function of
+# those bytes; a head this module does not take is not remembered (h11 reads it, and
+# refuses it, each time). A kept-alive read repeats its head byte for byte, and a
+# host's reply head repeats until its Date changes. At most MEMO_HEADS heads of at
+# most MEMO_HEAD_BYTES each per direction (with their events, about 3 MiB at the
+# worst: heads of many short lines, none shared).
+MEMO_HEADS = 64
+MEMO_HEAD_BYTES = 2048
+_REQUESTS: dict[bytes, h11.Request] = {}
+_REPLIES: dict[bytes, h11.Response] = {}
 
 
 def _first_line(line: bytes, pattern: re.Pattern[bytes]) -> Groups | None:
@@ -63,7 +72,7 @@ def _first_line(line: bytes, pattern: re.Pattern[bytes]) -> Groups | None:
         if match is None:
             return None
         found = match.group(*pattern.groupindex)
-        _remember(memo, line, found)
+        remember(memo, line, found, entries=MEMO_LINES, longest=MEMO_LINE_BYTES)
     return found
 
 
@@ -77,7 +86,7 @@ def _field(line: bytes) -> Item | None:
             return None
         name, value = match.group("field_name", "field_value")
         found = (name, name.lower(), value)
-        _remember(_FIELDS, line, found)
+        remember(_FIELDS, line, found, entries=MEMO_LINES, longest=MEMO_LINE_BYTES)
     return found
 
 
@@ -122,13 +131,17 @@ def _plain_head(head: bytes, first_line: re.Pattern[bytes]) -> tuple[Groups, lis
 
 def plain_request(head: bytes) -> h11.Request | None:
     """The request of a complete head without framing headers (no body: RFC 9112 6.3),
-    as h11 would make it; None for any other head (h11's to parse)."""
+    as h11 would make it; None for any other head (h11's to parse). A head made into
+    a request is remembered by its bytes (`_REQUESTS`)."""
+    found = _REQUESTS.get(head)
+    if found is not None:
+        return found
     plain = _plain_head(head, _H11_REQUEST_LINE)
     if plain is None:
         return None
     (method, target, version), items = plain
     try:
-        return h11.Request(
+        found = h11.Request(
             method=method,
             target=target,
             http_version=version,
@@ -137,6 +150,8 @@ def plain_request(head: bytes) -> h11.Request | None:
         )
     except h11.LocalProtocolError:
         return None  # h11 says so, in its words
+    remember(_REQUESTS, head, found, entries=MEMO_HEADS, longest=MEMO_HEAD_BYTES)
+    return found
 
 
 def parse_reply(data: bytes) -> tuple[h11.Response, bytes] | None:
@@ -150,23 +165,27 @@ def parse_reply(data: bytes) -> tuple[h11.Response, bytes] | None:
     end = data.find(b"\r\n\r\n")
     if end < 0:
         return None
-    matched = _matched_lines(data[:end], _H11_STATUS_LINE)
-    if matched is None:
-        return None
-    (version, status, reason), items = matched
-    code = int(status)
-    if code < 200:
-        return None
-    try:
-        response = h11.Response(
-            status_code=code,
-            reason=reason or b"",
-            http_version=version or b"1.1",
-            headers=_normalised(items),
-            _parsed=True,
-        )
-    except h11.LocalProtocolError:
-        return None
+    region = data[:end]
+    response = _REPLIES.get(region)
+    if response is None:
+        matched = _matched_lines(region, _H11_STATUS_LINE)
+        if matched is None:
+            return None
+        (version, status, reason), items = matched
+        code = int(status)
+        if code < 200:
+            return None
+        try:
+            response = h11.Response(
+                status_code=code,
+                reason=reason or b"",
+                http_version=version or b"1.1",
+                headers=_normalised(items),
+                _parsed=True,
+            )
+        except h11.LocalProtocolError:
+            return None
+        remember(_REPLIES, region, response, entries=MEMO_HEADS, longest=MEMO_HEAD_BYTES)
     return response, data[end + 4 :]
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from sandbox.guard.actionline import REDACTED, SECRET_WORDS
 from sandbox.guard.egress.http1 import Denied
 from sandbox.guard.egress.request import Seen
+from sandbox.guard.memo import remember
 from sandbox.policy import stub_reply
 
 # Header values never written to the log (the step's credentials for real hosts).
@@ -119,10 +120,7 @@ def head_facts(head: bytes) -> tuple[str, tuple[str, ...]]:
     found = _HEADS.get(head)
     if found is None:
         found = (sha(head), tuple(shown_head(head)))
-        if len(head) <= MEMO_HEAD_BYTES:
-            if len(_HEADS) >= MEMO_HEADS:
-                _HEADS.clear()
-            _HEADS[head] = found
+        remember(_HEADS, head, found, entries=MEMO_HEADS, longest=MEMO_HEAD_BYTES)
     return found
 
 

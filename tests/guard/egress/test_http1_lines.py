@@ -146,8 +146,9 @@ def test_both_paths_read_a_head_alike(kind: str, data: bytes, taken: bool) -> No
 
 
 def test_remembered_lines_read_as_h11_reads_them_every_time() -> None:
-    """With every case's lines remembered (each head read twice, some lines shared
-    between heads), every head still reads as h11 reads it: taken alike, refused alike."""
+    """With every case's lines and heads remembered (each head read twice, some lines
+    shared between heads), every head still reads as h11 reads it: taken alike,
+    refused alike."""
     for _ in range(2):
         for kind, data, taken in CASES:
             test_both_paths_read_a_head_alike(kind, data, taken)
@@ -168,3 +169,35 @@ def test_the_line_memo_is_bounded_whatever_the_heads() -> None:
     request = http1_lines.plain_request(head)
     assert request is not None and request.headers.raw_items()[-1] == (b"X-Long", long_value)
     assert b"X-Long: " + long_value not in http1_lines._FIELDS
+
+
+def test_the_head_memo_is_bounded_and_keeps_no_refused_head() -> None:
+    """A head made into its event is remembered by its bytes (the same event again),
+    at most MEMO_HEADS per direction whatever the heads; a head too long to keep, or
+    one the line path refuses, is read again each time."""
+    http1_lines._REQUESTS.clear()
+    http1_lines._REPLIES.clear()
+    assert http1_lines.plain_request(GOOD) is http1_lines.plain_request(GOOD)
+    for n in range(3 * http1_lines.MEMO_HEADS):
+        head = b"GET http://a.test/%d HTTP/1.1\r\nHost: a.test\r\n\r\n" % n
+        request = http1_lines.plain_request(head)
+        assert request is not None and request.target == b"http://a.test/%d" % n
+        assert len(http1_lines._REQUESTS) <= http1_lines.MEMO_HEADS
+        reply = b"HTTP/1.1 200 OK\r\nX-N: %d\r\n\r\nbody" % n
+        parsed = http1_lines.parse_reply(reply)
+        assert parsed is not None and parsed[0].headers.raw_items() == [(b"X-N", b"%d" % n)]
+        assert parsed[1] == b"body"
+        assert len(http1_lines._REPLIES) <= http1_lines.MEMO_HEADS
+    long_head = b"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nX: "
+    long_head += b"v" * http1_lines.MEMO_HEAD_BYTES + b"\r\n\r\n"
+    assert http1_lines.plain_request(long_head) is not None
+    assert long_head not in http1_lines._REQUESTS
+    framed = b"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nContent-Length: 0\r\n\r\n"
+    bad = b"GET http://a.test/ HTTP/1.1\r\nHost: a.test\r\nBad Name: x\r\n\r\n"
+    informational = b"HTTP/1.1 100 Continue\r\n\r\n"
+    for _ in range(2):
+        assert http1_lines.plain_request(framed) is None
+        assert http1_lines.plain_request(bad) is None
+        assert http1_lines.parse_reply(informational) is None
+    assert framed not in http1_lines._REQUESTS and bad not in http1_lines._REQUESTS
+    assert informational[:-4] not in http1_lines._REPLIES
