@@ -17,6 +17,7 @@ import signal
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from kubernetes import client
@@ -24,8 +25,10 @@ from kubernetes import client
 from sandbox.backends.choose import collect_cluster
 from sandbox.backends.docker.gc import GcReport
 from sandbox.backends.kubernetes import fleet, lease
+from sandbox.backends.kubernetes import gc as kube_gc
 from sandbox.contracts.errors import RefusedError
 from sandbox.contracts.hostconfig import BackendConfig
+from sandbox.contracts.names import LABEL_RUN_ID
 from sandbox.contracts.record import RunStatus, read_record
 from sandbox.hostfs import hostmount
 from testbed.kubernetes.cluster import Cluster
@@ -152,18 +155,49 @@ def test_the_lease_keeps_a_second_node_out_and_a_deleted_job_records_killed(
     no_pods_or_secrets(kube_core, namespace)
 
 
+class _PodTakenFirst(client.ApiClient):  # type: ignore[misc]
+    """gc's client to the real API server, but the test itself deletes the run's Pod
+    just before gc's own delete of it is sent: the cluster took it meanwhile (as it
+    takes a run's Secret with its Pod, its owner, while gc goes through a dead runner's
+    objects), at the one moment that makes gc's delete find it gone, every time. Every
+    call still goes to the cluster, and its answer (here a 404) is gc's."""
+
+    def __init__(self, configuration: Any, core: Any, namespace: str, pod: str) -> None:
+        super().__init__(configuration)
+        self.core, self.namespace, self.pod = core, namespace, pod
+        self.taken = False
+
+    def call_api(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        path = f"/api/v1/namespaces/{self.namespace}/pods/{self.pod}"
+        if method == "DELETE" and urlsplit(url).path == path and not self.taken:
+            self.core.delete_namespaced_pod(self.pod, self.namespace, grace_period_seconds=0)
+            deadline = time.monotonic() + RUN_DEADLINE_S
+            while self.core.list_namespaced_pod(
+                self.namespace, field_selector=f"metadata.name={self.pod}"
+            ).items:
+                assert time.monotonic() < deadline, f"the test could not delete {self.pod}"
+                time.sleep(0.2)
+            self.taken = True
+        return super().call_api(method, url, *args, **kwargs)
+
+
+@pytest.mark.parametrize("taken_meanwhile", [False, True], ids=["gc-alone", "pod-taken-meanwhile"])
 def test_a_runner_killed_on_its_node_is_recorded_killed_by_gc_from_the_controller(
     kube_cluster: Cluster,
     kube_core: Any,
     kube_api: Any,
     fleet_settings: BackendConfig,
     cleanup_jobs: None,
+    taken_meanwhile: bool,
 ) -> None:
     """SIGKILL to every process of the runner's Pod (from the host, by the Pod's
     cgroup), as a node dying would: the Pod fails, the record on the claim still says
     `running`, the step's disk and view stay mounted on the node. `sandbox gc` on the
     controller (no node) marks it `killed`, removes the run's Pod and Secret, the dead
-    runner's Lease and its Job, and has its mounts and loop device removed on its node."""
+    runner's Lease and its Job, and has its mounts and loop device removed on its node.
+    The same when the run's Pod is gone by the time gc deletes it (`_PodTakenFirst`):
+    gc must go on past that 404 (stopping there left the node's mounts, the Lease and
+    the Job behind)."""
     assert fleet_settings.claim_root is not None
     wf = hold_workflow(Path(fleet_settings.claim_root))
     second_node = kube_cluster.node_names[1]
@@ -188,8 +222,20 @@ def test_a_runner_killed_on_its_node_is_recorded_killed_by_gc_from_the_controlle
     assert any(line.endswith(f"{run_id}/.disk") for line in left), left
     assert loops_of(run_id)
 
+    (run_pod,) = kube_core.list_namespaced_pod(
+        namespace, label_selector=f"{LABEL_RUN_ID}={run_id}"
+    ).items
     report = GcReport()
-    collect_cluster(fleet_settings, report)
+    if taken_meanwhile:
+        racing = _PodTakenFirst(kube_api.configuration, kube_core, namespace, run_pod.metadata.name)
+        try:
+            kube_gc.collect_cluster(racing, fleet_settings, report)  # `sandbox gc`'s part
+        finally:
+            racing.close()
+        assert racing.taken and report.pods_removed == []  # gc found it gone
+    else:
+        collect_cluster(fleet_settings, report)
+        assert report.pods_removed == [run_pod.metadata.name]
     assert report.errors == []
     assert report.records_marked_killed == [str(run_dir)]
     # Removed on the node by gc's cleanup Job pinned there, which gc waited for.
