@@ -42,6 +42,34 @@ EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+# `_CANONICAL.encode` of a call's arguments (a dict parsed from JSON: no cycle, every
+# value JSON's), with the C encoder `iterencode` would build for it made once rather
+# than per key (its Python set-up was most of a bridge key's encoding). The same bytes
+# (tests/contracts/test_recording.py). Without the C encoder: `_CANONICAL.encode`.
+_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
+_ARGUMENTS_ENCODER: Any = (
+    _make_encoder(
+        None,  # no cycle check: parsed JSON has none
+        _CANONICAL.default,
+        encode_basestring,
+        None,
+        ":",
+        ",",
+        True,  # sort_keys
+        False,  # skipkeys
+        True,  # allow_nan
+    )
+    if _make_encoder is not None
+    else None
+)
+
+
+def _canonical_arguments(arguments: dict[str, Any]) -> str:
+    if _ARGUMENTS_ENCODER is None:
+        return _CANONICAL.encode(arguments)
+    return "".join(_ARGUMENTS_ENCODER(arguments, 0))
+
+
 def key_of(kind: Kind, **parts: Any) -> str:
     """The match key: sha256 of the canonical JSON of the kind and its parts.
 
@@ -73,7 +101,7 @@ def bridge_key_of(tool: str, arguments: dict[str, Any]) -> str:
     was two thirds of the key's cost. The same bytes (tests/contracts/test_recording.py
     pins the two equal)."""
     text = (
-        f'{{"arguments":{_CANONICAL.encode(arguments)},"kind":"bridge",'
+        f'{{"arguments":{_canonical_arguments(arguments)},"kind":"bridge",'
         f'"tool":{encode_basestring(tool)},"v":{KEY_VERSION}}}'
     )
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Coroutine
 from types import FrameType
 from typing import cast
 
@@ -169,10 +170,11 @@ class BridgeCycle(RequestResponseCycle):
         finally:
             self.on_response = lambda: None
 
-    async def _read_body(self) -> CappedBody:
+    def _read_body(self) -> Coroutine[object, None, CappedBody]:
         """The request's body, never more than MAX_REQUEST_BYTES (and one read) held:
-        `limits.read_capped` over what uvicorn's `receive` reads, without the messages."""
-        return await read_capped(self._next_chunk, MAX_REQUEST_BYTES)
+        `limits.read_capped` over what uvicorn's `receive` reads, without the messages
+        (its coroutine itself: no coroutine of this method's own around it)."""
+        return read_capped(self._next_chunk, MAX_REQUEST_BYTES)
 
     async def _next_chunk(self) -> tuple[bytes, bool] | None:
         """uvicorn's `receive` without its message: the next bytes of the body and
@@ -201,9 +203,8 @@ class BridgeCycle(RequestResponseCycle):
         self.waiting_for_100_continue = False
         if answer.close:
             self.keep_alive = False
-        parts = [STATUS_LINE[answer.status]]
-        for name, value in (*self.default_headers, *answer.fields()):
-            parts += [name.lower(), b": ", value, b"\r\n"]
+        parts = [STATUS_LINE[answer.status], _default_lines(self.default_headers)]
+        parts.append(answer.field_lines())
         if not self.keep_alive and not answer.close:
             parts.append(_CLOSE_FIELD)
         parts.append(b"\r\n")
@@ -218,6 +219,19 @@ class BridgeCycle(RequestResponseCycle):
 
 
 _CLOSE_FIELD = b"connection: close\r\n"
+# The server's default header fields as lines, for the list they were made from: uvicorn
+# makes a new list when its date changes (once a second), so each list is written out
+# once rather than once per reply. The list is held here, so its identity stays its own.
+_defaults: tuple[list[tuple[bytes, bytes]] | None, bytes] = (None, b"")
+
+
+def _default_lines(defaults: list[tuple[bytes, bytes]]) -> bytes:
+    global _defaults
+    seen, lines = _defaults
+    if seen is not defaults:
+        lines = b"".join(name.lower() + b": " + value + b"\r\n" for name, value in defaults)
+        _defaults = (defaults, lines)
+    return lines
 
 
 class HeadCappedProtocol(HttpToolsProtocol):
@@ -243,6 +257,8 @@ class HeadCappedProtocol(HttpToolsProtocol):
     # from a reply's end (none pipelined behind it) to the next bytes received.
     _idle_since: float | None = None  # loop time of the reply that left it idle
     _idle_timer: asyncio.TimerHandle | None = None
+    _front: BridgeFront | None = None  # `_bridge_front`, once asked
+    _front_known = False
 
     def on_message_begin(self) -> None:
         self._in_head = True
@@ -260,13 +276,13 @@ class HeadCappedProtocol(HttpToolsProtocol):
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: ASGI3Application) -> None:
         """A bridge path's request runs as a `BridgeCycle` (no ASGI); any other, or
         one uvicorn sends elsewhere (over its concurrency limit), as uvicorn runs it."""
-        front = self.config.app
+        if not self._front_known:
+            self._front, self._front_known = self._bridge_front(), True
+        front = self._front
         if (
-            isinstance(front, BridgeFront)
+            front is not None
             and app is self.app
             and type(cycle) in (RequestResponseCycle, OneWriteCycle)
-            and not self.access_log
-            and not self.config.reset_contextvars
             and front.serves(cycle.scope["path"])
         ):
             cycle.__class__ = BridgeCycle
@@ -275,6 +291,19 @@ class HeadCappedProtocol(HttpToolsProtocol):
             self.tasks.add(task)
             return
         super()._start_asgi_task(cycle, app)
+
+    def _bridge_front(self) -> BridgeFront | None:
+        """The front whose paths run as a `BridgeCycle` on this connection, or None
+        (another app, an access log, fresh context variables per request: uvicorn's
+        own cycle then). Fixed by the config, so asked once per connection."""
+        front = self.config.app
+        if (
+            isinstance(front, BridgeFront)
+            and not self.access_log
+            and not self.config.reset_contextvars
+        ):
+            return front
+        return None
 
     def on_message_complete(self) -> None:
         self._in_head = True  # a kept-alive connection's next bytes are the next head

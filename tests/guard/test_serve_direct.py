@@ -25,7 +25,7 @@ from uvicorn.server import ServerState
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.app import build_app
 from sandbox.guard.limits import MAX_REQUEST_BYTES
-from sandbox.guard.serve import BridgeCycle, HeadCappedProtocol
+from sandbox.guard.serve import BridgeCycle, HeadCappedProtocol, _default_lines
 from tests.guard.bridge.bridgeparts import (
     AUTH,
     REQUESTS,
@@ -381,3 +381,13 @@ def test_a_kept_alive_connection_keeps_one_idle_timer_and_is_closed_once_idle(
     assert KEEP_ALIVE_S - 0.1 <= closed_at - idle_from <= KEEP_ALIVE_S + DEADLINE_S / 4
     assert serving == [1], timers  # uvicorn's protocol: 6, one per reply
     assert len(timers) <= 2  # and once more for what was left of the idle time
+
+
+def test_a_reply_s_default_fields_are_the_server_s_latest() -> None:
+    """uvicorn makes a new list of default fields when its date changes: a reply writes
+    the list its cycle holds, never one written out for an earlier list."""
+    first = [(b"date", b"Sun, 06 Dec 2026 05:00:00 GMT")]
+    second = [(b"date", b"Sun, 06 Dec 2026 05:00:01 GMT"), (b"X-Extra", b"1")]
+    assert _default_lines(first) == b"date: Sun, 06 Dec 2026 05:00:00 GMT\r\n"
+    assert _default_lines(second) == b"date: Sun, 06 Dec 2026 05:00:01 GMT\r\nx-extra: 1\r\n"
+    assert _default_lines(first) == b"date: Sun, 06 Dec 2026 05:00:00 GMT\r\n"

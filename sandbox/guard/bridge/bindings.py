@@ -97,6 +97,19 @@ def _build(rows: Iterable[tuple[str, str, Bound]]) -> Mapping[str, Mapping[Path,
 IDENTITY_BINDINGS: Final[Mapping[str, Mapping[Path, Bound]]] = _build(_BINDING_ROWS)
 """Tool name -> {argument path: run value}. A tool not here has no bound argument."""
 
+# Each bound tool's paths as (path, value) pairs, and the top-level keys they start at.
+# A call whose arguments hold none of those keys (the usual case: the step leaves the
+# guard's paths alone) is bound, stripped and checked without a copy per path: nothing
+# is there to remove, so binding only adds the paths, in the table's order, after the
+# step's own keys (what removing and writing each path in turn gives; the paths never
+# overlap, so each intermediate object along them is one the guard made).
+_PATHS: Final[Mapping[str, tuple[tuple[Path, Bound], ...]]] = MappingProxyType(
+    {tool: tuple(paths.items()) for tool, paths in IDENTITY_BINDINGS.items()}
+)
+_HEADS: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
+    {tool: frozenset(path[0] for path in paths) for tool, paths in IDENTITY_BINDINGS.items()}
+)
+
 
 def _with(node: Mapping[str, Any], path: Path, value: Any) -> dict[str, Any]:
     """A copy of `node` with `value` at `path`; only the dicts along the path are copied.
@@ -135,7 +148,19 @@ def bind(tool: str, arguments: Mapping[str, Any], context: Mapping[Bound, str]) 
 
     Raises UnboundIdentity when `context` lacks a value a path needs."""
     out = dict(arguments)
-    for path, bound in IDENTITY_BINDINGS.get(tool, {}).items():
+    heads = _HEADS.get(tool)
+    if heads is None:
+        return out
+    if heads.isdisjoint(out):  # none of the paths is there: each is only added
+        for path, bound in _PATHS[tool]:
+            if bound not in context:
+                raise UnboundIdentity(f"{tool}: no {bound.value} to bind at {'.'.join(path)}")
+            node = out
+            for key in path[:-1]:
+                node = node.setdefault(key, {})  # a dict made here, by an earlier path
+            node[path[-1]] = context[bound]
+        return out
+    for path, bound in IDENTITY_BINDINGS[tool].items():
         if bound not in context:
             raise UnboundIdentity(f"{tool}: no {bound.value} to bind at {'.'.join(path)}")
         out = _with(_without(out, path), path, context[bound])
@@ -146,15 +171,21 @@ def without_bound(tool: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
     """The arguments the step legitimately controls: bound paths removed (for the
     verdict and for the log line of a call that did not run)."""
     out = dict(arguments)
-    for path in IDENTITY_BINDINGS.get(tool, {}):
+    heads = _HEADS.get(tool)
+    if heads is None or heads.isdisjoint(out):  # nothing bound is there to remove
+        return out
+    for path in IDENTITY_BINDINGS[tool]:
         out = _without(out, path)
     return out
 
 
 def overwritten(tool: str, arguments: Mapping[str, Any]) -> list[str]:
     """The bound paths where the step had put a value of its own (for the record)."""
-    found = []
-    for path in IDENTITY_BINDINGS.get(tool, {}):
+    found: list[str] = []
+    heads = _HEADS.get(tool)
+    if heads is None or heads.isdisjoint(arguments):  # no path even begins there
+        return found
+    for path in IDENTITY_BINDINGS[tool]:
         node: Any = arguments
         for key in path:
             node = node.get(key, _ABSENT) if _is_object(node) else _ABSENT

@@ -203,7 +203,8 @@ class BridgeClient:
                 body,
             )
         )
-        conn = await self._connection()
+        # A kept-alive connection without a coroutine to find it (the usual case).
+        conn = self._kept_alive() or await self._connect()
         loop = asyncio.get_running_loop()
         done = False
         try:
@@ -241,12 +242,17 @@ class BridgeClient:
         while self._idle:
             self._idle.pop().close()
 
-    async def _connection(self) -> _Connection:
+    def _kept_alive(self) -> _Connection | None:
+        """An idle connection the server has not closed, if any (closing those it has)."""
         while self._idle:
             conn = self._idle.pop()
             if conn.looks_open():
                 return conn
             conn.close()
+        return None
+
+    async def _connect(self) -> _Connection:
+        """A new connection."""
         if self._tls and self._context is None:
             self._context = ssl.create_default_context()
         loop = asyncio.get_running_loop()

@@ -145,3 +145,14 @@ class Answer:
         if self.close:
             fields.append(_CLOSE)
         return fields + self.extra
+
+    def field_lines(self) -> bytes:
+        """`fields` as the guard's own protocol writes them: `name: value` and CRLF
+        each, names in lower case. An answer with no more fields than its length and
+        type (every tool call's) is written in one step, without the list."""
+        if not self.close and not self.extra:
+            return _PLAIN_FIELDS % len(self.body)
+        return b"".join(name.lower() + b": " + value + b"\r\n" for name, value in self.fields())
+
+
+_PLAIN_FIELDS = b"content-length: %d\r\ncontent-type: application/json\r\n"

@@ -15,7 +15,7 @@ import pytest
 
 from sandbox.contracts.wire import ActionLine
 from sandbox.guard.app import build_app
-from sandbox.guard.bridge.front import BridgeFront
+from sandbox.guard.bridge.front import Answer, BridgeFront
 from tests.guard.bridge.bridgeparts import (
     AUTH,
     REQUESTS,
@@ -155,3 +155,18 @@ def test_a_wrong_method_or_a_trailing_slash_is_refused_with_its_line(
     ]
     assert "not allowed" in lines[0].reason and "no such path" in lines[4].reason
     assert upstream.requests == []
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        Answer(200, b'{"ok":true}'),
+        Answer(413, b"{}", close=True),
+        Answer(405, b"", extra=[(b"allow", b"POST")]),
+        Answer(400, b"x" * 1000, close=True, extra=[(b"allow", b"GET, HEAD")]),
+    ],
+)
+def test_an_answer_s_field_lines_are_its_fields_written_out(answer: Answer) -> None:
+    """The guard's own protocol writes the fields ASGI is given, in the same order."""
+    written = b"".join(name + b": " + value + b"\r\n" for name, value in answer.fields())
+    assert answer.field_lines() == written
