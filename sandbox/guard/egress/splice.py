@@ -45,7 +45,11 @@ def unpaced(listener: socket.socket | TransportSocket) -> None:
     second, each time an interrupt, on the two CPUs the step, the guard and the upstream
     share: the relay lost about a fifth of its rate to it. Set on the listener, because an
     accepted connection starts with its listener's choice, and a connection that started
-    with BBR keeps pacing after a switch. Best effort: a kernel without it just paces."""
+    with BBR keeps pacing after a switch. Both of the step's ways in are set: the proxy's
+    port and the listener the firewall redirects its direct connections to (paced, the
+    sends of a redirected 100 MiB GET, fired from a timer on either CPU, reached the step
+    out of order: tens to hundreds of segments per GET retransmitted for nothing). Best
+    effort: a kernel without it just paces."""
     if listener.family not in (socket.AF_INET, socket.AF_INET6):
         return
     with contextlib.suppress(OSError):

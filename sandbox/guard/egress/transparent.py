@@ -30,7 +30,7 @@ import struct
 import time
 from collections.abc import AsyncIterator
 
-from sandbox.guard.egress import dns, http1, request
+from sandbox.guard.egress import dns, http1, request, splice
 from sandbox.guard.egress.connection import Client, Direct
 from sandbox.guard.egress.dns import Names, preflight_proof
 from sandbox.guard.egress.http1 import Denied
@@ -257,7 +257,11 @@ class Interceptor:
 async def running(
     proxy: EgressProxy, names: Names, proof_key: str, listener: socket.socket
 ) -> AsyncIterator[Interceptor]:
-    """Accept redirected connections on `listener` for the guard's lifetime."""
+    """Accept redirected connections on `listener` for the guard's lifetime, each born
+    with the congestion control the proxy's own connections have (`splice.unpaced`): a
+    redirected connection is the step's loopback to the guard all the same, and its
+    reply body is spliced by the same relay."""
+    splice.unpaced(listener)  # before the first connection is accepted
     interceptor = Interceptor(proxy, names, proof_key)
     task = asyncio.get_running_loop().create_task(interceptor.serve(listener))
     try:

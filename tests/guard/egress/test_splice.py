@@ -1,7 +1,8 @@
 """The egress proxy's in-kernel relay (sandbox/guard/splice.py) between real TCP sockets on
 loopback, on the guard's own event loop (uvloop): exact lengths, short bodies, bodies that
-trickle in, and the upstream socket left as the pool needs it; and the proxy's listener,
-whose connections are born with a congestion control that does not pace."""
+trickle in, and the upstream socket left as the pool needs it; and the proxy's listener
+and the firewall's redirect listener, whose connections are born with a congestion control
+that does not pace."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import uvloop
 
 from sandbox.contracts.config import Egress
 from sandbox.guard.egress import proxy as egress
-from sandbox.guard.egress import splice
+from sandbox.guard.egress import splice, transparent
+from sandbox.guard.egress.dns import Names
 from sandbox.guard.listeners import bind_loopback
 from tests.conftest import in_process_guard
 
@@ -190,6 +192,33 @@ def test_the_proxy_s_listener_is_unpaced_before_it_accepts(tmp_path: Path) -> No
     try:
         assert run(main) == splice.LOOPBACK_CONGESTION
     finally:
+        listener.close()
+        guard.log.close()
+
+
+def test_the_redirect_listener_is_unpaced_before_it_accepts(tmp_path: Path) -> None:
+    """The listener the firewall sends the step's direct connections to: their replies
+    are spliced by the same relay as the proxy's, and were paced (the host's BBR)."""
+    available = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+    others = [name for name in available if name.encode() != splice.LOOPBACK_CONGESTION]
+    if not others:
+        pytest.skip("no congestion control here but the loopback's own")
+    guard = in_process_guard(tmp_path, egress=Egress(allow=[]))
+    proxy_listener, listener = bind_loopback(0), bind_loopback(0)
+    # as the listener would be on a host whose default paces, whatever this host's is
+    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, others[0].encode())
+
+    async def main() -> bytes:
+        async with (
+            egress.running(guard.config, guard.log, listener=proxy_listener) as proxy,
+            transparent.running(proxy, Names(), "key", listener),
+        ):
+            return congestion(listener)
+
+    try:
+        assert run(main) == splice.LOOPBACK_CONGESTION
+    finally:
+        proxy_listener.close()
         listener.close()
         guard.log.close()
 
