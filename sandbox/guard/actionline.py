@@ -3,17 +3,17 @@
 Redaction (argument keys that name a credential, this run's own tokens) and size caps
 (long strings cut and hashed, long containers cut, deep nesting stopped, a line past
 MAX_LINE_BYTES reduced to its arguments' size and hash), so a hostile step or server
-can neither leak a secret into the log nor make a line cost the host. `encode_line`
-writes the same bytes as `ActionLine(...).model_dump_json()`, without a model per line.
+can neither leak a secret into the log nor make a line cost the host. `action_line`
+makes the whole line (every line of the log goes through it); `encode_line` writes the
+same bytes as `ActionLine(...).model_dump_json()`, without a model per line.
 """
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from itertools import islice
 from typing import Any
 
@@ -61,13 +61,20 @@ _SCALARS = (bool, int, float, type(None))
 MAX_DEPTH = 20
 
 
-@functools.lru_cache(maxsize=64)
+# The last secrets tuple asked and its floor, swapped as one tuple (a line's loop asks
+# it by identity, with no call and no hash of the tuple: a log's secrets are the same
+# tuple on every line).
+_FLOOR_MEMO: tuple[tuple[str, ...], int] = ((), MAX_VALUE_CHARS + 1)
+
+
 def _floor(secrets: tuple[str, ...]) -> int:
     """The length below which a string is its own `redact_text`: shorter than every
     (non-empty) secret, it cannot hold one, and it is not long enough to be cut. A
-    pure function of `secrets` (a log's own tokens: the same tuple on every line),
-    so its answer is remembered."""
-    return min([len(s) for s in secrets if s] + [MAX_VALUE_CHARS + 1])
+    pure function of `secrets`; the last answer is kept in _FLOOR_MEMO."""
+    global _FLOOR_MEMO
+    floor = min([len(s) for s in secrets if s] + [MAX_VALUE_CHARS + 1])
+    _FLOOR_MEMO = (secrets, floor)
+    return floor
 
 
 def redact_text(value: str, secrets: tuple[str, ...]) -> str:
@@ -99,18 +106,20 @@ def redact(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
             return value
     inner = depth + 1
     leaf_ok = inner <= MAX_DEPTH
-    floor = _floor(secrets)
+    memo = _FLOOR_MEMO
+    floor = memo[1] if memo[0] is secrets else _floor(secrets)
     if isinstance(value, dict):
         out: dict[str, Any] = {}
         items = value.items() if len(value) <= MAX_ITEMS else islice(value.items(), MAX_ITEMS)
         for k, v in items:
             key = str(k)
+            kind = type(v)
             # a credential's key (a short plain key's answer remembered: _PLAIN_KEYS)
             if key not in _PLAIN_KEYS and _secret_key(key):
                 out[key] = REDACTED
-            elif leaf_ok and type(v) is str:
+            elif leaf_ok and kind is str:
                 out[key] = v if len(v) < floor else redact_text(v, secrets)
-            elif leaf_ok and type(v) in _SCALARS:
+            elif leaf_ok and kind in _SCALARS:
                 out[key] = v
             else:
                 out[key] = redact(v, secrets, inner)
@@ -122,9 +131,10 @@ def redact(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
         # an egress line's forwarded head)
         kept = []
         for v in value if len(value) <= MAX_ITEMS else value[:MAX_ITEMS]:
-            if leaf_ok and type(v) is str:
+            kind = type(v)
+            if leaf_ok and kind is str:
                 kept.append(v if len(v) < floor else redact_text(v, secrets))
-            elif leaf_ok and type(v) in _SCALARS:
+            elif leaf_ok and kind in _SCALARS:
                 kept.append(v)
             else:
                 kept.append(redact(v, secrets, inner))
@@ -157,55 +167,110 @@ _FIELDS = (
 _DECISIONS = frozenset({"allow", "stub", "redirect", "refuse"})
 _EVENTS = frozenset({"call", "start", "outcome", "log_full"})
 _OUTCOMES = frozenset({None, "ok", "error"})
-_TEXT = ("session", "tool", "reason", "category")
 
 
-def _texts_ok(fields: dict[str, Any]) -> bool:
-    """Every text field the line has is a str (a loop, not a generator: per line)."""
-    for key in _TEXT:  # noqa: SIM110  (all() of a generator: a frame per line)
-        if key in fields and type(fields[key]) is not str:
-            return False
-    return True
+def action_line(
+    step: str,
+    secrets: tuple[str, ...],
+    event: str,
+    call_id: Any,
+    outcome: Any,
+    session: Any,
+    tool: Any,
+    decision: Any,
+    reason: Any,
+    category: Any,
+    arguments: Any,
+    duration_ms: Any,
+    detail: Any,
+) -> bytes:
+    """One action line as written to the log (newline included): its arguments and
+    detail redacted (`redact`), its tool cut to 200 characters, its reason's secrets
+    masked, its duration rounded to the microsecond, the time now; arguments and
+    detail too large for a line become their size and hash (`_summarized`)."""
+    # an empty dict (an outcome line's arguments) is its own redaction: not walked
+    arguments = {} if type(arguments) is dict and not arguments else redact(arguments, secrets)
+    detail = redact(detail or {}, secrets)
+    tool = str(tool)[:200]
+    if type(reason) is str:
+        memo = _FLOOR_MEMO
+        if len(reason) >= (memo[1] if memo[0] is secrets else _floor(secrets)):
+            reason = redact_text(reason, secrets)
+    else:
+        reason = redact_text(str(reason), secrets)
+    if duration_ms is not None:
+        duration_ms = round(duration_ms, 3)
+    now = datetime.now(UTC)
+    data = encode_line(
+        now, step, session, tool, decision, reason, category, arguments, duration_ms, detail,
+        event, call_id, outcome,
+    )  # fmt: skip
+    if len(data) > MAX_LINE_BYTES:
+        arguments = _summarized(arguments)
+        detail = _summarized(detail)
+        data = encode_line(
+            now, step, session, tool, decision, reason, category, arguments, duration_ms,
+            detail, event, call_id, outcome,
+        )  # fmt: skip
+    return data
 
 
-def encode_line(now: datetime, step: str, fields: dict[str, Any]) -> bytes:
+def encode_line(
+    now: datetime,
+    step: Any,
+    session: Any,
+    tool: Any,
+    decision: Any,
+    reason: Any,
+    category: Any,
+    arguments: Any,
+    duration_ms: Any,
+    detail: Any,
+    event: Any,
+    call_id: Any,
+    outcome: Any,
+) -> bytes:
     """One `ActionLine` as its JSON line (newline included), without a model per line.
 
     Every line of every call goes through here, so the model's checks are made by
-    hand (the literals, the call id's length, the types) and the plain dict of the
-    already redacted values goes to the model's own serializer (pydantic-core's
-    `to_json`, NaN and infinity as null as the model writes them): the same bytes
-    as `ActionLine(...).model_dump_json()`, in half its time (building the model
-    was most of it). A line the checks refuse goes through the model, which raises
-    what it would have raised (tests/guard/test_actionlog.py checks every kind of line
-    against the model)."""
-    event = fields.get("event", "call")
-    call_id = fields.get("call_id")
-    outcome = fields.get("outcome")
-    duration = fields.get("duration_ms")
+    hand (the literals, the call id's length, the types) and a plain dict of the
+    already redacted values, in the model's field order, goes to the model's own
+    serializer (pydantic-core's `to_json`, NaN and infinity as null as the model
+    writes them): the same bytes as `ActionLine(...).model_dump_json()`, in half its
+    time (building the model was most of it). A line the checks refuse goes through
+    the model, which raises what it would have raised (tests/guard/test_actionlog.py
+    checks every kind of line against the model)."""
     if (
-        fields["decision"] not in _DECISIONS
+        decision not in _DECISIONS
         or event not in _EVENTS
         or outcome not in _OUTCOMES
         or not (call_id is None or (type(call_id) is str and len(call_id) <= 40))
-        or not _texts_ok(fields)
-        or type(fields.get("arguments", {})) is not dict
-        or type(fields.get("detail", {})) is not dict
-        or not (duration is None or type(duration) is float)
+        or type(session) is not str
+        or type(tool) is not str
+        or type(reason) is not str
+        or type(category) is not str
+        or type(arguments) is not dict
+        or type(detail) is not dict
+        or not (duration_ms is None or type(duration_ms) is float)
         or type(step) is not str
     ):
+        fields = {
+            "session": session, "tool": tool, "decision": decision, "reason": reason,
+            "category": category, "arguments": arguments, "duration_ms": duration_ms,
+            "detail": detail, "event": event, "call_id": call_id, "outcome": outcome,
+        }  # fmt: skip
         return _model_line(now, step, fields)  # the model says what is wrong
     line = {
         "time": now,
         "step": step,
-        "session": fields["session"],
-        "tool": fields["tool"],
-        "decision": fields["decision"],
-        "reason": fields["reason"],
-        "category": fields.get("category", ""),
-        "arguments": fields.get("arguments", {}),
-        "duration_ms": duration,
-        "detail": fields.get("detail", {}),
+        "session": session,
+        "tool": tool,
+        "decision": decision,
+        "reason": reason,
+        "category": category,
+        "arguments": arguments,
+        "duration_ms": duration_ms,
+        "detail": detail,
         "event": event,
         "call_id": call_id,
         "outcome": outcome,

@@ -32,9 +32,9 @@ from sandbox.guard.actionline import MAX_VALUE_CHARS as MAX_VALUE_CHARS
 from sandbox.guard.actionline import REDACTED as REDACTED
 from sandbox.guard.actionline import _model_line as _model_line
 from sandbox.guard.actionline import _summarized as _summarized
+from sandbox.guard.actionline import action_line
 from sandbox.guard.actionline import encode_line as encode_line
 from sandbox.guard.actionline import redact as redact
-from sandbox.guard.actionline import redact_text
 from sandbox.guard.logwriter import _GroupCommit, _Waiter
 from sandbox.guard.logwriter import _Line as _Line
 from sandbox.guard.logwriter import _Mailbox as _Mailbox
@@ -169,17 +169,10 @@ class ActionLog:
 
         Once the log is full the line is not written (the call had no effect
         outside the guard); it is counted in the closing `log_full` line."""
-        line = self._line(
-            event="call",
-            session=session,
-            tool=tool,
-            decision=decision,
-            reason=reason,
-            category=category,
-            arguments=arguments,
-            duration_ms=duration_ms,
-            detail=detail,
-        )
+        line = action_line(
+            self._step, self._secrets, "call", None, None, session, tool, decision, reason,
+            category, arguments, duration_ms, detail,
+        )  # fmt: skip
         if not self._room_for(len(line), reserve=False):
             self._unlogged += 1
             await self.settle()  # the marker that says so is on disk before the answer
@@ -224,18 +217,10 @@ class ActionLog:
         Raises LogFull when the log has no room: the caller stubs the call."""
         self._next_call += 1
         call_id = f"c{self._next_call}"
-        line = self._line(
-            event="start",
-            call_id=call_id,
-            session=session,
-            tool=tool,
-            decision=decision,
-            reason=reason,
-            category=category,
-            arguments=arguments,
-            duration_ms=None,
-            detail=detail,
-        )
+        line = action_line(
+            self._step, self._secrets, "start", call_id, None, session, tool, decision, reason,
+            category, arguments, None, detail,
+        )  # fmt: skip
         if not self._room_for(len(line), reserve=False):
             self._unlogged += 1
             await self.settle()  # the marker that says so is on disk before the stub
@@ -279,36 +264,34 @@ class ActionLog:
     def _outcome_line(
         self, call: Started, *, ok: bool, reason: str, detail: dict[str, Any] | None
     ) -> bytes:
-        return self._line(
-            event="outcome",
-            call_id=call.call_id,
-            outcome="ok" if ok else "error",
-            session=call.session,
-            tool=call.tool,
-            decision=call.decision,
-            reason=reason or call.reason,
-            category=call.category,
-            arguments={},
-            duration_ms=(time.perf_counter() - call.started) * 1000,
-            detail=detail,
-        )
+        return action_line(
+            self._step, self._secrets, "outcome", call.call_id, "ok" if ok else "error",
+            call.session, call.tool, call.decision, reason or call.reason, call.category, {},
+            (time.perf_counter() - call.started) * 1000, detail,
+        )  # fmt: skip
 
     # -- the file --------------------------------------------------------------------
 
-    def _line(self, **fields: Any) -> bytes:
-        fields["arguments"] = redact(fields["arguments"], self._secrets)
-        fields["detail"] = redact(fields["detail"] or {}, self._secrets)
-        fields["tool"] = str(fields["tool"])[:200]
-        fields["reason"] = redact_text(str(fields["reason"]), self._secrets)
-        if fields["duration_ms"] is not None:
-            fields["duration_ms"] = round(fields["duration_ms"], 3)
-        now = datetime.now(UTC)
-        data = encode_line(now, self._step, fields)
-        if len(data) > MAX_LINE_BYTES:
-            fields["arguments"] = _summarized(fields["arguments"])
-            fields["detail"] = _summarized(fields["detail"])
-            data = encode_line(now, self._step, fields)
-        return data
+    def _line(
+        self,
+        *,
+        session: Any,
+        tool: Any,
+        decision: Any,
+        reason: Any,
+        arguments: Any,
+        duration_ms: Any,
+        detail: Any,
+        category: Any = "",
+        event: Any = "call",
+        call_id: Any = None,
+        outcome: Any = None,
+    ) -> bytes:
+        """One line of this log (`action_line` with its step and secrets)."""
+        return action_line(
+            self._step, self._secrets, event, call_id, outcome, session, tool, decision,
+            reason, category, arguments, duration_ms, detail,
+        )  # fmt: skip
 
     def _room_for(self, size: int, *, reserve: bool) -> bool:
         """Whether a line of `size` bytes fits; the first refusal writes the marker."""
@@ -355,7 +338,8 @@ class ActionLog:
 
         In group commit the line is written here on the loop when it can be, and `then`
         runs right after it: no thread hop, no future, no wake-up of the loop."""
-        if self._write_now(data):
+        if self._writer.write_now(data):  # `_write_now`, without a call per line
+            self._bytes += len(data)
             if then is None:
                 return None
             try:
