@@ -1,13 +1,22 @@
 """What the guard's tests share about its action log: one line of a call answered
 inside the guard (`ActionLog.write`) with the fields a test does not look at filled
 in, so each test names only what it is about; the fields of an egress request's start
-line (`ActionLog.begin`) but its tool and arguments. A helper, not a test module, so
-no test file imports another."""
+line (`ActionLog.begin`) but its tool and arguments; the redaction walk without any
+fast path, which the guard's walk and its lines must match byte for byte. A helper,
+not a test module, so no test file imports another."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+from sandbox.guard.actionline import (
+    MAX_DEPTH,
+    MAX_ITEMS,
+    REDACTED,
+    SECRET_WORDS,
+    redact_text,
+)
 from sandbox.guard.actionlog import ActionLog
 
 EGRESS_CALL = {"session": "egress", "decision": "allow", "reason": "r", "category": "egress"}
@@ -36,3 +45,31 @@ async def write_line(
         duration_ms=duration_ms,
         detail=detail,
     )
+
+
+def full_walk(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
+    """The redaction walk without any fast path (every string searched for every
+    secret, every key's words searched): what `redact` must write, byte for byte."""
+    if depth > MAX_DEPTH:
+        return "[too deep]"
+    if isinstance(value, str):
+        return redact_text(value, secrets)
+    if isinstance(value, bool | int | float | type(None)):
+        return value
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for n, (k, v) in enumerate(value.items()):
+            if n == MAX_ITEMS:
+                out["[cut]"] = f"{len(value) - MAX_ITEMS} more keys"
+                break
+            key = str(k)
+            out[key] = REDACTED if re.search(SECRET_WORDS, key, re.I) else None
+            if out[key] is None:
+                out[key] = full_walk(v, secrets, depth + 1)
+        return out
+    if isinstance(value, list | tuple):
+        kept = [full_walk(v, secrets, depth + 1) for v in value[:MAX_ITEMS]]
+        if len(value) > MAX_ITEMS:
+            kept.append(f"[... {len(value) - MAX_ITEMS} more items cut]")
+        return kept
+    return full_walk(str(value), secrets, depth + 1)

@@ -26,7 +26,7 @@ from sandbox.guard.actionline import (
     action_line,
     redact_text,
 )
-from tests.guard.test_redaction import _full_walk
+from tests.guard.actionlogparts import full_walk
 
 # Secrets over the texts' own small alphabet, so they occur inside, across and beside
 # values, in keys and in the reason; "" and one-letter secrets too.
@@ -75,8 +75,8 @@ def _reference(step: str, secrets: tuple[str, ...], f: dict[str, Any], line: byt
     event, call_id, outcome = f["kind"]
     prepared = {k: v for k, v in f.items() if k != "kind"}
     prepared.update(event=event, call_id=call_id, outcome=outcome)
-    prepared["arguments"] = _full_walk(f["arguments"], secrets)
-    prepared["detail"] = _full_walk(f["detail"] or {}, secrets)
+    prepared["arguments"] = full_walk(f["arguments"], secrets)
+    prepared["detail"] = full_walk(f["detail"] or {}, secrets)
     prepared["tool"] = str(f["tool"])[:200]
     prepared["reason"] = redact_text(str(f["reason"]), secrets)
     if prepared["duration_ms"] is not None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -17,11 +16,10 @@ from sandbox.guard.actionline import (
     MAX_ITEMS,
     MEMO_KEYS,
     REDACTED,
-    SECRET_WORDS,
     redact,
-    redact_text,
 )
 from sandbox.guard.egress.lines import shown_head
+from tests.guard.actionlogparts import full_walk
 
 WORDS = ["password", "X-Api-Key", "Authorization", "session_token", "private_key", "Signature"]
 
@@ -60,34 +58,6 @@ def test_a_credential_key_is_redacted_whatever_its_length() -> None:
 
 
 # -- the walk's fast paths against the full walk ---------------------------------------
-
-
-def _full_walk(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:
-    """The redaction walk without any fast path (every string searched for every
-    secret, every key's words searched): what `redact` must write, byte for byte."""
-    if depth > MAX_DEPTH:
-        return "[too deep]"
-    if isinstance(value, str):
-        return redact_text(value, secrets)
-    if isinstance(value, bool | int | float | type(None)):
-        return value
-    if isinstance(value, dict):
-        out: dict[str, Any] = {}
-        for n, (k, v) in enumerate(value.items()):
-            if n == MAX_ITEMS:
-                out["[cut]"] = f"{len(value) - MAX_ITEMS} more keys"
-                break
-            key = str(k)
-            out[key] = REDACTED if re.search(SECRET_WORDS, key, re.I) else None
-            if out[key] is None:
-                out[key] = _full_walk(v, secrets, depth + 1)
-        return out
-    if isinstance(value, list | tuple):
-        kept = [_full_walk(v, secrets, depth + 1) for v in value[:MAX_ITEMS]]
-        if len(value) > MAX_ITEMS:
-            kept.append(f"[... {len(value) - MAX_ITEMS} more items cut]")
-        return kept
-    return _full_walk(str(value), secrets, depth + 1)
 
 
 class _Text(str):
@@ -150,7 +120,7 @@ def test_the_walk_writes_what_the_full_walk_writes(secrets: tuple[str, ...]) -> 
         "tat",
     ]
     for value in edge + [_hostile(rng) for _ in range(400)]:
-        expected = json.dumps(_full_walk(value, secrets))
+        expected = json.dumps(full_walk(value, secrets))
         for _ in range(2):
             assert json.dumps(redact(value, secrets)) == expected, value
 
