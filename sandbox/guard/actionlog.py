@@ -272,27 +272,6 @@ class ActionLog:
 
     # -- the file --------------------------------------------------------------------
 
-    def _line(
-        self,
-        *,
-        session: Any,
-        tool: Any,
-        decision: Any,
-        reason: Any,
-        arguments: Any,
-        duration_ms: Any,
-        detail: Any,
-        category: Any = "",
-        event: Any = "call",
-        call_id: Any = None,
-        outcome: Any = None,
-    ) -> bytes:
-        """One line of this log (`action_line` with its step and secrets)."""
-        return action_line(
-            self._step, self._secrets, event, call_id, outcome, session, tool, decision,
-            reason, category, arguments, duration_ms, detail,
-        )  # fmt: skip
-
     def _room_for(self, size: int, *, reserve: bool) -> bool:
         """Whether a line of `size` bytes fits; the first refusal writes the marker."""
         if self._closed:
@@ -338,8 +317,7 @@ class ActionLog:
 
         In group commit the line is written here on the loop when it can be, and `then`
         runs right after it: no thread hop, no future, no wake-up of the loop."""
-        if self._writer.write_now(data):  # `_write_now`, without a call per line
-            self._bytes += len(data)
+        if self._write_now(data):
             if then is None:
                 return None
             try:

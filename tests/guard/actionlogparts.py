@@ -1,9 +1,10 @@
 """What the guard's tests share about its action log: one line of a call answered
 inside the guard (`ActionLog.write`) with the fields a test does not look at filled
 in, so each test names only what it is about; the fields of an egress request's start
-line (`ActionLog.begin`) but its tool and arguments; the redaction walk without any
-fast path, which the guard's walk and its lines must match byte for byte. A helper,
-not a test module, so no test file imports another."""
+line (`ActionLog.begin`) but its tool and arguments; one line built as `log` builds
+its lines, from named fields; the redaction walk without any fast path, which the
+guard's walk and its lines must match byte for byte. A helper, not a test module, so
+no test file imports another."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sandbox.guard.actionline import (
     MAX_ITEMS,
     REDACTED,
     SECRET_WORDS,
+    action_line,
     redact_text,
 )
 from sandbox.guard.actionlog import ActionLog
@@ -45,6 +47,28 @@ async def write_line(
         duration_ms=duration_ms,
         detail=detail,
     )
+
+
+def line_of(
+    log: ActionLog,
+    *,
+    session: Any,
+    tool: Any,
+    decision: Any,
+    reason: Any,
+    arguments: Any,
+    duration_ms: Any,
+    detail: Any,
+    category: Any = "",
+    event: Any = "call",
+    call_id: Any = None,
+    outcome: Any = None,
+) -> bytes:
+    """The line `log` writes for these fields (`action_line` with its step and secrets)."""
+    return action_line(
+        log._step, log._secrets, event, call_id, outcome, session, tool, decision, reason,
+        category, arguments, duration_ms, detail,
+    )  # fmt: skip
 
 
 def full_walk(value: Any, secrets: tuple[str, ...] = (), depth: int = 0) -> Any:

@@ -25,7 +25,7 @@ from sandbox.guard.actionlog import (
     Started,
     redact,
 )
-from tests.guard.actionlogparts import write_line
+from tests.guard.actionlogparts import line_of, write_line
 
 
 def test_redact_masks_credential_keys_and_known_secrets() -> None:
@@ -132,7 +132,7 @@ def test_every_kind_of_line_is_what_the_record_model_writes(
     validates as an ActionLine, and it is byte for byte the line the model itself
     writes from the same fields at the same time."""
     log, _ = _log(tmp_path)
-    fast = log._line(**dict(fields))
+    fast = line_of(log, **dict(fields))
     now = ActionLine.model_validate_json(fast).time
     prepared = {**fields, "arguments": redact(fields["arguments"], ("tok",))}
     prepared["detail"] = redact(fields["detail"] or {}, ("tok",))
@@ -162,7 +162,7 @@ def test_a_line_the_model_would_refuse_is_refused(tmp_path: Path) -> None:
         {"session": 5},
     ):
         with pytest.raises(ValidationError):
-            log._line(**{**base, **bad})
+            line_of(log, **{**base, **bad})
     log.close()
     assert path.read_bytes() == b""
 
